@@ -1,0 +1,73 @@
+"""Typed configs shared by every experiment: one dataclass field per option, each with its help.
+
+A milestone's ``Config`` subclasses :class:`CommonConfig`; the CLI turns the fields into flags
+(``global_batch`` → ``--global-batch``) and the notebook passes them as keyword arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from .runtime import BACKENDS, validate_world_size
+
+
+def opt(default, help: str, **kw):
+    """A config field with its help text (shown by ``python -m lesson_lib run X --help``)."""
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class CommonConfig:
+    world_size: int = opt(2, "number of ranks (processes)")
+    backend: str = opt("auto", "auto | gloo | nccl (auto: NCCL with a GPU per rank, else Gloo on CPU)")
+    steps: int = opt(20, "training steps")
+    global_batch: int = opt(64, "samples per step summed over all ranks")
+    seed: int = opt(0, "seed for model initialisation and data order")
+    lr: float = opt(0.01, "learning rate")
+    timeout_s: float = opt(30.0, "collective timeout in seconds (a silent rank fails after this)")
+
+    def validate(self) -> "CommonConfig":
+        validate_world_size(self.world_size)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        _positive_int(self, "steps")
+        _positive_int(self, "global_batch")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr!r}")
+        if not 0 < self.timeout_s <= 3600:
+            raise ValueError(f"timeout_s must be in (0, 3600], got {self.timeout_s!r}")
+        return self
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def replace(self, **changes) -> "CommonConfig":
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise TypeError(f"unknown option(s) for {type(self).__name__}: {', '.join(sorted(unknown))}")
+        return type(self)(**{**asdict(self), **changes}).validate()
+
+
+def _positive_int(cfg, name: str) -> None:
+    v = getattr(cfg, name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def parse_stragglers(spec: str, world_size: int, name: str = "straggler") -> dict[int, float]:
+    """``"1:3"`` or ``"1:3,2:1.5"`` → {rank: slowdown factor}; factor ≥ 1, rank < world_size."""
+    out: dict[int, float] = {}
+    if not spec:
+        return out
+    for part in str(spec).split(","):
+        try:
+            r, f = part.split(":")
+            rank, factor = int(r), float(f)
+        except ValueError:
+            raise ValueError(f"{name} must look like RANK:FACTOR (e.g. 1:3), got {part!r}") from None
+        if not 0 <= rank < world_size:
+            raise ValueError(f"{name}: rank {rank} is outside 0..{world_size - 1}")
+        if not factor >= 1:
+            raise ValueError(f"{name}: slowdown factor must be at least 1, got {factor}")
+        out[rank] = factor
+    return out

@@ -1,0 +1,61 @@
+"""Data: generated deterministically (the same bytes on every rank and every machine), or read
+from ``data/`` where each file's SHA-256 is checked on load against ``data/CHECKSUMS``."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+from pathlib import Path
+
+import torch
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+
+def teacher_classification(n: int = 4096, d_in: int = 32, classes: int = 10, seed: int = 1234):
+    """A classification task labelled by a fixed random 'teacher' network.
+
+    Learnable (a student MLP drives the loss well below log(classes)) and generated from a
+    private generator, so it does not disturb any other random stream.
+    """
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d_in, generator=g)
+    w1 = torch.randn(d_in, 64, generator=g) / d_in**0.5
+    w2 = torch.randn(64, classes, generator=g) / 8.0
+    y = (torch.tanh(x @ w1) @ w2).argmax(dim=1)
+    return x, y
+
+
+def batch_indices(n: int, global_batch: int, step: int, seed: int) -> torch.Tensor:
+    """Indices of the global batch for ``step``: a seeded permutation per pass over the data."""
+    per_epoch = max(1, n // global_batch)
+    epoch, k = divmod(step, per_epoch)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return perm[k * global_batch:(k + 1) * global_batch]
+
+
+def shard(indices: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank ``rank``'s equal slice of a global batch (the batch must divide evenly)."""
+    per = len(indices) // world_size
+    return indices[rank * per:(rank + 1) * per]
+
+
+def checked_path(name: str) -> Path:
+    """Path of a shipped data file after verifying its SHA-256 against data/CHECKSUMS."""
+    sums = {}
+    for line in (DATA_DIR / "CHECKSUMS").read_text().splitlines():
+        if line.strip():
+            digest, fname = line.split()
+            sums[fname] = digest
+    path = DATA_DIR / name
+    if name not in sums:
+        raise FileNotFoundError(f"{name} is not listed in data/CHECKSUMS")
+    actual = hashlib.sha256(path.read_bytes()).hexdigest()
+    if actual != sums[name]:
+        raise ValueError(f"data/{name} is corrupt or changed: sha256 {actual} != {sums[name]}")
+    return path
+
+
+def read_csv(name: str) -> list[dict]:
+    with checked_path(name).open(newline="") as f:
+        return [row for row in csv.DictReader(f) if not row[next(iter(row))].startswith("#")]

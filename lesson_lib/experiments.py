@@ -1,0 +1,103 @@
+"""The experiment registry and the one path every run takes:
+
+notebook cell or CLI → milestone ``Config`` → ``Cluster.run(milestone.worker, cfg)`` →
+workers emit events → per-rank dicts → ``milestone.summarize`` → :class:`Result` → plots.
+
+A milestone module has the same shape in every chapter: ``NAME``, a ``Config`` dataclass
+(subclass of :class:`~lesson_lib.config.CommonConfig`), ``worker(cfg) -> dict`` run on every
+rank (returning at least ``losses`` and ``per_rank``), and ``summarize(cfg, outs) -> dict`` of
+the chapter's own JSON keys. Most also have ``reference(cfg)``: the single-process answer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .runtime import Cluster
+
+EXPERIMENTS = {
+    "data-parallel": "lesson_lib.milestones.data_parallel",
+}
+
+
+def names() -> list[str]:
+    return sorted(EXPERIMENTS)
+
+
+def load(name: str):
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; choose one of: {', '.join(names())}")
+    return importlib.import_module(EXPERIMENTS[name])
+
+
+@dataclass
+class Result:
+    """What every experiment returns; ``to_dict()`` is the ``--json`` file."""
+
+    experiment: str
+    world_size: int
+    backend: str
+    config: dict
+    losses: list[float]
+    per_rank: list[dict]
+    extra: dict = field(default_factory=dict)
+    oversubscribed: bool = False
+
+    def to_dict(self) -> dict:
+        return {"experiment": self.experiment, "world_size": self.world_size,
+                "backend": self.backend, "config": self.config, "losses": self.losses,
+                "per_rank": self.per_rank, "oversubscribed": self.oversubscribed, **self.extra}
+
+    def save_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def step_times(self) -> list[float]:
+        """Per step, the slowest rank's wall time (a synchronous step ends with the slowest)."""
+        steps = zip(*(r["steps"] for r in self.per_rank))
+        return [max(s["wall_s"] for s in per_step) for per_step in steps]
+
+    def summary(self) -> str:
+        head = f"{self.experiment}: {self.world_size} rank(s), {self.backend}"
+        if self.losses:
+            head += f", loss {self.losses[0]:.4f} → {self.losses[-1]:.4f}"
+        lines = [head, f"{'rank':>4} {'sent MB':>9} {'recv MB':>9} {'compute s':>10} {'comm s':>8} "
+                       f"{'busy s':>8} {'params MB':>10} {'optim MB':>9}"]
+        for r in self.per_rank:
+            m = r["memory"]
+            lines.append(f"{r['rank']:>4} {r['bytes_sent'] / 1e6:>9.3f} {r['bytes_recv'] / 1e6:>9.3f} "
+                         f"{r['compute_s']:>10.3f} {r['comm_s']:>8.3f} {r['busy_s']:>8.3f} "
+                         f"{m['params'] / 1e6:>10.3f} {m['optimizer'] / 1e6:>9.3f}")
+        return "\n".join(lines)
+
+
+def run(name: str, cfg=None, cluster=None, on_event: Callable[[dict], None] | None = None,
+        **options) -> Result:
+    """Run experiment ``name`` with ``cfg`` (or keyword options) on ``cluster``.
+
+    Without a cluster, one is started for this run and closed after it.
+    """
+    mod = load(name)
+    cfg = (cfg if cfg is not None else mod.Config(**options)).validate()
+    if options and cfg is not None and not isinstance(cfg, mod.Config):
+        raise TypeError(f"cfg must be a {mod.__name__}.Config")
+    own = cluster is None
+    if own:
+        cluster = Cluster(cfg.world_size, cfg.backend, timeout_s=cfg.timeout_s, quiet=True)
+    elif cluster.world_size != cfg.world_size:
+        raise ValueError(f"world_size={cfg.world_size} but the cluster has {cluster.world_size} ranks")
+    try:
+        outs = cluster.run(mod.worker, cfg, on_event=on_event)
+    finally:
+        if own:
+            cluster.close()
+    return Result(experiment=mod.NAME, world_size=cfg.world_size, backend=cluster.backend,
+                  config=cfg.as_dict(), losses=outs[0]["losses"],
+                  per_rank=[o["per_rank"] for o in outs], extra=mod.summarize(cfg, outs),
+                  oversubscribed=cluster.oversubscribed)

@@ -1,0 +1,1 @@
+"""One module per milestone of the history, all the same shape (see lesson_lib.experiments)."""

@@ -1,0 +1,125 @@
+"""Data parallelism (chapter 0): every rank holds the whole model, trains on its slice of the
+global batch, and the gradients are summed across ranks before every update.
+
+The gradients of all layers live in one flat bucket (``p.grad`` are views into it), so one
+all-reduce per step moves them, and the measured grads memory is exactly that bucket.
+With a fixed ``global_batch`` and ``seed`` the losses do not depend on the world size:
+the mean of the ranks' mean losses over equal slices is the mean over the whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import comm
+from ..config import CommonConfig, opt, parse_stragglers
+from ..data import batch_indices, shard, teacher_classification
+from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary
+from ..models import mlp
+from ..runtime import context
+
+NAME = "data-parallel"
+
+
+@dataclass
+class Config(CommonConfig):
+    hidden: int = opt(128, "width of the hidden layers")
+    depth: int = opt(3, "number of hidden layers")
+    d_in: int = opt(32, "input features")
+    classes: int = opt(10, "output classes")
+    samples: int = opt(4096, "size of the generated data set")
+    optimizer: str = opt("adam", "adam | sgd")
+    allreduce: str = opt("ring", "ring (ours, counted exactly) | library (the backend's all_reduce)")
+    straggler: str = opt("", "RANK:FACTOR[,RANK:FACTOR] — that rank does FACTOR times the work")
+
+    def validate(self) -> "Config":
+        super().validate()
+        if self.global_batch % self.world_size:
+            raise ValueError(f"global_batch={self.global_batch} must divide evenly over "
+                             f"world_size={self.world_size} ranks")
+        if self.global_batch > self.samples:
+            raise ValueError(f"global_batch={self.global_batch} exceeds samples={self.samples}")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        if self.allreduce not in ("ring", "library"):
+            raise ValueError(f"allreduce must be 'ring' or 'library', got {self.allreduce!r}")
+        parse_stragglers(self.straggler, self.world_size)
+        return self
+
+
+def build(cfg: Config, device: torch.device):
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(device)
+    params = list(model.parameters())
+    bucket = torch.zeros(sum(p.numel() for p in params), device=device)
+    offset = 0
+    for p in params:  # grads become views of one flat bucket: one all-reduce moves them all
+        p.grad = bucket[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    if cfg.optimizer == "adam":
+        optimizer = torch.optim.Adam(params, lr=cfg.lr)
+    else:
+        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
+    return model, bucket, optimizer
+
+
+def extra_work(model, x, y, factor: float) -> None:
+    """A straggler does ``factor`` times the forward/backward work (real work, not a sleep)."""
+    reps = factor - 1.0
+    while reps > 1e-9:
+        rows = x if reps >= 1 else x[: max(1, int(len(x) * reps))]
+        loss = F.cross_entropy(model(rows), y[: len(rows)])
+        torch.autograd.grad(loss, list(model.parameters()))
+        reps -= 1.0
+
+
+def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=None) -> dict:
+    """The training loop; with ``world_size == 1`` and no process group it is the reference."""
+    model, bucket, optimizer = build(cfg, device)
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    x_all, y_all = x_all.to(device), y_all.to(device)
+    factor = parse_stragglers(cfg.straggler, world_size).get(rank, 1.0)
+    meter = ActivationMeter(exclude=model.parameters())
+    rec = StepRecorder(device, emit)
+    losses = []
+    for step in range(cfg.steps):
+        idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world_size)
+        x, y = x_all[idx], y_all[idx]
+        with rec.step(step) as r:
+            optimizer.zero_grad(set_to_none=False)
+            with meter.measure():
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            extra_work(model, x, y, factor)
+            loss = loss.detach().reshape(1)
+            if world_size > 1:
+                comm.all_reduce(bucket, cfg.allreduce, op="grad_all_reduce")
+                bucket.div_(world_size)
+                comm.all_reduce(loss, cfg.allreduce, op="loss_all_reduce")
+                loss.div_(world_size)
+            optimizer.step()
+            r["loss"] = float(loss)
+        losses.append(r["loss"])
+    memory = memory_report(model, optimizer, meter.peak, device=device)
+    return {"losses": losses, "per_rank": per_rank_summary(rank, rec, memory),
+            "param_count": bucket.numel()}
+
+
+def worker(cfg: Config) -> dict:
+    ctx = context()
+    counters().reset()
+    return train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit)
+
+
+def reference(cfg: Config) -> list[float]:
+    """Single-process training on the whole global batch, in this process, no process group."""
+    return train(cfg, 0, 1, torch.device("cpu"))["losses"]
+
+
+def summarize(cfg: Config, outs: list[dict]) -> dict:
+    n, psi = cfg.world_size, outs[0]["param_count"]
+    return {"param_count": psi, "param_bytes": 4 * psi,
+            "grad_bytes_formula": 2 * (n - 1) * 4 * psi / n,  # per rank, per step (ring)
+            "stragglers": parse_stragglers(cfg.straggler, n)}

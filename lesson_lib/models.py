@@ -1,0 +1,31 @@
+"""Small models that run in seconds on a laptop CPU. Sequential on purpose: the pipeline chapter
+cuts them into stages, ZeRO shards their flat parameters, data parallelism replicates them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def mlp(d_in: int, hidden: int, depth: int, d_out: int, seed: int) -> nn.Sequential:
+    """``depth`` hidden layers of width ``hidden``; initialised from ``seed`` (same on every rank)."""
+    for name, v in (("d_in", d_in), ("hidden", hidden), ("depth", depth), ("d_out", d_out)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    g = torch.random.fork_rng(devices=[])
+    with g:
+        torch.manual_seed(seed)
+        layers: list[nn.Module] = [nn.Linear(d_in, hidden), nn.ReLU()]
+        for _ in range(depth - 1):
+            layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+        layers.append(nn.Linear(hidden, d_out))
+        return nn.Sequential(*layers)
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def mlp_param_count(d_in: int, hidden: int, depth: int, d_out: int) -> int:
+    """Parameters of :func:`mlp` without building it (for calculators and formulas)."""
+    return (d_in + 1) * hidden + (depth - 1) * (hidden + 1) * hidden + (hidden + 1) * d_out

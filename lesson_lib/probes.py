@@ -1,0 +1,93 @@
+"""Small worker functions for tests, benchmarks and the failure demos of chapter 0.
+
+They live in a module (not a notebook cell) because spawned workers import them by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import comm
+from .metrics import counters
+from .runtime import context
+
+
+def whoami() -> dict:
+    ctx = context()
+    return {"rank": ctx.rank, "world_size": ctx.world_size, "backend": ctx.backend,
+            "pid": os.getpid(), "threads": torch.get_num_threads(), "device": str(ctx.device)}
+
+
+def noop() -> None:
+    return None
+
+
+def echo(*args, **kwargs):
+    return args, kwargs
+
+
+def library_all_reduce(numel: int) -> float:
+    t = torch.full((numel,), float(context().rank + 1))
+    dist.all_reduce(t)
+    return float(t[0])
+
+
+def ring(values: list[list[float]], dtype: str = "float32") -> tuple[list[float], dict]:
+    """Ring all-reduce of ``values[rank]``; returns the result and the rank's counters."""
+    counters().reset()
+    t = torch.tensor(values[context().rank], dtype=getattr(torch, dtype))
+    comm.ring_all_reduce(t)
+    return t.float().tolist(), counters().as_dict()
+
+
+def raise_on(rank: int, message: str = "boom") -> int:
+    """Rank ``rank`` raises; the others enter a collective and are left waiting for it."""
+    ctx = context()
+    if ctx.rank == rank:
+        raise ValueError(message)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return ctx.rank
+
+
+def kill_self_on(rank: int) -> int:
+    ctx = context()
+    if ctx.rank == rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return ctx.rank
+
+
+def stall_on(rank: int) -> int:
+    """Rank ``rank`` silently stops taking part (sleeps outside any collective)."""
+    ctx = context()
+    if ctx.rank == rank:
+        time.sleep(3600)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return ctx.rank
+
+
+def spin(seconds: float) -> int:
+    """Busy work on every rank, with progress events, for interrupt tests."""
+    end = time.monotonic() + seconds
+    a = torch.randn(64, 64)
+    i = 0
+    while time.monotonic() < end:
+        a = torch.tanh(a @ a)
+        i += 1
+        if i % 200 == 0:
+            context().emit("tick", i=i)
+    return i
+
+
+def emit_events(n: int) -> int:
+    for i in range(n):
+        context().emit("tick", i=i)
+    return n
