@@ -181,3 +181,16 @@ def reduce_scatter_into(shard: torch.Tensor, full: torch.Tensor, group=None,
 def barrier(group=None) -> None:
     with _Timed("barrier"):
         dist.barrier(group=group)
+
+
+def ring_bytes_sent(numel: int, element_size: int, world_size: int, rank: int) -> int:
+    """Exact bytes rank ``rank`` sends in :func:`ring_all_reduce` of ``numel`` elements.
+
+    Reduce-scatter sends every chunk but chunk rank+1, all-gather every chunk but chunk rank+2,
+    so the total is 2S minus two chunks: 2(N-1)/N·S up to the rounding of uneven chunks.
+    """
+    if world_size == 1:
+        return 0
+    bounds = chunk_bounds(numel, world_size)
+    size = lambda i: bounds[i % world_size][1] - bounds[i % world_size][0]  # noqa: E731
+    return element_size * (2 * numel - size(rank + 1) - size(rank + 2))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -62,6 +63,17 @@ class Result:
         """Per step, the slowest rank's wall time (a synchronous step ends with the slowest)."""
         steps = zip(*(r["steps"] for r in self.per_rank))
         return [max(s["wall_s"] for s in per_step) for per_step in steps]
+
+    def median_step(self, key: str, skip_first: bool = True) -> list[float]:
+        """Per rank, the median over steps of ``key`` (``wall_s``, ``comm_s``, ``busy_s``...).
+
+        The first step is skipped by default: it pays one-off costs (allocations, warm-up).
+        """
+        out = []
+        for r in self.per_rank:
+            steps = r["steps"][1:] if skip_first and len(r["steps"]) > 1 else r["steps"]
+            out.append(statistics.median(s[key] for s in steps))
+        return out
 
     def summary(self) -> str:
         head = f"{self.experiment}: {self.world_size} rank(s), {self.backend}"

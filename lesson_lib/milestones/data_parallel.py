@@ -1,4 +1,6 @@
-"""Data parallelism (chapter 0): every rank holds the whole model, trains on its slice of the
+"""Data parallelism (chapter 0): replicate the model, split the batch, sum the gradients.
+
+Every rank holds the whole model, trains on its slice of the
 global batch, and the gradients are summed across ranks before every update.
 
 The gradients of all layers live in one flat bucket (``p.grad`` are views into it), so one

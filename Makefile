@@ -1,0 +1,64 @@
+# Course tooling. `make test` is what CI runs (through .ci/run).
+PYTHON ?= python3
+VENV ?= .venv
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint lab bench clean-notebooks
+
+# Idempotent: the venv is created only when missing, and the editable install is
+# redone only when pyproject.toml is newer than the stamp file.
+install: $(STAMP)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -e ".[dev]"
+	touch $@
+
+lint: install
+	$(BIN)/ruff check .
+
+# testpaths (tests, notebooks) and --nbval-lax come from pyproject.toml.
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+# Token auth stays on: open the URL with ?token=... that JupyterLab prints.
+lab: install
+	@extra=""; if [ "$$(id -u)" = "0" ]; then extra="--allow-root"; fi; \
+	echo "$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks --no-browser $$extra"; \
+	exec $(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks --no-browser $$extra
+
+bench: install
+	$(BIN)/python -m lesson_lib bench startup
+
+# Strip outputs and execution counts so notebooks are stored clean (checked by
+# tests/test_packaging.py). Uses only the standard library and writes the same
+# JSON layout as nbformat; files that are already clean are left untouched.
+define CLEAN_NOTEBOOKS_PY
+import glob, json, sys
+changed = 0
+for path in sorted(glob.glob("notebooks/*.ipynb")):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    nb = json.loads(text)
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+    nb.get("metadata", {}).pop("widgets", None)
+    new = json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False, separators=(",", ": ")) + "\n"
+    if new != text:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(new)
+        changed += 1
+        print("cleaned", path)
+print(f"clean-notebooks: {changed} notebook(s) changed")
+endef
+export CLEAN_NOTEBOOKS_PY
+
+clean-notebooks:
+	$(PYTHON) -c "$$CLEAN_NOTEBOOKS_PY"

@@ -1,0 +1,109 @@
+"""Command line: ``python -m lesson_lib list | run EXPERIMENT [options] | bench WHAT | doctor``.
+
+The same ``run`` works under ``torchrun`` (one process per rank, started by torchrun):
+``torchrun --standalone --nproc-per-node 2 -m lesson_lib run data-parallel``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import MISSING, fields
+
+from . import bench, experiments, runtime
+
+
+def _add_config_args(parser: argparse.ArgumentParser, config_cls) -> None:
+    for f in fields(config_cls):
+        default = f.default if f.default is not MISSING else None
+        kind = type(default) if default is not None else str
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
+                            help=f"{f.metadata.get('help', '')} (default: {default!r})")
+
+
+class _Progress:
+    def __init__(self, steps: int, stream=sys.stderr):
+        self.steps, self.stream = steps, stream
+
+    def __call__(self, ev: dict) -> None:
+        if ev.get("kind") != "step" or ev.get("rank") != 0:
+            return
+        done = ev["step"] + 1
+        bar = "#" * (30 * done // self.steps)
+        loss = f" loss {ev['loss']:.4f}" if "loss" in ev else ""
+        self.stream.write(f"\r[{bar:<30}] step {done}/{self.steps}{loss}")
+        if done == self.steps:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def cmd_run(argv: list[str]) -> int:
+    if not argv or argv[0].startswith("-"):
+        print("usage: python -m lesson_lib run EXPERIMENT [options]; experiments: "
+              + ", ".join(experiments.names()), file=sys.stderr)
+        return 2
+    name, rest = argv[0], argv[1:]
+    mod = experiments.load(name)
+    p = argparse.ArgumentParser(prog=f"python -m lesson_lib run {name}", description=mod.__doc__)
+    _add_config_args(p, mod.Config)
+    p.add_argument("--json", metavar="FILE", help="write the full result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(rest)
+    options = {f.name: getattr(args, f.name) for f in fields(mod.Config) if getattr(args, f.name) is not None}
+    if runtime.launched_by_torchrun():
+        cluster = runtime.TorchrunCluster(options.get("backend", "auto"), options.get("timeout_s", 30.0))
+        if options.setdefault("world_size", cluster.world_size) != cluster.world_size:
+            p.error(f"--world-size {options['world_size']} differs from torchrun's WORLD_SIZE "
+                    f"{cluster.world_size}")
+        lead = cluster.rank == 0
+    else:
+        cluster, lead = None, True
+    cfg = mod.Config(**options).validate()
+    progress = None if args.quiet else _Progress(cfg.steps)
+    try:
+        if cluster is None:
+            with runtime.Cluster(cfg.world_size, cfg.backend, timeout_s=cfg.timeout_s) as c:
+                result = experiments.run(name, cfg, cluster=c, on_event=progress)
+        else:
+            result = experiments.run(name, cfg, cluster=cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
+    if lead:
+        print(result.summary())
+        if args.json:
+            result.save_json(args.json)
+            print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "list":
+        for n in experiments.names():
+            doc = (experiments.load(n).__doc__ or "").strip().splitlines()[0]
+            print(f"{n:<18} {doc}")
+        return 0
+    if cmd == "run":
+        return cmd_run(rest)
+    if cmd == "doctor":
+        print(json.dumps(runtime.describe(), indent=2))
+        return 0
+    if cmd == "bench":
+        what = rest[0] if rest else "startup"
+        if what == "startup":
+            bench.print_startup(bench.startup())
+            return 0
+        print(f"unknown benchmark {what!r}; available: startup", file=sys.stderr)
+        return 2
+    print(f"unknown command {cmd!r}; use list, run, bench or doctor", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Chapter 0 — why distributed (notebooks/00_why_distributed.ipynb).
+
+Each function is one notebook cell: it runs real multi-process training on warm clusters
+(``lesson_lib.runtime.warm_cluster``), displays its figures and returns the measurements so the
+notebook can assert its claims.
+"""
+
+from __future__ import annotations
+
+from IPython.display import display
+
+from .. import plots, widgets
+from ..comm import ring_bytes_sent
+from ..costmodel import fits, memory_bill
+from ..data import read_csv
+from ..experiments import Result, run
+from ..milestones import data_parallel as dp
+from ..runtime import warm_cluster
+
+# The laptop preset: a 38k-parameter MLP, 15 steps — seconds per run on 2 cores.
+PRESET = {"steps": 15, "global_batch": 64, "hidden": 128, "depth": 3}
+
+__all__ = ["model_growth", "memory_calculator", "memory_bill", "fits", "data_parallel", "max_loss_gap",
+           "comm_overhead", "straggler", "straggler_explorer", "idle_resources", "failure_demo"]
+
+
+def model_growth():
+    return plots.model_growth(read_csv("model_sizes.csv"))
+
+
+def memory_calculator(params: float = 1.5e9):
+    return widgets.memory_calculator(params)
+
+
+def _run(world_size: int, live: plots.LiveRuns | None = None, label: str | None = None,
+         **options) -> Result:
+    cfg = dp.Config(world_size=world_size, **{**PRESET, **options})
+    on_event = live.track(label or f"{world_size} rank(s)", cfg.steps, world_size) if live else None
+    return run("data-parallel", cfg, cluster=warm_cluster(world_size), on_event=on_event)
+
+
+def data_parallel(world_sizes=(1, 2, 4), **options) -> dict[int, Result]:
+    """Train the same model on each world size with the same global batch; live plots."""
+    live = plots.LiveRuns("Data parallel: one model, one global batch, 1 / 2 / 4 ranks")
+    display(live)
+    results = {n: _run(n, live, **options) for n in world_sizes}
+    display(plots.time_split({f"{n} rank(s)": r for n, r in results.items()}))
+    display(plots.memory_by_category(results[max(results)],
+                                     f"Measured memory per rank, {max(results)} ranks"))
+    return results
+
+
+def max_loss_gap(results: dict[int, Result], **options) -> float:
+    """Largest |loss difference| between any distributed run and single-process training."""
+    ref = dp.reference(dp.Config(world_size=1, **{**PRESET, **options}))
+    gaps = {n: max(abs(a - b) for a, b in zip(r.losses, ref)) for n, r in results.items()}
+    for n, g in gaps.items():
+        print(f"{n} rank(s): largest loss difference from single-process training = {g:.2e}")
+    return max(gaps.values())
+
+
+def comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size: int = 2, results=None) -> dict:
+    """Bytes and time of the gradient all-reduce as the model grows; share by world size."""
+    rows = []
+    for h in hidden_sizes:
+        r = _run(world_size, hidden=h, steps=8)
+        psi = r["param_count"]
+        rank0 = r.per_rank[0]
+        per_step = rank0["ops"]["grad_all_reduce"]["bytes_sent"] / r.config["steps"]
+        rows.append({"hidden": h, "params": psi, "counted_bytes": per_step,
+                     "exact_bytes": ring_bytes_sent(psi, 4, world_size, 0),
+                     "formula_bytes": r["grad_bytes_formula"],
+                     "compute_ms": 1e3 * r.median_step("compute_s")[0],
+                     "comm_ms": 1e3 * r.median_step("comm_s")[0],
+                     "busy_ms": 1e3 * r.median_step("busy_s")[0]})
+    display(plots.comm_vs_size(rows, f"Gradient all-reduce on {world_size} ranks as the model grows"))
+    shares = []
+    for n, r in (results or {}).items():
+        comm, wall = sum(r.median_step("comm_s")), sum(r.median_step("wall_s"))
+        shares.append({"label": f"{n} rank(s)", "share": comm / wall if wall else 0.0})
+    if shares:
+        display(plots.comm_share(shares, "Share of the step spent communicating (same global batch)"))
+    return {"by_size": rows, "by_world_size": shares}
+
+
+def straggler(factor: float = 3.0, rank: int = 1, world_size: int = 2, hidden: int = 512,
+              global_batch: int = 256) -> dict:
+    """The same run with and without one rank doing ``factor`` times the work.
+
+    A bigger model and batch than the preset, so that compute (which the straggler multiplies)
+    dominates the step on a laptop CPU.
+    """
+    opts = {"hidden": hidden, "global_batch": global_batch}
+    runs = {"no straggler": _run(world_size, **opts),
+            f"rank {rank} × {factor:g}": _run(world_size, straggler=f"{rank}:{factor}", **opts)}
+    display(plots.step_times(runs))
+    slow = runs[f"rank {rank} × {factor:g}"]
+    display(plots.busy_idle(slow, f"Idle resources: busy vs waiting per rank, rank {rank} × {factor:g}"))
+    base_t = _median(runs["no straggler"].step_times()[1:])
+    slow_t = _median(slow.step_times()[1:])
+    idle = [max(0.0, r["wall_s"] - r["busy_s"]) / r["wall_s"] for r in slow.per_rank]
+    claims = {"slowdown": slow_t / base_t, "idle_share": idle, "straggler": rank,
+              "step_ms": {"baseline": 1e3 * base_t, "straggler": 1e3 * slow_t}}
+    print(f"step time {1e3 * base_t:.1f} ms → {1e3 * slow_t:.1f} ms ({claims['slowdown']:.2f}×); "
+          "idle share per rank: " + ", ".join(f"r{i} {s:.0%}" for i, s in enumerate(idle)))
+    return claims
+
+
+def straggler_explorer(world_size: int = 2):
+    import ipywidgets as W
+
+    return widgets.run_button("Run with straggler", {
+        "factor": W.FloatSlider(value=3.0, min=1.0, max=6.0, step=0.5, description="slowdown ×"),
+        "rank": W.Dropdown(options=list(range(world_size)), value=world_size - 1, description="rank"),
+    }, lambda factor, rank: straggler(factor, rank, world_size))
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def idle_resources(results: dict[int, Result]) -> dict[int, float]:
+    """Share of each run's wall time that its ranks spent not computing (waiting or descheduled)."""
+    n = max(results)
+    display(plots.busy_idle(results[n], f"Busy vs idle per rank, {n} ranks, no straggler"))
+    shares = {k: 1 - sum(r["busy_s"] for r in res.per_rank) / sum(r["wall_s"] for r in res.per_rank)
+              for k, res in results.items()}
+    print("idle share of wall time: " + ", ".join(f"{k} rank(s) {s:.0%}" for k, s in shares.items()))
+    return shares
+
+
+def failure_demo(world_size: int = 2) -> str:
+    """Make rank 1 raise mid-run and show the error the notebook gets (no hang, no orphans)."""
+    from .. import probes
+    from ..runtime import Cluster, WorkerError
+
+    with Cluster(world_size, quiet=True) as cluster:
+        try:
+            cluster.run(probes.raise_on, world_size - 1, "a deliberate failure on this rank")
+        except WorkerError as e:
+            print(f"caught WorkerError from rank {e.rank}:\n{e}")
+            return str(e)
+    raise AssertionError("the failing job did not raise")

@@ -1,0 +1,190 @@
+"""Every figure of the course is drawn here, from data a milestone returned (or streams).
+
+A milestone returns data; a plot draws data. Live figures are plotly ``FigureWidget`` objects fed
+by worker events; under nbval (no browser) the same code runs and simply renders nothing live.
+Where ranks outnumber cores, figures say so and show per-rank busy time beside wall time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .runtime import cpu_count
+
+COLORS = {"compute": "#4C78A8", "comm": "#F58518", "busy": "#54A24B", "idle": "#BAB0AC",
+          "params": "#4C78A8", "grads": "#72B7B2", "optimizer": "#F58518",
+          "activations": "#E45756", "buffers": "#B279A2"}
+
+
+def oversubscription_note(results) -> str | None:
+    worst = max((r for r in results if r.oversubscribed), key=lambda r: r.world_size, default=None)
+    if worst is None:
+        return None
+    return (f"CPU fallback: {worst.world_size} ranks share {cpu_count()} cores, so wall-clock times are "
+            "stretched by time-sharing. Busy time (CPU time of each rank) is shown beside them.")
+
+
+def _annotate(fig, note: str | None) -> None:
+    if note:
+        fig.add_annotation(text=note, xref="paper", yref="paper", x=0, y=-0.22, showarrow=False,
+                           xanchor="left", font={"size": 11, "color": "#a33"})
+        fig.update_layout(margin={"b": 90})
+
+
+# --------------------------------------------------------------------------- live
+
+
+class LiveRuns:
+    """Loss and slowest-rank step time, drawn while the workers train (chapter 0 onwards)."""
+
+    def __init__(self, title: str = "", min_interval_s: float = 0.25):
+        import ipywidgets as W
+
+        base = make_subplots(rows=1, cols=2, subplot_titles=("global training loss",
+                                                             "step time of the slowest rank (ms)"))
+        base.update_layout(title=title, height=340, legend={"orientation": "h", "y": -0.2})
+        base.update_xaxes(title_text="step")
+        self.fig = go.FigureWidget(base)
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="waiting")
+        self.widget = W.VBox([self.progress, self.fig])
+        self.min_interval_s = min_interval_s
+        self._runs: dict[str, dict] = {}
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def track(self, label: str, steps: int, world_size: int):
+        """Add traces for one run and return the ``on_event`` callback that feeds them."""
+        i = len(self._runs)
+        color = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#B279A2", "#72B7B2"][i % 6]
+        self.fig.add_scatter(x=[], y=[], name=label, line={"color": color}, row=1, col=1)
+        self.fig.add_scatter(x=[], y=[], name=label, showlegend=False, line={"color": color},
+                             row=1, col=2)
+        run = {"loss": {}, "wall": {}, "traces": (2 * i, 2 * i + 1), "last": 0.0,
+               "steps": steps, "world": world_size}
+        self._runs[label] = run
+        self.progress.max, self.progress.value, self.progress.description = steps, 0, label
+
+        def on_event(ev: dict) -> None:
+            if ev.get("kind") != "step":
+                return
+            s = ev["step"]
+            run["wall"].setdefault(s, {})[ev["rank"]] = ev["wall_s"]
+            if ev["rank"] == 0:
+                run["loss"][s] = ev["loss"]
+            done = len(run["loss"])
+            now = time.monotonic()
+            if now - run["last"] >= self.min_interval_s or done == steps:
+                run["last"] = now
+                self._redraw(run)
+                self.progress.value = done
+
+        return on_event
+
+    def _redraw(self, run: dict) -> None:
+        lt, wt = run["traces"]
+        full = sorted(s for s, w in run["wall"].items() if len(w) == run["world"])
+        with self.fig.batch_update():
+            self.fig.data[lt].x = sorted(run["loss"])
+            self.fig.data[lt].y = [run["loss"][s] for s in sorted(run["loss"])]
+            self.fig.data[wt].x = full
+            self.fig.data[wt].y = [1e3 * max(run["wall"][s].values()) for s in full]
+
+
+# --------------------------------------------------------------------------- static
+
+
+def model_growth(rows: list[dict]) -> go.Figure:
+    """Parameters of landmark models by year, log scale (chapter 0)."""
+    fig = go.Figure(go.Scatter(
+        x=[int(r["year"]) for r in rows], y=[float(r["parameters"]) for r in rows],
+        text=[r["model"] for r in rows], mode="markers+text", textposition="top center",
+        hovertext=[r["source"] for r in rows], marker={"size": 10}))
+    fig.update_yaxes(type="log", title="parameters")
+    fig.update_xaxes(title="year", dtick=1)
+    fig.update_layout(title="Model size 2012–2021 (sources in data/model_sizes.csv)", height=420)
+    return fig
+
+
+def time_split(results: dict, title: str = "Where a step's time goes") -> go.Figure:
+    """Per run and rank: median compute and communication time per step, with busy time beside."""
+    fig = go.Figure()
+    xs, compute, comm, busy = [], [], [], []
+    for label, r in results.items():
+        for rank, (c, m, b) in enumerate(zip(r.median_step("compute_s"), r.median_step("comm_s"),
+                                             r.median_step("busy_s"))):
+            xs.append(f"{label} · r{rank}")
+            compute.append(1e3 * c)
+            comm.append(1e3 * m)
+            busy.append(1e3 * b)
+    fig.add_bar(x=xs, y=compute, name="compute (wall)", marker_color=COLORS["compute"], offsetgroup=0)
+    fig.add_bar(x=xs, y=comm, name="communication (wall)", marker_color=COLORS["comm"],
+                offsetgroup=0, base=compute)
+    fig.add_bar(x=xs, y=busy, name="busy (CPU time)", marker_color=COLORS["busy"], offsetgroup=1)
+    fig.update_layout(title=title, yaxis_title="ms per step (median)", height=400, barmode="group")
+    _annotate(fig, oversubscription_note(results.values()))
+    return fig
+
+
+def memory_by_category(result, title: str = "Measured memory per rank") -> go.Figure:
+    fig = go.Figure()
+    ranks = [f"rank {r['rank']}" for r in result.per_rank]
+    for cat in ("params", "grads", "optimizer", "activations", "buffers"):
+        fig.add_bar(x=ranks, y=[r["memory"][cat] / 1e6 for r in result.per_rank], name=cat,
+                    marker_color=COLORS[cat])
+    fig.update_layout(barmode="stack", title=title, yaxis_title="MB", height=360)
+    return fig
+
+
+def busy_idle(result, title: str = "Busy and idle time per rank") -> go.Figure:
+    """Per rank: total busy (CPU) time and idle time (wall − busy) over the run (idle resources)."""
+    ranks = [f"rank {r['rank']}" for r in result.per_rank]
+    busy = [r["busy_s"] for r in result.per_rank]
+    idle = [max(0.0, r["wall_s"] - r["busy_s"]) for r in result.per_rank]
+    fig = go.Figure([go.Bar(x=ranks, y=busy, name="busy", marker_color=COLORS["busy"]),
+                     go.Bar(x=ranks, y=idle, name="idle / waiting", marker_color=COLORS["idle"])])
+    fig.update_layout(barmode="stack", title=title, yaxis_title="seconds (all steps but the first)",
+                      height=360)
+    _annotate(fig, oversubscription_note([result]))
+    return fig
+
+
+def step_times(results: dict, title: str = "Step time: a synchronous step waits for the slowest rank"):
+    fig = go.Figure()
+    for label, r in results.items():
+        ts = r.step_times()
+        fig.add_scatter(x=list(range(len(ts))), y=[1e3 * t for t in ts], name=label, mode="lines+markers")
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="ms", height=360)
+    _annotate(fig, oversubscription_note(results.values()))
+    return fig
+
+
+def comm_vs_size(rows: list[dict], title: str = "Communication grows with the model") -> go.Figure:
+    """rows: {params, counted_bytes, formula_bytes, comm_ms, compute_ms, busy_ms} per model size."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes sent per rank per step",
+                                                        "time per step (median, ms)"))
+    x = [r["params"] for r in rows]
+    fig.add_scatter(x=x, y=[r["counted_bytes"] for r in rows], name="counted", mode="markers",
+                    marker={"size": 11}, row=1, col=1)
+    fig.add_scatter(x=x, y=[r["formula_bytes"] for r in rows], name="2(N−1)/N · S", mode="lines",
+                    row=1, col=1)
+    for key, name in (("compute_ms", "compute"), ("comm_ms", "communication"), ("busy_ms", "busy")):
+        fig.add_scatter(x=x, y=[r[key] for r in rows], name=name, mode="lines+markers",
+                        line={"color": COLORS[key[:-3] if key != "comm_ms" else "comm"]}, row=1, col=2)
+    fig.update_xaxes(type="log", title="parameters")
+    fig.update_yaxes(type="log")
+    fig.update_layout(title=title, height=380)
+    return fig
+
+
+def comm_share(rows: list[dict], title: str = "Share of the step spent communicating") -> go.Figure:
+    """rows: {label, share} — e.g. one per world size."""
+    fig = go.Figure(go.Bar(x=[r["label"] for r in rows], y=[100 * r["share"] for r in rows],
+                           marker_color=COLORS["comm"]))
+    fig.update_layout(title=title, yaxis_title="% of wall time in communication", height=340)
+    return fig

@@ -1,0 +1,53 @@
+"""ipywidgets controls. Each control calls a library function; none holds course logic itself."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import ipywidgets as W
+
+from .costmodel import PRECISIONS, accelerators, devices_needed, memory_bill
+
+
+def memory_calculator(params: float = 1.5e9, precision: str = "mixed-precision Adam") -> W.VBox:
+    """Parameters and precision → bytes of model state, and the devices it fits on (chapter 0)."""
+    p = W.FloatLogSlider(value=params, base=10, min=6, max=12.5, step=0.05, description="parameters",
+                         readout_format=".3g", layout={"width": "520px"})
+    prec = W.Dropdown(options=list(PRECISIONS), value=precision, description="training")
+    out = W.HTML()
+
+    def update(*_):
+        bill = memory_bill(p.value, prec.value)
+        rows = "".join(f"<tr><td>{k}</td><td style='text-align:right'>{bill[k] / 1e9:,.1f} GB</td></tr>"
+                       for k in ("params", "grads", "optimizer"))
+        devs = "".join(
+            f"<tr><td>{d['device']}</td><td>{'fits' if bill['total'] <= d['bytes'] else 'does not fit'}"
+            f"</td><td style='text-align:right'>{devices_needed(bill['total'], d['bytes'])}</td></tr>"
+            for d in accelerators())
+        out.value = (
+            f"<b>{p.value:.3g} parameters × {bill['bytes_per_param']} bytes = "
+            f"{bill['total'] / 1e9:,.1f} GB of model state</b> (activations come on top)"
+            f"<table>{rows}</table><br><table><tr><th>device</th><th>one device</th>"
+            f"<th>devices if split perfectly</th></tr>{devs}</table>")
+
+    p.observe(update, "value")
+    prec.observe(update, "value")
+    update()
+    return W.VBox([p, prec, out])
+
+
+def run_button(description: str, controls: dict[str, W.Widget], action: Callable[..., object]) -> W.VBox:
+    """Controls plus a button; a click calls ``action(**values)`` and shows what it displays.
+
+    Runs happen on a click, never on every slider move: each run starts real processes.
+    """
+    button = W.Button(description=description, button_style="primary")
+    out = W.Output()
+
+    def click(_):
+        out.clear_output(wait=True)
+        with out:
+            action(**{k: w.value for k, w in controls.items()})
+
+    button.on_click(click)
+    return W.VBox([*controls.values(), button, out])

@@ -1,0 +1,58 @@
+import os
+import time
+
+import psutil
+import pytest
+
+from lesson_lib.runtime import Cluster
+
+
+def worker_children() -> list[psutil.Process]:
+    """Live worker processes started by this test process (spawned, not the resource tracker)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_no_workers(pids, timeout=5.0) -> list[int]:
+    """PIDs from ``pids`` still alive after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < end:
+        alive = [p for p in alive if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.05)
+    return alive
+
+
+@pytest.fixture(scope="session")
+def clusters():
+    """Warm clusters of 1–4 ranks shared by the tests that only read results."""
+    made = {}
+
+    def get(n: int) -> Cluster:
+        c = made.get(n)
+        if c is None or not c.running:
+            c = made[n] = Cluster(n, quiet=True, timeout_s=20)
+        return c
+
+    yield get
+    for c in made.values():
+        c.close()
+
+
+@pytest.fixture
+def no_orphans():
+    """Fails the test if it leaves worker processes behind."""
+    before = {p.pid for p in worker_children()}
+    yield
+    leftover = [p.pid for p in worker_children() if p.pid not in before]
+    assert not wait_no_workers(leftover, 5.0), f"orphan workers: {leftover}"
+
+
+os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -1,0 +1,381 @@
+"""Drive a real JupyterLab in headless Chromium the way a learner would: open the
+chapter notebook, Run -> Run All Cells, and check that it ran without errors and
+that plotly figures and ipywidgets actually rendered.
+
+The notebooks folder is copied into tmp_path and served from there, so nothing the
+browser does (autosave, checkpoints) touches the clean notebooks in the repository.
+Screenshots and logs go to artifacts/browser/ whether the test passes or fails.
+
+Point it at another notebook with BROWSER_TEST_NOTEBOOK: a name inside notebooks/,
+or a path to an .ipynb elsewhere, which is copied into the served folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS_DIR = ROOT / "notebooks"
+ARTIFACTS = ROOT / "artifacts" / "browser"
+NOTEBOOK = os.environ.get("BROWSER_TEST_NOTEBOOK", "00_why_distributed.ipynb")
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+SERVER_START_TIMEOUT_S = 60
+NOTEBOOK_LOAD_TIMEOUT_S = 90
+RUN_ALL_TIMEOUT_S = 240
+VIEWPORT = {"width": 1400, "height": 1000}
+MAX_SCREENSHOT_HEIGHT = 12000
+
+# The active notebook panel (other panels, e.g. the launcher, are hidden).
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+
+# JavaScript for the page: true once Run All has finished, i.e. no cell is queued or
+# running ([*]), the kernel is idle, and either every non-empty code cell has an
+# execution count or an error output stopped the run.
+RUN_FINISHED_JS = """
+(panel) => {
+  const root = document.querySelector(panel);
+  if (!root) return false;
+  const status = root.querySelector('.jp-Notebook-ExecutionIndicator');
+  if (!status || status.getAttribute('data-status') !== 'idle') return false;
+  const cells = [...root.querySelectorAll('.jp-Notebook .jp-CodeCell')];
+  const prompts = cells
+    .filter(c => (c.querySelector('.cm-content')?.textContent ?? '').trim() !== '')
+    .map(c => (c.querySelector('.jp-InputPrompt')?.textContent ?? '').trim());
+  if (prompts.some(p => p.includes('*'))) return false;
+  const allRan = prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p));
+  // An error stops Run All: the rest of the cells go back to [ ].
+  const errored = [...root.querySelectorAll(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
+    .some(e => /Traceback|Error/.test(e.textContent));
+  return allRan || errored;
+}
+"""
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+PROMPTS_JS = """
+(panel) => [...document.querySelectorAll(panel + ' .jp-Notebook .jp-CodeCell .jp-InputPrompt')]
+  .map(e => e.textContent.trim())
+"""
+
+
+def _missing(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (required when CI is set)")
+    pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _notebook_to_serve(served: Path) -> str:
+    """Copy the notebook named by NOTEBOOK into the served folder if needed; return its name."""
+    candidate = Path(NOTEBOOK)
+    if candidate.name != NOTEBOOK or candidate.is_absolute():
+        if not candidate.is_file():
+            pytest.fail(f"BROWSER_TEST_NOTEBOOK={NOTEBOOK} does not exist")
+        shutil.copy2(candidate, served / candidate.name)
+    if not (served / candidate.name).is_file():
+        pytest.fail(f"{candidate.name} is not in {NOTEBOOKS_DIR}")
+    return candidate.name
+
+
+def _write_lab_settings(settings_dir: Path) -> None:
+    """User settings for the throwaway JupyterLab: no news or update checks over the network."""
+    notification = settings_dir / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True, exist_ok=True)
+    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+
+
+def _stop_server(proc: subprocess.Popen, base_url: str, token: str) -> None:
+    """Shut the server and its kernels down: API shutdown, then SIGTERM, then SIGKILL."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    if proc.poll() is None:
+        request = urllib.request.Request(
+            f"{base_url}/api/shutdown", method="POST", headers={"Authorization": f"token {token}"}
+        )
+        try:
+            urllib.request.urlopen(request, timeout=5).close()
+        except (urllib.error.URLError, OSError):
+            pass
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+    # Kernels run in their own sessions; end any that outlived the server.
+    _, alive = psutil.wait_procs(descendants, timeout=5)
+    for child in alive:
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=5)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    try:  # anything else left in the server's own process group
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path):
+    """A JupyterLab on 127.0.0.1 serving a copy of notebooks/; yields (base_url, token, notebook)."""
+    served = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOKS_DIR, served, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    if (ROOT / "data").is_dir():  # keep ../data working from the copied notebooks
+        (tmp_path / "data").symlink_to(ROOT / "data", target_is_directory=True)
+    notebook = _notebook_to_serve(served)
+
+    env = os.environ.copy()
+    env.pop("JUPYTER_TOKEN", None)
+    dirs = {
+        "JUPYTER_CONFIG_DIR": tmp_path / "jupyter-config",
+        "JUPYTER_DATA_DIR": tmp_path / "jupyter-data",
+        "JUPYTER_RUNTIME_DIR": tmp_path / "jupyter-runtime",
+        "JUPYTERLAB_SETTINGS_DIR": tmp_path / "lab-settings",
+        "JUPYTERLAB_WORKSPACES_DIR": tmp_path / "lab-workspaces",
+        "IPYTHONDIR": tmp_path / "ipython",
+    }
+    for key, path in dirs.items():
+        path.mkdir()
+        env[key] = str(path)
+    _write_lab_settings(dirs["JUPYTERLAB_SETTINGS_DIR"])
+
+    port = _free_port()
+    token = secrets.token_hex(24)
+    base_url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable, "-m", "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--port-retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={served}",
+        f"--ServerApp.runtime_dir={dirs['JUPYTER_RUNTIME_DIR']}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-root")
+
+    log_path = tmp_path / "jupyterlab.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, cwd=served, env=env, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"JupyterLab exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{base_url}/api/status?token={token}", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"JupyterLab did not answer within {SERVER_START_TIMEOUT_S} s:\n"
+                    f"{log_path.read_text()[-4000:]}"
+                )
+            time.sleep(0.5)
+        yield base_url, token, served / notebook
+    finally:
+        _stop_server(proc, base_url, token)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log_path, ARTIFACTS / f"{Path(notebook).stem}-server.log")
+
+
+def _code_cells(notebook: dict) -> list[tuple[int, dict]]:
+    """(index, cell) of every non-empty code cell."""
+    return [
+        (i, c) for i, c in enumerate(notebook.get("cells", []))
+        if c.get("cell_type") == "code" and "".join(c.get("source", "")).strip()
+    ]
+
+
+def _error_outputs(notebook: dict) -> list[str]:
+    """Tracebacks of error outputs, except in cells tagged raises-exception."""
+    errors = []
+    for index, cell in enumerate(notebook.get("cells", [])):
+        if "raises-exception" in cell.get("metadata", {}).get("tags", []):
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                text = ANSI_ESCAPE.sub("", "\n".join(output.get("traceback", [])))
+                errors.append(f"cell {index}: {output.get('ename')}: {output.get('evalue')}\n{text[-2000:]}")
+    return errors
+
+
+def _save_and_read(page, path: Path, timeout_s: float = 30) -> dict:
+    """File -> Save Notebook in the browser, then read the saved file."""
+    before = path.stat().st_mtime_ns
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^File$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Save Notebook$")).click()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.stat().st_mtime_ns != before:
+            try:
+                return json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:  # caught mid-write
+                pass
+        time.sleep(0.25)
+    raise AssertionError(f"JupyterLab did not save {path.name} within {timeout_s} s")
+
+
+def _screenshot_whole_notebook(page, path: Path) -> None:
+    """Grow the viewport to the notebook's height so one screenshot shows every cell."""
+    height = page.evaluate(
+        """(panel) => {
+             const s = document.querySelector(panel + ' .jp-WindowedPanel-outer');
+             return s ? s.scrollHeight + s.getBoundingClientRect().top + 40 : 0;
+           }""",
+        PANEL,
+    )
+    height = int(min(max(height or 0, VIEWPORT["height"]), MAX_SCREENSHOT_HEIGHT))
+    page.set_viewport_size({"width": VIEWPORT["width"], "height": height})
+    page.evaluate(
+        "(panel) => { const s = document.querySelector(panel + ' .jp-WindowedPanel-outer');"
+        " if (s) s.scrollTop = 0; }",
+        PANEL,
+    )
+    page.wait_for_timeout(1000)  # let plotly and the notebook re-layout
+    page.screenshot(path=str(path), full_page=True)
+    page.set_viewport_size(VIEWPORT)
+
+
+def test_notebook_runs_in_jupyterlab(jupyter_lab):
+    if not Path(CHROMIUM).is_file():
+        _missing(f"{CHROMIUM} is missing (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright is not installed")
+
+    base_url, token, served_notebook = jupyter_lab
+    notebook = served_notebook.name
+    stem = Path(notebook).stem
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    screenshot = ARTIFACTS / f"{stem}.png"
+    page_errors: list[str] = []
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.on("pageerror", lambda error: page_errors.append(str(error)))
+            page.set_default_timeout(30_000)
+            try:
+                page.goto(f"{base_url}/lab/tree/{notebook}?token={token}", wait_until="domcontentloaded")
+
+                page.locator(f"{PANEL} .jp-Notebook .jp-Cell").first.wait_for(
+                    state="visible", timeout=NOTEBOOK_LOAD_TIMEOUT_S * 1000
+                )
+                # A notebook without kernelspec metadata asks for a kernel: accept the default.
+                select_kernel = page.locator(".jp-Dialog .jp-mod-accept")
+                page.wait_for_timeout(500)
+                if select_kernel.count():
+                    select_kernel.first.click()
+                page.locator(f'{PANEL} .jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for(
+                    state="attached", timeout=NOTEBOOK_LOAD_TIMEOUT_S * 1000
+                )
+
+                # Run -> Run All Cells, as a learner would.
+                page.locator(f"{PANEL} .jp-Notebook .jp-Cell").first.click()
+                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+                started = time.monotonic()
+                page.wait_for_function(RUN_FINISHED_JS, arg=PANEL, timeout=RUN_ALL_TIMEOUT_S * 1000,
+                                       polling=500)
+                print(f"Run All Cells finished in {time.monotonic() - started:.1f} s")
+                page.wait_for_timeout(1500)  # let late renderers (plotly, widgets) finish
+
+                # Save the served copy (never the repository's notebook) and read which
+                # cells raised: only error outputs, not tracebacks printed on purpose.
+                saved = _save_and_read(page, served_notebook)
+                errors = _error_outputs(saved)
+                assert not errors, "cells raised errors:\n" + "\n---\n".join(errors)
+                not_run = [i for i, c in _code_cells(saved) if c.get("execution_count") is None]
+                assert not not_run, f"code cells not executed: {not_run}"
+                prompts = page.evaluate(PROMPTS_JS, PANEL)
+                assert prompts and not any("*" in p for p in prompts), f"prompts after run: {prompts}"
+
+                # Plotly's mimetype renderer puts .js-plotly-plot on the output itself;
+                # a FigureWidget nests it inside the widget view. Both match here.
+                plots = page.locator(f"{PANEL} .jp-OutputArea .js-plotly-plot").filter(
+                    has=page.locator(".main-svg")
+                )
+                assert plots.count() > 0, "no plotly figure rendered"
+                plots.first.scroll_into_view_if_needed()
+                box = plots.first.locator(".main-svg").first.bounding_box()
+                assert box and box["width"] > 100 and box["height"] > 100, f"plotly figure too small: {box}"
+                plots.first.screenshot(path=str(ARTIFACTS / f"{stem}-plot.png"))
+
+                # ipywidgets shows "Error displaying widget" (also with class jupyter-widgets)
+                # when the widget manager cannot render a model.
+                broken = page.locator(f"{PANEL} .jp-OutputArea-output", has_text="Error displaying widget")
+                assert broken.count() == 0, broken.first.text_content()
+                widgets = page.locator(
+                    f"{PANEL} .jp-OutputArea-output .jupyter-widgets, "
+                    f"{PANEL} .jp-OutputArea-output .widget-slider, "
+                    f"{PANEL} .jp-OutputArea-output .widget-dropdown"
+                ).filter(has_not_text="Loading widget")
+                assert widgets.count() > 0, "no ipywidgets widget rendered"
+                widgets.first.scroll_into_view_if_needed()
+                box = widgets.first.bounding_box()
+                assert box and box["width"] > 20 and box["height"] > 10, f"widget not visible: {box}"
+                widgets.first.screenshot(path=str(ARTIFACTS / f"{stem}-widget.png"))
+            finally:
+                try:
+                    _screenshot_whole_notebook(page, screenshot)
+                except Exception as error:  # never hide the real failure
+                    print(f"could not take screenshot {screenshot}: {error}")
+                (ARTIFACTS / f"{stem}-page-errors.log").write_text("\n".join(page_errors))
+        finally:
+            browser.close()

@@ -1,0 +1,201 @@
+"""The runtime: warm workers, clear errors, bounded failures, no orphans (chapter 0 foundation)."""
+
+import _thread
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import wait_no_workers, worker_children
+from lesson_lib import Cluster, WorkerError, probes
+from lesson_lib.runtime import choose_placement, context
+
+pytestmark = pytest.mark.ch0
+
+
+def test_run_returns_one_value_per_rank_in_rank_order(clusters):
+    out = clusters(3).run(probes.whoami)
+    assert [o["rank"] for o in out] == [0, 1, 2]
+    assert {o["world_size"] for o in out} == {3}
+    assert len({o["pid"] for o in out}) == 3
+
+
+def test_args_and_kwargs_reach_every_rank(clusters):
+    out = clusters(2).run(probes.echo, 1, [2, 3], key="v")
+    assert out == [((1, [2, 3]), {"key": "v"})] * 2
+
+
+def test_second_run_reuses_the_warm_workers(clusters):
+    c = clusters(2)
+    first = [o["pid"] for o in c.run(probes.whoami)]
+    second = [o["pid"] for o in c.run(probes.whoami)]
+    assert first == second == c.pids()
+
+
+def test_process_group_is_ready_in_the_worker(clusters):
+    # ranks hold 1..N; the library all-reduce sums them
+    assert clusters(4).run(probes.library_all_reduce, 3) == [10.0] * 4
+
+
+def test_threads_are_limited_per_rank(clusters):
+    c = clusters(4)
+    assert {o["threads"] for o in c.run(probes.whoami)} == {c.threads}
+    assert c.threads == max(1, (os.cpu_count() or 1) // 4) or c.threads >= 1
+
+
+def test_events_stream_to_the_caller_before_the_result(clusters):
+    seen = []
+    out = clusters(2).run(probes.emit_events, 5, on_event=seen.append)
+    assert out == [5, 5]
+    assert sorted((e["rank"], e["i"]) for e in seen) == [(r, i) for r in (0, 1) for i in range(5)]
+
+
+def _local_fn():
+    return 1
+
+
+def test_function_from_main_or_a_closure_gets_a_clear_error(clusters):
+    def inner():
+        return 1
+
+    inner.__module__ = "__main__"
+    with pytest.raises(TypeError, match="notebook cell"):
+        clusters(1).run(inner)
+    with pytest.raises(TypeError, match="notebook cell"):
+        clusters(1).run(lambda: 1)
+
+
+def test_unpicklable_arguments_get_a_clear_error(clusters):
+    with pytest.raises(TypeError, match="cannot be sent to the workers"):
+        clusters(1).run(probes.echo, threading.Lock())
+
+
+def test_context_outside_a_worker_explains_itself():
+    with pytest.raises(RuntimeError, match="only available inside"):
+        context()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 10_000, "2", 2.0, True])
+def test_bad_world_size_names_the_parameter(bad):
+    with pytest.raises((ValueError, TypeError), match="world_size"):
+        Cluster(bad, start=False, quiet=True)
+
+
+def test_bad_backend_and_nccl_without_gpus_name_the_parameter():
+    with pytest.raises(ValueError, match="backend"):
+        Cluster(2, backend="mpi", start=False, quiet=True)
+    if choose_placement(1).backend == "gloo":  # no GPU here
+        with pytest.raises(ValueError, match="backend='nccl'"):
+            Cluster(2, backend="nccl", start=False, quiet=True)
+
+
+def test_bad_timeout_names_the_parameter():
+    with pytest.raises(ValueError, match="timeout_s"):
+        Cluster(2, timeout_s=0, start=False, quiet=True)
+
+
+def test_auto_falls_back_to_gloo_on_cpu_when_ranks_exceed_gpus():
+    p = choose_placement(64)
+    assert p.backend == "gloo" and p.device_type == "cpu" and "Gloo" in p.reason
+
+
+def test_a_raising_worker_surfaces_within_5s_with_rank_and_traceback(no_orphans):
+    with Cluster(2, quiet=True, timeout_s=20) as c:
+        pids = c.pids()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            c.run(probes.raise_on, 1, "kaboom-42")
+        assert time.monotonic() - t0 < 5
+        assert info.value.rank == 1
+        assert isinstance(info.value, RuntimeError)
+        assert "kaboom-42" in info.value.remote_traceback and "raise_on" in info.value.remote_traceback
+        assert not wait_no_workers(pids), "workers outlived a failed job"
+        # the cluster starts fresh workers for the next job
+        assert [o["rank"] for o in c.run(probes.whoami)] == [0, 1]
+
+
+def test_a_killed_worker_is_reported_not_a_hang(no_orphans):
+    with Cluster(3, quiet=True, timeout_s=10) as c:
+        pids = c.pids()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            c.run(probes.kill_self_on, 2)
+        assert time.monotonic() - t0 < 10
+        assert info.value.rank == 2 and "SIGKILL" in str(info.value)
+        assert not wait_no_workers(pids)
+
+
+def test_a_silent_rank_fails_at_the_collective_timeout(no_orphans):
+    with Cluster(2, quiet=True, timeout_s=3) as c:
+        pids = c.pids()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            c.run(probes.stall_on, 1)
+        took = time.monotonic() - t0
+        assert 2.5 < took < 3 + 6, took
+        assert info.value.rank == 0  # the rank that waited reports the timeout
+        assert not wait_no_workers(pids)
+
+
+def test_deadline_bounds_a_job_even_without_collectives(no_orphans):
+    with Cluster(1, quiet=True) as c:
+        with pytest.raises(WorkerError, match="deadline"):
+            c.run(probes.spin, 30, deadline_s=1.0)
+
+
+def test_keyboard_interrupt_ends_all_workers_within_5s(no_orphans):
+    with Cluster(2, quiet=True) as c:
+        pids = c.pids()
+        threading.Timer(1.0, _thread.interrupt_main).start()
+        with pytest.raises(KeyboardInterrupt):
+            c.run(probes.spin, 60)
+        t0 = time.monotonic()
+        assert not wait_no_workers(pids, 5.0)
+        assert time.monotonic() - t0 < 5
+
+
+def test_workers_exit_when_their_parent_is_killed():
+    code = ("import sys, time; from lesson_lib import Cluster\n"
+            "c = Cluster(2, quiet=True); print(*c.pids(), flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not wait_no_workers(pids, 5.0), "workers outlived a SIGKILLed parent"
+
+
+def test_close_leaves_no_worker_and_is_idempotent():
+    c = Cluster(2, quiet=True)
+    pids = c.pids()
+    c.close()
+    c.close()
+    assert not wait_no_workers(pids, 1.0)
+    assert not [p for p in worker_children() if p.pid in pids]
+
+
+@pytest.mark.slow
+def test_two_processes_starting_ten_clusters_each_never_collide(tmp_path):
+    code = r"""
+import sys, threading
+from lesson_lib import Cluster, probes
+errors, ok = [], []
+def one():
+    try:
+        with Cluster(2, quiet=True, timeout_s=60) as c:
+            ok.append(c.run(probes.library_all_reduce, 4) == [3.0, 3.0])
+    except Exception as e:
+        errors.append(repr(e))
+ts = [threading.Thread(target=one) for _ in range(10)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(sum(ok), len(errors), errors[:1]); sys.exit(0 if sum(ok) == 10 and not errors else 1)
+"""
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs

@@ -1,0 +1,131 @@
+"""Writes notebooks/00_why_distributed.ipynb (run: python tools/build_ch00.py)."""
+from nb import write
+
+CELLS = [
+("md", r"""
+# Chapter 0 — Why distributed?
+
+Deep-learning models outgrew the devices that train them. This chapter measures why, on your own
+machine: the memory bill of training, then **real data-parallel training in 1, 2 and 4 worker
+processes** (PyTorch `torch.distributed`: NCCL with one GPU per rank, Gloo on CPU otherwise), and
+the three problems that data parallelism brings — communication overhead, stragglers, and idle
+resources. Every number and figure below comes from a run made when you execute the cell.
+
+*Run the cells top to bottom (Run → Run All Cells). Each cell calls one function of `lesson_lib`;
+read its source with `ch00.data_parallel??` to see how it works.*
+"""),
+("code", "from lesson_lib.chapters import ch00"),
+("md", r"""
+## 1. Models outgrew devices
+
+In nine years the largest models grew by more than four orders of magnitude: AlexNet had 61 million
+parameters (Krizhevsky et al., 2012), GPT-2 1.5 billion (Radford et al., 2019), GPT-3 175 billion
+(Brown et al., 2020) and Switch-C 1.6 trillion (Fedus et al., 2021). Sources for every point are in
+`data/model_sizes.csv` (its checksum is verified when it is read). Hover over a point for its source.
+"""),
+("code", "ch00.model_growth()"),
+("md", r"""
+## 2. The memory bill of training
+
+Training keeps much more than the parameters: their gradients, and the optimizer's state. With
+mixed-precision Adam that is 2 bytes of fp16 parameters + 2 bytes of fp16 gradients + 12 bytes of
+fp32 master weights, momentum and variance — **16 bytes per parameter** (Rajbhandari et al., ZeRO,
+2020), before any activation. Move the slider: which devices can hold the model state of a
+1.5-billion-parameter GPT-2? Of GPT-3?
+"""),
+("code", "ch00.memory_calculator(params=1.5e9)"),
+("md", r"""
+GPT-3's training state is 175·10⁹ × 16 bytes = 2.8 TB: no single device in the table holds it, so the
+work *must* be spread over many devices. The cell below checks that claim against the calculator.
+"""),
+("code", r"""assert not any(ch00.fits(ch00.memory_bill(175e9)["total"]).values()), "some device holds GPT-3's state?" """),
+("md", r"""
+## 3. Data parallelism, for real
+
+The simplest way to use many devices: **every rank (process) holds a full copy of the model**, each
+trains on its own slice of the batch, and before every update the ranks **sum their gradients**
+(an *all-reduce*), so all copies take the same step. `lesson_lib` starts real worker processes and
+keeps them warm between cells. This is all it takes to run a function on every rank:
+"""),
+("code", r"""
+from lesson_lib import Cluster, probes
+
+with Cluster(world_size=2) as cluster:
+    print(cluster.run(probes.whoami))
+"""),
+("md", r"""
+Now train one small model (a 38k-parameter MLP on a generated classification task) with the same
+**global batch of 64 samples** split over 1, 2 and 4 ranks. The loss and step time are drawn live
+while the workers train; then the step time is split into compute and communication, and the memory
+of one rank is broken down by category — measured from the tensors the rank holds, not computed.
+On a 2-core laptop, 4 ranks share 2 cores: the figures say so, and show each rank's *busy* time
+(CPU time) beside the wall clock.
+"""),
+("code", "runs = ch00.data_parallel(world_sizes=(1, 2, 4))"),
+("md", r"""
+Summing gradients over equal slices and dividing by the number of ranks gives exactly the gradient of
+the whole batch, so **data-parallel training must produce the same losses as one process training on
+the combined batch** — up to float rounding, because the sums happen in another order. Checked:
+"""),
+("code", "assert ch00.max_loss_gap(runs) < 1e-5"),
+("md", r"""
+## 4. Problem 1 — communication overhead
+
+Every step, each rank sends about 2(N−1)/N × the model's size to the others (a ring all-reduce,
+Patarasuk & Yuan, 2009). Below, the bytes `lesson_lib` **counted** on the wire, set against that
+formula, as the model grows; and the share of the step spent communicating as the same global batch
+is split over more ranks: each rank computes less, but sends nearly as much.
+"""),
+("code", "overhead = ch00.comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size=2, results=runs)"),
+("code", r"""
+# Counted bytes equal the exact ring formula; the communication share grows with the world size.
+assert all(r["counted_bytes"] == r["exact_bytes"] for r in overhead["by_size"])
+shares = [s["share"] for s in overhead["by_world_size"]]
+assert shares[0] == 0 < shares[1] and shares[1] < shares[2], shares
+"""),
+("md", r"""
+## 5. Problem 2 — stragglers
+
+A synchronous step ends only when the *slowest* rank has sent its gradients. Here rank 1 is made a
+straggler: it really does 3× the forward/backward work of the others (no `sleep`). Watch the step
+time follow the slow rank while the fast one waits inside the all-reduce.
+"""),
+("code", "slow = ch00.straggler(factor=3.0, rank=1)"),
+("code", r"""
+assert slow["slowdown"] > 1.2, slow           # everyone's step got slower
+assert slow["idle_share"][0] > slow["idle_share"][1], slow   # the fast rank waited more
+"""),
+("md", "Try other slowdowns and ranks (each click starts real runs):"),
+("code", "ch00.straggler_explorer()"),
+("md", r"""
+## 6. Problem 3 — idle resources
+
+While a rank waits for its peers — for the all-reduce, for a straggler — its processor does nothing
+useful. The busy time (the rank's CPU time) against its wall time shows how much of the hardware we
+paid for sat idle. With more ranks on the same global batch, the idle share grows:
+"""),
+("code", "idle = ch00.idle_resources(runs)"),
+("code", "assert idle[4] > idle[1], idle"),
+("md", r"""
+## 7. When a rank fails
+
+A real cluster loses workers. `lesson_lib` never hangs on a failure: each collective has a timeout,
+and a rank that raises surfaces here as a `WorkerError` naming the rank, with its traceback; its
+workers are stopped.
+"""),
+("code", "error_text = ch00.failure_demo()"),
+("md", r"""
+## What comes next
+
+Data parallelism replicates everything and talks a lot. The history of the field is a series of
+answers to these three problems: a central **parameter server** (chapter 1), the bandwidth-optimal
+**ring all-reduce** (chapter 2), **pipeline** parallelism to split the model itself (chapter 3),
+**ZeRO** to stop storing everything everywhere (chapter 4), and more.
+
+From a shell, the same experiment: `python -m lesson_lib run data-parallel --world-size 4 --straggler 1:3 --json dp.json`.
+"""),
+]
+
+if __name__ == "__main__":
+    from pathlib import Path
+    write(str(Path(__file__).resolve().parent.parent / "notebooks/00_why_distributed.ipynb"), CELLS)
