@@ -91,3 +91,10 @@ def emit_events(n: int) -> int:
     for i in range(n):
         context().emit("tick", i=i)
     return n
+
+
+def library_all_reduce_values(values: list[list[float]]) -> list[float]:
+    """``dist.all_reduce`` of ``values[rank]`` (the reference for our ring)."""
+    t = torch.tensor(values[context().rank], dtype=torch.float32)
+    dist.all_reduce(t)
+    return t.tolist()

@@ -1,0 +1,67 @@
+"""The command line, headless and under torchrun."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.ch0
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--steps", "4", "--global-batch", "16", "--hidden", "16", "--samples", "256"]
+
+
+def cli(*args, timeout=120, prefix=(sys.executable, "-m", "lesson_lib")):
+    return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_list_names_the_experiments():
+    out = cli("list")
+    assert out.returncode == 0 and "data-parallel" in out.stdout
+
+
+def test_doctor_reports_torch_backend_and_cores():
+    out = cli("doctor")
+    d = json.loads(out.stdout)
+    assert d["torch"] == torch.__version__ and d["cpu_cores"] >= 1 and "placement" in d
+
+
+def test_run_writes_json_independent_of_world_size(tmp_path):
+    losses = {}
+    for n in (1, 2):
+        f = tmp_path / f"dp{n}.json"
+        out = cli("run", "data-parallel", "--world-size", str(n), *SMALL, "--json", str(f))
+        assert out.returncode == 0, out.stderr
+        assert "step 4/4" in out.stderr  # the progress bar
+        d = json.loads(f.read_text())
+        assert d["experiment"] == "data-parallel" and d["world_size"] == n
+        assert len(d["per_rank"]) == n and d["config"]["global_batch"] == 16
+        losses[n] = d["losses"]
+    torch.testing.assert_close(torch.tensor(losses[2]), torch.tensor(losses[1]), rtol=1e-5, atol=1e-6)
+
+
+def test_the_same_run_works_under_torchrun(tmp_path):
+    f = tmp_path / "tr.json"
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    out = cli("--standalone", "--nproc-per-node", "2", "-m", "lesson_lib", "run", "data-parallel",
+              *SMALL, "--json", str(f), prefix=(torchrun,), timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(f.read_text())
+    assert d["world_size"] == 2 and len(d["per_rank"]) == 2
+    ref = tmp_path / "ref.json"
+    assert cli("run", "data-parallel", "--world-size", "1", *SMALL, "--json", str(ref)).returncode == 0
+    torch.testing.assert_close(torch.tensor(d["losses"]), torch.tensor(json.loads(ref.read_text())["losses"]),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("args, name", [
+    (["run", "data-parallel", "--world-size", "3", "--global-batch", "64"], "global_batch"),
+    (["run", "data-parallel", "--straggler", "9:2"], "straggler"),
+    (["run", "data-parallel", "--backend", "mpi"], "backend"),
+    (["run", "no-such-experiment"], "unknown experiment"),
+])
+def test_bad_input_fails_fast_with_a_message_naming_it(args, name):
+    out = cli(*args, timeout=60)
+    assert out.returncode != 0 and name in out.stderr

@@ -1,0 +1,97 @@
+"""Data parallel equals single-process training; counted traffic and memory equal their formulas."""
+
+import pytest
+import torch
+
+from lesson_lib import run
+from lesson_lib.comm import ring_bytes_sent
+from lesson_lib.milestones import data_parallel as dp
+
+pytestmark = pytest.mark.ch0
+
+SMALL = dict(steps=6, global_batch=24, hidden=32, depth=2, samples=512)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("allreduce", ["ring", "library"])
+def test_losses_equal_single_process_training(clusters, n, allreduce):
+    ref = dp.reference(dp.Config(world_size=1, **SMALL))
+    r = run("data-parallel", dp.Config(world_size=n, allreduce=allreduce, **SMALL), cluster=clusters(n))
+    torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(ref), rtol=1e-5, atol=1e-6)
+    assert len(r.losses) == SMALL["steps"] and r.losses[-1] < r.losses[0]
+
+
+def test_sgd_and_stragglers_do_not_change_the_result(clusters):
+    ref = dp.reference(dp.Config(world_size=1, optimizer="sgd", **SMALL))
+    r = run("data-parallel", dp.Config(world_size=2, optimizer="sgd", straggler="1:2.5", **SMALL),
+            cluster=clusters(2))
+    torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(ref), rtol=1e-5, atol=1e-6)
+
+
+def test_counted_gradient_traffic_equals_the_ring_formula(clusters):
+    n = 3
+    r = run("data-parallel", dp.Config(world_size=n, **SMALL), cluster=clusters(n))
+    psi = r["param_count"]
+    for rank, pr in enumerate(r.per_rank):
+        grads = pr["ops"]["grad_all_reduce"]
+        assert grads["calls"] == SMALL["steps"]
+        assert grads["bytes_sent"] == SMALL["steps"] * ring_bytes_sent(psi, 4, n, rank)
+        assert abs(grads["bytes_sent"] / SMALL["steps"] - r["grad_bytes_formula"]) <= 8
+
+
+def test_measured_memory_matches_what_the_rank_holds(clusters):
+    r = run("data-parallel", dp.Config(world_size=2, **SMALL), cluster=clusters(2))
+    psi, n_tensors = r["param_count"], 2 * (SMALL["depth"] + 1)  # weight + bias per Linear
+    for pr in r.per_rank:
+        m = pr["memory"]
+        assert m["params"] == 4 * psi
+        assert m["grads"] == 4 * psi                       # the flat gradient bucket
+        assert m["optimizer"] == 8 * psi + 4 * n_tensors   # Adam: exp_avg, exp_avg_sq, step
+        assert m["buffers"] == 4 * -(-psi // 2)            # ring scratch: one chunk
+        # activations: inputs and outputs of each layer for 12 samples, measured via autograd
+        assert 0 < m["activations"] < 4 * 12 * (32 + 4 * 32 + 10)
+        assert m["rss"] > 0
+
+
+def test_per_step_split_adds_up(clusters):
+    r = run("data-parallel", dp.Config(world_size=2, **SMALL), cluster=clusters(2))
+    for pr in r.per_rank:
+        for s in pr["steps"]:
+            assert s["compute_s"] + s["comm_s"] == pytest.approx(s["wall_s"], abs=1e-6)
+            assert 0 <= s["busy_s"] <= s["wall_s"] + 1e-6
+
+
+def test_events_arrive_per_step_and_rank(clusters):
+    seen = []
+    run("data-parallel", dp.Config(world_size=2, **SMALL), cluster=clusters(2), on_event=seen.append)
+    steps = sorted((e["rank"], e["step"]) for e in seen if e["kind"] == "step")
+    assert steps == [(r, s) for r in (0, 1) for s in range(SMALL["steps"])]
+
+
+@pytest.mark.parametrize("options, name", [
+    (dict(world_size=3, global_batch=64), "global_batch"),
+    (dict(world_size=2, straggler="5:2"), "straggler"),
+    (dict(world_size=2, straggler="1:0.5"), "straggler"),
+    (dict(world_size=2, straggler="oops"), "straggler"),
+    (dict(world_size=0), "world_size"),
+    (dict(steps=0), "steps"),
+    (dict(lr=-1.0), "lr"),
+    (dict(optimizer="lion"), "optimizer"),
+    (dict(allreduce="tree"), "allreduce"),
+    (dict(backend="mpi"), "backend"),
+])
+def test_bad_options_raise_a_clear_error_naming_the_parameter(options, name):
+    with pytest.raises((ValueError, TypeError), match=name):
+        dp.Config(**options).validate()
+
+
+def test_result_json_has_the_common_keys(clusters, tmp_path):
+    import json
+
+    r = run("data-parallel", dp.Config(world_size=2, **SMALL), cluster=clusters(2))
+    r.save_json(tmp_path / "r.json")
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert {"experiment", "world_size", "backend", "config", "losses", "per_rank"} <= set(d)
+    for pr in d["per_rank"]:
+        assert {"rank", "bytes_sent", "bytes_recv", "compute_s", "comm_s", "memory"} <= set(pr)
+        assert set(pr["memory"]) >= {"params", "grads", "optimizer", "activations", "buffers"}
