@@ -35,11 +35,12 @@ lab: install
 bench: install
 	$(BIN)/python -m lesson_lib bench startup
 
-# Strip outputs and execution counts so notebooks are stored clean (checked by
-# tests/test_packaging.py). Uses only the standard library and writes the same
-# JSON layout as nbformat; files that are already clean are left untouched.
+# Strip outputs, execution counts, execution timings and saved widget state so
+# notebooks are stored clean (checked by tests/test_packaging.py). Standard library
+# only; keys keep their order and the layout is nbformat's (indent 1), so only the
+# stripped fields show in a diff. Files that are already clean are left untouched.
 define CLEAN_NOTEBOOKS_PY
-import glob, json, sys
+import glob, json
 changed = 0
 for path in sorted(glob.glob("notebooks/*.ipynb")):
     with open(path, encoding="utf-8") as f:
@@ -49,8 +50,9 @@ for path in sorted(glob.glob("notebooks/*.ipynb")):
         if cell.get("cell_type") == "code":
             cell["outputs"] = []
             cell["execution_count"] = None
+            cell.get("metadata", {}).pop("execution", None)
     nb.get("metadata", {}).pop("widgets", None)
-    new = json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False, separators=(",", ": ")) + "\n"
+    new = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     if new != text:
         with open(path, "w", encoding="utf-8") as f:
             f.write(new)

@@ -3,7 +3,8 @@
 Public names only; importing this package starts nothing.
 """
 
-from .experiments import Result, names as experiment_names, run
+from .experiments import Result, run
+from .experiments import names as experiment_names
 from .runtime import Cluster, WorkerError, close_all, context, warm_cluster
 
 __all__ = ["Cluster", "WorkerError", "Result", "close_all", "context", "experiment_names", "run",

@@ -194,3 +194,9 @@ def ring_bytes_sent(numel: int, element_size: int, world_size: int, rank: int) -
     bounds = chunk_bounds(numel, world_size)
     size = lambda i: bounds[i % world_size][1] - bounds[i % world_size][0]  # noqa: E731
     return element_size * (2 * numel - size(rank + 1) - size(rank + 2))
+
+
+def recv_any(tensor: torch.Tensor, op: str = "recv") -> int:
+    """Blocking receive from whichever rank sends first; returns the sender's rank (chapter 1)."""
+    with _Timed(op, recv=_nbytes(tensor)):
+        return dist.recv(tensor)

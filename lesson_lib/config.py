@@ -71,3 +71,22 @@ def parse_stragglers(spec: str, world_size: int, name: str = "straggler") -> dic
             raise ValueError(f"{name}: slowdown factor must be at least 1, got {factor}")
         out[rank] = factor
     return out
+
+
+@dataclass
+class TrainConfig(CommonConfig):
+    """Options of the small training task shared by the training milestones."""
+
+    hidden: int = opt(128, "width of the hidden layers")
+    depth: int = opt(3, "number of hidden layers")
+    d_in: int = opt(32, "input features")
+    classes: int = opt(10, "output classes")
+    samples: int = opt(4096, "size of the generated data set")
+
+    def validate(self) -> "TrainConfig":
+        super().validate()
+        for name in ("hidden", "depth", "d_in", "classes", "samples"):
+            _positive_int(self, name)
+        if self.global_batch > self.samples:
+            raise ValueError(f"global_batch={self.global_batch} exceeds samples={self.samples}")
+        return self

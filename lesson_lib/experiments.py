@@ -22,6 +22,7 @@ from .runtime import Cluster
 
 EXPERIMENTS = {
     "data-parallel": "lesson_lib.milestones.data_parallel",
+    "parameter-server": "lesson_lib.milestones.parameter_server",
 }
 
 
@@ -61,7 +62,7 @@ class Result:
 
     def step_times(self) -> list[float]:
         """Per step, the slowest rank's wall time (a synchronous step ends with the slowest)."""
-        steps = zip(*(r["steps"] for r in self.per_rank))
+        steps = zip(*(r["steps"] for r in self.per_rank if r["steps"]))
         return [max(s["wall_s"] for s in per_step) for per_step in steps]
 
     def median_step(self, key: str, skip_first: bool = True) -> list[float]:
@@ -72,7 +73,7 @@ class Result:
         out = []
         for r in self.per_rank:
             steps = r["steps"][1:] if skip_first and len(r["steps"]) > 1 else r["steps"]
-            out.append(statistics.median(s[key] for s in steps))
+            out.append(statistics.median(s[key] for s in steps) if steps else float("nan"))
         return out
 
     def summary(self) -> str:
@@ -109,7 +110,8 @@ def run(name: str, cfg=None, cluster=None, on_event: Callable[[dict], None] | No
     finally:
         if own:
             cluster.close()
+    extra = mod.summarize(cfg, outs)
     return Result(experiment=mod.NAME, world_size=cfg.world_size, backend=cluster.backend,
-                  config=cfg.as_dict(), losses=outs[0]["losses"],
-                  per_rank=[o["per_rank"] for o in outs], extra=mod.summarize(cfg, outs),
+                  config=cfg.as_dict(), losses=extra.pop("losses", outs[0]["losses"]),
+                  per_rank=[o["per_rank"] for o in outs], extra=extra,
                   oversubscribed=cluster.oversubscribed)

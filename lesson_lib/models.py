@@ -29,3 +29,25 @@ def param_count(model: nn.Module) -> int:
 def mlp_param_count(d_in: int, hidden: int, depth: int, d_out: int) -> int:
     """Parameters of :func:`mlp` without building it (for calculators and formulas)."""
     return (d_in + 1) * hidden + (depth - 1) * (hidden + 1) * hidden + (hidden + 1) * d_out
+
+
+def flat_views(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Make every parameter, and every gradient, a view into one flat tensor; return both.
+
+    One flat gradient bucket lets one collective (or one message) carry all gradients; a flat
+    parameter vector lets a shard of it be replaced in place. Memory accounting then sees
+    exactly one storage each.
+    """
+    params = list(model.parameters())
+    numel = sum(p.numel() for p in params)
+    ref = params[0]
+    flat = torch.empty(numel, dtype=ref.dtype, device=ref.device)
+    grads = torch.zeros(numel, dtype=ref.dtype, device=ref.device)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        flat[offset:offset + n].copy_(p.detach().view(-1))
+        p.data = flat[offset:offset + n].view_as(p)
+        p.grad = grads[offset:offset + n].view_as(p)
+        offset += n
+    return flat, grads

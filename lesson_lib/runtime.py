@@ -147,6 +147,14 @@ class WorkerContext:
     threads: int
     oversubscribed: bool
     events: Any = None  # a queue (Cluster) or None (torchrun: events are dropped)
+    restart_requested: bool = False
+
+    def request_restart(self) -> None:
+        """Ask for fresh workers after this job (e.g. a fault demo left the process group unusable).
+
+        The job still returns normally; the cluster then replaces its workers before the next job.
+        """
+        self.restart_requested = True
 
     def emit(self, kind: str, **data: Any) -> None:
         """Send a small event (floats, ints, strings) to the notebook while the job runs."""
@@ -216,10 +224,14 @@ def _worker_main(rank, world_size, backend, init_method, timeout_s, threads, job
         try:
             ref, args, kwargs = pickle.loads(payload)
             value = _resolve(ref)(*args, **kwargs)
-            out_q.put(("done", rank, job_id, pickle.dumps(value)))
+            out_q.put(("done", rank, job_id, pickle.dumps((value, _CTX.restart_requested))))
         except BaseException:
             out_q.put(("error", rank, job_id, traceback.format_exc()))
             break  # the process group may be half-way through a collective: leave it
+        if _CTX.restart_requested:
+            out_q.close()
+            out_q.join_thread()
+            os._exit(0)  # skip destroy_process_group: it could wait on an abandoned operation
     try:
         dist.destroy_process_group()
     except Exception:
@@ -312,8 +324,10 @@ class Cluster:
         return bool(self._procs)
 
     def start(self) -> None:
-        if self.running:
+        if self.running and all(p.exitcode is None for p in self._procs):
             return
+        if self.running:  # a warm worker died between jobs: replace the whole world
+            self.close()
         t0 = time.perf_counter()
         ctx = mp.get_context("spawn")
         self._tmp = tempfile.mkdtemp(prefix="lesson_lib_")
@@ -408,22 +422,29 @@ class Cluster:
             q.put((self._job_id, payload))
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
         try:
-            return self._collect(self._job_id, kinds=("done",), deadline=deadline, on_event=on_event)
+            done = self._collect(self._job_id, kinds=("done",), deadline=deadline, on_event=on_event)
         except BaseException:
             self.close()  # a failed or interrupted job leaves no worker behind
             raise
+        if any(restart for _, restart in done):
+            self.close()  # those workers are exiting; the next run starts fresh ones
+        return [value for value, _ in done]
 
     def _collect(self, job_id, kinds, deadline=None, on_event=None) -> list:
         values: list = [None] * self.world_size
         pending = set(range(self.world_size))
+        next_check = 0.0
         while pending:
+            now = time.monotonic()
+            if now >= next_check:  # also while events stream in: liveness and deadline first
+                next_check = now + 0.05
+                self._check_alive(pending)
+                if deadline is not None and now > deadline:
+                    raise WorkerError(min(pending), "did not finish before the deadline "
+                                      f"(ranks still running: {sorted(pending)})")
             try:
                 kind, rank, jid, data = self._out_q.get(timeout=0.05)
             except queue.Empty:
-                self._check_alive(pending)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise WorkerError(min(pending), "did not finish before the deadline "
-                                      f"(ranks still running: {sorted(pending)})")
                 continue
             if kind == "event":
                 if on_event is not None:
@@ -437,7 +458,7 @@ class Cluster:
 
     def _check_alive(self, pending) -> None:
         for rank, p in enumerate(self._procs):
-            if p.exitcode is not None:
+            if rank in pending and p.exitcode is not None:
                 # It may have sent its traceback just before exiting: read it first.
                 try:
                     while True:

@@ -17,7 +17,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -91,6 +90,15 @@ def _missing(reason: str) -> None:
     pytest.skip(reason)
 
 
+def _require_browser() -> None:
+    if not Path(CHROMIUM).is_file():
+        _missing(f"{CHROMIUM} is missing (apt-get install chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        _missing("playwright is not installed (make install)")
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -154,15 +162,15 @@ def _stop_server(proc: subprocess.Popen, base_url: str, token: str) -> None:
             child.kill()
         except psutil.Error:
             pass
-    try:  # anything else left in the server's own process group
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 @pytest.fixture
 def jupyter_lab(tmp_path):
-    """A JupyterLab on 127.0.0.1 serving a copy of notebooks/; yields (base_url, token, notebook)."""
+    """A JupyterLab on 127.0.0.1 serving a copy of notebooks/.
+
+    Yields (base_url, token, path of the served copy of the notebook under test).
+    """
+    _require_browser()
     served = tmp_path / "notebooks"
     shutil.copytree(NOTEBOOKS_DIR, served, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     if (ROOT / "data").is_dir():  # keep ../data working from the copied notebooks
@@ -290,12 +298,7 @@ def _screenshot_whole_notebook(page, path: Path) -> None:
 
 
 def test_notebook_runs_in_jupyterlab(jupyter_lab):
-    if not Path(CHROMIUM).is_file():
-        _missing(f"{CHROMIUM} is missing (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright is not installed")
+    from playwright.sync_api import sync_playwright  # present: checked by the fixture
 
     base_url, token, served_notebook = jupyter_lab
     notebook = served_notebook.name

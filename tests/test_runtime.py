@@ -8,8 +8,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import wait_no_workers, worker_children
+
 from lesson_lib import Cluster, WorkerError, probes
 from lesson_lib.runtime import choose_placement, context
 

@@ -38,7 +38,10 @@ fp32 master weights, momentum and variance — **16 bytes per parameter** (Rajbh
 GPT-3's training state is 175·10⁹ × 16 bytes = 2.8 TB: no single device in the table holds it, so the
 work *must* be spread over many devices. The cell below checks that claim against the calculator.
 """),
-("code", r"""assert not any(ch00.fits(ch00.memory_bill(175e9)["total"]).values()), "some device holds GPT-3's state?" """),
+("code", r"""
+gpt3 = ch00.memory_bill(175e9)["total"]
+assert not any(ch00.fits(gpt3).values()), "a device in the table holds GPT-3's training state?"
+"""),
 ("md", r"""
 ## 3. Data parallelism, for real
 
@@ -92,8 +95,9 @@ time follow the slow rank while the fast one waits inside the all-reduce.
 """),
 ("code", "slow = ch00.straggler(factor=3.0, rank=1)"),
 ("code", r"""
-assert slow["slowdown"] > 1.2, slow           # everyone's step got slower
-assert slow["idle_share"][0] > slow["idle_share"][1], slow   # the fast rank waited more
+# The fast rank's step lasts at least as long as the straggler's work, and it idles more.
+assert slow["fast_rank_step_ms"] >= slow["straggler_busy_ms"], slow
+assert slow["idle_share"][0] > slow["idle_share"][1], slow
 """),
 ("md", "Try other slowdowns and ranks (each click starts real runs):"),
 ("code", "ch00.straggler_explorer()"),

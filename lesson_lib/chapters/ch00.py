@@ -99,8 +99,12 @@ def straggler(factor: float = 3.0, rank: int = 1, world_size: int = 2, hidden: i
     base_t = _median(runs["no straggler"].step_times()[1:])
     slow_t = _median(slow.step_times()[1:])
     idle = [max(0.0, r["wall_s"] - r["busy_s"]) / r["wall_s"] for r in slow.per_rank]
+    walls, busys = slow.median_step("wall_s"), slow.median_step("busy_s")
     claims = {"slowdown": slow_t / base_t, "idle_share": idle, "straggler": rank,
-              "step_ms": {"baseline": 1e3 * base_t, "straggler": 1e3 * slow_t}}
+              "step_ms": {"baseline": 1e3 * base_t, "straggler": 1e3 * slow_t},
+              # a fast rank's step cannot end before the straggler has done its step's work
+              "fast_rank_step_ms": 1e3 * min(w for i, w in enumerate(walls) if i != rank),
+              "straggler_busy_ms": 1e3 * busys[rank]}
     print(f"step time {1e3 * base_t:.1f} ms → {1e3 * slow_t:.1f} ms ({claims['slowdown']:.2f}×); "
           "idle share per rank: " + ", ".join(f"r{i} {s:.0%}" for i, s in enumerate(idle)))
     return claims

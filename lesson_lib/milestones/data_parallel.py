@@ -17,22 +17,17 @@ import torch
 import torch.nn.functional as F
 
 from .. import comm
-from ..config import CommonConfig, opt, parse_stragglers
+from ..config import TrainConfig, opt, parse_stragglers
 from ..data import batch_indices, shard, teacher_classification
 from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary
-from ..models import mlp
+from ..models import flat_views, mlp
 from ..runtime import context
 
 NAME = "data-parallel"
 
 
 @dataclass
-class Config(CommonConfig):
-    hidden: int = opt(128, "width of the hidden layers")
-    depth: int = opt(3, "number of hidden layers")
-    d_in: int = opt(32, "input features")
-    classes: int = opt(10, "output classes")
-    samples: int = opt(4096, "size of the generated data set")
+class Config(TrainConfig):
     optimizer: str = opt("adam", "adam | sgd")
     allreduce: str = opt("ring", "ring (ours, counted exactly) | library (the backend's all_reduce)")
     straggler: str = opt("", "RANK:FACTOR[,RANK:FACTOR] — that rank does FACTOR times the work")
@@ -42,8 +37,6 @@ class Config(CommonConfig):
         if self.global_batch % self.world_size:
             raise ValueError(f"global_batch={self.global_batch} must divide evenly over "
                              f"world_size={self.world_size} ranks")
-        if self.global_batch > self.samples:
-            raise ValueError(f"global_batch={self.global_batch} exceeds samples={self.samples}")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
         if self.allreduce not in ("ring", "library"):
@@ -52,15 +45,12 @@ class Config(CommonConfig):
         return self
 
 
-def build(cfg: Config, device: torch.device):
+def build(cfg: TrainConfig, device: torch.device):
+    """The model, its flat gradient bucket (one all-reduce moves all grads) and its optimizer."""
     model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(device)
+    _, bucket = flat_views(model)
     params = list(model.parameters())
-    bucket = torch.zeros(sum(p.numel() for p in params), device=device)
-    offset = 0
-    for p in params:  # grads become views of one flat bucket: one all-reduce moves them all
-        p.grad = bucket[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
-    if cfg.optimizer == "adam":
+    if getattr(cfg, "optimizer", "sgd") == "adam":
         optimizer = torch.optim.Adam(params, lr=cfg.lr)
     else:
         optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
