@@ -59,7 +59,10 @@ def cmd_run(argv: list[str]) -> int:
         lead = cluster.rank == 0
     else:
         cluster, lead = None, True
-    cfg = mod.Config(**options).validate()
+    try:
+        cfg = mod.Config(**options).validate()
+    except ValueError as e:  # a bad option: say which, without a traceback
+        p.error(str(e))
     progress = None if args.quiet else _Progress(cfg.steps)
     try:
         if cluster is None:
@@ -99,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         if what == "startup":
             bench.print_startup(bench.startup())
             return 0
-        print(f"unknown benchmark {what!r}; available: startup", file=sys.stderr)
+        if what == "allreduce":
+            bench.print_allreduce(bench.allreduce())
+            return 0
+        print(f"unknown benchmark {what!r}; available: startup, allreduce", file=sys.stderr)
         return 2
     print(f"unknown command {cmd!r}; use list, run, bench or doctor", file=sys.stderr)
     return 2

@@ -35,3 +35,69 @@ def print_startup(rows: list[dict]) -> None:
     print(f"{'ranks':>5} {'fresh world (s)':>16} {'warm run (ms)':>14} {'fresh / warm':>13}")
     for r in rows:
         print(f"{r['world_size']:>5} {r['fresh_s']:>16.2f} {1e3 * r['warm_s']:>14.2f} {r['ratio']:>13.0f}×")
+
+
+# --------------------------------------------------------------------------- all-reduce (chapter 2)
+
+ALLREDUCE_SIZES = tuple(4096 * 4**k for k in range(8))  # 4 KiB … 64 MiB
+ALLREDUCE_ALGORITHMS = ("ring", "library", "naive", "halving-doubling")
+
+
+def allreduce(sizes=ALLREDUCE_SIZES, world_sizes=(2, 4), algorithms=ALLREDUCE_ALGORITHMS,
+              repeats: int = 5, cluster_for=None) -> list[dict]:
+    """Algorithm bandwidth (S / time) of our all-reduces and the backend's, in the same run.
+
+    One row per (world size, size, algorithm): ``time_s`` is the median over repeats of the
+    slowest rank's time; ``vs_library`` the median over repeats of library time / our time,
+    measured back to back (a paired ratio, robust to load that comes and goes).
+    ``cluster_for(n)`` supplies warm clusters (the notebook's); by default each world size gets
+    a fresh one, closed after. Used by ``python -m lesson_lib bench allreduce`` and chapter 2.
+    """
+    from .milestones.ring_allreduce import time_algorithms
+
+    algorithms = list(algorithms)
+    rows = []
+    for n in world_sizes:
+        cluster = cluster_for(n) if cluster_for else Cluster(n, quiet=True)
+        try:
+            outs = cluster.run(time_algorithms, list(sizes), algorithms, repeats)
+        finally:
+            if cluster_for is None:
+                cluster.close()
+        for s in sizes:
+            per = {a: [max(o[s][a][i] for o in outs) for i in range(repeats)] for a in algorithms}
+            lib = per.get("library")
+            for a in algorithms:
+                t = statistics.median(per[a])
+                ratio = statistics.median(x / y for x, y in zip(lib, per[a])) if lib else None
+                rows.append({"world_size": n, "size_bytes": s, "algorithm": a, "time_s": t,
+                             "algbw_GBps": s / t / 1e9, "vs_library": ratio,
+                             "oversubscribed": cluster.oversubscribed})
+    return rows
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:g} KiB"
+
+
+def print_allreduce(rows: list[dict]) -> None:
+    from .costmodel import fit_alpha_beta
+
+    algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+    by = {(r["world_size"], r["size_bytes"], r["algorithm"]): r for r in rows}
+    print("algorithm bandwidth, GB/s (S / time of the slowest rank, median); "
+          "ring/library = library time / ring time")
+    print(f"{'ranks':>5} {'size':>9} " + " ".join(f"{a:>16}" for a in algs) + f" {'ring/library':>13}")
+    for n, s in dict.fromkeys((r["world_size"], r["size_bytes"]) for r in rows):
+        cells = " ".join(f"{by[n, s, a]['algbw_GBps']:>16.3f}" for a in algs)
+        ratio = by[n, s, "ring"]["vs_library"] if (n, s, "ring") in by else None
+        print(f"{n:>5} {_size(s):>9} {cells} {'' if ratio is None else f'{ratio:.2f}':>13}")
+    for n in dict.fromkeys(r["world_size"] for r in rows):
+        ring = [r for r in rows if r["algorithm"] == "ring" and r["world_size"] == n]
+        if len(ring) >= 2:
+            fit = fit_alpha_beta(ring)
+            print(f"ring, {n} ranks: alpha = {1e6 * fit['alpha_s']:.1f} µs, "
+                  f"beta = 1/({fit['bandwidth_GBps']:.2f} GB/s), fit error {100 * fit['rms_rel_error']:.0f}% rms")
+    if any(r["oversubscribed"] for r in rows):
+        print("note: some world sizes put more ranks than cores on this machine; "
+              "their times include time-sharing")

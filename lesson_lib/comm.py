@@ -4,7 +4,9 @@ Every call made through this module adds to the calling rank's counters
 (:func:`lesson_lib.metrics.counters`): calls, bytes sent, bytes received and seconds, by op name.
 
 * Point-to-point bytes are exact: the bytes of the tensors handed to the wire.
-* ``ring_all_reduce`` is built from point-to-point calls, so its bytes are exact too.
+* ``ring_all_reduce`` — and its rivals ``naive_all_reduce`` (reduce-to-one + broadcast) and
+  ``halving_doubling_all_reduce`` — are built from point-to-point calls, so their bytes are exact
+  too. Their step-by-step schedules live in :mod:`lesson_lib.schedules`.
 * For the library's own collectives (``algorithm="library"``) torch does not say what went over
   the wire, so we record the bandwidth-optimal ring volume, 2(N-1)/N·S for all-reduce and
   (N-1)/N·S for all-gather / reduce-scatter (Patarasuk & Yuan, 2009). The op name ends in
@@ -22,6 +24,14 @@ import torch.distributed as dist
 
 from .metrics import counters, sync
 from .runtime import context
+from .schedules import (
+    chunk_bounds,
+    halving_doubling_schedule,
+    power_of_two_below,
+    ring_bytes_sent,  # noqa: F401  (re-exported: chapter 0 and the tests use it here)
+    ring_schedule,
+    span,
+)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -92,68 +102,155 @@ def exchange(send_t: torch.Tensor | None, dst: int | None, recv_t: torch.Tensor 
     if recv_t is not None and recv_t.numel():
         ops.append(dist.P2POp(dist.irecv, recv_t, _global(group, src), group))
         recv_b = _nbytes(recv_t)
-    works = dist.batch_isend_irecv(ops) if ops else []
+    if not ops:
+        works = []
+    elif dist.get_backend(group) == "nccl":
+        # NCCL must see a send and a receive of one step as one group, or a ring deadlocks.
+        works = dist.batch_isend_irecv(ops)
+    else:
+        # Gloo posts each op on its own anyway; batch_isend_irecv only adds Python overhead,
+        # which dominated small messages (about 5x slower at 4 KB on 4 ranks, measured).
+        works = [o.op(o.tensor, o.peer, o.group) for o in ops]
     return Pending(works, op, sent, recv_b)
 
 
-# --------------------------------------------------------------------------- ring all-reduce
+# --------------------------------------------------------------------------- all-reduce by hand
+
+_SCRATCH: dict[str, torch.Tensor] = {}
 
 
-def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """Split ``n`` elements into ``parts`` contiguous chunks differing by at most one element."""
-    base, extra = divmod(n, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        size = base + (1 if i < extra else 0)
-        bounds.append((start, start + size))
-        start += size
-    return bounds
+def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A receive buffer kept between calls (one per device, grown on demand).
+
+    Allocating a fresh 32 MB buffer per call cost page faults comparable to the additions
+    themselves; reusing one is what the library does too. ``counters().scratch`` still records
+    the bytes while an all-reduce uses them.
+    """
+    nbytes = numel * dtype.itemsize
+    buf = _SCRATCH.get(str(device))
+    if buf is None or buf.numel() < nbytes:
+        buf = _SCRATCH[str(device)] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    return buf[:nbytes].view(dtype)
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+
+
+def _finish(tensor: torch.Tensor, flat: torch.Tensor, op: str, scratch_bytes: int) -> torch.Tensor:
+    counters().scratch(-scratch_bytes)
+    # Fold the steps into one entry, so a chart shows one call of ``op``.
+    steps = counters().ops.pop(op + ".step", None)
+    if steps is not None:
+        counters().record(op, steps.bytes_sent, steps.bytes_recv, steps.seconds)
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view_as(tensor))
+    return tensor
 
 
 def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "ring_all_reduce") -> torch.Tensor:
     """In-place SUM over all ranks, like ``dist.all_reduce(tensor)``: reduce-scatter, then all-gather.
 
     Each rank talks only to its ring neighbours and sends 2(N-1) chunks of about S/N bytes,
-    i.e. 2(N-1)/N·S in all — the bandwidth-optimal volume (Patarasuk & Yuan, 2009).
+    i.e. 2(N-1)/N·S in all — the bandwidth-optimal volume (Patarasuk & Yuan, 2009). The steps
+    come from :func:`lesson_lib.schedules.ring_schedule`, the same schedule the animation draws.
     Defined for chapter 0 (data-parallel gradients) and studied in chapter 2.
     """
     rank, n = _rank_world(group)
     if n == 1:
         return tensor
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+    flat = _flat(tensor)
     bounds = chunk_bounds(flat.numel(), n)
-    chunk = lambda i: flat[bounds[i % n][0]:bounds[i % n][1]]  # noqa: E731
-    right, left = (rank + 1) % n, (rank - 1) % n
-    scratch = torch.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype, device=flat.device)
+    chunk = lambda i: flat[bounds[i][0]:bounds[i][1]]  # noqa: E731
+    scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
     counters().scratch(_nbytes(scratch))
+    for st in ring_schedule(n):
+        if st.rank != rank:
+            continue
+        if st.phase == "reduce-scatter":  # receive into scratch, then add into our copy
+            incoming = chunk(st.recv_chunk)
+            buf = scratch[: incoming.numel()]
+            exchange(chunk(st.send_chunk), st.send_to, buf, st.recv_from, group, op + ".step").wait()
+            incoming.add_(buf)
+        else:  # all-gather: the summed chunk lands directly in place
+            exchange(chunk(st.send_chunk), st.send_to, chunk(st.recv_chunk), st.recv_from, group,
+                     op + ".step").wait()
+    return _finish(tensor, flat, op, _nbytes(scratch))
+
+
+def naive_all_reduce(tensor: torch.Tensor, group=None, root: int = 0,
+                     op: str = "naive_all_reduce") -> torch.Tensor:
+    """In-place SUM the parameter-server way: everyone sends everything to ``root``, which adds
+    and sends the sum back. Each rank sends S, but the root sends and receives (N−1)·S each:
+    its link carries 2(N−1)·S while the others idle — the traffic jam the ring removes (chapter 2).
+    """
+    rank, n = _rank_world(group)
+    if n == 1:
+        return tensor
+    flat = _flat(tensor)
     inner = op + ".step"
-    # Reduce-scatter: after step s, chunk (rank - s - 1) holds the sum of s + 2 ranks' values.
-    for s in range(n - 1):
-        incoming = chunk(rank - s - 1)
-        buf = scratch[: incoming.numel()]
-        exchange(chunk(rank - s), right, buf, left, group, op=inner).wait()
-        incoming.add_(buf)
-    # All-gather: each rank now owns the full sum of chunk (rank + 1); pass them round.
-    for s in range(n - 1):
-        exchange(chunk(rank + 1 - s), right, chunk(rank - s), left, group, op=inner).wait()
-    counters().scratch(-_nbytes(scratch))
-    # Fold the 2(N-1) steps into one entry, so a chart shows one ring_all_reduce call.
-    steps = counters().ops.pop(inner)
-    counters().record(op, steps.bytes_sent, steps.bytes_recv, steps.seconds)
-    if flat.data_ptr() != tensor.data_ptr():
-        tensor.copy_(flat.view_as(tensor))
-    return tensor
+    if rank != root:
+        exchange(flat, root, None, None, group, inner).wait()
+        exchange(None, None, flat, root, group, inner).wait()
+        return _finish(tensor, flat, op, 0)
+    others = [r for r in range(n) if r != root]
+    scratch = _scratch((n - 1) * flat.numel(), flat.dtype, flat.device)
+    counters().scratch(_nbytes(scratch))
+    bufs = scratch.view(n - 1, flat.numel())
+    # All N−1 messages are in flight at once; add each as it lands.
+    pending = [exchange(None, None, bufs[i], r, group, inner) for i, r in enumerate(others)]
+    for p, buf in zip(pending, bufs):
+        p.wait()
+        flat.add_(buf)
+    for p in [exchange(flat, r, None, None, group, inner) for r in others]:
+        p.wait()
+    return _finish(tensor, flat, op, _nbytes(scratch))
+
+
+def halving_doubling_all_reduce(tensor: torch.Tensor, group=None,
+                                op: str = "halving_doubling_all_reduce") -> torch.Tensor:
+    """In-place SUM by recursive halving then doubling (Thakur, Rabenseifner & Gropp, 2005).
+
+    2·log₂N steps instead of the ring's 2(N−1), the same 2(N−1)/N·S bytes when N is a power of
+    two; otherwise the extra ranks first fold into their partners (:mod:`lesson_lib.schedules`).
+    """
+    rank, n = _rank_world(group)
+    if n == 1:
+        return tensor
+    flat = _flat(tensor)
+    bounds = chunk_bounds(flat.numel(), power_of_two_below(n))
+    part = lambda chunks: flat[slice(*span(bounds, chunks))] if chunks else None  # noqa: E731
+    mine = [st for st in halving_doubling_schedule(n) if st.rank == rank]
+    biggest = max((part(st.recv).numel() for st in mine if st.reduce), default=0)
+    scratch = _scratch(biggest, flat.dtype, flat.device)
+    counters().scratch(_nbytes(scratch))
+    for st in mine:
+        target = part(st.recv)
+        if st.reduce:
+            buf = scratch[: target.numel()]
+            exchange(part(st.send), st.peer, buf, st.peer, group, op + ".step").wait()
+            target.add_(buf)
+        else:
+            exchange(part(st.send), st.peer, target, st.peer, group, op + ".step").wait()
+    return _finish(tensor, flat, op, _nbytes(scratch))
 
 
 # --------------------------------------------------------------------------- library collectives
 
 
+ALGORITHMS = ("ring", "halving-doubling", "naive", "library")
+_BY_HAND = {"ring": ring_all_reduce, "halving-doubling": halving_doubling_all_reduce,
+            "naive": naive_all_reduce}
+
+
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", group=None, op: str | None = None):
-    """SUM all-reduce with our ring (``algorithm="ring"``) or the backend's (``"library"``)."""
-    if algorithm == "ring":
-        return ring_all_reduce(tensor, group, op=op or "ring_all_reduce")
+    """SUM all-reduce with one of ours (``ring``, ``halving-doubling``, ``naive``: counted exactly)
+    or the backend's (``library``: bytes modelled)."""
+    if algorithm in _BY_HAND:
+        fn = _BY_HAND[algorithm]
+        return fn(tensor, group, op=op or fn.__name__)
     if algorithm != "library":
-        raise ValueError(f"algorithm must be 'ring' or 'library', got {algorithm!r}")
+        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
     _, n = _rank_world(group)
     model = 2 * (n - 1) * _nbytes(tensor) // n
     with _Timed(op or "all_reduce[library]", sent=model, recv=model):
@@ -181,19 +278,6 @@ def reduce_scatter_into(shard: torch.Tensor, full: torch.Tensor, group=None,
 def barrier(group=None) -> None:
     with _Timed("barrier"):
         dist.barrier(group=group)
-
-
-def ring_bytes_sent(numel: int, element_size: int, world_size: int, rank: int) -> int:
-    """Exact bytes rank ``rank`` sends in :func:`ring_all_reduce` of ``numel`` elements.
-
-    Reduce-scatter sends every chunk but chunk rank+1, all-gather every chunk but chunk rank+2,
-    so the total is 2S minus two chunks: 2(N-1)/N·S up to the rounding of uneven chunks.
-    """
-    if world_size == 1:
-        return 0
-    bounds = chunk_bounds(numel, world_size)
-    size = lambda i: bounds[i % world_size][1] - bounds[i % world_size][0]  # noqa: E731
-    return element_size * (2 * numel - size(rank + 1) - size(rank + 2))
 
 
 def recv_any(tensor: torch.Tensor, op: str = "recv") -> int:

@@ -47,3 +47,69 @@ def fits(total_bytes: float) -> dict[str, bool]:
 def devices_needed(total_bytes: float, device_bytes: float) -> int:
     """How many devices of ``device_bytes`` the state needs if it could be split perfectly."""
     return max(1, -(-int(total_bytes) // int(device_bytes)))
+
+
+# --------------------------------------------------------------------------- alpha-beta (chapter 2)
+# A message of m bytes costs α + m·β: a fixed latency plus the bytes over the link's bandwidth
+# (Hockney, 1994). An all-reduce is a sequence of such messages (Thakur, Rabenseifner & Gropp, 2005).
+
+
+def allreduce_terms(algorithm: str, world_size: int, nbytes: float) -> tuple[float, float]:
+    """(a, b) such that an all-reduce of ``nbytes`` on ``world_size`` ranks takes a·α + b·β.
+
+    ring (and the library's): 2(N−1) steps of S/N → 2(N−1)α + 2(N−1)/N·S·β;
+    halving-doubling: 2·log₂N steps, same bytes; naive: the root's link carries N−1 messages in
+    and N−1 out, one after another → 2(N−1)α + 2(N−1)·S·β.
+    """
+    n = world_size
+    if n < 1:
+        raise ValueError(f"world_size must be at least 1, got {n}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be non-negative, got {nbytes}")
+    if algorithm in ("ring", "library"):
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes
+    if algorithm == "halving-doubling":
+        return 2.0 * (n.bit_length() - 1), 2.0 * (n - 1) / n * nbytes
+    if algorithm == "naive":
+        return 2.0 * (n - 1), 2.0 * (n - 1) * nbytes
+    raise ValueError(f"algorithm must be ring, library, halving-doubling or naive, got {algorithm!r}")
+
+
+def allreduce_time(algorithm: str, world_size: int, nbytes: float, alpha: float, beta: float) -> float:
+    a, b = allreduce_terms(algorithm, world_size, nbytes)
+    return a * alpha + b * beta
+
+
+def fit_alpha_beta(rows: list[dict], algorithm: str = "ring") -> dict:
+    """Least-squares α (s) and β (s/byte) from measured ``rows`` ({world_size, size_bytes, time_s}).
+
+    Errors are weighed relative to each time, so 4 KB messages (latency) count as much as 64 MB
+    ones (bandwidth); α and β are kept non-negative. Returns α, β, the bandwidth 1/β and the
+    root-mean-square relative error of the fit.
+    """
+    import numpy as np
+
+    rows = [r for r in rows if r["time_s"] > 0 and r["world_size"] > 1]
+    if len(rows) < 2:
+        raise ValueError("need at least two measurements on two or more ranks to fit α and β")
+    a = np.array([allreduce_terms(algorithm, r["world_size"], r["size_bytes"]) for r in rows])
+    t = np.array([r["time_s"] for r in rows])
+    w = a / t[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(w, np.ones(len(t)), rcond=None)
+    one = lambda col: float(np.linalg.lstsq(w[:, col:col + 1], np.ones(len(t)), rcond=None)[0][0])
+    if alpha < 0:  # the data say "no latency": keep α at zero and fit β alone
+        alpha, beta = 0.0, one(1)
+    elif beta <= 0:
+        alpha, beta = one(0), 1e-15
+    model = a @ np.array([alpha, beta])
+    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta), "bandwidth_GBps": 1e-9 / beta,
+            "rms_rel_error": float(np.sqrt(np.mean((model / t - 1) ** 2))), "points": len(rows),
+            "algorithm": algorithm}
+
+
+def latency_crossover_bytes(world_size: int, alpha: float, beta: float) -> float:
+    """Message size S* at which a ring all-reduce's latency term equals its bandwidth term:
+    2(N−1)α = 2(N−1)/N·S*·β, so S* = N·α/β. Below S*, latency dominates."""
+    if beta <= 0:
+        raise ValueError(f"beta must be positive, got {beta}")
+    return world_size * alpha / beta

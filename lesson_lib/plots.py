@@ -43,8 +43,8 @@ class LiveRuns:
     def __init__(self, title: str = "", min_interval_s: float = 0.25):
         import ipywidgets as W
 
-        base = make_subplots(rows=1, cols=2, subplot_titles=("global training loss",
-                                                             "step time of the slowest rank (ms)"))
+        base = make_subplots(rows=1, cols=2, subplot_titles=(
+            "global training loss", "step time of the slowest rank (ms; warm-up step 0 not shown)"))
         base.update_layout(title=title, height=340, legend={"orientation": "h", "y": -0.2})
         base.update_xaxes(title_text="step")
         self.fig = go.FigureWidget(base)
@@ -58,8 +58,12 @@ class LiveRuns:
 
         display(self.widget)
 
-    def track(self, label: str, steps: int, world_size: int):
-        """Add traces for one run and return the ``on_event`` callback that feeds them."""
+    def track(self, label: str, steps: int, world_size: int, loss_rank: int = 0):
+        """Add traces for one run and return the ``on_event`` callback that feeds them.
+
+        ``world_size`` ranks report steps; ``loss_rank`` is the rank whose events carry the
+        global loss (a parameter server's first worker, say, rather than the server).
+        """
         i = len(self._runs)
         color = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#B279A2", "#72B7B2"][i % 6]
         self.fig.add_scatter(x=[], y=[], name=label, line={"color": color}, row=1, col=1)
@@ -75,7 +79,7 @@ class LiveRuns:
                 return
             s = ev["step"]
             run["wall"].setdefault(s, {})[ev["rank"]] = ev["wall_s"]
-            if ev["rank"] == 0:
+            if ev["rank"] == loss_rank:
                 run["loss"][s] = ev["loss"]
             done = len(run["loss"])
             now = time.monotonic()
@@ -88,7 +92,7 @@ class LiveRuns:
 
     def _redraw(self, run: dict) -> None:
         lt, wt = run["traces"]
-        full = sorted(s for s, w in run["wall"].items() if len(w) == run["world"])
+        full = sorted(s for s, w in run["wall"].items() if len(w) == run["world"] and s > 0)
         with self.fig.batch_update():
             self.fig.data[lt].x = sorted(run["loss"])
             self.fig.data[lt].y = [run["loss"][s] for s in sorted(run["loss"])]
@@ -187,4 +191,61 @@ def comm_share(rows: list[dict], title: str = "Share of the step spent communica
     fig = go.Figure(go.Bar(x=[r["label"] for r in rows], y=[100 * r["share"] for r in rows],
                            marker_color=COLORS["comm"]))
     fig.update_layout(title=title, yaxis_title="% of wall time in communication", height=340)
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 1
+
+
+PHASE_COLORS = {"compute": COLORS["compute"], "push": COLORS["comm"], "pull (waiting)": COLORS["idle"]}
+
+
+def loss_curves(curves: dict, title: str = "Loss against wall time and against updates") -> go.Figure:
+    """curves: label → {"time": [...], "updates": [...], "loss": [...]} (chapter 1)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss vs wall time (s)", "loss vs server updates"))
+    for i, (label, c) in enumerate(curves.items()):
+        color = ["#4C78A8", "#F58518", "#54A24B", "#E45756"][i % 4]
+        fig.add_scatter(x=c["time"], y=c["loss"], name=label, line={"color": color}, row=1, col=1)
+        fig.add_scatter(x=c["updates"], y=c["loss"], name=label, showlegend=False,
+                        line={"color": color}, row=1, col=2)
+    fig.update_yaxes(title_text="global training loss", row=1, col=1)
+    fig.update_layout(title=title, height=360)
+    return fig
+
+
+def timeline(segments: list[dict], title: str, note: str | None = None) -> go.Figure:
+    """Per-worker Gantt chart of measured phases: {worker, step, phase, start, end} (chapter 1)."""
+    t0 = min(s["start"] for s in segments)
+    fig = go.Figure()
+    for phase, color in PHASE_COLORS.items():
+        seg = [s for s in segments if s["phase"] == phase]
+        fig.add_bar(y=[f"worker {s['worker']}" for s in seg], x=[1e3 * (s["end"] - s["start"]) for s in seg],
+                    base=[1e3 * (s["start"] - t0) for s in seg], orientation="h", name=phase,
+                    marker_color=color, hovertext=[f"step {s['step']}" for s in seg])
+    fig.update_layout(title=title, barmode="overlay", xaxis_title="ms since the first step began",
+                      height=120 + 40 * len({s["worker"] for s in segments}))
+    _annotate(fig, note)
+    return fig
+
+
+def staleness_histogram(hist: dict, title: str = "Staleness of the gradients the server applied"):
+    xs = sorted(int(k) for k in hist)
+    fig = go.Figure(go.Bar(x=xs, y=[hist[str(x)] for x in xs], marker_color=COLORS["comm"]))
+    fig.update_layout(title=title, xaxis_title="updates applied since the worker pulled its parameters",
+                      yaxis_title="gradients", height=320)
+    return fig
+
+
+def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str) -> go.Figure:
+    """rows: {x, counted, formula, step_ms} — counted bytes against the formula, and step time."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes per step", "step time (ms, median)"))
+    xs = [r[x] for r in rows]
+    fig.add_bar(x=xs, y=[r["counted"] for r in rows], name="counted", marker_color=COLORS["comm"],
+                row=1, col=1)
+    fig.add_scatter(x=xs, y=[r["formula"] for r in rows], name="formula", mode="lines+markers",
+                    line={"color": "black", "dash": "dot"}, row=1, col=1)
+    fig.add_scatter(x=xs, y=[r["step_ms"] for r in rows], name="step time", mode="lines+markers",
+                    row=1, col=2)
+    fig.update_xaxes(title_text=xlabel)
+    fig.update_layout(title=title, height=360)
     return fig

@@ -307,14 +307,13 @@ class Cluster:
         self._tmp: str | None = None
         self._job_id = 0
         self.start_seconds = float("nan")
+        note = (f"{world_size} ranks on {cpu_count()} CPU cores: ranks time-share the cores, so "
+                "wall-clock times stretch; compare the per-rank busy time shown beside them")
         if not quiet:
-            print(f"lesson_lib: {world_size} rank(s) — {self.placement.reason}")
-        if self.oversubscribed:
-            warnings.warn(
-                f"{world_size} ranks on {cpu_count()} CPU cores: ranks time-share the cores, so "
-                "wall-clock times stretch; compare the per-rank busy time shown beside them",
-                RuntimeWarning, stacklevel=2,
-            )
+            print(f"lesson_lib: {world_size} rank(s) — {self.placement.reason}"
+                  + (f"\n  warning: {note}" if self.oversubscribed else ""))
+        elif self.oversubscribed:
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
         if start:
             self.start()
 
@@ -511,14 +510,22 @@ def _has_iface(name: str) -> bool:
 
 
 _WARM: dict[tuple[int, str], Cluster] = {}
+MAX_WARM_RANKS = 12  # each idle worker holds ~300 MB (torch imported); keep a laptop usable
 
 
 def warm_cluster(world_size: int, backend: str = "auto", timeout_s: float = 30.0) -> Cluster:
-    """A cluster kept warm for this kernel's life, shared by the chapters' helpers."""
+    """A cluster kept warm for this kernel's life, shared by the chapters' helpers.
+
+    At most ``MAX_WARM_RANKS`` idle workers are kept: the least recently used clusters are
+    closed to make room.
+    """
     key = (world_size, backend)
-    cluster = _WARM.get(key)
+    cluster = _WARM.pop(key, None)
     if cluster is None:
-        cluster = _WARM[key] = Cluster(world_size, backend, timeout_s=timeout_s)
+        while _WARM and sum(c.world_size for c in _WARM.values()) + world_size > MAX_WARM_RANKS:
+            _WARM.pop(next(iter(_WARM))).close()
+        cluster = Cluster(world_size, backend, timeout_s=timeout_s)
+    _WARM[key] = cluster  # most recently used last
     return cluster
 
 

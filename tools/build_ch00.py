@@ -61,6 +61,7 @@ Now train one small model (a 38k-parameter MLP on a generated classification tas
 **global batch of 64 samples** split over 1, 2 and 4 ranks. The loss and step time are drawn live
 while the workers train; then the step time is split into compute and communication, and the memory
 of one rank is broken down by category — measured from the tensors the rank holds, not computed.
+The three loss curves should lie exactly on top of each other: watch for it.
 On a 2-core laptop, 4 ranks share 2 cores: the figures say so, and show each rank's *busy* time
 (CPU time) beside the wall clock.
 """),

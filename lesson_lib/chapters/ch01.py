@@ -1,0 +1,227 @@
+"""Chapter 1 — the parameter server (notebooks/01_parameter_server.ipynb).
+
+One function per notebook cell: each runs the parameter-server milestone in real processes on
+warm clusters, displays its figures and returns what the notebook asserts.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from IPython.display import display
+
+from .. import plots, widgets
+from ..exercises import Exercise, Verdict, close_to
+from ..experiments import Result, run
+from ..milestones import parameter_server as ps
+from ..runtime import WorkerError, warm_cluster
+
+# The laptop preset: a 9k-parameter MLP, 30 steps; seconds per run on 2 cores.
+PRESET = {"steps": 30, "global_batch": 48, "hidden": 64, "lr": 0.1}
+
+
+def _run(mode: str = "sync", workers: int = 3, servers: int = 1, live=None, label=None, **options) -> Result:
+    cfg = ps.Config(mode=mode, workers=workers, servers=servers, **{**PRESET, **options})
+    cfg.validate()
+    on_event = live.track(label or mode, cfg.steps, workers, loss_rank=servers) if live else None
+    return run("parameter-server", cfg, cluster=warm_cluster(cfg.world_size), on_event=on_event)
+
+
+def curve(r: Result) -> dict:
+    """Loss per round against wall time (when the last worker finished it) and server updates."""
+    workers = [p for p in r.per_rank if p["steps"]]
+    t0 = min(p["steps"][0]["start"] for p in workers)
+    n = r.config["workers"] if r.config["mode"] == "async" else 1
+    times = []
+    for s in range(len(r.losses)):
+        ends = [p["steps"][s]["start"] + p["steps"][s]["wall_s"] for p in workers if s < len(p["steps"])]
+        times.append(max(ends) - t0)
+    return {"time": times, "updates": [n * (s + 1) for s in range(len(r.losses))], "loss": r.losses}
+
+
+def waiting_share(r: Result) -> list[float]:
+    """Per worker: the share of its time spent waiting for the server's reply (the pull)."""
+    return [w["pull (waiting)"] / (w["compute"] + w["push"] + w["pull (waiting)"]) for w in r["worker_time"]]
+
+
+def sync_vs_async(workers: int = 3, **options) -> dict[str, Result]:
+    """The same training, synchronous then asynchronous; loss, timelines and staleness."""
+    live = plots.LiveRuns(f"Parameter server, {workers} workers: sync vs async")
+    display(live)
+    runs = {m: _run(m, workers, live=live, **options) for m in ("sync", "async")}
+    display(plots.loss_curves({m: curve(r) for m, r in runs.items()}))
+    note = plots.oversubscription_note(runs.values())
+    for m, r in runs.items():
+        display(plots.timeline(r["segments"], f"{m}: what each worker did, step by step", note))
+    display(plots.staleness_histogram(runs["async"]["staleness"]))
+    return runs
+
+
+def max_loss_gap(r: Result) -> float:
+    """Largest |loss difference| between a sync run and single-process SGD on the combined batch."""
+    ref = ps.reference(ps.Config(**{k: r.config[k] for k in ("steps", "global_batch", "seed", "lr", "hidden",
+                                                             "depth", "d_in", "classes", "samples")}))
+    gap = max(abs(a - b) for a, b in zip(r.losses, ref))
+    print(f"largest loss difference from single-process SGD: {gap:.2e}")
+    return gap
+
+
+def mean_staleness(r: Result) -> float:
+    hist = {int(k): v for k, v in r["staleness"].items()}
+    return sum(k * v for k, v in hist.items()) / max(1, sum(hist.values()))
+
+
+def stragglers(workers: int = 3, factor: float = 4.0) -> dict:
+    """Worker 0 does ``factor`` times the work: sync makes everyone wait, async does not."""
+    runs = {m: _run(m, workers, straggler=f"0:{factor}", hidden=128, global_batch=96)
+            for m in ("sync", "async")}
+    note = plots.oversubscription_note(runs.values())
+    for m, r in runs.items():
+        display(plots.timeline(r["segments"], f"{m}, worker 0 × {factor:g}", note))
+    shares = {m: waiting_share(r) for m, r in runs.items()}
+    fast = {m: statistics.mean(s[1:]) for m, s in shares.items()}
+    print("share of time the fast workers waited for the server: "
+          + ", ".join(f"{m} {v:.0%}" for m, v in fast.items()))
+    return {"fast_wait": fast, "runs": runs}
+
+
+def bottleneck(worker_counts=(1, 2, 4)) -> list[dict]:
+    """Synchronous steps with more workers: counted server traffic against 2·N·S, and step time."""
+    rows = []
+    for n in worker_counts:
+        r = _run("sync", n, steps=10)
+        rows.append({"workers": n, "counted": r["server_bytes_per_step"], "formula": r["server_bytes_formula"],
+                     "step_ms": 1e3 * statistics.median(r.step_times()[1:])})
+    display(plots.traffic_vs_formula(rows, "workers", "workers (N)",
+                                     "Into and out of the server per synchronous step: 2·N·S"))
+    return rows
+
+
+def sharding(workers: int = 2, server_counts=(1, 2, 4)) -> list[dict]:
+    """Split the server into K shards (Li et al., 2014): each shard carries 1/K of the traffic."""
+    rows = []
+    for k in server_counts:
+        r = _run("sync", workers, servers=k, steps=10)
+        rows.append({"servers": k, "counted": max(r["per_server_bytes"]) / r.config["steps"],
+                     "formula": r["server_bytes_formula"] / k,
+                     "step_ms": 1e3 * statistics.median(r.step_times()[1:])})
+    display(plots.traffic_vs_formula(rows, "servers", "server shards (K)",
+                                     "Busiest server's traffic per step: 2·N·S / K"))
+    return rows
+
+
+def server_failure(workers: int = 2) -> str:
+    """Server 0 dies at step 3: every worker stops — the single point of failure."""
+    try:
+        _run("sync", workers, fail_server=3, steps=10)
+    except WorkerError as e:
+        print(f"Training stopped. The runtime reports rank {e.rank}: {str(e).splitlines()[0]}\n"
+              "Rank 0 was the parameter server: with it gone, no worker can pull parameters.")
+        return str(e)
+    raise AssertionError("the run survived its server's death?")
+
+
+def worker_failure(mode: str, workers: int = 3) -> dict:
+    """Worker 1 stops responding at step 4. Async goes on without it; sync cannot."""
+    try:
+        r = _run(mode, workers, fail_worker="1:4", lost_after_s=1.0, steps=12)
+    except WorkerError as e:
+        print(f"{mode}: training failed: {str(e).splitlines()[0]}")
+        return {"finished": False, "error": str(e)}
+    print(f"{mode}: finished {len(r.losses)} rounds; lost workers {r['lost_workers']}; "
+          f"loss {r.losses[0]:.3f} → {r.losses[-1]:.3f}")
+    return {"finished": True, "lost": r["lost_workers"], "result": r}
+
+
+def explorer():
+    import ipywidgets as W
+
+    def go(workers, mode, slowdown, servers, lr):
+        r = _run(mode, workers, servers=servers, lr=lr,
+                 straggler=f"0:{slowdown}" if slowdown > 1 else "")
+        display(plots.loss_curves({mode: curve(r)}))
+        display(plots.timeline(r["segments"], f"{mode}: {workers} workers, {servers} shard(s)",
+                               plots.oversubscription_note([r])))
+
+    return widgets.run_button("Run", {
+        "workers": W.IntSlider(value=3, min=1, max=4, description="workers"),
+        "mode": W.ToggleButtons(options=["sync", "async"], description="mode"),
+        "slowdown": W.FloatSlider(value=1.0, min=1.0, max=5.0, step=0.5, description="worker 0 ×"),
+        "servers": W.IntSlider(value=1, min=1, max=3, description="shards"),
+        "lr": W.FloatLogSlider(value=0.1, base=10, min=-2, max=0, description="lr"),
+    }, go)
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+def _check_average(fn) -> Verdict:
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    shard = torch.randn(10, generator=g)
+    grads = [torch.randn(10, generator=g) for _ in range(3)]
+    expected = shard - 0.1 * torch.stack(grads).mean(0)
+    got = fn(shard.clone(), [x.clone() for x in grads], 0.1)
+    if got is None:
+        return Verdict(False, "your function returned None: write its body and return the new shard")
+    ok = torch.allclose(torch.as_tensor(got), expected, atol=1e-6)
+    return Verdict(ok, "the server's update matches" if ok else
+                   "expected shard - lr × (mean of the workers' gradients)")
+
+
+def _reference_average():
+    def server_update(shard, grads, lr):
+        return shard - lr * sum(grads) / len(grads)
+
+    return server_update
+
+
+def _check_divergence(lr) -> Verdict:
+    lr = float(lr)
+    if not 0 < lr <= 5:
+        return Verdict(False, "pick a learning rate between 0 and 5")
+    out = {m: _run(m, 4, lr=lr, global_batch=64) for m in ("sync", "async")}
+    first = {m: r.losses[0] for m, r in out.items()}
+    last = {m: r.losses[-1] for m, r in out.items()}
+    async_diverged = not math.isfinite(last["async"]) or last["async"] >= first["async"]
+    sync_learned = math.isfinite(last["sync"]) and last["sync"] < first["sync"] - 0.05
+    msg = (f"sync {first['sync']:.3f} → {last['sync']:.3f}, async {first['async']:.3f} → {last['async']:.3f}")
+    return Verdict(async_diverged and sync_learned, msg)
+
+
+def exercises(param_bytes: int = 0) -> dict[str, Exercise]:
+    """The chapter's exercises; ``param_bytes`` (S) comes from a run in the notebook."""
+    n = 4
+    return {
+        "average": Exercise(
+            "average", "the server's update",
+            "Write <code>server_update(shard, grads, lr)</code>: given the server's parameter shard, "
+            "the list of the workers' gradients for it and the learning rate, return the new shard "
+            "after one synchronous SGD step (no momentum).",
+            _check_average, "Average the gradients first; the step is against the gradient.",
+            "def server_update(shard, grads, lr):\n    return shard - lr * sum(grads) / len(grads)",
+            _reference_average),
+        "traffic": Exercise(
+            "traffic", "predict the server's traffic",
+            f"With N = {n} workers and S = {param_bytes:,} bytes of parameters, how many bytes go into "
+            "plus out of the server in one synchronous step? Then run <code>ch01.bottleneck((4,))</code> "
+            "and compare with the counter.",
+            close_to(2 * n * param_bytes, 1e-9, " bytes"),
+            "Each worker pushes a full gradient and pulls the full parameters.",
+            "2 · N · S: every worker sends S bytes of gradient in and receives S bytes of parameters.",
+            lambda: 2 * n * param_bytes),
+        "divergence": Exercise(
+            "divergence", "when staleness hurts",
+            "Find a learning rate at which asynchronous training with 4 workers diverges (its loss ends "
+            "no lower than it started, or becomes NaN) while synchronous training still learns. Submit "
+            "the learning rate; the check runs both. Why does async break first?",
+            _check_divergence,
+            "Async applies 4 updates per round, each computed on parameters that are several updates "
+            "old; try learning rates a few times larger than the preset's 0.1.",
+            "Around 0.3–1.0 here. Each async worker's gradient is applied with the full learning rate, "
+            "so a round moves the weights about N times further than a sync step, and in directions "
+            "computed for older weights; momentum amplifies it.",
+            lambda: 0.5),
+    }

@@ -1,0 +1,150 @@
+"""Ring all-reduce (chapter 2): no central server; every rank talks to its two ring neighbours.
+
+The gradients are cut into N chunks that are summed on their way round the ring (reduce-scatter)
+and then passed round once more (all-gather). Every rank sends 2(N−1)/N·S bytes for S bytes of
+gradients, the bandwidth-optimal volume (Patarasuk & Yuan, 2009), and all ranks do equal work.
+One run times ``steps`` all-reduces of ``size_mb`` with one algorithm and checks every result.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..config import CommonConfig, opt
+from ..metrics import StepRecorder, counters, memory_report, per_rank_summary, sync
+from ..runtime import context
+from ..schedules import BYTES_SENT, formula_bytes_sent
+
+NAME = "ring-allreduce"
+DTYPES = ("float32", "float64", "bfloat16")
+MAX_SIZE_MB = 1024.0
+
+
+@dataclass
+class Config(CommonConfig):
+    steps: int = opt(10, "timed all-reduces (after one untimed warm-up)")
+    size_mb: float = opt(4.0, "tensor size in MiB (2^20 bytes) per rank")
+    algorithm: str = opt("ring", "ring | halving-doubling | naive (reduce to rank 0 + broadcast) | "
+                                 "library (the backend's dist.all_reduce)")
+    dtype: str = opt("float32", "float32 | float64 | bfloat16")
+
+    def validate(self) -> "Config":
+        super().validate()
+        if isinstance(self.size_mb, bool) or not isinstance(self.size_mb, (int, float)) \
+                or not 0 <= self.size_mb <= MAX_SIZE_MB:
+            raise ValueError(f"size_mb must be a number of MiB in [0, {MAX_SIZE_MB:g}], got {self.size_mb!r}")
+        if self.algorithm not in comm.ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(comm.ALGORITHMS)}, "
+                             f"got {self.algorithm!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        return self
+
+    def numel(self) -> int:
+        return int(self.size_mb * 2**20) // getattr(torch, self.dtype).itemsize
+
+
+def rank_values(numel: int, rank: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """Each rank's input: values in {−1, 0, 1}, so every partial sum is a small integer and exact
+    in any order of summation, even in bfloat16 (8 bits of mantissa)."""
+    i = torch.arange(numel, device=device)
+    return ((i + rank) % 3 - 1).to(dtype)
+
+
+def expected_sum(numel: int, world_size: int, dtype: torch.dtype) -> torch.Tensor:
+    return sum(rank_values(numel, r, torch.int64) for r in range(world_size)).to(dtype)
+
+
+def worker(cfg: Config) -> dict:
+    ctx = context()
+    dtype = getattr(torch, cfg.dtype)
+    numel = cfg.numel()
+    x = rank_values(numel, ctx.rank, dtype, ctx.device)
+    expected = expected_sum(numel, ctx.world_size, dtype).to(ctx.device)
+    comm.all_reduce(x, cfg.algorithm, op="warm-up")  # the first call pays for connections
+    counters().reset()
+    rec = StepRecorder(ctx.device, ctx.emit)
+    wrong = 0
+    for step in range(cfg.steps):
+        x.copy_(rank_values(numel, ctx.rank, dtype, ctx.device))
+        dist.barrier()  # start together, so a rank's time is the all-reduce, not its peers' lag
+        with rec.step(step):
+            comm.all_reduce(x, cfg.algorithm, op="all_reduce")
+        wrong += int((x != expected).sum())
+    memory = memory_report(buffers=[x], device=ctx.device)
+    return {"losses": [], "per_rank": per_rank_summary(ctx.rank, rec, memory, skip_first=False),
+            "numel": numel, "wrong_elements": wrong}
+
+
+def summarize(cfg: Config, outs: list[dict]) -> dict:
+    """Per rank: counted bytes per call against the exact count and the textbook formula; the
+    time of a call (slowest rank, median over steps) and the algorithm bandwidth S / time."""
+    n, alg = cfg.world_size, cfg.algorithm
+    numel = outs[0]["numel"]
+    es = getattr(torch, cfg.dtype).itemsize
+    size = numel * es
+    ranks = range(n)
+    sent = [o["per_rank"]["ops"].get("all_reduce", {}).get("bytes_sent", 0) // cfg.steps for o in outs]
+    recv = [o["per_rank"]["ops"].get("all_reduce", {}).get("bytes_recv", 0) // cfg.steps for o in outs]
+    steps = list(zip(*(o["per_rank"]["steps"] for o in outs)))
+    t = statistics.median(max(s["wall_s"] for s in per_step) for per_step in steps)
+    return {
+        "algorithm": alg, "dtype": cfg.dtype, "numel": numel, "size_bytes": size,
+        "counted": alg != "library",  # the library's own traffic is modelled, not counted
+        "bytes_sent_per_call": sent, "bytes_recv_per_call": recv,
+        "exact_bytes_sent": [BYTES_SENT[alg](numel, es, n, r) for r in ranks] if alg in BYTES_SENT else None,
+        "formula_bytes_sent": [formula_bytes_sent(alg, size, n, r) for r in ranks],
+        "time_s": t, "time_s_per_rank": [statistics.median(s["wall_s"] for s in o["per_rank"]["steps"])
+                                          for o in outs],
+        "algbw_GBps": size / t / 1e9 if t > 0 else 0.0,
+        "busbw_GBps": size / t / 1e9 * 2 * (n - 1) / n if t > 0 else 0.0,
+        "correct": all(o["wrong_elements"] == 0 for o in outs),
+    }
+
+
+# --------------------------------------------------------------------------- checks and timing
+
+
+def reduce_values(values: list[list[float]], dtype: str = "float32",
+                  algorithm: str = "ring") -> tuple[list[float], dict]:
+    """All-reduce ``values[rank]`` with ``algorithm``; the result and this rank's counters."""
+    counters().reset()
+    t = torch.tensor(values[context().rank], dtype=getattr(torch, dtype))
+    comm.all_reduce(t, algorithm)
+    return t.double().tolist(), counters().as_dict()
+
+
+def time_algorithms(sizes: list[int], algorithms: list[str], repeats: int = 5,
+                    dtype: str = "float32", batch_bytes: int = 2**21) -> dict:
+    """On every rank: seconds per all-reduce, {size: {algorithm: [one per repeat]}}.
+
+    The algorithms take turns within each repeat (in a rotating order), so load from elsewhere
+    on a shared machine falls on all of them alike; a small message is timed as a batch of
+    back-to-back calls moving about ``batch_bytes``, since one call is shorter than clock noise.
+    The first round is a warm-up and is dropped.
+    """
+    ctx = context()
+    dt = getattr(torch, dtype)
+    out: dict = {}
+    for nbytes in sizes:
+        x = torch.zeros(nbytes // dt.itemsize, dtype=dt, device=ctx.device)  # zeros: no overflow
+        k = max(1, min(50, batch_bytes // max(nbytes, 1)))
+        times: dict = {a: [] for a in algorithms}
+        for i in range(repeats + 1):
+            for a in algorithms[i % len(algorithms):] + algorithms[:i % len(algorithms)]:
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    comm.all_reduce(x, a, op="bench")
+                sync(ctx.device)
+                if i:
+                    times[a].append((time.perf_counter() - t0) / k)
+        out[nbytes] = times
+    counters().reset()
+    return out

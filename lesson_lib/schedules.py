@@ -1,0 +1,217 @@
+"""Who sends which chunk to whom, step by step: the schedules of the all-reduce algorithms.
+
+Pure functions of the world size — no process group, no tensors — so one schedule drives the
+real code in :mod:`lesson_lib.comm`, the animation in :mod:`lesson_lib.plots`, the exercises'
+in-kernel simulation and the exact byte counts. Chapter 2 (ring all-reduce) studies them.
+
+* Ring (Patarasuk & Yuan, 2009): the tensor is cut into N chunks; in N−1 *reduce-scatter* steps
+  each rank passes one chunk to its right neighbour, which adds it to its own copy, until every
+  rank owns one fully summed chunk; in N−1 *all-gather* steps the summed chunks go round once more.
+* Recursive halving-doubling (Rabenseifner, 2004; Thakur, Rabenseifner & Gropp, 2005): log₂N
+  pairwise steps, each exchanging half of what remains, then the same steps backwards.
+  With N not a power of two, the first 2·(N−p) ranks pair up and fold into p (a power of two).
+* Naive reduce-to-one + broadcast (the parameter-server pattern) needs no schedule: everyone
+  sends everything to the root and the root sends the sum back.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+PHASES = ("reduce-scatter", "all-gather")
+
+
+def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``n`` elements into ``parts`` contiguous chunks differing by at most one element."""
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+# --------------------------------------------------------------------------- ring
+
+
+class RingStep(NamedTuple):
+    """What ``rank`` does at ``step`` of ``phase``: send one chunk right, receive one from the left."""
+
+    phase: str  # "reduce-scatter" (the receiver adds) or "all-gather" (the receiver copies)
+    step: int  # 0 … N−2 within the phase
+    rank: int
+    send_to: int
+    send_chunk: int
+    recv_from: int
+    recv_chunk: int
+
+
+@lru_cache(maxsize=64)
+def ring_schedule(n: int) -> tuple[RingStep, ...]:
+    """Every rank's steps of a ring all-reduce over ``n`` ranks, ordered by phase, step, rank.
+
+    Reduce-scatter step s: rank r sends chunk r−s and adds what arrives into chunk r−s−1, so after
+    N−1 steps rank r holds the full sum of chunk r+1. All-gather step s: rank r sends chunk r+1−s
+    (the one it completed or just received) and receives chunk r−s. Indices are mod N.
+    """
+    if n < 1:
+        raise ValueError(f"world_size must be at least 1, got {n}")
+    steps = []
+    for phase, first in (("reduce-scatter", 0), ("all-gather", 1)):
+        for s in range(n - 1):
+            for r in range(n):
+                steps.append(RingStep(phase, s, r, (r + 1) % n, (r + first - s) % n,
+                                      (r - 1) % n, (r + first - s - 1) % n))
+    return tuple(steps)
+
+
+def ring_states(n: int) -> list[dict]:
+    """Replay :func:`ring_schedule` on sets of contributions: which ranks' values each chunk holds.
+
+    Returns one dict per step (plus the start): ``phase``, ``step``, ``moves`` (src, dst, chunk)
+    and ``state[rank][chunk]`` = sorted contributing ranks. Used by the animation and the tests;
+    it also checks that every receiver expects the chunk its sender sends.
+    """
+    state = [[{r} for _ in range(n)] for r in range(n)]
+    frames = [{"phase": "start", "step": -1, "moves": [], "state": _freeze(state)}]
+    sched = ring_schedule(n)
+    for phase in PHASES:
+        for s in range(n - 1):
+            here = [st for st in sched if st.phase == phase and st.step == s]
+            before = [[set(c) for c in row] for row in state]
+            for st in here:
+                sender = next(x for x in here if x.rank == st.recv_from)
+                assert sender.send_chunk == st.recv_chunk, "schedule mismatch"
+                incoming = before[st.recv_from][st.recv_chunk]
+                state[st.rank][st.recv_chunk] = (before[st.rank][st.recv_chunk] | incoming
+                                                 if phase == "reduce-scatter" else set(incoming))
+            frames.append({"phase": phase, "step": s, "state": _freeze(state),
+                           "moves": [(st.rank, st.send_to, st.send_chunk) for st in here]})
+    return frames
+
+
+def _freeze(state):
+    return [[sorted(c) for c in row] for row in state]
+
+
+def ring_bytes_sent(numel: int, element_size: int, world_size: int, rank: int) -> int:
+    """Exact bytes rank ``rank`` sends in a ring all-reduce of ``numel`` elements.
+
+    Reduce-scatter sends every chunk but chunk rank+1, all-gather every chunk but chunk rank+2,
+    so the total is 2S minus two chunks: 2(N−1)/N·S up to the rounding of uneven chunks.
+    """
+    if world_size == 1:
+        return 0
+    bounds = chunk_bounds(numel, world_size)
+    size = lambda i: bounds[i % world_size][1] - bounds[i % world_size][0]  # noqa: E731
+    return element_size * (2 * numel - size(rank + 1) - size(rank + 2))
+
+
+# --------------------------------------------------------------------------- halving-doubling
+
+
+class PairStep(NamedTuple):
+    """What ``rank`` does at one step: exchange chunk ranges [lo, hi) with ``peer``.
+
+    ``send``/``recv`` are ranges of chunk indices into ``chunk_bounds(numel, p)`` (p = the largest
+    power of two ≤ N) or None; ``reduce`` says whether the received range is added or copied.
+    """
+
+    phase: str  # "fold", "reduce-scatter", "all-gather", "unfold"
+    step: int
+    rank: int
+    peer: int
+    send: tuple[int, int] | None
+    recv: tuple[int, int] | None
+    reduce: bool
+
+
+def power_of_two_below(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+@lru_cache(maxsize=64)
+def halving_doubling_schedule(n: int) -> tuple[PairStep, ...]:
+    """Every rank's steps of recursive halving (reduce-scatter) then doubling (all-gather)."""
+    if n < 1:
+        raise ValueError(f"world_size must be at least 1, got {n}")
+    p = power_of_two_below(n)
+    extra = n - p
+    real = lambda v: 2 * v + 1 if v < extra else v + extra  # noqa: E731  virtual rank → rank
+    out: list[PairStep] = []
+    for r in range(0, 2 * extra, 2):  # fold: even ranks hand everything to their odd partner
+        out += [PairStep("fold", 0, r, r + 1, (0, p), None, False),
+                PairStep("fold", 0, r + 1, r, None, (0, p), True)]
+    ranges = {v: (0, p) for v in range(p)}
+    mask, step = p // 2, 0
+    while mask:  # halving: keep one half of the range, send the other to the partner
+        new = {}
+        for v in range(p):
+            lo, hi = ranges[v]
+            mid = (lo + hi) // 2
+            keep, give = ((mid, hi), (lo, mid)) if v & mask else ((lo, mid), (mid, hi))
+            out.append(PairStep("reduce-scatter", step, real(v), real(v ^ mask), give, keep, True))
+            new[v] = keep
+        ranges, mask, step = new, mask // 2, step + 1
+    mask, step = 1, 0
+    while mask < p:  # doubling: swap the ranges you own, so each rank's range doubles
+        new = {}
+        for v in range(p):
+            mine, theirs = ranges[v], ranges[v ^ mask]
+            out.append(PairStep("all-gather", step, real(v), real(v ^ mask), mine, theirs, False))
+            new[v] = (min(mine[0], theirs[0]), max(mine[1], theirs[1]))
+        ranges, mask, step = new, mask * 2, step + 1
+    for r in range(0, 2 * extra, 2):  # unfold: the odd partner returns the result
+        out += [PairStep("unfold", 0, r + 1, r, (0, p), None, False),
+                PairStep("unfold", 0, r, r + 1, None, (0, p), False)]
+    return tuple(out)
+
+
+def span(bounds: list[tuple[int, int]], chunks: tuple[int, int]) -> tuple[int, int]:
+    """Element range [start, end) covered by the chunk range ``chunks``."""
+    return bounds[chunks[0]][0], bounds[chunks[1] - 1][1]
+
+
+def halving_doubling_bytes_sent(numel: int, element_size: int, world_size: int, rank: int) -> int:
+    """Exact bytes ``rank`` sends in halving-doubling: 2(N−1)/N·S when N is a power of two."""
+    bounds = chunk_bounds(numel, power_of_two_below(world_size))
+    total = 0
+    for st in halving_doubling_schedule(world_size):
+        if st.rank == rank and st.send is not None:
+            lo, hi = span(bounds, st.send)
+            total += hi - lo
+    return element_size * total
+
+
+# --------------------------------------------------------------------------- naive
+
+
+def naive_bytes_sent(numel: int, element_size: int, world_size: int, rank: int, root: int = 0) -> int:
+    """Reduce-to-one + broadcast: each rank sends S to the root, the root sends S to each (N−1)."""
+    if world_size == 1:
+        return 0
+    s = numel * element_size
+    return (world_size - 1) * s if rank == root else s
+
+
+BYTES_SENT = {"ring": ring_bytes_sent, "halving-doubling": halving_doubling_bytes_sent,
+              "naive": naive_bytes_sent}
+
+
+def formula_bytes_sent(algorithm: str, nbytes: float, world_size: int, rank: int, root: int = 0) -> float:
+    """The textbook per-rank volume, without chunk rounding: 2(N−1)/N·S for the ring, halving-
+    doubling (N a power of two) and the library's collective; S or (N−1)·S for naive."""
+    n = world_size
+    if algorithm == "naive":
+        return 0.0 if n == 1 else float((n - 1) * nbytes if rank == root else nbytes)
+    if algorithm == "halving-doubling" and n & (n - 1):
+        # Not a power of two: the first 2e ranks fold in pairs; the even one sends S once, its odd
+        # partner sends the result back (S) on top of the p-rank core's 2(p−1)/p·S.
+        p = power_of_two_below(n)
+        core = 2 * (p - 1) * nbytes / p
+        if rank < 2 * (n - p):
+            return float(nbytes) if rank % 2 == 0 else core + nbytes
+        return core
+    return 2 * (n - 1) * nbytes / n
