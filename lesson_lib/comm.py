@@ -94,23 +94,25 @@ class Pending:
 def exchange(send_t: torch.Tensor | None, dst: int | None, recv_t: torch.Tensor | None,
              src: int | None, group=None, op: str = "exchange") -> Pending:
     """Post a send to ``dst`` and a receive from ``src`` at once (either may be None)."""
-    ops = []
-    sent = recv_b = 0
-    if send_t is not None and send_t.numel():
-        ops.append(dist.P2POp(dist.isend, send_t, _global(group, dst), group))
-        sent = _nbytes(send_t)
-    if recv_t is not None and recv_t.numel():
-        ops.append(dist.P2POp(dist.irecv, recv_t, _global(group, src), group))
-        recv_b = _nbytes(recv_t)
-    if not ops:
-        works = []
-    elif dist.get_backend(group) == "nccl":
-        # NCCL must see a send and a receive of one step as one group, or a ring deadlocks.
-        works = dist.batch_isend_irecv(ops)
+    send_t = send_t if send_t is not None and send_t.numel() else None
+    recv_t = recv_t if recv_t is not None and recv_t.numel() else None
+    sent = _nbytes(send_t) if send_t is not None else 0
+    recv_b = _nbytes(recv_t) if recv_t is not None else 0
+    if context().backend == "nccl":
+        # NCCL must see the send and the receive of one step as one group, or a ring deadlocks.
+        ops = [dist.P2POp(fn, t, _global(group, peer), group)
+               for fn, t, peer in ((dist.isend, send_t, dst), (dist.irecv, recv_t, src)) if t is not None]
+        works = dist.batch_isend_irecv(ops) if ops else []
     else:
-        # Gloo posts each op on its own anyway; batch_isend_irecv only adds Python overhead,
-        # which dominated small messages (about 5x slower at 4 KB on 4 ranks, measured).
-        works = [o.op(o.tensor, o.peer, o.group) for o in ops]
+        # Gloo posts each op on its own: call the process group directly (group-local ranks).
+        # dist.isend's Python checks cost more than sending a 4 KB chunk, and with 4 ranks on
+        # 2 cores that overhead, paid at every step of a ring, made it 3x slower than Gloo's own.
+        pg = group if group is not None else dist.group.WORLD
+        works = []
+        if send_t is not None:
+            works.append(pg.send([send_t], dst, 0))
+        if recv_t is not None:
+            works.append(pg.recv([recv_t], src, 0))
     return Pending(works, op, sent, recv_b)
 
 
@@ -284,3 +286,46 @@ def recv_any(tensor: torch.Tensor, op: str = "recv") -> int:
     """Blocking receive from whichever rank sends first; returns the sender's rank (chapter 1)."""
     with _Timed(op, recv=_nbytes(tensor)):
         return dist.recv(tensor)
+
+
+def _ring_phase(flat: torch.Tensor, phase: str, group, op: str) -> None:
+    """Run one phase of the ring schedule on ``flat`` with rank r owning chunk r (chapter 4).
+
+    The schedule's reduce-scatter leaves rank r with chunk r+1; we label chunks one lower, so
+    that rank r owns chunk r — a ZeRO rank owns shard r.
+    """
+    rank, n = _rank_world(group)
+    bounds = chunk_bounds(flat.numel(), n)
+    chunk = lambda i: flat[bounds[(i - 1) % n][0]:bounds[(i - 1) % n][1]]  # noqa: E731
+    scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
+    counters().scratch(_nbytes(scratch))
+    for st in ring_schedule(n):
+        if st.rank != rank or st.phase != phase:
+            continue
+        if phase == "reduce-scatter":
+            incoming = chunk(st.recv_chunk)
+            buf = scratch[: incoming.numel()]
+            exchange(chunk(st.send_chunk), st.send_to, buf, st.recv_from, group, op + ".step").wait()
+            incoming.add_(buf)
+        else:
+            exchange(chunk(st.send_chunk), st.send_to, chunk(st.recv_chunk), st.recv_from, group,
+                     op + ".step").wait()
+    _finish(flat, flat, op, _nbytes(scratch))
+
+
+def ring_reduce_scatter(flat: torch.Tensor, group=None, op: str = "ring_reduce_scatter") -> torch.Tensor:
+    """In place: afterwards rank r's chunk r of ``flat`` holds the SUM of everyone's chunk r
+    (other chunks hold partial sums). Sends (N-1)/N·S bytes. Returns that chunk (a view)."""
+    rank, n = _rank_world(group)
+    if n > 1:
+        _ring_phase(flat, "reduce-scatter", group, op)
+    lo, hi = chunk_bounds(flat.numel(), n)[rank]
+    return flat[lo:hi]
+
+
+def ring_all_gather(flat: torch.Tensor, group=None, op: str = "ring_all_gather") -> torch.Tensor:
+    """In place: from rank r's chunk r of ``flat`` on every rank, every rank gets every chunk.
+    Sends (N-1)/N·S bytes."""
+    if _rank_world(group)[1] > 1:
+        _ring_phase(flat, "all-gather", group, op)
+    return flat

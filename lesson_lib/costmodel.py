@@ -113,3 +113,37 @@ def latency_crossover_bytes(world_size: int, alpha: float, beta: float) -> float
     if beta <= 0:
         raise ValueError(f"beta must be positive, got {beta}")
     return world_size * alpha / beta
+
+
+# Bytes per parameter of model states by ZeRO stage (Rajbhandari et al., 2020, §5, Figure 1):
+# params / grads / optimizer, each either replicated (×1) or sharded over N ranks (×1/N).
+_ZERO_SHARDED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}
+_ZERO_BYTES = {"fp32": {"params": 4, "grads": 4, "optimizer": 8},     # Adam: momentum + variance
+               "mixed": {"params": 2, "grads": 2, "optimizer": 12}}   # + fp32 master: K = 12
+
+
+def zero_memory(params: float, world_size: int, stage: int, precision: str = "mixed") -> dict:
+    """Model-state bytes per rank under ZeRO ``stage`` (the paper's formulas; chapter 4).
+
+    fp32 Adam: 16Ψ, 8Ψ+8Ψ/N, 4Ψ+12Ψ/N, 16Ψ/N. Mixed precision (K=12): 16Ψ, 4Ψ+12Ψ/N,
+    2Ψ+14Ψ/N, 16Ψ/N. Activations and transient buffers come on top.
+    """
+    if stage not in _ZERO_SHARDED:
+        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+    if precision not in _ZERO_BYTES:
+        raise ValueError(f"precision must be 'fp32' or 'mixed', got {precision!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not params >= 0:
+        raise ValueError(f"params must be a non-negative number, got {params!r}")
+    out = {k: b * params / (world_size if k in _ZERO_SHARDED[stage] else 1)
+           for k, b in _ZERO_BYTES[precision].items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+def zero_traffic(params: float, world_size: int, stage: int, element_size: int = 4) -> float:
+    """Bytes each rank sends per step with ring collectives: 2(N−1)/N·Ψ elements for stages
+    0–2 (reduce-scatter + all-gather), 3(N−1)/N·Ψ for stage 3 (one more all-gather)."""
+    factor = 3 if stage == 3 else 2
+    return factor * (world_size - 1) / world_size * params * element_size

@@ -23,6 +23,7 @@ from .runtime import Cluster
 EXPERIMENTS = {
     "data-parallel": "lesson_lib.milestones.data_parallel",
     "parameter-server": "lesson_lib.milestones.parameter_server",
+    "zero": "lesson_lib.milestones.zero",
     "ring-allreduce": "lesson_lib.milestones.ring_allreduce",
 }
 

@@ -156,7 +156,8 @@ class ActivationMeter:
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self._exclude_tensors = list(exclude)  # looked up at each measure(): storage can move
+        self._exclude: set[int] = set()
         self._seen: dict[int, int] = {}
         self.peak = 0
 
@@ -170,6 +171,7 @@ class ActivationMeter:
     @contextmanager
     def measure(self) -> Iterator["ActivationMeter"]:
         self._seen = {}
+        self._exclude = {t.untyped_storage().data_ptr() for t in self._exclude_tensors}
         with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             yield self
         self.peak = max(self.peak, sum(self._seen.values()))

@@ -91,7 +91,8 @@ def bottleneck(worker_counts=(1, 2, 4)) -> list[dict]:
     rows = []
     for n in worker_counts:
         r = _run("sync", n, steps=10)
-        rows.append({"workers": n, "counted": r["server_bytes_per_step"], "formula": r["server_bytes_formula"],
+        rows.append({"workers": n, "counted": r["server_bytes_per_step"],
+                     "formula": r["server_bytes_formula"],
                      "step_ms": 1e3 * statistics.median(r.step_times()[1:])})
     display(plots.traffic_vs_formula(rows, "workers", "workers (N)",
                                      "Into and out of the server per synchronous step: 2·N·S"))
