@@ -69,7 +69,8 @@ def test_counted_traffic_is_2_psi_and_3_psi_for_stage_3(stages, precision, n):
     for s in range(4):
         r = stages[precision, n, s]
         assert r["traffic_per_step"] == [r["traffic_formula_padded"]] * n
-    assert stages[precision, n, 3]["traffic_per_step"][0] == 1.5 * stages[precision, n, 1]["traffic_per_step"][0]
+    s1, s3 = (stages[precision, n, s]["traffic_per_step"][0] for s in (1, 3))
+    assert s3 == 1.5 * s1
 
 
 def test_torch_zero_redundancy_optimizer_agrees_with_stage_1(clusters, stages):
@@ -116,9 +117,10 @@ def test_exercises():
 
 def test_cli_run_zero_writes_json(tmp_path):
     f = tmp_path / "z.json"
-    out = subprocess.run([sys.executable, "-m", "lesson_lib", "run", "zero", "--stage", "3", "--world-size", "2",
-                          "--precision", "mixed", "--steps", "3", "--global-batch", "16", "--hidden", "16",
-                          "--json", str(f)], capture_output=True, text=True, timeout=120)
+    args = ["run", "zero", "--stage", "3", "--world-size", "2", "--precision", "mixed", "--steps", "3",
+            "--global-batch", "16", "--hidden", "16", "--json", str(f)]
+    out = subprocess.run([sys.executable, "-m", "lesson_lib", *args], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     d = json.loads(f.read_text())
     assert d["experiment"] == "zero" and d["config"]["stage"] == 3 and len(d["per_rank"]) == 2

@@ -30,8 +30,14 @@ from .. import comm
 from ..config import TrainConfig, opt
 from ..costmodel import zero_memory, zero_traffic
 from ..data import batch_indices, shard, teacher_classification
-from ..metrics import (ActivationMeter, StepRecorder, counters, optimizer_tensors, per_rank_summary,
-                       storage_bytes)
+from ..metrics import (
+    ActivationMeter,
+    StepRecorder,
+    counters,
+    optimizer_tensors,
+    per_rank_summary,
+    storage_bytes,
+)
 from ..models import mlp, mlp_param_count
 from ..runtime import context
 
