@@ -119,8 +119,8 @@ def fits(world_size: int = 64, precision: str = "mixed") -> list[dict]:
             s = first_fitting_stage(psi, world_size, gb, precision)
             row[f"{gb} GB"] = "no stage" if s is None else f"stage {s}"
         rows.append(row)
-    display(plots.fits_table(rows, ["model", "parameters", "80 GB", "141 GB"],
-                             f"First ZeRO stage at which the model states fit, {world_size} devices, {precision}"))
+    title = f"First ZeRO stage at which the model states fit, {world_size} devices, {precision}"
+    display(plots.fits_table(rows, ["model", "parameters", "80 GB", "141 GB"], title))
     return rows
 
 
