@@ -33,16 +33,20 @@ class Exercise:
     reference: Callable[[], Any] | None = field(default=None, repr=False)
     """Returns a correct answer (used by the tests, never shown in the notebook)."""
 
-    def submit(self, answer: Any) -> bool:
+    passed: bool = field(default=False, repr=False)
+
+    def submit(self, answer: Any) -> None:
+        """Check ``answer`` and print the verdict (``self.passed`` keeps it)."""
         if answer is Ellipsis or answer is None:
             print(f"[{self.title}] not answered yet — replace the ... with your answer and run again.")
-            return False
+            self.passed = False
+            return
         try:
             verdict = self.check(answer)
         except Exception as e:  # a learner's function may raise: that is feedback, not a crash
             verdict = Verdict(False, f"your answer raised {type(e).__name__}: {e}")
         print(f"[{self.title}] {'✓ correct' if verdict.ok else '✗ not yet'} — {verdict.message}")
-        return verdict.ok
+        self.passed = verdict.ok
 
     def widget(self):
         import ipywidgets as W

@@ -215,6 +215,7 @@ def loss_curves(curves: dict, title: str = "Loss against wall time and against u
 
 def timeline(segments: list[dict], title: str, note: str | None = None) -> go.Figure:
     """Per-worker Gantt chart of measured phases: {worker, step, phase, start, end} (chapter 1)."""
+    segments = [s for s in segments if s["step"] > 0] or segments  # step 0 is warm-up
     t0 = min(s["start"] for s in segments)
     fig = go.Figure()
     for phase, color in PHASE_COLORS.items():
@@ -222,8 +223,9 @@ def timeline(segments: list[dict], title: str, note: str | None = None) -> go.Fi
         fig.add_bar(y=[f"worker {s['worker']}" for s in seg], x=[1e3 * (s["end"] - s["start"]) for s in seg],
                     base=[1e3 * (s["start"] - t0) for s in seg], orientation="h", name=phase,
                     marker_color=color, hovertext=[f"step {s['step']}" for s in seg])
-    fig.update_layout(title=title, barmode="overlay", xaxis_title="ms since the first step began",
-                      height=120 + 40 * len({s["worker"] for s in segments}))
+    fig.update_layout(title=title, barmode="overlay", xaxis_title="ms since step 1 began (warm-up step 0 "
+                      "not shown)", height=220 + 40 * len({s["worker"] for s in segments}),
+                      legend={"orientation": "h", "y": 1.12, "x": 0})
     _annotate(fig, note)
     return fig
 
@@ -236,18 +238,19 @@ def staleness_histogram(hist: dict, title: str = "Staleness of the gradients the
     return fig
 
 
-def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str) -> go.Figure:
+def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str, note: str | None = None):
     """rows: {x, counted, formula, step_ms} — counted bytes against the formula, and step time."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes per step", "step time (ms, median)"))
-    xs = [r[x] for r in rows]
+    xs = [str(r[x]) for r in rows]
     fig.add_bar(x=xs, y=[r["counted"] for r in rows], name="counted", marker_color=COLORS["comm"],
                 row=1, col=1)
     fig.add_scatter(x=xs, y=[r["formula"] for r in rows], name="formula", mode="lines+markers",
                     line={"color": "black", "dash": "dot"}, row=1, col=1)
     fig.add_scatter(x=xs, y=[r["step_ms"] for r in rows], name="step time", mode="lines+markers",
                     row=1, col=2)
-    fig.update_xaxes(title_text=xlabel)
+    fig.update_xaxes(title_text=xlabel, type="category")
     fig.update_layout(title=title, height=360)
+    _annotate(fig, note)
     return fig
 
 

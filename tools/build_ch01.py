@@ -45,8 +45,10 @@ assert ch01.mean_staleness(runs["async"]) > 0 and runs["sync"]["staleness"] == {
 ## 2. Stragglers
 
 Make worker 0 four times slower (it really does four times the work). In sync mode the fast
-workers spend most of their time waiting for the server, which is waiting for the straggler;
-in async mode they do not wait.
+workers spend much of their time waiting for the server's reply, which waits for the straggler;
+in async mode the server answers each worker as soon as it has applied its gradient, so they wait
+less. (On a 2-core laptop, four processes share two cores, so even async workers queue: the
+server handles one message at a time.)
 """),
 ("code", "slow = ch01.stragglers(workers=3, factor=4.0)"),
 ("code", r"""assert slow["fast_wait"]["sync"] > slow["fast_wait"]["async"], slow["fast_wait"]"""),

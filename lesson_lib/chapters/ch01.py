@@ -95,7 +95,8 @@ def bottleneck(worker_counts=(1, 2, 4)) -> list[dict]:
                      "formula": r["server_bytes_formula"],
                      "step_ms": 1e3 * statistics.median(r.step_times()[1:])})
     display(plots.traffic_vs_formula(rows, "workers", "workers (N)",
-                                     "Into and out of the server per synchronous step: 2·N·S"))
+                                     "Into and out of the server per synchronous step: 2·N·S",
+                                     plots.oversubscription_note([r])))
     return rows
 
 
@@ -108,7 +109,8 @@ def sharding(workers: int = 2, server_counts=(1, 2, 4)) -> list[dict]:
                      "formula": r["server_bytes_formula"] / k,
                      "step_ms": 1e3 * statistics.median(r.step_times()[1:])})
     display(plots.traffic_vs_formula(rows, "servers", "server shards (K)",
-                                     "Busiest server's traffic per step: 2·N·S / K"))
+                                     "Busiest server's traffic per step: 2·N·S / K",
+                                     plots.oversubscription_note([r])))
     return rows
 
 
@@ -117,7 +119,7 @@ def server_failure(workers: int = 2) -> str:
     try:
         _run("sync", workers, fail_server=3, steps=10)
     except WorkerError as e:
-        print(f"Training stopped. The runtime reports rank {e.rank}: {str(e).splitlines()[0]}\n"
+        print(f"Training stopped. The runtime reports {str(e).splitlines()[0]}\n"
               "Rank 0 was the parameter server: with it gone, no worker can pull parameters.")
         return str(e)
     raise AssertionError("the run survived its server's death?")
