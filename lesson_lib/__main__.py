@@ -24,12 +24,13 @@ def _add_config_args(parser: argparse.ArgumentParser, config_cls) -> None:
 
 class _Progress:
     def __init__(self, steps: int, stream=sys.stderr):
-        self.steps, self.stream = steps, stream
+        self.steps, self.stream, self.done = steps, stream, 0
 
     def __call__(self, ev: dict) -> None:
-        if ev.get("kind") != "step" or ev.get("rank") != 0:
+        # The first rank to finish a step moves the bar (rank 0 may be a server that has no steps).
+        if ev.get("kind") != "step" or ev["step"] + 1 <= self.done:
             return
-        done = ev["step"] + 1
+        done = self.done = ev["step"] + 1
         bar = "#" * (30 * done // self.steps)
         loss = f" loss {ev['loss']:.4f}" if "loss" in ev else ""
         self.stream.write(f"\r[{bar:<30}] step {done}/{self.steps}{loss}")

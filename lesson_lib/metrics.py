@@ -191,12 +191,16 @@ def memory_report(model: torch.nn.Module | None = None, optimizer=None, activati
         "activations": int(activations),
         "buffers": storage_bytes(buffers) + counters().scratch_peak,
     }
-    if device is not None and device.type == "cuda":
-        report["cuda_allocated"] = torch.cuda.memory_allocated(device)
-        report["cuda_peak"] = torch.cuda.max_memory_allocated(device)
-    else:
-        report["rss"] = _rss()
+    report.update(device_memory(device))
     return report
+
+
+def device_memory(device: torch.device | None) -> dict:
+    """The allocator's view: CUDA current and peak bytes on GPU; the process RSS on CPU."""
+    if device is not None and device.type == "cuda":
+        return {"cuda_allocated": torch.cuda.memory_allocated(device),
+                "cuda_peak": torch.cuda.max_memory_allocated(device)}
+    return {"rss": _rss()}
 
 
 def _rss() -> int:

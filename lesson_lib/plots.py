@@ -69,7 +69,9 @@ class LiveRuns:
         self.fig.add_scatter(x=[], y=[], name=label, line={"color": color}, row=1, col=1)
         self.fig.add_scatter(x=[], y=[], name=label, showlegend=False, line={"color": color},
                              row=1, col=2)
-        run = {"loss": {}, "wall": {}, "traces": (2 * i, 2 * i + 1), "last": 0.0,
+        self.fig.add_scatter(x=[], y=[], name=f"{label}: busy (CPU time)", showlegend=i == 0,
+                             line={"color": color, "dash": "dot"}, row=1, col=2)
+        run = {"loss": {}, "wall": {}, "busy": {}, "traces": (3 * i, 3 * i + 1, 3 * i + 2), "last": 0.0,
                "steps": steps, "world": world_size}
         self._runs[label] = run
         self.progress.max, self.progress.value, self.progress.description = steps, 0, label
@@ -79,6 +81,7 @@ class LiveRuns:
                 return
             s = ev["step"]
             run["wall"].setdefault(s, {})[ev["rank"]] = ev["wall_s"]
+            run["busy"].setdefault(s, {})[ev["rank"]] = ev.get("busy_s", 0.0)
             if ev["rank"] == loss_rank:
                 run["loss"][s] = ev["loss"]
             done = len(run["loss"])
@@ -91,13 +94,15 @@ class LiveRuns:
         return on_event
 
     def _redraw(self, run: dict) -> None:
-        lt, wt = run["traces"]
+        lt, wt, bt = run["traces"]
         full = sorted(s for s, w in run["wall"].items() if len(w) == run["world"] and s > 0)
         with self.fig.batch_update():
             self.fig.data[lt].x = sorted(run["loss"])
             self.fig.data[lt].y = [run["loss"][s] for s in sorted(run["loss"])]
             self.fig.data[wt].x = full
             self.fig.data[wt].y = [1e3 * max(run["wall"][s].values()) for s in full]
+            self.fig.data[bt].x = full  # the busiest rank's CPU time: what the wall clock hides
+            self.fig.data[bt].y = [1e3 * max(run["busy"][s].values()) for s in full]
 
 
 # --------------------------------------------------------------------------- static
@@ -239,7 +244,8 @@ def staleness_histogram(hist: dict, title: str = "Staleness of the gradients the
 
 
 def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str, note: str | None = None):
-    """rows: {x, counted, formula, step_ms} — counted bytes against the formula, and step time."""
+    """rows: {x, counted, formula, step_ms[, busy_ms]} — counted bytes against the formula, and
+    step time (with busy time beside it when given)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes per step", "step time (ms, median)"))
     xs = [str(r[x]) for r in rows]
     fig.add_bar(x=xs, y=[r["counted"] for r in rows], name="counted", marker_color=COLORS["comm"],
@@ -248,6 +254,9 @@ def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str, note: 
                     line={"color": "black", "dash": "dot"}, row=1, col=1)
     fig.add_scatter(x=xs, y=[r["step_ms"] for r in rows], name="step time", mode="lines+markers",
                     row=1, col=2)
+    if all("busy_ms" in r for r in rows):
+        fig.add_scatter(x=xs, y=[r["busy_ms"] for r in rows], name="busy (CPU time)",
+                        mode="lines+markers", line={"color": COLORS["busy"]}, row=1, col=2)
     fig.update_xaxes(title_text=xlabel, type="category")
     fig.update_layout(title=title, height=360)
     _annotate(fig, note)
@@ -266,15 +275,17 @@ def memory_vs_formula(rows: list[dict], title: str) -> go.Figure:
         fig.add_bar(x=labels, y=[r["measured"].get(cat, 0) / 1e6 for r in rows],
                     name=cat if cat != "buffers" else "transient buffers (peak)", marker_color=COLORS[cat])
     fig.add_scatter(x=labels, y=[r["formula"]["total"] / 1e6 for r in rows], mode="markers",
-                    marker={"symbol": "line-ew-open", "size": 40, "line": {"width": 3, "color": "black"}},
+                    marker={"symbol": "line-ew-open", "size": 60, "color": "black",
+                            "line": {"width": 4, "color": "black"}},
                     name="paper's formula (model states)")
     fig.update_layout(barmode="stack", title=title, yaxis_title="MB on rank 0", height=400)
     return fig
 
 
-def stage_traffic(rows: list[dict], title: str = "Bytes each rank sends per step, and step time"):
-    """rows: {label, counted, formula, step_ms}."""
-    return traffic_vs_formula(rows, "label", "ZeRO stage", title)
+def stage_traffic(rows: list[dict], title: str = "Bytes each rank sends per step, and step time",
+                  note: str | None = None):
+    """rows: {label, counted, formula, step_ms, busy_ms}."""
+    return traffic_vs_formula(rows, "label", "ZeRO stage", title, note)
 
 
 def fits_table(rows: list[dict], columns: list[str], title: str) -> go.Figure:

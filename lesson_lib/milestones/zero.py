@@ -34,6 +34,7 @@ from ..metrics import (
     ActivationMeter,
     StepRecorder,
     counters,
+    device_memory,
     optimizer_tensors,
     per_rank_summary,
     storage_bytes,
@@ -174,7 +175,8 @@ def worker(cfg: Config) -> dict:
     grads_kept = [g_shard] if stage >= 2 else [bucket]
     memory = {"params": storage_bytes(params_kept), "grads": storage_bytes(grads_kept),
               "optimizer": storage_bytes(optimizer_tensors(optimizer) + ([master] if mixed else [])),
-              "activations": meter.peak, "buffers": transient_peak + counters().scratch_peak}
+              "activations": meter.peak, "buffers": transient_peak + counters().scratch_peak,
+              **device_memory(dev)}
     if stage == 3:  # hand back the full, final parameters for checking (not part of training)
         net.alloc()
         net.full[lo:hi].copy_(p_shard)
