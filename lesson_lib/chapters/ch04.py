@@ -128,19 +128,20 @@ def fits(world_size: int = 64, precision: str = "mixed") -> list[dict]:
 def calculator():
     import ipywidgets as W
 
-    psi = W.FloatLogSlider(value=7.5e9, base=10, min=6, max=12.5, step=0.05, description="parameters",
+    psi = W.FloatLogSlider(value=7.5e9, base=10, min=6, max=12.5, step=0.001, description="parameters",
                            readout_format=".3g", layout={"width": "520px"})
     n = W.Dropdown(options=[1, 2, 4, 8, 16, 64, 256, 1024], value=64, description="devices")
     prec = W.ToggleButtons(options=["mixed", "fp32"], description="precision")
     out = W.HTML()
 
     def update(*_):
+        td = "<td style='padding:2px 14px;text-align:right'>"
         rows = "".join(
-            f"<tr><td>stage {s}</td><td style='text-align:right'>{t / 1e9:,.1f} GB</td>"
-            f"<td>{'fits' if t <= 80e9 else '—'}</td><td>{'fits' if t <= 141e9 else '—'}</td></tr>"
+            f"<tr>{td}stage {s}</td>{td}{t / 1e9:,.1f} GB</td>"
+            f"{td}{'fits' if t <= 80e9 else '—'}</td>{td}{'fits' if t <= 141e9 else '—'}</td></tr>"
             for s in range(4) for t in [zero_memory(psi.value, n.value, s, prec.value)["total"]])
-        out.value = ("<table><tr><th></th><th>model states per device</th><th>80 GB</th><th>141 GB</th>"
-                     f"</tr>{rows}</table>")
+        out.value = (f"<table><tr>{td}</td>{td}<b>model states per device</b></td>{td}<b>80 GB</b></td>"
+                     f"{td}<b>141 GB</b></td></tr>{rows}</table>")
 
     for w in (psi, n, prec):
         w.observe(update, "value")
