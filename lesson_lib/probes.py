@@ -32,7 +32,7 @@ def echo(*args, **kwargs):
 
 
 def library_all_reduce(numel: int) -> float:
-    t = torch.full((numel,), float(context().rank + 1))
+    t = torch.full((numel,), float(context().rank + 1), device=context().device)
     dist.all_reduce(t)
     return float(t[0])
 

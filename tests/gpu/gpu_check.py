@@ -10,6 +10,7 @@ import torch
 
 from lesson_lib import Cluster, probes, run
 from lesson_lib.milestones import data_parallel as dp
+from lesson_lib.milestones import zero
 from lesson_lib.runtime import choose_placement
 
 
@@ -27,6 +28,12 @@ def main(out: str) -> int:
         report["nccl_all_reduce"] = c.run(probes.library_all_reduce, 1024)
         cfg = dp.Config(world_size=1, backend="nccl", steps=10, hidden=1024)
         r = run("data-parallel", cfg, cluster=c)
+        z = run("zero", zero.Config(world_size=1, backend="nccl", stage=3, precision="mixed", steps=5,
+                                    hidden=1024), cluster=c)
+    zm = z.per_rank[0]["memory"]
+    report["zero3_memory"], report["zero3_formula"] = zm, z["formula"]
+    ok &= all(abs(zm[k] / z["formula"][k] - 1) < 0.05 for k in ("params", "grads", "optimizer"))
+    ok &= zm["cuda_peak"] > 0
     ref = dp.reference(dp.Config(world_size=1, steps=10, hidden=1024))
     gap = max(abs(a - b) for a, b in zip(r.losses, ref))
     mem = r.per_rank[0]["memory"]
