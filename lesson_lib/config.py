@@ -83,6 +83,11 @@ class TrainConfig(CommonConfig):
     classes: int = opt(10, "output classes")
     samples: int = opt(4096, "size of the generated data set")
 
+    def task(self) -> dict:
+        """The options that define the training problem (model, data, batch, steps, seed, lr)."""
+        names = ("steps", "global_batch", "seed", "lr", "hidden", "depth", "d_in", "classes", "samples")
+        return {n: getattr(self, n) for n in names}
+
     def validate(self) -> "TrainConfig":
         super().validate()
         for name in ("hidden", "depth", "d_in", "classes", "samples"):

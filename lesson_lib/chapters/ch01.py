@@ -60,8 +60,7 @@ def sync_vs_async(workers: int = 3, **options) -> dict[str, Result]:
 
 def max_loss_gap(r: Result) -> float:
     """Largest |loss difference| between a sync run and single-process SGD on the combined batch."""
-    ref = ps.reference(ps.Config(**{k: r.config[k] for k in ("steps", "global_batch", "seed", "lr", "hidden",
-                                                             "depth", "d_in", "classes", "samples")}))
+    ref = ps.reference(ps.Config(**{k: r.config[k] for k in ps.Config().task()}))
     gap = max(abs(a - b) for a, b in zip(r.losses, ref))
     print(f"largest loss difference from single-process SGD: {gap:.2e}")
     return gap

@@ -105,8 +105,15 @@ def worker(cfg: Config) -> dict:
     return train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit)
 
 
-def reference(cfg: Config) -> list[float]:
-    """Single-process training on the whole global batch, in this process, no process group."""
+def reference(cfg: TrainConfig, optimizer: str | None = None) -> list[float]:
+    """Single-process training on the whole global batch, in this process, no process group.
+
+    Any milestone's config will do: its training problem (``cfg.task()``) is rerun here with
+    ``optimizer`` ("adam" or "sgd" with momentum 0.9) — the answer every synchronous method
+    must reproduce.
+    """
+    if optimizer is not None or not isinstance(cfg, Config):
+        cfg = Config(world_size=1, optimizer=optimizer or "adam", **cfg.task())
     return train(cfg, 0, 1, torch.device("cpu"))["losses"]
 
 

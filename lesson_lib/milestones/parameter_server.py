@@ -291,8 +291,6 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
 
 def reference(cfg: Config) -> list[float]:
     """Single-process SGD (momentum 0.9) on the combined batch: what sync PS must reproduce."""
-    from . import data_parallel as dp
+    from .data_parallel import reference as single_process
 
-    fields = {f: getattr(cfg, f) for f in ("steps", "global_batch", "seed", "lr", "hidden", "depth",
-                                            "d_in", "classes", "samples")}
-    return dp.reference(dp.Config(world_size=1, optimizer="sgd", **fields))
+    return single_process(cfg, optimizer="sgd")

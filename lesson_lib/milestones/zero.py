@@ -201,11 +201,9 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
 
 def reference(cfg: Config) -> list[float]:
     """Single-process Adam on the combined batch (fp32): what every fp32 stage must reproduce."""
-    from . import data_parallel as dp
+    from .data_parallel import reference as single_process
 
-    fields = {f: getattr(cfg, f) for f in ("steps", "global_batch", "seed", "lr", "hidden", "depth",
-                                            "d_in", "classes", "samples")}
-    return dp.reference(dp.Config(world_size=1, optimizer="adam", **fields))
+    return single_process(cfg, optimizer="adam")
 
 
 def torch_zero_reference(cfg: Config) -> dict:

@@ -1,0 +1,137 @@
+"""Who computes what, in which order: the pipeline schedules, stage balancing and the bubble.
+
+Pure functions — no process group, no tensors — so one schedule drives the stages in
+:mod:`lesson_lib.milestones.pipeline`, the tests, the exercises and the replay that draws the
+ideal timeline. Chapter 3 (pipeline parallelism) studies them.
+
+A schedule is, per stage, a list of actions ``("F", i)`` (forward of micro-batch i) and
+``("B", i)`` (its backward). Stage k's F(i) needs stage k−1's F(i); its B(i) needs stage k+1's B(i).
+
+* naive: the whole batch is one micro-batch; F then B, so one stage is busy at a time.
+* GPipe (Huang et al., 2019): all M forwards, then all M backwards. Every stage holds the
+  activations of all M micro-batches at the end of its forwards.
+* 1F1B, also called PipeDream-Flush (Narayanan et al., 2021): stage k does P−k−1 warm-up forwards,
+  then alternates one forward and one backward, then drains its remaining backwards. Same bubble
+  as GPipe, but stage k holds at most P−k micro-batches' activations at once.
+
+With equal stage times both take (M+P−1) slots of one forward+backward, of which P·M are work:
+the idle share ("bubble") of each stage is (P−1)/(M+P−1).
+"""
+
+from __future__ import annotations
+
+SCHEDULES = ("naive", "gpipe", "1f1b")
+Action = tuple[str, int]
+
+
+def microbatches_run(schedule: str, microbatches: int) -> int:
+    """Micro-batches a schedule really uses: naive takes the whole batch at once."""
+    return 1 if schedule == "naive" else microbatches
+
+
+def stage_actions(schedule: str, stages: int, microbatches: int, stage: int) -> list[Action]:
+    """The ordered actions of ``stage`` (0-based) in one training step."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if not 0 <= stage < stages:
+        raise ValueError(f"stage must be in 0..{stages - 1}, got {stage}")
+    m = microbatches_run(schedule, microbatches)
+    if schedule in ("naive", "gpipe"):
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warmup = min(stages - stage - 1, m)
+    actions = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):  # steady state: one forward, then the oldest backward
+        actions += [("F", warmup + i), ("B", i)]
+    return actions + [("B", i) for i in range(m - warmup, m)]
+
+
+def all_actions(schedule: str, stages: int, microbatches: int) -> list[list[Action]]:
+    return [stage_actions(schedule, stages, microbatches, k) for k in range(stages)]
+
+
+def max_in_flight(actions: list[Action]) -> int:
+    """Most micro-batches whose forward is done and backward is not (activations held)."""
+    live = peak = 0
+    for kind, _ in actions:
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def bubble_formula(stages: int, microbatches: int) -> float:
+    """Idle share of every stage with equal stage times and free communication: (P−1)/(M+P−1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+# --------------------------------------------------------------------------- balancing
+
+
+def partition(costs: list[float], stages: int) -> list[tuple[int, int]]:
+    """Cut ``costs`` (one per layer, in order) into ``stages`` contiguous, non-empty runs that
+    minimise the most expensive stage; returns [lo, hi) per stage. Dynamic programming, O(P·L²)."""
+    n = len(costs)
+    if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= n:
+        raise ValueError(f"stages must be between 1 and the {n} layers, got {stages!r}")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[j][i]: the smallest possible largest stage when the first i layers form j stages
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for j in range(1, stages + 1):
+        for i in range(j, n - (stages - j) + 1):
+            for lo in range(j - 1, i):
+                v = max(best[j - 1][lo], prefix[i] - prefix[lo])
+                if v < best[j][i] - 1e-12:
+                    best[j][i], cut[j][i] = v, lo
+    bounds, i = [], n
+    for j in range(stages, 0, -1):
+        bounds.append((cut[j][i], i))
+        i = cut[j][i]
+    return bounds[::-1]
+
+
+# --------------------------------------------------------------------------- time
+
+
+def replay(actions: list[list[Action]], durations: dict) -> dict:
+    """Run a schedule on an ideal machine: each stage its own core, communication free.
+
+    ``durations[(stage, kind, i)]`` are seconds (e.g. the busy time measured for each action).
+    Returns ``{(stage, kind, i): (start, end)}``; raises ``ValueError`` if the schedule deadlocks
+    (some stage waits for an action that can never happen).
+    """
+    n = len(actions)
+    pos, free, done = [0] * n, [0.0] * n, {}
+    remaining = sum(len(a) for a in actions)
+    while remaining:
+        progressed = False
+        for k in range(n):
+            while pos[k] < len(actions[k]):
+                kind, i = actions[k][pos[k]]
+                dep = (k - 1, "F", i) if kind == "F" else (k + 1, "B", i)
+                if 0 <= dep[0] < n and dep not in done:
+                    break
+                start = max(free[k], done[dep][1] if dep in done else 0.0)
+                done[(k, kind, i)] = (start, start + durations[(k, kind, i)])
+                free[k] = start + durations[(k, kind, i)]
+                pos[k] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {k: actions[k][pos[k]] for k in range(n) if pos[k] < len(actions[k])}
+            raise ValueError(f"the schedule deadlocks: stages wait at {stuck}")
+    return done
+
+
+def idle_share(spans: dict) -> float:
+    """1 − work / (stages × makespan) for ``{(stage, kind, i): (start, end)}`` of one step."""
+    if not spans:
+        return 0.0
+    stages = {key[0] for key in spans}
+    start = min(s for s, _ in spans.values())
+    end = max(e for _, e in spans.values())
+    work = sum(e - s for s, e in spans.values())
+    return 1.0 - work / (len(stages) * (end - start)) if end > start else 0.0
