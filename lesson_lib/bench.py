@@ -47,7 +47,7 @@ def allreduce(sizes=ALLREDUCE_SIZES, world_sizes=(2, 4), algorithms=ALLREDUCE_AL
               repeats: int = 5, cluster_for=None) -> list[dict]:
     """Algorithm bandwidth (S / time) of our all-reduces and the backend's, in the same run.
 
-    One row per (world size, size, algorithm): ``time_s`` is the median over repeats of the
+    One row per (world size, size, algorithm): ``time_s`` is the median over calls of the
     slowest rank's time; ``vs_library`` the median over repeats of library time / our time,
     measured back to back (a paired ratio, robust to load that comes and goes).
     ``cluster_for(n)`` supplies warm clusters (the notebook's); by default each world size gets
@@ -65,11 +65,14 @@ def allreduce(sizes=ALLREDUCE_SIZES, world_sizes=(2, 4), algorithms=ALLREDUCE_AL
             if cluster_for is None:
                 cluster.close()
         for s in sizes:
-            per = {a: [max(o[s][a][i] for o in outs) for i in range(repeats)] for a in algorithms}
+            # per[a][repeat][call]: the slowest rank's time for that call
+            per = {a: [[max(o[s][a][i][j] for o in outs) for j in range(len(outs[0][s][a][i]))]
+                       for i in range(repeats)] for a in algorithms}
             lib = per.get("library")
             for a in algorithms:
-                t = statistics.median(per[a])
-                ratio = statistics.median(x / y for x, y in zip(lib, per[a])) if lib else None
+                t = statistics.median(x for rep in per[a] for x in rep)
+                ratio = statistics.median(statistics.median(x) / statistics.median(y)
+                                          for x, y in zip(lib, per[a])) if lib else None
                 rows.append({"world_size": n, "size_bytes": s, "algorithm": a, "time_s": t,
                              "algbw_GBps": s / t / 1e9, "vs_library": ratio,
                              "oversubscribed": cluster.oversubscribed})
@@ -92,12 +95,15 @@ def print_allreduce(rows: list[dict]) -> None:
         cells = " ".join(f"{by[n, s, a]['algbw_GBps']:>16.3f}" for a in algs)
         ratio = by[n, s, "ring"]["vs_library"] if (n, s, "ring") in by else None
         print(f"{n:>5} {_size(s):>9} {cells} {'' if ratio is None else f'{ratio:.2f}':>13}")
+    # The same model fitted to the library's times (it is a ring too): α and β side by side say
+    # whether a gap is per-step latency or bandwidth.
     for n in dict.fromkeys(r["world_size"] for r in rows):
-        ring = [r for r in rows if r["algorithm"] == "ring" and r["world_size"] == n]
-        if len(ring) >= 2:
-            fit = fit_alpha_beta(ring)
-            print(f"ring, {n} ranks: alpha = {1e6 * fit['alpha_s']:.1f} µs, "
-                  f"beta = 1/({fit['bandwidth_GBps']:.2f} GB/s), fit error {100 * fit['rms_rel_error']:.0f}% rms")
+        for alg in ("ring", "library"):
+            mine = [r for r in rows if r["algorithm"] == alg and r["world_size"] == n]
+            if len(mine) >= 2:
+                fit = fit_alpha_beta(mine, "ring")
+                print(f"{alg:>7}, {n} ranks: alpha = {1e6 * fit['alpha_s']:6.1f} µs, beta = 1/"
+                      f"({fit['bandwidth_GBps']:.2f} GB/s), fit error {100 * fit['rms_rel_error']:.0f}% rms")
     if any(r["oversubscribed"] for r in rows):
         print("note: some world sizes put more ranks than cores on this machine; "
               "their times include time-sharing")

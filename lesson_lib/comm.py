@@ -17,6 +17,7 @@ Used by chapter 0 (data parallel) and chapter 2 (ring all-reduce) onwards.
 
 from __future__ import annotations
 
+import collections
 import time
 
 import torch
@@ -82,13 +83,22 @@ def recv(tensor: torch.Tensor, src: int, group=None, op: str = "recv") -> None:
 class Pending:
     """A non-blocking send/recv; time is charged when you wait for it."""
 
-    def __init__(self, works: list, op: str, sent: int, recv: int):
-        self.works, self.op, self.sent, self.recv = works, op, sent, recv
+    def __init__(self, works: list, op: str, sent: int, recv: int, linger: bool = False):
+        self.works, self.op, self.sent, self.recv, self.linger = works, op, sent, recv, linger
 
     def wait(self) -> None:
         with _Timed(self.op, self.sent, self.recv):
             for w in self.works:
                 w.wait()
+        if self.linger:
+            # Gloo: dropping a Work right after waiting for it (as a loop of exchange(...).wait()
+            # does) put a hand-off with Gloo's I/O thread on the critical path of every step; a
+            # ring on 4 ranks sharing 2 cores ran 3x slower than with each step's works released
+            # one step later (measured, chapter 2). So the last two exchanges' works linger.
+            _RECENT.append(self.works)
+
+
+_RECENT: collections.deque = collections.deque(maxlen=2)
 
 
 def exchange(send_t: torch.Tensor | None, dst: int | None, recv_t: torch.Tensor | None,
@@ -104,15 +114,15 @@ def exchange(send_t: torch.Tensor | None, dst: int | None, recv_t: torch.Tensor 
                for fn, t, peer in ((dist.isend, send_t, dst), (dist.irecv, recv_t, src)) if t is not None]
         works = dist.batch_isend_irecv(ops) if ops else []
     else:
-        # Gloo posts each op on its own: call the process group directly (group-local ranks).
-        # dist.isend's Python checks cost more than sending a 4 KB chunk, and with 4 ranks on
-        # 2 cores that overhead, paid at every step of a ring, made it 3x slower than Gloo's own.
+        # Gloo posts each op on its own, so call the process group directly (group-local ranks):
+        # it skips dist.isend's per-call checks, a measurable share of a small ring step.
         pg = group if group is not None else dist.group.WORLD
         works = []
         if send_t is not None:
             works.append(pg.send([send_t], dst, 0))
         if recv_t is not None:
             works.append(pg.recv([recv_t], src, 0))
+        return Pending(works, op, sent, recv_b, linger=True)
     return Pending(works, op, sent, recv_b)
 
 
@@ -158,16 +168,24 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "ring_all_reduce
     come from :func:`lesson_lib.schedules.ring_schedule`, the same schedule the animation draws.
     Defined for chapter 0 (data-parallel gradients) and studied in chapter 2.
     """
-    rank, n = _rank_world(group)
-    if n == 1:
+    if _rank_world(group)[1] == 1:
         return tensor
     flat = _flat(tensor)
+    return _finish(tensor, flat, op, _ring_steps(flat, None, group, op, shift=0))
+
+
+def _ring_steps(flat: torch.Tensor, phase: str | None, group, op: str, shift: int) -> int:
+    """Run this rank's steps of the ring schedule (one phase, or both when ``phase`` is None).
+
+    Chunk i of the schedule is slice (i − shift) of ``flat``. Returns the scratch bytes used.
+    """
+    rank, n = _rank_world(group)
     bounds = chunk_bounds(flat.numel(), n)
-    chunk = lambda i: flat[bounds[i][0]:bounds[i][1]]  # noqa: E731
+    chunk = lambda i: flat[bounds[(i - shift) % n][0]:bounds[(i - shift) % n][1]]  # noqa: E731
     scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
     counters().scratch(_nbytes(scratch))
     for st in ring_schedule(n):
-        if st.rank != rank:
+        if st.rank != rank or (phase is not None and st.phase != phase):
             continue
         if st.phase == "reduce-scatter":  # receive into scratch, then add into our copy
             incoming = chunk(st.recv_chunk)
@@ -177,7 +195,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "ring_all_reduce
         else:  # all-gather: the summed chunk lands directly in place
             exchange(chunk(st.send_chunk), st.send_to, chunk(st.recv_chunk), st.recv_from, group,
                      op + ".step").wait()
-    return _finish(tensor, flat, op, _nbytes(scratch))
+    return _nbytes(scratch)
 
 
 def naive_all_reduce(tensor: torch.Tensor, group=None, root: int = 0,
@@ -294,23 +312,7 @@ def _ring_phase(flat: torch.Tensor, phase: str, group, op: str) -> None:
     The schedule's reduce-scatter leaves rank r with chunk r+1; we label chunks one lower, so
     that rank r owns chunk r — a ZeRO rank owns shard r.
     """
-    rank, n = _rank_world(group)
-    bounds = chunk_bounds(flat.numel(), n)
-    chunk = lambda i: flat[bounds[(i - 1) % n][0]:bounds[(i - 1) % n][1]]  # noqa: E731
-    scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
-    counters().scratch(_nbytes(scratch))
-    for st in ring_schedule(n):
-        if st.rank != rank or st.phase != phase:
-            continue
-        if phase == "reduce-scatter":
-            incoming = chunk(st.recv_chunk)
-            buf = scratch[: incoming.numel()]
-            exchange(chunk(st.send_chunk), st.send_to, buf, st.recv_from, group, op + ".step").wait()
-            incoming.add_(buf)
-        else:
-            exchange(chunk(st.send_chunk), st.send_to, chunk(st.recv_chunk), st.recv_from, group,
-                     op + ".step").wait()
-    _finish(flat, flat, op, _nbytes(scratch))
+    _finish(flat, flat, op, _ring_steps(flat, phase, group, op, shift=1))
 
 
 def ring_reduce_scatter(flat: torch.Tensor, group=None, op: str = "ring_reduce_scatter") -> torch.Tensor:

@@ -25,6 +25,7 @@ EXPERIMENTS = {
     "parameter-server": "lesson_lib.milestones.parameter_server",
     "zero": "lesson_lib.milestones.zero",
     "ring-allreduce": "lesson_lib.milestones.ring_allreduce",
+    "pipeline": "lesson_lib.milestones.pipeline",
 }
 
 

@@ -294,3 +294,293 @@ def fits_table(rows: list[dict], columns: list[str], title: str) -> go.Figure:
                              cells={"values": [[r[c] for r in rows] for c in columns], "align": "left"}))
     fig.update_layout(title=title, height=80 + 28 * len(rows), margin={"t": 40, "b": 10})
     return fig
+
+
+# --------------------------------------------------------------------------- chapter 2
+
+ALG_COLORS = {"ring": "#4C78A8", "library": "#54A24B", "naive": "#E45756", "halving-doubling": "#B279A2",
+              "parameter server": "#E45756"}
+
+
+def ring_animation(frames: list[dict], title: str = "Ring all-reduce: chunks travel round the ring"):
+    """Play ``schedules.ring_states(n)``: each rank holds N chunks (squares labelled with the ranks
+    whose values they hold); each step every rank sends one chunk to its right neighbour."""
+    import math
+
+    n = len(frames[0]["state"])
+    pos = [(math.cos(math.pi / 2 - 2 * math.pi * r / n), math.sin(math.pi / 2 - 2 * math.pi * r / n))
+           for r in range(n)]
+    w = 1.2 / n  # chunk spacing: a rank's row of chunks is 1.2 wide, the ring's radius 1
+
+    def cx(r, c):
+        return pos[r][0] + (c - (n - 1) / 2) * w
+
+    cells = [(r, c) for r in range(n) for c in range(n)]
+
+    def chunks(state):
+        return go.Scatter(
+            x=[cx(r, c) for r, c in cells], y=[pos[r][1] for r, _ in cells],
+            mode="markers+text", text=["".join(map(str, state[r][c])) for r, c in cells],
+            marker={"symbol": "square", "size": 32, "color": [len(state[r][c]) for r, c in cells],
+                    "cmin": 0, "cmax": n, "colorscale": "Blues", "line": {"width": 1, "color": "#333"}},
+            textfont={"size": 9, "color": ["white" if 2 * len(state[r][c]) > n else "#222"
+                                           for r, c in cells]},
+            hoverinfo="skip", showlegend=False)
+
+    def flight(f, t):  # chunks half-way along their edge (t = 0.5); none drawn when t is None
+        mv = f["moves"] if t is not None else []
+        xs = [(1 - t) * pos[s][0] + t * pos[d][0] for s, d, c in mv] or [None]
+        ys = [(1 - t) * pos[s][1] + t * pos[d][1] for s, d, c in mv] or [None]
+        return go.Scatter(x=xs, y=ys, mode="markers+text", text=[f"c{c}" for _, _, c in mv],
+                          marker={"symbol": "diamond", "size": 22, "color": "#F58518"},
+                          textfont={"color": "white", "size": 9}, showlegend=False, hoverinfo="skip")
+
+    ring_xy = pos + pos[:1]
+    base = [go.Scatter(x=[p[0] for p in ring_xy], y=[p[1] for p in ring_xy], mode="lines",
+                       line={"color": "#ccc", "width": 12}, hoverinfo="skip", showlegend=False),
+            go.Scatter(x=[p[0] for p in pos], y=[p[1] + 0.22 for p in pos], mode="text",
+                       text=[f"<b>rank {r}</b>" for r in range(n)], hoverinfo="skip", showlegend=False)]
+    names, figs = [], []
+    prev = frames[0]
+    for f in frames:
+        label = "start" if f["step"] < 0 else f"{f['phase']} {f['step'] + 1}/{n - 1}"
+        caption = ("each rank holds its own gradient, cut into chunks c0…c%d" % (n - 1) if f["step"] < 0 else
+                   ("each rank sends one chunk right; the receiver <b>adds</b> it to its copy"
+                    if f["phase"] == "reduce-scatter" else
+                    "each rank passes a fully summed chunk right; the receiver <b>copies</b> it"))
+        for t, state in ((0.5, prev["state"]), (1.0, f["state"])) if f["step"] >= 0 else ((1.0, f["state"]),):
+            names.append(f"{label}{' (sending)' if t < 1 else ''}")
+            figs.append(go.Frame(name=names[-1], data=[chunks(state), flight(f, t if t < 1 else None)],
+                                 traces=[2, 3], layout={"title": {"text": f"{title}<br><sup>{label}: "
+                                                                          f"{caption}</sup>"}}))
+        prev = f
+    fig = go.Figure(data=[*base, chunks(frames[0]["state"]), flight(frames[0], None)], frames=figs)
+    step = {"frame": {"duration": 900, "redraw": True}, "transition": {"duration": 300}}
+    fig.update_layout(
+        title={"text": f"{title}<br><sup>press ▶; a label lists the ranks whose values a chunk holds</sup>"},
+        height=600, plot_bgcolor="white", xaxis={"visible": False, "range": [-1.8, 1.8]},
+        yaxis={"visible": False, "range": [-1.3, 1.4], "scaleanchor": "x"},
+        updatemenus=[{"type": "buttons", "x": 0, "y": 0, "xanchor": "left", "buttons": [
+            {"label": "▶", "method": "animate", "args": [None, {**step, "fromcurrent": True}]},
+            {"label": "❚❚", "method": "animate", "args": [[None], {"mode": "immediate"}]}]}],
+        sliders=[{"x": 0.12, "len": 0.88, "y": 0, "currentvalue": {"prefix": "step: "},
+                  "steps": [{"label": nm, "method": "animate", "args": [[nm], {**step, "mode": "immediate"}]}
+                            for nm in names]}])
+    return fig
+
+
+def bytes_per_rank(rows: list[dict], title: str) -> go.Figure:
+    """rows: {algorithm, rank, sent, recv} — bytes through each rank's link, per algorithm."""
+    fig = go.Figure()
+    for alg in dict.fromkeys(r["algorithm"] for r in rows):
+        rs = [r for r in rows if r["algorithm"] == alg]
+        fig.add_bar(x=[f"rank {r['rank']}" for r in rs], y=[(r["sent"] + r["recv"]) / 1e6 for r in rs],
+                    name=alg, marker_color=ALG_COLORS.get(alg))
+    fig.update_layout(title=title, yaxis_title="MB sent + received (counted)", barmode="group", height=360)
+    return fig
+
+
+def allreduce_bandwidth(rows: list[dict], models: dict, note: str | None = None,
+                        title: str = "All-reduce algorithm bandwidth (S / time), measured in one run"):
+    """rows: bench.allreduce rows; models: {world_size: (sizes, predicted algbw GB/s)} drawn dashed."""
+    ns = sorted({r["world_size"] for r in rows})
+    fig = make_subplots(rows=1, cols=len(ns), subplot_titles=[f"{n} ranks" for n in ns], shared_yaxes=True)
+    for i, n in enumerate(ns, start=1):
+        for alg in dict.fromkeys(r["algorithm"] for r in rows):
+            rs = [r for r in rows if r["world_size"] == n and r["algorithm"] == alg]
+            fig.add_scatter(x=[r["size_bytes"] for r in rs], y=[r["algbw_GBps"] for r in rs], name=alg,
+                            mode="lines+markers", line={"color": ALG_COLORS.get(alg)}, legendgroup=alg,
+                            showlegend=i == 1, row=1, col=i)
+        if n in models:
+            xs, ys = models[n]
+            fig.add_scatter(x=xs, y=ys, name="α-β model of the ring (fit)", mode="lines", legendgroup="model",
+                            line={"color": "black", "dash": "dash"}, showlegend=i == 1, row=1, col=i)
+    fig.update_xaxes(type="log", title_text="message size S (bytes)")
+    fig.update_yaxes(type="log", title_text="GB/s", col=1)
+    fig.update_layout(title=_with_note(title, note), height=440)
+    return fig
+
+
+def model_scaling(rows: list[dict], title: str) -> go.Figure:
+    """rows: {world_size, algorithm, time_s} predicted by the α-β model."""
+    fig = go.Figure()
+    for alg in dict.fromkeys(r["algorithm"] for r in rows):
+        rs = [r for r in rows if r["algorithm"] == alg]
+        fig.add_scatter(x=[r["world_size"] for r in rs], y=[1e3 * r["time_s"] for r in rs], name=alg,
+                        mode="lines+markers", line={"color": ALG_COLORS.get(alg)})
+    fig.update_xaxes(type="log", title="ranks N")
+    fig.update_yaxes(type="log", title="predicted time (ms)")
+    fig.update_layout(title=title, height=380)
+    return fig
+
+
+def ring_vs_parameter_server(rows: list[dict], note: str | None = None,
+                             title: str = "Data parallel with the ring vs the parameter server"):
+    """rows: {label, n, step_ms, bytes} — bytes through the busiest rank per step (counted)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("step time (ms, median of the slowest rank)",
+                                                        "MB sent + received per step by the busiest rank"))
+    for label in dict.fromkeys(r["label"] for r in rows):
+        rs = [r for r in rows if r["label"] == label]
+        color = ALG_COLORS["ring" if "ring" in label else "parameter server"]
+        fig.add_scatter(x=[r["n"] for r in rs], y=[r["step_ms"] for r in rs], name=label,
+                        mode="lines+markers", line={"color": color}, legendgroup=label, row=1, col=1)
+        fig.add_scatter(x=[r["n"] for r in rs], y=[r["bytes"] / 1e6 for r in rs], name=label,
+                        showlegend=False, mode="lines+markers", line={"color": color}, legendgroup=label,
+                        row=1, col=2)
+    fig.update_xaxes(title_text="workers N", dtick=1)
+    fig.update_layout(title=_with_note(title, note), height=400)
+    return fig
+
+
+def _with_note(title: str, note: str | None) -> dict:
+    """The oversubscription note as a subtitle, where it cannot collide with the axis titles."""
+    sub = f"<br><sup style='color:#a33'>{note}</sup>" if note else ""
+    return {"text": title + sub}
+
+
+# --------------------------------------------------------------------------- chapter 3
+
+PIPE_COLORS = {"forward": "#4C78A8", "backward": "#54A24B", "send": "#F58518", "recv": "#BAB0AC"}
+# Bars per stage row: compute in the middle, sends in a thin band above, receives below.
+_PIPE_BAND = {"forward": (0.56, -0.28), "backward": (0.56, -0.28), "send": (0.16, -0.48),
+              "recv": (0.16, 0.32)}
+
+
+def _pipe_t0(events: list[dict]) -> float:
+    """Where a timeline starts: its first forward (a stage may have been waiting since before)."""
+    return min((e["start"] for e in events if e["kind"] == "forward"), default=0.0)
+
+
+def _pipe_bars(events: list[dict], t0: float, kinds=tuple(PIPE_COLORS), legend: bool = True) -> list:
+    """One horizontal bar trace per event kind: x = duration, base = start (ms since ``t0``);
+    waits that began before ``t0`` are drawn from ``t0``."""
+    traces = []
+    for kind in kinds:
+        ev = [{**e, "start": max(e["start"], t0)} for e in events if e["kind"] == kind and e["end"] > t0]
+        width, offset = _PIPE_BAND[kind]
+        compute = kind in ("forward", "backward")
+        traces.append(go.Bar(
+            y=[e["rank"] for e in ev], x=[1e3 * (e["end"] - e["start"]) for e in ev],
+            base=[1e3 * (e["start"] - t0) for e in ev], orientation="h", name=kind, width=width,
+            offset=offset, marker_color=PIPE_COLORS[kind], showlegend=legend, legendgroup=kind,
+            text=[str(e["microbatch"]) for e in ev] if compute else None, textposition="inside",
+            insidetextanchor="middle", textfont={"color": "white", "size": 10},
+            hovertext=[f"stage {e['rank']} · {kind} of micro-batch {e['microbatch']} · step {e['step']}<br>"
+                       f"{1e3 * (e['end'] - e['start']):.2f} ms wall, {1e3 * e['busy']:.2f} ms busy"
+                       for e in ev], hoverinfo="text"))
+    return traces
+
+
+def _pipe_axes(fig, stages: int, **where) -> None:
+    fig.update_yaxes(tickvals=list(range(stages)), ticktext=[f"stage {k}" for k in range(stages)],
+                     range=[stages - 0.4, -0.6], **where)
+
+
+class LiveGantt:
+    """Chapter 3: a pipeline's measured timeline, drawn while the stages train.
+
+    Each stage reports its forward / backward / send / recv events at the end of every step;
+    ``track()`` returns the ``on_event`` callback that appends them as bars.
+    """
+
+    def __init__(self, stages: int, title: str = "", min_interval_s: float = 0.25):
+        fig = go.Figure(_pipe_bars([], 0.0))
+        fig.update_layout(title=title, barmode="overlay", height=140 + 55 * stages,
+                          xaxis_title="ms since the first forward (wall clock)")
+        _pipe_axes(fig, stages)
+        self.fig = go.FigureWidget(fig)
+        self.min_interval_s = min_interval_s
+        self.events: list[dict] = []
+        self._last = 0.0
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.fig)
+
+    def track(self):
+        def on_event(ev: dict) -> None:
+            if ev.get("kind") != "pp_events":
+                return
+            self.events += ev["events"]
+            now = time.monotonic()
+            if now - self._last >= self.min_interval_s:
+                self._last = now
+                self.redraw()
+
+        return on_event
+
+    def redraw(self) -> None:
+        if not self.events:
+            return
+        t0 = _pipe_t0(self.events)
+        with self.fig.batch_update():
+            for trace, new in zip(self.fig.data, _pipe_bars(self.events, t0)):
+                trace.y, trace.x, trace.base = new.y, new.x, new.base
+                trace.text, trace.hovertext = new.text, new.hovertext
+
+
+def pipeline_gantt(panels: dict, stages: int, title: str, note: str | None = None) -> go.Figure:
+    """Timelines of one step stacked: ``panels`` maps a label (say what the times are: measured
+    wall clock, or replayed from busy time) to its events ``{rank, kind, microbatch, start, end}``."""
+    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=list(panels), vertical_spacing=0.16)
+    for row, events in enumerate(panels.values(), start=1):
+        for tr in _pipe_bars(events, _pipe_t0(events), legend=row == 1):
+            fig.add_trace(tr, row=row, col=1)
+        _pipe_axes(fig, stages, row=row, col=1)
+        fig.update_xaxes(title_text="ms since the step's first forward", row=row, col=1)
+    fig.update_layout(title=title, barmode="overlay", height=110 + (60 + 45 * stages) * len(panels))
+    _annotate(fig, note)
+    return fig
+
+
+def bubble_vs_microbatches(rows: list[dict], title: str, note: str | None = None) -> go.Figure:
+    """rows: {stages, microbatches, wall, busy, formula} — the measured idle share against M."""
+    fig = go.Figure()
+    palette = ["#4C78A8", "#E45756", "#54A24B", "#B279A2"]
+    for i, p in enumerate(sorted({r["stages"] for r in rows})):
+        rs = sorted((r for r in rows if r["stages"] == p), key=lambda r: r["microbatches"])
+        ms, c = [r["microbatches"] for r in rs], palette[i % 4]
+        fig.add_scatter(x=ms, y=[r["formula"] for r in rs], mode="lines", line={"color": c, "dash": "dot"},
+                        name=f"P={p}: formula (P−1)/(M+P−1)")
+        fig.add_scatter(x=ms, y=[r["busy"] for r in rs], mode="lines+markers", line={"color": c},
+                        marker={"size": 9}, name=f"P={p}: measured, replayed from busy time")
+        fig.add_scatter(x=ms, y=[r["wall"] for r in rs], mode="markers", marker={"color": c, "size": 10,
+                        "symbol": "x"}, name=f"P={p}: measured on the wall clock")
+    fig.update_xaxes(type="log", title="micro-batches per step (M)",
+                     tickvals=sorted({r["microbatches"] for r in rows}))
+    fig.update_yaxes(title="bubble: idle share of each stage's time", tickformat=".0%", rangemode="tozero")
+    fig.update_layout(title=title, height=480)
+    _annotate(fig, note)
+    return fig
+
+
+def activation_peaks(rows: list[dict], title: str) -> go.Figure:
+    """rows: {schedule, microbatches, stage, peak, per_microbatch} — measured peak activation
+    memory per stage against M, one line per schedule and stage (chapter 3)."""
+    fig = go.Figure()
+    colors = {"gpipe": "#E45756", "1f1b": "#4C78A8", "naive": "#BAB0AC"}
+    dashes = ["solid", "dash", "dot", "dashdot"]
+    for sched in sorted({r["schedule"] for r in rows}):
+        for k in sorted({r["stage"] for r in rows}):
+            rs = sorted((r for r in rows if r["schedule"] == sched and r["stage"] == k),
+                        key=lambda r: r["microbatches"])
+            fig.add_scatter(x=[r["microbatches"] for r in rs], y=[r["peak"] / 1e6 for r in rs],
+                            mode="lines+markers", name=f"{sched}, stage {k}",
+                            line={"color": colors.get(sched, "#333"), "dash": dashes[k % 4]})
+    fig.update_xaxes(title="micro-batches per step (M), same micro-batch size", type="log",
+                     tickvals=sorted({r["microbatches"] for r in rows}))
+    fig.update_yaxes(title="peak activation memory (MB, measured)")
+    fig.update_layout(title=title, height=420)
+    return fig
+
+
+def stage_params(rows: list[dict], unsplit_bytes: int, title: str) -> go.Figure:
+    """rows: {stage, layers, param_bytes} — measured parameter memory per stage vs the whole model."""
+    names = [f"stage {r['stage']}<br>layers {r['layers'][0]}–{r['layers'][1] - 1}" for r in rows]
+    fig = go.Figure(go.Bar(x=names, y=[r["param_bytes"] / 1e6 for r in rows], marker_color=COLORS["params"],
+                           name="parameters held by the stage (measured)"))
+    fig.add_hline(y=unsplit_bytes / 1e6, line_dash="dot", annotation_text="the unsplit model on one device",
+                  annotation_position="top left")
+    fig.update_layout(title=title, yaxis_title="MB", height=360, yaxis_rangemode="tozero")
+    return fig

@@ -120,13 +120,49 @@ def reduce_values(values: list[list[float]], dtype: str = "float32",
     return t.double().tolist(), counters().as_dict()
 
 
-def time_algorithms(sizes: list[int], algorithms: list[str], repeats: int = 5,
-                    dtype: str = "float32", batch_bytes: int = 2**21) -> dict:
-    """On every rank: seconds per all-reduce, {size: {algorithm: [one per repeat]}}.
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 0.0}
 
-    The algorithms take turns within each repeat (in a rotating order), so load from elsewhere
-    on a shared machine falls on all of them alike; a small message is timed as a batch of
-    back-to-back calls moving about ``batch_bytes``, since one call is shorter than clock noise.
+
+def compare_with_library(cases: list[tuple[int, str, int]], algorithms: list[str]) -> list[dict]:
+    """On every rank, per case (length, dtype, seed): each algorithm against ``dist.all_reduce`` on
+    the same inputs — the largest difference, and the counted bytes against the exact count.
+
+    float32/float64 inputs are random normals (sums may differ in the last bits: another order of
+    summation); bfloat16 inputs are small integers, whose sums are exact, so they must match exactly.
+    """
+    ctx = context()
+    rows = []
+    for length, dtype, seed in cases:
+        dt = getattr(torch, dtype)
+        g = torch.Generator().manual_seed(seed * 1009 + ctx.rank)
+        if dtype == "bfloat16":
+            x = torch.randint(-3, 4, (length,), generator=g).to(dt)
+        else:
+            x = torch.randn(length, generator=g, dtype=torch.float64).to(dt)
+        ref = x.clone()
+        dist.all_reduce(ref)
+        for a in algorithms:
+            counters().reset()
+            y = x.clone()
+            comm.all_reduce(y, a, op="check")
+            err = float((y.double() - ref.double()).abs().max()) if length else 0.0
+            sent = counters().ops["check"].bytes_sent if "check" in counters().ops else 0
+            exact = BYTES_SENT[a](length, dt.itemsize, ctx.world_size, ctx.rank) if a in BYTES_SENT else None
+            rows.append({"length": length, "dtype": dtype, "algorithm": a, "rank": ctx.rank,
+                         "max_error": err, "ok": err <= TOLERANCE[dtype] * ctx.world_size,
+                         "bytes_sent": sent, "exact_bytes_sent": exact})
+    counters().reset()
+    return rows
+
+
+def time_algorithms(sizes: list[int], algorithms: list[str], repeats: int = 5,
+                    dtype: str = "float32", batch_bytes: int = 2**23) -> dict:
+    """On every rank: seconds of each all-reduce call, {size: {algorithm: [[per call] per repeat]}}.
+
+    The algorithms take turns within each repeat (in a rotating order), so load from elsewhere on
+    a shared machine falls on all of them alike. A small message is run as a batch of calls back
+    to back (moving about ``batch_bytes``) and every call is timed: the caller takes medians, so
+    a call that lost its core to another process for a scheduler tick does not skew the result.
     The first round is a warm-up and is dropped.
     """
     ctx = context()
@@ -138,13 +174,15 @@ def time_algorithms(sizes: list[int], algorithms: list[str], repeats: int = 5,
         times: dict = {a: [] for a in algorithms}
         for i in range(repeats + 1):
             for a in algorithms[i % len(algorithms):] + algorithms[:i % len(algorithms)]:
+                calls = []
                 dist.barrier()
-                t0 = time.perf_counter()
                 for _ in range(k):
+                    t0 = time.perf_counter()
                     comm.all_reduce(x, a, op="bench")
-                sync(ctx.device)
+                    sync(ctx.device)
+                    calls.append(time.perf_counter() - t0)
                 if i:
-                    times[a].append((time.perf_counter() - t0) / k)
+                    times[a].append(calls)
         out[nbytes] = times
     counters().reset()
     return out

@@ -1,0 +1,185 @@
+"""Chapter 2 — ring all-reduce (notebooks/02_ring_allreduce.ipynb).
+
+Each function is one notebook cell: it runs real all-reduces on warm clusters
+(``lesson_lib.runtime.warm_cluster``), displays its figures and returns the measurements so the
+notebook can assert its claims.
+"""
+
+from __future__ import annotations
+
+import statistics
+from types import SimpleNamespace
+
+from IPython.display import display
+
+from .. import bench, costmodel, experiments, plots, schedules, widgets
+from ..experiments import Result, run
+from ..milestones import data_parallel as dp
+from ..milestones import ring_allreduce as ra
+from ..runtime import warm_cluster
+from .ch02_exercises import exercises, simulate_ring  # noqa: F401  (the notebook calls them here)
+
+# The laptop preset: sizes up to 16 MiB and 3 repeats keep the bandwidth cell under a minute.
+SIZES = tuple(4096 * 4**k for k in range(7))  # 4 KiB … 16 MiB
+OURS = ("ring", "halving-doubling", "naive")
+
+
+def _run(world_size: int, size_mb: float, algorithm: str, steps: int = 3, **options) -> Result:
+    cfg = ra.Config(world_size=world_size, size_mb=size_mb, algorithm=algorithm, steps=steps, **options)
+    return run("ring-allreduce", cfg, cluster=warm_cluster(world_size))
+
+
+def traffic_jam(world_size: int = 4, size_mb: float = 1.0) -> dict:
+    """The parameter-server pattern against the ring: counted bytes through each rank's link."""
+    rows, results = [], {}
+    for alg in ("naive", "ring"):
+        r = results[alg] = _run(world_size, size_mb, alg)
+        rows += [{"algorithm": alg, "rank": i, "sent": s, "recv": v}
+                 for i, (s, v) in enumerate(zip(r["bytes_sent_per_call"], r["bytes_recv_per_call"]))]
+    size = results["ring"]["size_bytes"]
+    display(plots.bytes_per_rank(rows, f"One all-reduce of {size / 2**20:g} MiB on {world_size} ranks: "
+                                       "bytes through each rank (counted)"))
+    root = rows[0]["sent"] + rows[0]["recv"]
+    ring = [r["sent"] + r["recv"] for r in rows if r["algorithm"] == "ring"]
+    print(f"naive: the root moves {root / 1e6:.2f} MB = 2(N−1)·S; every other rank {2 * size / 1e6:.2f} MB. "
+          f"ring: every rank moves {min(ring) / 1e6:.2f}–{max(ring) / 1e6:.2f} MB ≈ 2 · 2(N−1)/N·S")
+    return {"size_bytes": size, "rows": rows, "root_bytes": root, "ring_bytes": ring,
+            "correct": all(r["correct"] for r in results.values())}
+
+
+def ring_animation(world_size: int = 4) -> list[dict]:
+    """Animate the very schedule ``comm.ring_all_reduce`` runs (``schedules.ring_schedule``)."""
+    frames = schedules.ring_states(world_size)
+    display(plots.ring_animation(frames))
+    return frames
+
+
+def check_against_library(world_sizes=(1, 2, 3, 4), lengths=(0, 1, 3, 5, 1000, 1001),
+                          dtypes=("float32", "float64", "bfloat16"), algorithms=OURS) -> dict:
+    """Each of our all-reduces against ``dist.all_reduce`` on the same random inputs."""
+    out = {}
+    for n in world_sizes:
+        cases = [(le, dt, seed) for seed, (le, dt) in enumerate((le, d) for le in lengths for d in dtypes)]
+        rows = [row for rank in warm_cluster(n).run(ra.compare_with_library, cases, list(algorithms))
+                for row in rank]
+        out[n] = rows
+        worst = max((r["max_error"] for r in rows), default=0.0)
+        print(f"{n} rank(s): {len(cases)} inputs × {len(algorithms)} algorithms; largest difference from "
+              f"dist.all_reduce {worst:.1e}; counted bytes = exact count: "
+              f"{all(r['bytes_sent'] == r['exact_bytes_sent'] for r in rows)}")
+    return out
+
+
+def traffic_table(world_sizes=(2, 3, 4), size_mb: float = 1.0, algorithms=OURS) -> list[dict]:
+    """Counted bytes per rank against the exact count and the textbook formula, asserted in the notebook."""
+    rows = []
+    for n in world_sizes:
+        for alg in algorithms:
+            r = _run(n, size_mb, alg, steps=2)
+            for rank in range(n):
+                rows.append({"ranks": n, "algorithm": alg, "rank": rank,
+                             "counted": r["bytes_sent_per_call"][rank], "exact": r["exact_bytes_sent"][rank],
+                             "formula": r["formula_bytes_sent"][rank], "size_bytes": r["size_bytes"]})
+    shown = [{**r, "formula": f"{r['formula']:,.1f}",
+              "counted / formula": f"{r['counted'] / r['formula']:.5f}"} for r in rows]
+    columns = ["ranks", "algorithm", "rank", "counted", "exact", "formula", "counted / formula"]
+    display(plots.fits_table(shown, columns, f"Bytes each rank sends in one all-reduce of {size_mb:g} MiB: "
+                                             "counted vs formula"))
+    return rows
+
+
+def bandwidth(sizes=SIZES, world_sizes=(2, 4), repeats: int = 3,
+              algorithms=("ring", "library", "naive")) -> dict:
+    """Measure the algorithm bandwidth of ours and Gloo's in one run; fit α-β to the ring."""
+    rows = bench.allreduce(sizes, world_sizes, algorithms, repeats, cluster_for=warm_cluster)
+    fits, models = {}, {}
+    for n in world_sizes:
+        fits[n] = costmodel.fit_alpha_beta([r for r in rows
+                                            if r["algorithm"] == "ring" and r["world_size"] == n])
+        xs = [sizes[0] * 2 ** (k / 4) for k in range(4 * (len(sizes) - 1) * 2 + 1)]
+        models[n] = (xs, [s / costmodel.allreduce_time("ring", n, s, fits[n]["alpha_s"],
+                                                        fits[n]["beta_s_per_byte"]) / 1e9 for s in xs])
+    note = plots.oversubscription_note([SimpleNamespace(**r) for r in rows])
+    display(plots.allreduce_bandwidth(rows, models, note))
+    ratios = {(r["world_size"], r["size_bytes"]): r["vs_library"] for r in rows if r["algorithm"] == "ring"}
+    bench.print_allreduce(rows)
+    return {"rows": rows, "fits": fits, "ratios": ratios}
+
+
+def model_scaling(fit: dict, nbytes: float = 100e6, world_sizes=(2, 4, 8, 16, 32, 64, 128)) -> list[dict]:
+    """The fitted α-β model beyond this laptop: all-reduce time of ``nbytes`` as N grows."""
+    rows = [{"world_size": n, "algorithm": alg, "time_s": costmodel.allreduce_time(
+                alg, n, nbytes, fit["alpha_s"], fit["beta_s_per_byte"])}
+            for alg in OURS for n in world_sizes]
+    display(plots.model_scaling(rows, f"α-β model (α = {fit['alpha_s'] * 1e6:.0f} µs, "
+                                      f"1/β = {fit['bandwidth_GBps']:.2f} GB/s, fitted here): "
+                                      f"all-reduce of {nbytes / 1e6:g} MB as the cluster grows"))
+    return rows
+
+
+def scaling(world_sizes=(1, 2, 4), steps: int = 8, **options) -> list[dict]:
+    """Data-parallel training with the ring vs the chapter-1 parameter server (one server), same model.
+
+    The parameter server is included when its experiment is registered. The model (2.1M parameters,
+    8.4 MB of gradients) is large enough that bandwidth, not latency, decides the step.
+    """
+    opts = {"steps": steps, "global_batch": 48, "hidden": 1024, "depth": 3, **options}
+    rows, results = [], []
+    for n in world_sizes:
+        r = run("data-parallel", _config(dp.Config, world_size=n, allreduce="ring", optimizer="sgd", **opts),
+                cluster=warm_cluster(n))
+        grads = [p["ops"].get("grad_all_reduce", {}) for p in r.per_rank]
+        sent = [schedules.ring_bytes_sent(r["param_count"], 4, n, i) for i in range(n)]
+        rows.append({"label": "data parallel, ring", "n": n, "step_ms": 1e3 * _median_step(r),
+                     "bytes": max(g.get("bytes_sent", 0) + g.get("bytes_recv", 0) for g in grads) / steps,
+                     "exact": max(sent[i] + sent[i - 1] for i in range(n))})  # i receives from i−1
+        results.append(r)
+    if "parameter-server" in experiments.EXPERIMENTS:
+        ps = experiments.load("parameter-server")
+        for n in world_sizes:
+            cfg = _config(ps.Config, mode="sync", workers=n, servers=1, **opts)
+            r = run("parameter-server", cfg, cluster=warm_cluster(cfg.world_size))
+            rows.append({"label": "parameter server (1 server)", "n": n, "step_ms": 1e3 * _median_step(r),
+                         "bytes": r["server_bytes_per_step"], "exact": r["server_bytes_formula"]})
+            results.append(r)
+    else:
+        print("the parameter-server experiment is not registered here: showing the ring alone")
+    display(plots.ring_vs_parameter_server(rows, plots.oversubscription_note(results)))
+    return rows
+
+
+def _config(cls, **options):
+    """``cls(**options)`` keeping only the options ``cls`` has (the two milestones differ a little)."""
+    names = set(cls.__dataclass_fields__)
+    return cls(**{k: v for k, v in options.items() if k in names}).validate()
+
+
+def _median_step(r: Result) -> float:
+    """Median over steps (the first skipped) of the slowest rank that records steps."""
+    per_rank = [p["steps"] for p in r.per_rank if p["steps"]]
+    steps = list(zip(*per_rank))[1:] or list(zip(*per_rank))
+    return statistics.median(max(s["wall_s"] for s in step) for step in steps)
+
+
+def allreduce_once(world_size: int = 4, size_mb: float = 4.0, algorithm: str = "ring") -> dict:
+    """One run of the milestone: counted bytes per rank against the formula, time and bandwidth."""
+    r = _run(world_size, size_mb, algorithm, steps=3)
+    rows = [{"algorithm": f"{algorithm} (counted)", "rank": i, "sent": s, "recv": v}
+            for i, (s, v) in enumerate(zip(r["bytes_sent_per_call"], r["bytes_recv_per_call"]))]
+    display(plots.bytes_per_rank(rows, f"{algorithm}, {world_size} rank(s), {size_mb:g} MiB"))
+    kind = "counted" if r["counted"] else "modelled (the library does not report its traffic)"
+    print(f"{kind}: {[f'{b / 1e6:.3f}' for b in r['bytes_sent_per_call']]} MB sent per rank; formula "
+          f"{[f'{b / 1e6:.3f}' for b in r['formula_bytes_sent']]} MB; time {1e3 * r['time_s']:.2f} ms "
+          f"(median of 3), {r['algbw_GBps']:.3f} GB/s; result correct: {r['correct']}")
+    return r.to_dict()
+
+
+def explorer():
+    import ipywidgets as W
+
+    return widgets.run_button("Run all-reduce", {
+        "world_size": W.Dropdown(options=[1, 2, 3, 4], value=4, description="ranks"),
+        "size_mb": W.FloatLogSlider(value=4.0, base=2, min=-8, max=6, step=1, description="MiB"),
+        "algorithm": W.Dropdown(options=["ring", "halving-doubling", "naive", "library"], value="ring",
+                                description="algorithm"),
+    }, allreduce_once)

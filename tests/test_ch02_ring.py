@@ -1,0 +1,227 @@
+"""Chapter 2: our all-reduces against dist.all_reduce, counted bytes against the formulas, the
+schedules, the milestone and its CLI, the α-β model, the benchmark and the exercises."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lesson_lib import bench, comm, costmodel, experiments, plots, schedules
+from lesson_lib.chapters import ch02_exercises as ex
+from lesson_lib.milestones import ring_allreduce as ra
+
+pytestmark = pytest.mark.ch2
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OURS = ["ring", "halving-doubling", "naive"]
+
+
+# --------------------------------------------------------------------------- multi-rank
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 4), length=st.integers(0, 41),
+       dtype=st.sampled_from(["float32", "float64", "bfloat16"]), seed=st.integers(0, 2**16))
+def test_ours_equal_dist_all_reduce_for_any_length_and_world_size(clusters, n, length, dtype, seed):
+    out = clusters(n).run(ra.compare_with_library, [(length, dtype, seed)], OURS)
+    rows = [r for rank in out for r in rank]
+    assert len(rows) == n * len(OURS)
+    for r in rows:
+        assert r["ok"], r
+        assert r["bytes_sent"] == r["exact_bytes_sent"], r  # counted on the wire = exact count
+        size = length * torch.tensor([], dtype=getattr(torch, dtype)).element_size()
+        formula = schedules.formula_bytes_sent(r["algorithm"], size, n, r["rank"])
+        assert abs(r["bytes_sent"] - formula) <= 4 * 8, r   # = the formula up to chunk rounding
+
+
+def test_ring_matches_library_bit_for_bit_on_integers_and_closely_on_floats(clusters):
+    out = clusters(3).run(ra.compare_with_library, [(1001, "float32", 1), (1001, "bfloat16", 2)], OURS)
+    rows = [r for rank in out for r in rank]
+    assert all(r["max_error"] < 1e-5 for r in rows if r["dtype"] == "float32")
+    assert all(r["max_error"] == 0 for r in rows if r["dtype"] == "bfloat16")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_milestone_runs_every_algorithm_correctly_with_counted_bytes(clusters, n):
+    for alg in comm.ALGORITHMS:
+        cfg = ra.Config(world_size=n, size_mb=0.01, algorithm=alg, steps=2)
+        r = experiments.run("ring-allreduce", cfg, cluster=clusters(n))
+        assert r["correct"] and r["size_bytes"] == cfg.numel() * 4 and len(r["per_rank"]) == n
+        assert r["counted"] == (alg != "library")
+        if alg != "library":
+            assert r["bytes_sent_per_call"] == r["exact_bytes_sent"]
+        for got, want in zip(r["bytes_sent_per_call"], r["formula_bytes_sent"]):
+            assert abs(got - want) <= 16
+        assert r["time_s"] > 0 and r["algbw_GBps"] >= 0
+
+
+def test_naive_root_moves_2_n_minus_1_times_s(clusters):
+    r = experiments.run("ring-allreduce", ra.Config(world_size=4, size_mb=0.25, algorithm="naive", steps=1),
+                        cluster=clusters(4))
+    s = r["size_bytes"]
+    assert r["bytes_sent_per_call"][0] + r["bytes_recv_per_call"][0] == 2 * 3 * s
+    assert all(a + b == 2 * s for a, b in zip(r["bytes_sent_per_call"][1:], r["bytes_recv_per_call"][1:]))
+
+
+def test_bench_measures_ours_and_the_library_in_one_run(clusters):
+    rows = bench.allreduce(sizes=(4096, 65536), world_sizes=(2,), algorithms=("ring", "library"), repeats=2,
+                           cluster_for=clusters)
+    assert {(r["size_bytes"], r["algorithm"]) for r in rows} == {(s, a) for s in (4096, 65536)
+                                                                 for a in ("ring", "library")}
+    assert all(r["time_s"] > 0 and r["vs_library"] > 0 for r in rows)
+    assert all(r["vs_library"] == 1.0 for r in rows if r["algorithm"] == "library")
+
+
+# --------------------------------------------------------------------------- schedules (pure)
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_ring_schedule_leaves_each_rank_one_full_chunk_then_all(n):
+    frames = schedules.ring_states(n)
+    assert len(frames) == 1 + 2 * (n - 1)
+    after_rs = frames[n - 1]["state"]
+    for r in range(n):
+        full = [c for c in range(n) if after_rs[r][c] == list(range(n))]
+        assert full == [(r + 1) % n]
+    assert all(c == list(range(n)) for row in frames[-1]["state"] for c in row)
+    # each step: every rank sends exactly one chunk, to its right neighbour
+    for f in frames[1:]:
+        assert sorted(s for s, _, _ in f["moves"]) == list(range(n))
+        assert all(d == (s + 1) % n for s, d, _ in f["moves"])
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_halving_doubling_schedule_sums_exactly(n):
+    for numel in (0, 1, 3, 7, 100, 101):
+        bounds = schedules.chunk_bounds(numel, schedules.power_of_two_below(n))
+        values = [[(7 * r + i) % 11 - 5 for i in range(numel)] for r in range(n)]
+        cur = [list(v) for v in values]
+        sched = schedules.halving_doubling_schedule(n)
+        for key in dict.fromkeys((x.phase, x.step) for x in sched):
+            here = [x for x in sched if (x.phase, x.step) == key]
+            before = [list(v) for v in cur]
+            for x in here:
+                if x.recv is None:
+                    continue
+                peer = next(y for y in here if y.rank == x.peer)
+                assert peer.send == x.recv
+                lo, hi = schedules.span(bounds, x.recv)
+                for i in range(lo, hi):
+                    cur[x.rank][i] = cur[x.rank][i] + before[x.peer][i] if x.reduce else before[x.peer][i]
+        total = [sum(v[i] for v in values) for i in range(numel)]
+        assert all(c == total for c in cur), (n, numel)
+
+
+def test_byte_formulas():
+    for n in (2, 4, 8):
+        for numel in (0, 1, 1000, 1001):
+            for r in range(n):
+                exact = schedules.halving_doubling_bytes_sent(numel, 4, n, r)
+                assert abs(exact - 2 * (n - 1) * 4 * numel / n) <= 4 * 2 * int(math.log2(n))
+    assert schedules.naive_bytes_sent(10, 4, 4, 0) == 3 * 40 and schedules.naive_bytes_sent(10, 4, 4, 2) == 40
+    assert schedules.formula_bytes_sent("halving-doubling", 100.0, 3, 0) == 100.0  # folds into rank 1
+
+
+def test_animation_is_built_from_the_schedule():
+    fig = plots.ring_animation(schedules.ring_states(4))
+    assert len(fig.frames) == 1 + 2 * 2 * 3  # start, then (sending, landed) for each of 6 steps
+
+
+# --------------------------------------------------------------------------- bad input, CLI
+
+
+@pytest.mark.parametrize("options, name", [
+    ({"size_mb": -1.0}, "size_mb"), ({"size_mb": 1e9}, "size_mb"), ({"algorithm": "tree"}, "algorithm"),
+    ({"dtype": "int8"}, "dtype"), ({"steps": 0}, "steps"),
+])
+def test_bad_config_names_the_parameter(options, name):
+    with pytest.raises(ValueError, match=name):
+        ra.Config(**options).validate()
+
+
+def test_unknown_algorithm_in_comm_names_it():
+    with pytest.raises(ValueError, match="algorithm"):
+        comm.all_reduce(torch.ones(2), "tree")
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "lesson_lib", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_cli_run_writes_the_json(tmp_path):
+    f = tmp_path / "ring.json"
+    out = cli("run", "ring-allreduce", "--world-size", "2", "--size-mb", "0.05", "--steps", "3",
+              "--json", str(f))
+    assert out.returncode == 0, out.stderr
+    d = json.loads(f.read_text())
+    assert d["experiment"] == "ring-allreduce" and d["world_size"] == 2 and d["correct"]
+    assert d["bytes_sent_per_call"] == d["exact_bytes_sent"] and len(d["per_rank"]) == 2
+    assert {"formula_bytes_sent", "time_s", "time_s_per_rank", "algbw_GBps", "busbw_GBps"} <= set(d)
+
+
+@pytest.mark.parametrize("args, name", [(["--size-mb", "-1"], "size_mb"),
+                                        (["--algorithm", "tree"], "algorithm")])
+def test_cli_bad_input_is_a_clear_error(args, name):
+    out = cli("run", "ring-allreduce", *args, timeout=60)
+    assert out.returncode != 0 and name in out.stderr and "Traceback" not in out.stderr
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def test_fit_recovers_alpha_and_beta():
+    alpha, beta = 50e-6, 1 / 2e9
+    rows = [{"world_size": n, "size_bytes": s, "time_s": costmodel.allreduce_time("ring", n, s, alpha, beta)}
+            for n in (2, 4) for s in (4096 * 4**k for k in range(8))]
+    fit = costmodel.fit_alpha_beta(rows)
+    assert fit["alpha_s"] == pytest.approx(alpha, rel=1e-6) and fit["beta_s_per_byte"] == pytest.approx(beta)
+    assert fit["rms_rel_error"] < 1e-9
+    s_star = costmodel.latency_crossover_bytes(4, alpha, beta)
+    a, b = costmodel.allreduce_terms("ring", 4, s_star)
+    assert a * alpha == pytest.approx(b * beta)
+    with pytest.raises(ValueError, match="algorithm"):
+        costmodel.allreduce_terms("tree", 4, 1.0)
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+@pytest.fixture(scope="module")
+def exercises():
+    return ex.exercises(alpha=100e-6, beta=1 / 1.5e9, world_size=2)
+
+
+@pytest.mark.parametrize("key", ["reduce_scatter", "bytes", "crossover"])
+def test_each_reference_passes(exercises, key):
+    e = exercises[key]
+    assert e.check(e.reference()).ok
+
+
+def test_wrong_answers_fail(exercises):
+    def off_by_one(rank, n, chunks, exchange):  # sends the chunk it is about to add into
+        for s in range(n - 1):
+            chunks[(rank - s - 1) % n] += exchange(chunks[(rank - s - 1) % n])
+
+    def too_many(rank, n, chunks, exchange):
+        for s in range(n):
+            chunks[(rank - s - 1) % n] += exchange(chunks[(rank - s) % n])
+
+    assert not exercises["reduce_scatter"].check(off_by_one).ok
+    assert not exercises["reduce_scatter"].check(too_many).ok
+    assert not exercises["bytes"].check(lambda n, s: 2 * (n - 1) * s).ok
+    assert not exercises["crossover"].check(100e-6 * 1.5e9).ok  # α/β: forgot the N
+
+
+def test_a_loop_that_deadlocks_is_reported_not_hung():
+    def only_rank_0(rank, n, chunks, exchange):
+        if rank == 0:
+            exchange(chunks[0])
+
+    out = ex.simulate_ring(only_rank_0, 3, 6, timeout_s=0.3)
+    assert "TimeoutError" in out["errors"][0]
