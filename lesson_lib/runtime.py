@@ -129,7 +129,12 @@ def choose_placement(world_size: int, backend: str = "auto") -> Placement:
 
 
 def threads_per_rank(world_size: int) -> int:
-    return max(1, cpu_count() // world_size)
+    """Intra-op threads per worker: the cores left after one for the notebook, shared out.
+
+    Ranks that together ask for more threads than there are cores slow each other down badly
+    (spinning thread pools), and the kernel, the browser and the plots need a core too.
+    """
+    return max(1, (cpu_count() - 1) // world_size)
 
 
 # --------------------------------------------------------------------------- worker side

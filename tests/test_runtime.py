@@ -1,7 +1,6 @@
 """The runtime: warm workers, clear errors, bounded failures, no orphans (chapter 0 foundation)."""
 
 import _thread
-import os
 import subprocess
 import sys
 import threading
@@ -11,7 +10,7 @@ import pytest
 from conftest import wait_no_workers, worker_children
 
 from lesson_lib import Cluster, WorkerError, probes
-from lesson_lib.runtime import choose_placement, context
+from lesson_lib.runtime import choose_placement, context, cpu_count, threads_per_rank
 
 pytestmark = pytest.mark.ch0
 
@@ -41,9 +40,12 @@ def test_process_group_is_ready_in_the_worker(clusters):
 
 
 def test_threads_are_limited_per_rank(clusters):
-    c = clusters(4)
-    assert {o["threads"] for o in c.run(probes.whoami)} == {c.threads}
-    assert c.threads == max(1, (os.cpu_count() or 1) // 4) or c.threads >= 1
+    for n in (1, 4):
+        c = clusters(n)
+        assert {o["threads"] for o in c.run(probes.whoami)} == {c.threads} == {threads_per_rank(n)}
+    for n in (1, 2, 3, 4, 8, 64):  # never more threads in all than cores (one left for the kernel)
+        assert threads_per_rank(n) >= 1
+        assert n * threads_per_rank(n) <= max(cpu_count() - 1, n)
 
 
 def test_events_stream_to_the_caller_before_the_result(clusters):
