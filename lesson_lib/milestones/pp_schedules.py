@@ -97,7 +97,8 @@ def partition(costs: list[float], stages: int) -> list[tuple[int, int]]:
 
 
 def replay(actions: list[list[Action]], durations: dict) -> dict:
-    """Run a schedule on an ideal machine: each stage its own core, communication free.
+    """Run a schedule on an ideal machine: each stage its own core, communication free. Stage k's
+    F(i) waits for stage k−1's F(i); its B(i) for its own F(i) and for stage k+1's B(i).
 
     ``durations[(stage, kind, i)]`` are seconds (e.g. the busy time measured for each action).
     Returns ``{(stage, kind, i): (start, end)}``; raises ``ValueError`` if the schedule deadlocks
@@ -111,10 +112,11 @@ def replay(actions: list[list[Action]], durations: dict) -> dict:
         for k in range(n):
             while pos[k] < len(actions[k]):
                 kind, i = actions[k][pos[k]]
-                dep = (k - 1, "F", i) if kind == "F" else (k + 1, "B", i)
-                if 0 <= dep[0] < n and dep not in done:
+                deps = [(k - 1, "F", i)] if kind == "F" else [(k, "F", i), (k + 1, "B", i)]
+                deps = [d for d in deps if 0 <= d[0] < n]
+                if any(d not in done for d in deps):
                     break
-                start = max(free[k], done[dep][1] if dep in done else 0.0)
+                start = max([free[k]] + [done[d][1] for d in deps])
                 done[(k, kind, i)] = (start, start + durations[(k, kind, i)])
                 free[k] = start + durations[(k, kind, i)]
                 pos[k] += 1
@@ -135,3 +137,36 @@ def idle_share(spans: dict) -> float:
     end = max(e for _, e in spans.values())
     work = sum(e - s for s, e in spans.values())
     return 1.0 - work / (len(stages) * (end - start)) if end > start else 0.0
+
+
+def span_key(event: dict) -> tuple[int, str, int]:
+    """A measured event's key in a replay: (stage, "F" or "B", micro-batch)."""
+    return event["rank"], event["kind"][0].upper(), event["microbatch"]
+
+
+def _compute(events: list[dict], step: int) -> list[dict]:
+    return [e for e in events if e["step"] == step and e["kind"] in ("forward", "backward")]
+
+
+def measured_spans(events: list[dict], step: int) -> dict:
+    """One step's forwards and backwards as measured: {(stage, kind, i): (start, end)}."""
+    return {span_key(e): (e["start"], e["end"]) for e in _compute(events, step)}
+
+
+def replay_busy(actions: list[list[Action]], events: list[dict], step: int) -> dict:
+    """One step replayed with each action's measured busy (CPU) time: the timeline the schedule
+    would have if every stage had a core of its own and messages were free."""
+    return replay(actions, {span_key(e): e["busy"] for e in _compute(events, step)})
+
+
+def step_bubbles(actions: list[list[Action]], events: list[dict], step: int) -> dict:
+    """One step's idle share: measured on the wall clock, and replayed from busy time."""
+    return {"step": step, "wall": idle_share(measured_spans(events, step)),
+            "busy": idle_share(replay_busy(actions, events, step))}
+
+
+def replayed_events(actions: list[list[Action]], events: list[dict], step: int) -> list[dict]:
+    """The step's forwards and backwards moved to where :func:`replay_busy` puts them."""
+    spans = replay_busy(actions, events, step)
+    return [{**e, "start": spans[span_key(e)][0], "end": spans[span_key(e)][1]}
+            for e in _compute(events, step)]

@@ -1,0 +1,280 @@
+"""Chapter 3 — pipeline parallelism (notebooks/03_pipeline_parallelism.ipynb).
+
+One function per notebook cell: each runs the pipeline milestone in real processes on warm
+clusters, displays its figures and returns what the notebook asserts.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from IPython.display import display
+
+from .. import plots, widgets
+from ..exercises import Exercise, Verdict, close_to
+from ..experiments import Result, run
+from ..milestones import pipeline as pp
+from ..milestones import pp_torch
+from ..milestones.pp_schedules import (
+    SCHEDULES,
+    all_actions,
+    bubble_formula,
+    max_in_flight,
+    replay,
+    replayed_events,
+    stage_actions,
+)
+from ..runtime import warm_cluster
+
+# The laptop preset: 9 layers of width 1024 (8.4M parameters), so that one micro-batch's forward
+# on a stage takes milliseconds and dwarfs the cost of a message; about a second per run.
+PRESET = {"steps": 5, "global_batch": 128, "hidden": 1024, "d_in": 1024, "depth": 8, "samples": 1024}
+# For checks of exact equality: a small model, any number of stages up to 8.
+SMALL = {"steps": 4, "global_batch": 24, "hidden": 32, "d_in": 16, "depth": 7, "samples": 512}
+
+
+def _cfg(stages: int, microbatches: int, schedule: str, preset=PRESET, **options) -> pp.Config:
+    return pp.Config(stages=stages, microbatches=microbatches, schedule=schedule,
+                     **{**preset, **options}).validate()
+
+
+def _run(cfg: pp.Config, on_event=None) -> Result:
+    return run("pipeline", cfg, cluster=warm_cluster(cfg.stages), on_event=on_event)
+
+
+def _shown_step(r: Result) -> int:
+    """The step drawn as 'one step': the one whose busy-time bubble is the median (not step 0)."""
+    steps = r["bubble_per_step"][1:] or r["bubble_per_step"]
+    return sorted(steps, key=lambda s: s["busy"])[len(steps) // 2]["step"]
+
+
+def timeline(r: Result, title: str):
+    """One step of ``r`` as measured; when ranks outnumber cores, also replayed from busy time."""
+    cfg = pp.Config(**r.config)
+    step = _shown_step(r)
+    panels = {f"measured: wall clock, step {step} (bubble {r['bubble_per_step'][step]['wall']:.0%})":
+              [e for e in r["events"] if e["step"] == step]}
+    if r.oversubscribed:
+        label = (f"replayed from each action's busy (CPU) time, as if every stage had its own core "
+                 f"(bubble {r['bubble_per_step'][step]['busy']:.0%})")
+        actions = all_actions(cfg.schedule, cfg.stages, cfg.m)
+        panels[label] = replayed_events(actions, r["events"], step)
+    return plots.pipeline_gantt(panels, cfg.stages, title, plots.oversubscription_note([r]))
+
+
+def split(stages: int = 4, balance: str = "params") -> dict:
+    """Which layers each stage holds, and the parameter memory each stage measures."""
+    r = _run(_cfg(stages, 4, "1f1b", steps=2, balance=balance))
+    mem = r["stage_memory"]
+    costs = ", ".join(f"{c:.3g}" for c in r["layer_costs"])
+    print(f"cost per layer ({'parameters' if balance == 'params' else 'busy seconds, measured'}): {costs}")
+    for m in mem:
+        print(f"stage {m['stage']}: layers {m['layers'][0]}–{m['layers'][1] - 1}, "
+              f"{m['param_bytes'] / 1e6:.1f} MB of parameters")
+    print(f"the unsplit model: {r['unsplit_param_bytes'] / 1e6:.1f} MB")
+    how = "parameter count" if balance == "params" else "measured time"
+    display(plots.stage_params(mem, r["unsplit_param_bytes"],
+                               f"Parameter memory per stage, {stages} stages (balanced by {how})"))
+    return {"stage_bytes": [m["param_bytes"] for m in mem], "unsplit_bytes": r["unsplit_param_bytes"]}
+
+
+def equivalence(stages: int = 4, microbatches: int = 4) -> dict:
+    """Every schedule against single-process SGD of the unsplit model on the whole batch."""
+    out = {}
+    for schedule in SCHEDULES:
+        out[schedule] = g = pp.verify(_cfg(stages, microbatches, schedule, SMALL), warm_cluster(stages))
+        print(f"{schedule:>6}: largest difference from one process — losses {g['losses']:.1e}, "
+              f"gradients {g['grads']:.1e}, parameters {g['params']:.1e}")
+    return out
+
+
+def live(stages: int = 4, microbatches: int = 4, schedule: str = "gpipe") -> Result:
+    """The timeline drawn live as the stages report each step, then one step up close."""
+    gantt = plots.LiveGantt(stages, f"{schedule}: {stages} stages, {microbatches} micro-batches, "
+                                    "every step as it is measured (live)")
+    display(gantt)
+    r = _run(_cfg(stages, microbatches, schedule), on_event=gantt.track())
+    gantt.redraw()
+    display(timeline(r, f"{schedule}, one step up close: numbers are micro-batches"))
+    return r
+
+
+def schedules(stages: int = 4, microbatches: int = 4) -> dict[str, Result]:
+    """naive, GPipe and 1F1B on the same model and batch, one step of each."""
+    runs = {}
+    for schedule in SCHEDULES:
+        runs[schedule] = r = _run(_cfg(stages, microbatches, schedule))
+        m = r["microbatches_run"]
+        display(timeline(r, f"{schedule}: {stages} stages, {m} micro-batch{'es' if m > 1 else ''} — "
+                            f"formula bubble {r['bubble_formula']:.0%}"))
+    return runs
+
+
+def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b") -> list[dict]:
+    """The measured bubble against M for each P, beside (P−1)/(M+P−1)."""
+    rows, runs = [], []
+    for p in stages:
+        for m in microbatches:
+            r = _run(_cfg(p, m, schedule))
+            runs.append(r)
+            rows.append({"stages": p, "microbatches": m, "wall": r["bubble_fraction"],
+                         "busy": r["bubble_busy"], "formula": r["bubble_formula"],
+                         "step_ms": 1e3 * statistics.median(r.step_times()[1:])})
+            print(f"P={p} M={m}: formula {rows[-1]['formula']:.0%}, measured {rows[-1]['wall']:.0%} "
+                  f"(wall clock), {rows[-1]['busy']:.0%} (busy time); step {rows[-1]['step_ms']:.0f} ms")
+    display(plots.bubble_vs_microbatches(rows, f"The bubble shrinks as micro-batches grow ({schedule})",
+                                         plots.oversubscription_note(runs)))
+    return rows
+
+
+def activation_memory(stages: int = 4, microbatches=(1, 2, 4, 8), rows_per_microbatch: int = 16):
+    """Peak activation memory per stage, GPipe vs 1F1B, as M grows at a fixed micro-batch size."""
+    rows = []
+    for schedule in ("gpipe", "1f1b"):
+        for m in microbatches:
+            r = _run(_cfg(stages, m, schedule, steps=2, global_batch=m * rows_per_microbatch))
+            rows += [{"schedule": schedule, "microbatches": m, "stage": s["stage"],
+                      "peak": s["activation_peak"], "per_microbatch": s["activation_per_microbatch"],
+                      "in_flight": s["max_in_flight"]} for s in r["stage_memory"]]
+    display(plots.activation_peaks(rows, f"Peak activation memory per stage ({stages} stages, "
+                                         f"{rows_per_microbatch} samples per micro-batch)"))
+    top = max(microbatches)
+    for schedule in ("gpipe", "1f1b"):
+        peaks = [r for r in rows if r["schedule"] == schedule and r["microbatches"] == top]
+        print(f"{schedule:>5}, M={top}: micro-batches in flight per stage {[r['in_flight'] for r in peaks]}, "
+              f"peak {[round(r['peak'] / 1e6, 2) for r in peaks]} MB")
+    return rows
+
+
+def against_torch(stages: int = 4, microbatches: int = 4) -> dict:
+    """Our GPipe and 1F1B beside ``torch.distributed.pipelining``'s, same stages and batches."""
+    out = {}
+    for schedule in ("gpipe", "1f1b"):
+        cfg = _cfg(stages, microbatches, schedule, SMALL)
+        out[schedule] = c = pp_torch.compare(cfg, warm_cluster(stages))
+        if "error" in c:
+            print(f"{schedule}: torch.distributed.pipelining failed here: {c['error']}")
+            continue
+        g, t = c["ours_vs_torch"], c["torch_vs_reference"]
+        print(f"{schedule:>5}: ours vs torch — losses {g['losses']:.1e}, gradients {g['grads']:.1e}, "
+              f"parameters {g['params']:.1e}; torch vs one process — parameters {t['params']:.1e}")
+    return out
+
+
+def explorer():
+    import ipywidgets as W
+
+    def go(stages, microbatches, schedule, balance):
+        r = _run(_cfg(stages, microbatches, schedule, balance=balance))
+        display(timeline(r, f"{schedule}: {stages} stages, {r['microbatches_run']} micro-batch(es)"))
+        print(f"bubble: formula {r['bubble_formula']:.0%}, measured {r['bubble_fraction']:.0%} (wall clock), "
+              f"{r['bubble_busy']:.0%} (busy time); peak activations per stage "
+              f"{[round(s['activation_peak'] / 1e6, 2) for s in r['stage_memory']]} MB")
+
+    return widgets.run_button("Run", {
+        "stages": W.IntSlider(value=4, min=1, max=4, description="stages P"),
+        "microbatches": W.Dropdown(options=[1, 2, 4, 8, 16], value=4, description="micro-batches"),
+        "schedule": W.ToggleButtons(options=list(SCHEDULES), value="1f1b", description="schedule"),
+        "balance": W.ToggleButtons(options=["params", "time"], value="params", description="balance by"),
+    }, go)
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+def _parse_actions(answer) -> list[tuple[str, int]]:
+    """'F0 F1 B0 ...', ['F0', 'B0', ...] or [('F', 0), ...] → [('F', 0), ...]."""
+    items = answer.replace(",", " ").split() if isinstance(answer, str) else list(answer)
+    out = []
+    for a in items:
+        kind, i = (a[0], a[1:]) if isinstance(a, str) else a
+        out.append((str(kind).upper(), int(i)))
+    return out
+
+
+def _check_order(stages: int, microbatches: int, stage: int):
+    expected = stage_actions("1f1b", stages, microbatches, stage)
+
+    def check(answer) -> Verdict:
+        got = _parse_actions(answer)
+        if got == expected:
+            return Verdict(True, f"that is stage {stage}'s 1F1B order; it holds at most "
+                                 f"{max_in_flight(got)} micro-batches' activations")
+        if sorted(got) != sorted(expected):
+            last = microbatches - 1
+            return Verdict(False, f"list each of F0…F{last} and B0…B{last} exactly once")
+        mine = [stage_actions("1f1b", stages, microbatches, k) for k in range(stages)]
+        mine[stage] = got
+        try:
+            replay(mine, {(k, a[0], a[1]): 1.0 for k in range(stages) for a in mine[k]})
+        except ValueError:
+            return Verdict(False, "with that order the pipeline deadlocks (a backward before its forward?)")
+        wrong = next(n for n, (a, b) in enumerate(zip(got, expected)) if a != b)
+        return Verdict(False, f"it runs, but it is not 1F1B: it holds {max_in_flight(got)} micro-batches "
+                              f"at once (1F1B holds {max_in_flight(expected)}); the first difference is "
+                              f"step {wrong + 1}")
+
+    return check
+
+
+def _check_smallest_m(stages: int):
+    def smallest(p: int) -> int:
+        return next(m for m in range(1, 10_000) if bubble_formula(p, m) < 0.1)
+
+    def check(answer) -> Verdict:
+        m = int(answer)
+        if m != smallest(stages):
+            return Verdict(False, f"with M = {m} the formula gives {bubble_formula(stages, m):.1%}; "
+                                  "you want the smallest M that brings it under 10%")
+        r = _run(_cfg(stages, m, "1f1b", steps=3, global_batch=8 * m))
+        return Verdict(True, f"the formula gives {r['bubble_formula']:.1%}; the run measured "
+                             f"{r['bubble_busy']:.1%} replayed from busy time and {r['bubble_fraction']:.1%} "
+                             "on the wall clock. The formula assumes every forward and backward takes the "
+                             "same time; measured ones vary, and in 1F1B's steady state each stage waits for "
+                             "the slower of its neighbours, so the variation becomes idle time (the wall "
+                             "clock adds the cores the stages share)")
+
+    return check, smallest(stages)
+
+
+def exercises(stages: int = 4) -> dict[str, Exercise]:
+    P, M, k, order_m = stages, 8, 1, 6
+    check_m, m_star = _check_smallest_m(P)
+    solution = " ".join(f"{a}{i}" for a, i in stage_actions("1f1b", P, order_m, k))
+    return {
+        "bubble": Exercise(
+            "bubble", "predict the bubble",
+            f"With P = {P} stages and M = {M} micro-batches of equal cost, what share of each stage's time "
+            "is idle? Answer as a fraction (0.25 for 25%), then compare with the busy-time bubble measured "
+            "above.",
+            close_to(bubble_formula(P, M), 0.01),
+            "Count time slots of one forward+backward: how many does the whole step take, and in how many "
+            "of them is a given stage working?",
+            f"(P−1)/(M+P−1) = {P - 1}/{M + P - 1} = {bubble_formula(P, M):.3f}: the step takes M+P−1 slots "
+            "and each stage works in M of them.",
+            lambda: bubble_formula(P, M)),
+        "order": Exercise(
+            "order", "order the 1F1B steps",
+            f"With P = {P} stages and M = {order_m} micro-batches, write the order in which stage {k} runs "
+            "its forwards and backwards under 1F1B, e.g. <code>\"F0 F1 B0 ...\"</code>.",
+            _check_order(P, order_m, k),
+            "Stage k first runs P−k−1 forwards to fill the pipeline; then it alternates one forward and one "
+            "backward (the oldest micro-batch first); then it drains the remaining backwards.",
+            solution, lambda: solution),
+        "smallest_m": Exercise(
+            "smallest_m", "a bubble under 10%",
+            f"With P = {P} stages, what is the smallest number of micro-batches M that brings the bubble "
+            "under 10%? The check confirms your answer with a real run (8 samples per micro-batch).",
+            check_m, "Solve (P−1)/(M+P−1) < 0.1 for M.",
+            f"(P−1)/(M+P−1) < 0.1 ⇔ M > 9(P−1) = {9 * (P - 1)}, so M = {m_star}.",
+            lambda: m_star),
+        "in_flight": Exercise(
+            "in_flight", "how much does 1F1B hold?",
+            f"With P = {P} stages and M = {M} micro-batches, how many micro-batches' activations does "
+            "stage 0 hold at most under 1F1B? (GPipe holds all M.)",
+            close_to(P, 1e-9, " micro-batches"),
+            "Stage 0 runs P−1 warm-up forwards, then one more forward before its first backward.",
+            f"P = {P}: P−1 warm-up forwards plus the forward of the steady state; from then on every new "
+            "forward is matched by a backward that frees one.",
+            lambda: P),
+    }

@@ -1,0 +1,257 @@
+"""Chapter 3: pipeline schedules against single-process training, their properties, counted bytes,
+measured memory, torch.distributed.pipelining, exercises, bad input and the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lesson_lib import run
+from lesson_lib.chapters import ch03
+from lesson_lib.milestones import pipeline as pp
+from lesson_lib.milestones import pp_torch
+from lesson_lib.milestones.pp_schedules import (
+    SCHEDULES,
+    all_actions,
+    bubble_formula,
+    idle_share,
+    max_in_flight,
+    partition,
+    replay,
+    stage_actions,
+)
+
+pytestmark = pytest.mark.ch3
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = dict(steps=3, global_batch=24, hidden=16, depth=3, d_in=8, classes=4, samples=256)
+
+
+def _close(a, b):
+    torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- equal to one process
+
+
+@pytest.mark.parametrize("stages", [1, 2, 4])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_equals_single_process_training(clusters, stages, schedule):
+    cfg = pp.Config(stages=stages, schedule=schedule, microbatches=4, **SMALL).validate()
+    ours, ref = pp.state(clusters(stages).run(pp.worker, cfg)), pp.reference(cfg)
+    for key in ("losses", "grads", "params"):
+        _close(ours[key], ref[key])
+
+
+def test_the_reference_is_the_course_single_process_reference():
+    from lesson_lib.milestones.data_parallel import reference as single_process
+
+    cfg = pp.Config(stages=2, **SMALL)
+    assert pp.reference(cfg)["losses"] == single_process(cfg, optimizer="sgd")
+
+
+def test_time_balance_and_an_odd_number_of_microbatches(clusters):
+    cfg = pp.Config(stages=2, schedule="1f1b", microbatches=3, balance="time", **SMALL).validate()
+    outs = clusters(2).run(pp.worker, cfg)
+    ours, ref = pp.state(outs), pp.reference(cfg)
+    for key in ("losses", "grads", "params"):
+        _close(ours[key], ref[key])
+    assert outs[0]["bounds"] == outs[1]["bounds"]  # rank 0 measured, every stage cut the same way
+    assert outs[1]["per_rank"]["ops"]["balance"]["bytes_recv"] == 8 * cfg.layers
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_ours_equals_torch_distributed_pipelining(clusters, schedule):
+    cfg = pp.Config(stages=2, schedule=schedule, microbatches=4, **SMALL)
+    c = pp_torch.compare(cfg, clusters(2))
+    assert "error" not in c, c
+    assert max(c["ours_vs_torch"].values()) < 1e-6 and max(c["torch_vs_reference"].values()) < 1e-5
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+@settings(max_examples=60, deadline=None)
+@given(schedule=st.sampled_from(SCHEDULES), p=st.integers(1, 6), m=st.integers(1, 12))
+def test_schedule_properties(schedule, p, m):
+    acts = all_actions(schedule, p, m)
+    n = 1 if schedule == "naive" else m
+    for k, a in enumerate(acts):
+        assert sorted(a) == sorted([("F", i) for i in range(n)] + [("B", i) for i in range(n)])
+        assert all(a.index(("F", i)) < a.index(("B", i)) for i in range(n))  # forward before backward
+        # each direction carries micro-batches in order (what StageLink's early receives rely on)
+        for kind in "FB":
+            assert [i for x, i in a if x == kind] == list(range(n))
+        held = max_in_flight(a)
+        assert held == (min(p - k, n) if schedule == "1f1b" else n)
+    replay(acts, {(k, x, i): 1.0 for k in range(p) for x, i in acts[k]})  # raises if it deadlocks
+
+
+@settings(max_examples=40, deadline=None)
+@given(schedule=st.sampled_from(["gpipe", "1f1b"]), p=st.integers(1, 6), m=st.integers(1, 12),
+       backward=st.sampled_from([1.0, 2.0, 3.0]))
+def test_equal_stages_give_exactly_the_formula_bubble(schedule, p, m, backward):
+    acts = all_actions(schedule, p, m)
+    spans = replay(acts, {(k, x, i): 1.0 if x == "F" else backward for k in range(p) for x, i in acts[k]})
+    assert idle_share(spans) == pytest.approx(bubble_formula(p, m), abs=1e-12)
+
+
+def test_1f1b_order_and_a_schedule_that_deadlocks():
+    assert stage_actions("1f1b", 4, 6, 1) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1),
+                                             ("F", 4), ("B", 2), ("F", 5), ("B", 3), ("B", 4), ("B", 5)]
+    bad = all_actions("1f1b", 2, 2)
+    bad[1] = [("B", 0), ("F", 0), ("F", 1), ("B", 1)]
+    with pytest.raises(ValueError, match="deadlocks"):
+        replay(bad, {(k, x, i): 1.0 for k in range(2) for x, i in bad[k]})
+
+
+def test_partition_minimises_the_largest_stage():
+    assert partition([1, 1, 1, 1], 2) == [(0, 2), (2, 4)]
+    assert partition([5, 1, 1, 1, 1, 1], 2) == [(0, 1), (1, 6)]
+    assert partition([1, 2, 3], 3) == [(0, 1), (1, 2), (2, 3)]
+    with pytest.raises(ValueError, match="stages"):
+        partition([1, 2], 3)
+
+
+# --------------------------------------------------------------------------- bytes, memory, events
+
+
+def test_counted_bytes_match_the_formula(clusters):
+    cfg = pp.Config(stages=4, schedule="gpipe", microbatches=4, **SMALL)
+    r = run("pipeline", cfg, cluster=clusters(4))
+    per_step = 4 * SMALL["global_batch"] * SMALL["hidden"]  # the batch's activations at a boundary
+    assert r["bytes_per_step_formula"] == {"send_activation": per_step, "send_grad": per_step}
+    for k, rank in enumerate(r.per_rank):
+        ops = rank["ops"]
+        sent = {op: ops.get(op, {"bytes_sent": 0})["bytes_sent"] for op in ("send_activation", "send_grad")}
+        assert sent["send_activation"] == (per_step * cfg.steps if k < 3 else 0)
+        assert sent["send_grad"] == (per_step * cfg.steps if k > 0 else 0)
+        if k < 3:
+            assert ops["send_activation"]["calls"] == cfg.steps * cfg.microbatches
+            assert ops["recv_grad"]["bytes_recv"] == per_step * cfg.steps
+        assert rank["bytes_sent"] == sum(sent.values())
+
+
+def test_measured_activation_memory_gpipe_vs_1f1b(clusters):
+    P, M = 4, 8
+    mem = {}
+    for schedule in ("gpipe", "1f1b"):
+        cfg = pp.Config(stages=P, schedule=schedule, microbatches=M, **{**SMALL, "global_batch": 32})
+        mem[schedule] = run("pipeline", cfg, cluster=clusters(P))["stage_memory"]
+    for k in range(P):
+        g, f = mem["gpipe"][k], mem["1f1b"][k]
+        assert g["activation_per_microbatch"] == f["activation_per_microbatch"] > 0
+        assert g["max_in_flight"] == M and g["activation_peak"] == M * g["activation_per_microbatch"]
+        assert f["max_in_flight"] == P - k
+        assert f["activation_peak"] == (P - k) * f["activation_per_microbatch"]
+
+
+def test_events_bubble_and_parameter_memory(clusters):
+    cfg = pp.Config(stages=2, schedule="1f1b", microbatches=4, **SMALL)
+    r = run("pipeline", cfg, cluster=clusters(2))
+    ev = r["events"]
+    assert {"rank", "kind", "microbatch", "start", "end", "busy", "step"} <= set(ev[0])
+    for k in range(2):
+        for step in range(cfg.steps):
+            mine = [e for e in ev if e["rank"] == k and e["step"] == step]
+            for kind in ("forward", "backward", "send", "recv"):
+                assert sorted(e["microbatch"] for e in mine if e["kind"] == kind) == list(range(4))
+            assert all(e["end"] >= e["start"] for e in mine)
+    assert r["bubble_formula"] == bubble_formula(2, 4) and 0 <= r["bubble_fraction"] < 1
+    assert 0 <= r["bubble_busy"] < 1 and len(r["bubble_per_step"]) == cfg.steps
+    params = [s["param_bytes"] for s in r["stage_memory"]]
+    assert sum(params) == r["unsplit_param_bytes"] and max(params) < r["unsplit_param_bytes"]
+
+
+def test_naive_is_a_relay_with_one_stage_busy(clusters):
+    r = run("pipeline", pp.Config(stages=4, schedule="naive", microbatches=4, **SMALL), cluster=clusters(4))
+    assert r["microbatches_run"] == 1 and r["bubble_formula"] == 0.75
+    assert r["bubble_busy"] == pytest.approx(0.75, abs=1e-9)
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+def test_exercise_references_pass_and_wrong_answers_fail():
+    ex = ch03.exercises(stages=4)
+    assert ex["bubble"].check(ex["bubble"].reference()) and not ex["bubble"].check(0.75)
+    order = ex["order"]
+    assert order.check(order.reference())
+    assert order.check(stage_actions("1f1b", 4, 6, 1))  # tuples are accepted too
+    assert not order.check(" ".join(f"{x}{i}" for x, i in stage_actions("gpipe", 4, 6, 1)))
+    assert "deadlocks" in order.check("B0 F0 F1 F2 F3 F4 F5 B1 B2 B3 B4 B5").message
+    assert not order.check("F0 F1 B0")
+    assert ex["in_flight"].check(ex["in_flight"].reference()) and not ex["in_flight"].check(8)
+    assert ex["smallest_m"].reference() == 28
+    for wrong in (27, 29):
+        assert not ex["smallest_m"].check(wrong)  # wrong answers are rejected without a run
+    ex["bubble"].submit(...)  # unanswered: says so, does not fail
+    assert ex["bubble"].passed is False
+
+
+@pytest.mark.slow
+def test_smallest_m_exercise_confirms_with_a_run():
+    ex = ch03.exercises(stages=4)["smallest_m"]
+    verdict = ex.check(ex.reference())
+    assert verdict and "measured" in verdict.message
+
+
+# --------------------------------------------------------------------------- bad input, CLI
+
+
+@pytest.mark.parametrize("options, name", [
+    (dict(stages=0), "stages"),
+    (dict(stages=-1), "stages"),
+    (dict(stages=5), "stages"),  # the SMALL model has depth + 1 = 4 layers
+    (dict(microbatches=5), "microbatches"),  # 24 samples do not split into 5
+    (dict(microbatches=0), "microbatches"),
+    (dict(schedule="zero-bubble"), "schedule"),
+    (dict(balance="flops"), "balance"),
+    (dict(stages=2, world_size=3), "world_size"),
+])
+def test_bad_input_names_the_parameter(options, name):
+    with pytest.raises(ValueError, match=name):
+        pp.Config(**{**SMALL, **options}).validate()
+
+
+def test_replace_keeps_one_rank_per_stage():
+    cfg = pp.Config(stages=2, **SMALL).replace(stages=4)
+    assert cfg.world_size == cfg.stages == 4
+
+
+def cli(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "lesson_lib", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_cli_writes_the_chapter_keys_and_stages_1_is_the_unsplit_model(tmp_path):
+    small = ["--steps", "3", "--global-batch", "16", "--seed", "0", "--hidden", "16", "--depth", "3",
+             "--samples", "256"]
+    losses = {}
+    for p in (2, 1):
+        f = tmp_path / f"pp{p}.json"
+        out = cli("run", "pipeline", "--stages", str(p), "--microbatches", "4", "--schedule", "1f1b",
+                  *small, "--json", str(f))
+        assert out.returncode == 0, out.stderr[-2000:]
+        d = json.loads(f.read_text())
+        assert d["experiment"] == "pipeline" and d["world_size"] == p and len(d["per_rank"]) == p
+        assert {"rank", "kind", "microbatch", "start", "end"} <= set(d["events"][0])
+        for key in ("bubble_fraction", "bubble_formula", "bubble_busy", "stage_memory", "partition"):
+            assert key in d
+        assert len(d["stage_memory"]) == p and "activation_peak" in d["stage_memory"][0]
+        losses[p] = d["losses"]
+    _close(losses[2], losses[1])
+
+
+@pytest.mark.parametrize("args, name", [
+    (["--microbatches", "5", "--global-batch", "16"], "microbatches"),
+    (["--stages", "0"], "stages"),
+    (["--stages", "9", "--depth", "3"], "stages"),
+])
+def test_cli_bad_input_fails_fast_naming_the_parameter(args, name):
+    out = cli("run", "pipeline", *args, timeout=60)
+    assert out.returncode != 0 and name in out.stderr
