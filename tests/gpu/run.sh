@@ -15,5 +15,13 @@ rc=${PIPESTATUS[0]}
 timeout 120 torchrun --standalone --nproc-per-node 1 -m lesson_lib run data-parallel --backend nccl \
   --steps 5 --json "$out/torchrun_nccl.json" 2>&1 | tee "$out/torchrun.log"
 rc2=${PIPESTATUS[0]}
-echo "gpu_check rc=$rc torchrun rc=$rc2"
-exit $(( rc || rc2 ))
+# Pipeline: one stage on CUDA; four stages on Gloo with 16 cores, where the wall-clock bubble is
+# not distorted by ranks sharing cores (compare bubble_fraction with bubble_formula in the JSON).
+timeout 120 python3 -m lesson_lib run pipeline --stages 1 --backend nccl --steps 5 \
+  --json "$out/pipeline_cuda.json" 2>&1 | tee "$out/pipeline.log"
+rc3=${PIPESTATUS[0]}
+timeout 180 python3 -m lesson_lib run pipeline --stages 4 --microbatches 8 --schedule 1f1b --backend gloo \
+  --steps 5 --json "$out/pipeline_gloo16.json" 2>&1 | tee -a "$out/pipeline.log"
+rc4=${PIPESTATUS[0]}
+echo "gpu_check rc=$rc torchrun rc=$rc2 pipeline rc=$rc3/$rc4"
+exit $(( rc || rc2 || rc3 || rc4 ))
