@@ -30,8 +30,8 @@ class CommonConfig:
         validate_world_size(self.world_size)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        _positive_int(self, "steps")
-        _positive_int(self, "global_batch")
+        positive_int(self, "steps")
+        positive_int(self, "global_batch")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr!r}")
         if not 0 < self.timeout_s <= 3600:
@@ -48,7 +48,8 @@ class CommonConfig:
         return type(self)(**{**asdict(self), **changes}).validate()
 
 
-def _positive_int(cfg, name: str) -> None:
+def positive_int(cfg, name: str) -> None:
+    """Raise a ValueError naming ``name`` unless ``cfg.name`` is an int ≥ 1."""
     v = getattr(cfg, name)
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -91,7 +92,7 @@ class TrainConfig(CommonConfig):
     def validate(self) -> "TrainConfig":
         super().validate()
         for name in ("hidden", "depth", "d_in", "classes", "samples"):
-            _positive_int(self, name)
+            positive_int(self, name)
         if self.global_batch > self.samples:
             raise ValueError(f"global_batch={self.global_batch} exceeds samples={self.samples}")
         return self

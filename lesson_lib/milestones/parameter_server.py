@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from .. import comm
 from ..comm import chunk_bounds
-from ..config import TrainConfig, opt, parse_stragglers
+from ..config import TrainConfig, opt, parse_stragglers, positive_int
 from ..data import batch_indices, shard, teacher_classification
 from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary
 from ..models import flat_views, mlp
@@ -61,10 +61,8 @@ class Config(TrainConfig):
             self.world_size = self.workers + self.servers
 
     def validate(self) -> "Config":
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ValueError(f"workers must be a positive int, got {self.workers!r}")
-        if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 1:
-            raise ValueError(f"servers must be a positive int, got {self.servers!r}")
+        positive_int(self, "workers")
+        positive_int(self, "servers")
         if self.world_size != self.workers + self.servers:
             raise ValueError(f"world_size={self.world_size} must equal workers + servers = "
                              f"{self.workers + self.servers} (leave world_size unset)")

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
-from ..config import TrainConfig, _positive_int, opt
+from ..config import TrainConfig, opt, positive_int
 from ..data import batch_indices, teacher_classification
 from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary, sync
 from ..models import flat_views, mlp, mlp_param_count
@@ -62,12 +62,12 @@ class Config(TrainConfig):
             self.world_size = self.stages
 
     def validate(self) -> "Config":
-        _positive_int(self, "stages")
+        positive_int(self, "stages")
         if self.world_size != self.stages:
             raise ValueError(f"world_size={self.world_size} must equal stages={self.stages} "
                              "(one rank per stage; leave world_size unset)")
         super().validate()
-        _positive_int(self, "microbatches")
+        positive_int(self, "microbatches")
         if self.global_batch % self.microbatches:
             raise ValueError(f"microbatches={self.microbatches} must divide global_batch="
                              f"{self.global_batch} into equal micro-batches")
