@@ -32,6 +32,7 @@ def startup(world_sizes=(2, 4), repeats: int = 3, warm_runs: int = 50) -> list[d
 
 
 def print_startup(rows: list[dict]) -> None:
+    """Print the table of :func:`startup` (``python -m lesson_lib bench startup``)."""
     print(f"{'ranks':>5} {'fresh world (s)':>16} {'warm run (ms)':>14} {'fresh / warm':>13}")
     for r in rows:
         print(f"{r['world_size']:>5} {r['fresh_s']:>16.2f} {1e3 * r['warm_s']:>14.2f} {r['ratio']:>13.0f}×")
