@@ -1,0 +1,143 @@
+"""Figures of chapter 2: the ring animation, bytes per rank, bandwidth, scaling."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import _with_note
+
+ALG_COLORS = {"ring": "#4C78A8", "library": "#54A24B", "naive": "#E45756", "halving-doubling": "#B279A2",
+              "parameter server": "#E45756"}
+
+
+def ring_animation(frames: list[dict], title: str = "Ring all-reduce: chunks travel round the ring"):
+    """Play ``schedules.ring_states(n)``: each rank holds N chunks (squares labelled with the ranks
+    whose values they hold); each step every rank sends one chunk to its right neighbour."""
+    import math
+
+    n = len(frames[0]["state"])
+    pos = [(math.cos(math.pi / 2 - 2 * math.pi * r / n), math.sin(math.pi / 2 - 2 * math.pi * r / n))
+           for r in range(n)]
+    w = 1.2 / n  # chunk spacing: a rank's row of chunks is 1.2 wide, the ring's radius 1
+
+    def cx(r, c):
+        return pos[r][0] + (c - (n - 1) / 2) * w
+
+    cells = [(r, c) for r in range(n) for c in range(n)]
+
+    def chunks(state):
+        return go.Scatter(
+            x=[cx(r, c) for r, c in cells], y=[pos[r][1] for r, _ in cells],
+            mode="markers+text", text=["".join(map(str, state[r][c])) for r, c in cells],
+            marker={"symbol": "square", "size": 32, "color": [len(state[r][c]) for r, c in cells],
+                    "cmin": 0, "cmax": n, "colorscale": "Blues", "line": {"width": 1, "color": "#333"}},
+            textfont={"size": 9, "color": ["white" if 2 * len(state[r][c]) > n else "#222"
+                                           for r, c in cells]},
+            hoverinfo="skip", showlegend=False)
+
+    def flight(f, t):  # chunks half-way along their edge (t = 0.5); none drawn when t is None
+        mv = f["moves"] if t is not None else []
+        xs = [(1 - t) * pos[s][0] + t * pos[d][0] for s, d, c in mv] or [None]
+        ys = [(1 - t) * pos[s][1] + t * pos[d][1] for s, d, c in mv] or [None]
+        return go.Scatter(x=xs, y=ys, mode="markers+text", text=[f"c{c}" for _, _, c in mv],
+                          marker={"symbol": "diamond", "size": 22, "color": "#F58518"},
+                          textfont={"color": "white", "size": 9}, showlegend=False, hoverinfo="skip")
+
+    ring_xy = pos + pos[:1]
+    base = [go.Scatter(x=[p[0] for p in ring_xy], y=[p[1] for p in ring_xy], mode="lines",
+                       line={"color": "#ccc", "width": 12}, hoverinfo="skip", showlegend=False),
+            go.Scatter(x=[p[0] for p in pos], y=[p[1] + 0.22 for p in pos], mode="text",
+                       text=[f"<b>rank {r}</b>" for r in range(n)], hoverinfo="skip", showlegend=False)]
+    names, figs = [], []
+    prev = frames[0]
+    for f in frames:
+        label = "start" if f["step"] < 0 else f"{f['phase']} {f['step'] + 1}/{n - 1}"
+        caption = ("each rank holds its own gradient, cut into chunks c0…c%d" % (n - 1) if f["step"] < 0 else
+                   ("each rank sends one chunk right; the receiver <b>adds</b> it to its copy"
+                    if f["phase"] == "reduce-scatter" else
+                    "each rank passes a fully summed chunk right; the receiver <b>copies</b> it"))
+        for t, state in ((0.5, prev["state"]), (1.0, f["state"])) if f["step"] >= 0 else ((1.0, f["state"]),):
+            names.append(f"{label}{' (sending)' if t < 1 else ''}")
+            figs.append(go.Frame(name=names[-1], data=[chunks(state), flight(f, t if t < 1 else None)],
+                                 traces=[2, 3], layout={"title": {"text": f"{title}<br><sup>{label}: "
+                                                                          f"{caption}</sup>"}}))
+        prev = f
+    fig = go.Figure(data=[*base, chunks(frames[0]["state"]), flight(frames[0], None)], frames=figs)
+    step = {"frame": {"duration": 900, "redraw": True}, "transition": {"duration": 300}}
+    fig.update_layout(
+        title={"text": f"{title}<br><sup>press ▶; a label lists the ranks whose values a chunk holds</sup>"},
+        height=600, plot_bgcolor="white", xaxis={"visible": False, "range": [-1.8, 1.8]},
+        yaxis={"visible": False, "range": [-1.3, 1.4], "scaleanchor": "x"},
+        updatemenus=[{"type": "buttons", "x": 0, "y": 0, "xanchor": "left", "buttons": [
+            {"label": "▶", "method": "animate", "args": [None, {**step, "fromcurrent": True}]},
+            {"label": "❚❚", "method": "animate", "args": [[None], {"mode": "immediate"}]}]}],
+        sliders=[{"x": 0.12, "len": 0.88, "y": 0, "currentvalue": {"prefix": "step: "},
+                  "steps": [{"label": nm, "method": "animate", "args": [[nm], {**step, "mode": "immediate"}]}
+                            for nm in names]}])
+    return fig
+
+
+def bytes_per_rank(rows: list[dict], title: str) -> go.Figure:
+    """rows: {algorithm, rank, sent, recv} — bytes through each rank's link, per algorithm."""
+    fig = go.Figure()
+    for alg in dict.fromkeys(r["algorithm"] for r in rows):
+        rs = [r for r in rows if r["algorithm"] == alg]
+        fig.add_bar(x=[f"rank {r['rank']}" for r in rs], y=[(r["sent"] + r["recv"]) / 1e6 for r in rs],
+                    name=alg, marker_color=ALG_COLORS.get(alg))
+    fig.update_layout(title=title, yaxis_title="MB sent + received (counted)", barmode="group", height=360)
+    return fig
+
+
+def allreduce_bandwidth(rows: list[dict], models: dict, note: str | None = None,
+                        title: str = "All-reduce algorithm bandwidth (S / time), measured in one run"):
+    """rows: bench.allreduce rows; models: {world_size: (sizes, predicted algbw GB/s)} drawn dashed."""
+    ns = sorted({r["world_size"] for r in rows})
+    fig = make_subplots(rows=1, cols=len(ns), subplot_titles=[f"{n} ranks" for n in ns], shared_yaxes=True)
+    for i, n in enumerate(ns, start=1):
+        for alg in dict.fromkeys(r["algorithm"] for r in rows):
+            rs = [r for r in rows if r["world_size"] == n and r["algorithm"] == alg]
+            fig.add_scatter(x=[r["size_bytes"] for r in rs], y=[r["algbw_GBps"] for r in rs], name=alg,
+                            mode="lines+markers", line={"color": ALG_COLORS.get(alg)}, legendgroup=alg,
+                            showlegend=i == 1, row=1, col=i)
+        if n in models:
+            xs, ys = models[n]
+            fig.add_scatter(x=xs, y=ys, name="α-β model of the ring (fit)", mode="lines", legendgroup="model",
+                            line={"color": "black", "dash": "dash"}, showlegend=i == 1, row=1, col=i)
+    fig.update_xaxes(type="log", title_text="message size S (bytes)")
+    fig.update_yaxes(type="log", title_text="GB/s", col=1)
+    fig.update_layout(title=_with_note(title, note), height=440)
+    return fig
+
+
+def model_scaling(rows: list[dict], title: str) -> go.Figure:
+    """rows: {world_size, algorithm, time_s} predicted by the α-β model."""
+    fig = go.Figure()
+    for alg in dict.fromkeys(r["algorithm"] for r in rows):
+        rs = [r for r in rows if r["algorithm"] == alg]
+        fig.add_scatter(x=[r["world_size"] for r in rs], y=[1e3 * r["time_s"] for r in rs], name=alg,
+                        mode="lines+markers", line={"color": ALG_COLORS.get(alg)})
+    fig.update_xaxes(type="log", title="ranks N")
+    fig.update_yaxes(type="log", title="predicted time (ms)")
+    fig.update_layout(title=title, height=380)
+    return fig
+
+
+def ring_vs_parameter_server(rows: list[dict], note: str | None = None,
+                             title: str = "Data parallel with the ring vs the parameter server"):
+    """rows: {label, n, step_ms, bytes} — bytes through the busiest rank per step (counted)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("step time (ms, median of the slowest rank)",
+                                                        "MB sent + received per step by the busiest rank"))
+    for label in dict.fromkeys(r["label"] for r in rows):
+        rs = [r for r in rows if r["label"] == label]
+        color = ALG_COLORS["ring" if "ring" in label else "parameter server"]
+        fig.add_scatter(x=[r["n"] for r in rs], y=[r["step_ms"] for r in rs], name=label,
+                        mode="lines+markers", line={"color": color}, legendgroup=label, row=1, col=1)
+        fig.add_scatter(x=[r["n"] for r in rs], y=[r["bytes"] / 1e6 for r in rs], name=label,
+                        showlegend=False, mode="lines+markers", line={"color": color}, legendgroup=label,
+                        row=1, col=2)
+    fig.update_xaxes(title_text="workers N", dtick=1)
+    fig.update_layout(title=_with_note(title, note), height=400)
+    return fig
+
+

@@ -1,0 +1,38 @@
+"""Figures of chapter 4: ZeRO memory against the paper, traffic per stage."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from .common import COLORS
+from .training import traffic_vs_formula
+
+
+def memory_vs_formula(rows: list[dict], title: str) -> go.Figure:
+    """rows: {label, measured: {cat: bytes}, formula: {cat: bytes}} — stacked measured bars per
+    stage, with the paper's total as a marker (chapter 4)."""
+    fig = go.Figure()
+    labels = [r["label"] for r in rows]
+    for cat in ("params", "grads", "optimizer", "buffers"):
+        fig.add_bar(x=labels, y=[r["measured"].get(cat, 0) / 1e6 for r in rows],
+                    name=cat if cat != "buffers" else "transient buffers (peak)", marker_color=COLORS[cat])
+    fig.add_scatter(x=labels, y=[r["formula"]["total"] / 1e6 for r in rows], mode="markers",
+                    marker={"symbol": "line-ew-open", "size": 60, "color": "black",
+                            "line": {"width": 4, "color": "black"}},
+                    name="paper's formula (model states)")
+    fig.update_layout(barmode="stack", title=title, yaxis_title="MB on rank 0", height=400)
+    return fig
+
+
+def stage_traffic(rows: list[dict], title: str = "Bytes each rank sends per step, and step time",
+                  note: str | None = None):
+    """rows: {label, counted, formula, step_ms, busy_ms}."""
+    return traffic_vs_formula(rows, "label", "ZeRO stage", title, note)
+
+
+def fits_table(rows: list[dict], columns: list[str], title: str) -> go.Figure:
+    """A plain table figure: rows of dicts, the given columns."""
+    fig = go.Figure(go.Table(header={"values": columns, "align": "left"},
+                             cells={"values": [[r[c] for r in rows] for c in columns], "align": "left"}))
+    fig.update_layout(title=title, height=80 + 28 * len(rows), margin={"t": 40, "b": 10})
+    return fig

@@ -1,0 +1,155 @@
+"""Figures of chapter 3: the live Gantt chart, the bubble, activation memory."""
+
+from __future__ import annotations
+
+import time
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import COLORS, _annotate
+
+PIPE_COLORS = {"forward": "#4C78A8", "backward": "#54A24B", "send": "#F58518", "recv": "#BAB0AC"}
+# Bars per stage row: compute in the middle, sends in a thin band above, receives below.
+_PIPE_BAND = {"forward": (0.56, -0.28), "backward": (0.56, -0.28), "send": (0.16, -0.48),
+              "recv": (0.16, 0.32)}
+
+
+def _pipe_t0(events: list[dict]) -> float:
+    """Where a timeline starts: its first forward (a stage may have been waiting since before)."""
+    return min((e["start"] for e in events if e["kind"] == "forward"), default=0.0)
+
+
+def _pipe_bars(events: list[dict], t0: float, kinds=tuple(PIPE_COLORS), legend: bool = True) -> list:
+    """One horizontal bar trace per event kind: x = duration, base = start (ms since ``t0``);
+    waits that began before ``t0`` are drawn from ``t0``."""
+    traces = []
+    for kind in kinds:
+        ev = [{**e, "start": max(e["start"], t0)} for e in events if e["kind"] == kind and e["end"] > t0]
+        width, offset = _PIPE_BAND[kind]
+        compute = kind in ("forward", "backward")
+        traces.append(go.Bar(
+            y=[e["rank"] for e in ev], x=[1e3 * (e["end"] - e["start"]) for e in ev],
+            base=[1e3 * (e["start"] - t0) for e in ev], orientation="h", name=kind, width=width,
+            offset=offset, marker_color=PIPE_COLORS[kind], showlegend=legend, legendgroup=kind,
+            text=[str(e["microbatch"]) for e in ev] if compute else None, textposition="inside",
+            insidetextanchor="middle", textfont={"color": "white", "size": 10},
+            hovertext=[f"stage {e['rank']} · {kind} of micro-batch {e['microbatch']} · step {e['step']}<br>"
+                       f"{1e3 * (e['end'] - e['start']):.2f} ms wall, {1e3 * e['busy']:.2f} ms busy"
+                       for e in ev], hoverinfo="text"))
+    return traces
+
+
+def _pipe_axes(fig, stages: int, **where) -> None:
+    fig.update_yaxes(tickvals=list(range(stages)), ticktext=[f"stage {k}" for k in range(stages)],
+                     range=[stages - 0.4, -0.6], **where)
+
+
+class LiveGantt:
+    """Chapter 3: a pipeline's measured timeline, drawn while the stages train.
+
+    Each stage reports its forward / backward / send / recv events at the end of every step;
+    ``track()`` returns the ``on_event`` callback that appends them as bars.
+    """
+
+    def __init__(self, stages: int, title: str = "", min_interval_s: float = 0.25):
+        fig = go.Figure(_pipe_bars([], 0.0))
+        fig.update_layout(title=title, barmode="overlay", height=140 + 55 * stages,
+                          xaxis_title="ms since the first forward (wall clock)")
+        _pipe_axes(fig, stages)
+        self.fig = go.FigureWidget(fig)
+        self.min_interval_s = min_interval_s
+        self.events: list[dict] = []
+        self._last = 0.0
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.fig)
+
+    def track(self):
+        def on_event(ev: dict) -> None:
+            if ev.get("kind") != "pp_events":
+                return
+            self.events += ev["events"]
+            now = time.monotonic()
+            if now - self._last >= self.min_interval_s:
+                self._last = now
+                self.redraw()
+
+        return on_event
+
+    def redraw(self) -> None:
+        if not self.events:
+            return
+        t0 = _pipe_t0(self.events)
+        with self.fig.batch_update():
+            for trace, new in zip(self.fig.data, _pipe_bars(self.events, t0)):
+                trace.y, trace.x, trace.base = new.y, new.x, new.base
+                trace.text, trace.hovertext = new.text, new.hovertext
+
+
+def pipeline_gantt(panels: dict, stages: int, title: str, note: str | None = None) -> go.Figure:
+    """Timelines of one step stacked: ``panels`` maps a label (say what the times are: measured
+    wall clock, or replayed from busy time) to its events ``{rank, kind, microbatch, start, end}``."""
+    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=list(panels), vertical_spacing=0.16)
+    for row, events in enumerate(panels.values(), start=1):
+        for tr in _pipe_bars(events, _pipe_t0(events), legend=row == 1):
+            fig.add_trace(tr, row=row, col=1)
+        _pipe_axes(fig, stages, row=row, col=1)
+        fig.update_xaxes(title_text="ms since the step's first forward", row=row, col=1)
+    fig.update_layout(title=title, barmode="overlay", height=110 + (60 + 45 * stages) * len(panels))
+    _annotate(fig, note)
+    return fig
+
+
+def bubble_vs_microbatches(rows: list[dict], title: str, note: str | None = None) -> go.Figure:
+    """rows: {stages, microbatches, wall, busy, formula} — the measured idle share against M."""
+    fig = go.Figure()
+    palette = ["#4C78A8", "#E45756", "#54A24B", "#B279A2"]
+    for i, p in enumerate(sorted({r["stages"] for r in rows})):
+        rs = sorted((r for r in rows if r["stages"] == p), key=lambda r: r["microbatches"])
+        ms, c = [r["microbatches"] for r in rs], palette[i % 4]
+        fig.add_scatter(x=ms, y=[r["formula"] for r in rs], mode="lines", line={"color": c, "dash": "dot"},
+                        name=f"P={p}: formula (P−1)/(M+P−1)")
+        fig.add_scatter(x=ms, y=[r["busy"] for r in rs], mode="lines+markers", line={"color": c},
+                        marker={"size": 9}, name=f"P={p}: measured, replayed from busy time")
+        fig.add_scatter(x=ms, y=[r["wall"] for r in rs], mode="markers", marker={"color": c, "size": 10,
+                        "symbol": "x"}, name=f"P={p}: measured on the wall clock")
+    fig.update_xaxes(type="log", title="micro-batches per step (M)",
+                     tickvals=sorted({r["microbatches"] for r in rows}))
+    fig.update_yaxes(title="bubble: idle share of each stage's time", tickformat=".0%", rangemode="tozero")
+    fig.update_layout(title=title, height=480)
+    _annotate(fig, note)
+    return fig
+
+
+def activation_peaks(rows: list[dict], title: str) -> go.Figure:
+    """rows: {schedule, microbatches, stage, peak, per_microbatch} — measured peak activation
+    memory per stage against M, one line per schedule and stage (chapter 3)."""
+    fig = go.Figure()
+    colors = {"gpipe": "#E45756", "1f1b": "#4C78A8", "naive": "#BAB0AC"}
+    dashes = ["solid", "dash", "dot", "dashdot"]
+    for sched in sorted({r["schedule"] for r in rows}):
+        for k in sorted({r["stage"] for r in rows}):
+            rs = sorted((r for r in rows if r["schedule"] == sched and r["stage"] == k),
+                        key=lambda r: r["microbatches"])
+            fig.add_scatter(x=[r["microbatches"] for r in rs], y=[r["peak"] / 1e6 for r in rs],
+                            mode="lines+markers", name=f"{sched}, stage {k}",
+                            line={"color": colors.get(sched, "#333"), "dash": dashes[k % 4]})
+    fig.update_xaxes(title="micro-batches per step (M), same micro-batch size", type="log",
+                     tickvals=sorted({r["microbatches"] for r in rows}))
+    fig.update_yaxes(title="peak activation memory (MB, measured)")
+    fig.update_layout(title=title, height=420)
+    return fig
+
+
+def stage_params(rows: list[dict], unsplit_bytes: int, title: str) -> go.Figure:
+    """rows: {stage, layers, param_bytes} — measured parameter memory per stage vs the whole model."""
+    names = [f"stage {r['stage']}<br>layers {r['layers'][0]}–{r['layers'][1] - 1}" for r in rows]
+    fig = go.Figure(go.Bar(x=names, y=[r["param_bytes"] / 1e6 for r in rows], marker_color=COLORS["params"],
+                           name="parameters held by the stage (measured)"))
+    fig.add_hline(y=unsplit_bytes / 1e6, line_dash="dot", annotation_text="the unsplit model on one device",
+                  annotation_position="top left")
+    fig.update_layout(title=title, yaxis_title="MB", height=360, yaxis_rangemode="tozero")
+    return fig

@@ -1,0 +1,163 @@
+"""Figures of chapters 0 and 1: data parallelism and the parameter server."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import COLORS, _annotate, oversubscription_note
+
+
+def model_growth(rows: list[dict]) -> go.Figure:
+    """Parameters of landmark models by year, log scale (chapter 0)."""
+    fig = go.Figure(go.Scatter(
+        x=[int(r["year"]) for r in rows], y=[float(r["parameters"]) for r in rows],
+        text=[r["model"] for r in rows], mode="markers+text", textposition="top center",
+        hovertext=[r["source"] for r in rows], marker={"size": 10}))
+    fig.update_yaxes(type="log", title="parameters")
+    fig.update_xaxes(title="year", dtick=1)
+    fig.update_layout(title="Model size 2012–2021 (sources in data/model_sizes.csv)", height=420)
+    return fig
+
+
+def time_split(results: dict, title: str = "Where a step's time goes") -> go.Figure:
+    """Per run and rank: median compute and communication time per step, with busy time beside."""
+    fig = go.Figure()
+    xs, compute, comm, busy = [], [], [], []
+    for label, r in results.items():
+        for rank, (c, m, b) in enumerate(zip(r.median_step("compute_s"), r.median_step("comm_s"),
+                                             r.median_step("busy_s"))):
+            xs.append(f"{label} · r{rank}")
+            compute.append(1e3 * c)
+            comm.append(1e3 * m)
+            busy.append(1e3 * b)
+    fig.add_bar(x=xs, y=compute, name="compute (wall)", marker_color=COLORS["compute"], offsetgroup=0)
+    fig.add_bar(x=xs, y=comm, name="communication (wall)", marker_color=COLORS["comm"],
+                offsetgroup=0, base=compute)
+    fig.add_bar(x=xs, y=busy, name="busy (CPU time)", marker_color=COLORS["busy"], offsetgroup=1)
+    fig.update_layout(title=title, yaxis_title="ms per step (median)", height=400, barmode="group")
+    _annotate(fig, oversubscription_note(results.values()))
+    return fig
+
+
+def memory_by_category(result, title: str = "Measured memory per rank") -> go.Figure:
+    fig = go.Figure()
+    ranks = [f"rank {r['rank']}" for r in result.per_rank]
+    for cat in ("params", "grads", "optimizer", "activations", "buffers"):
+        fig.add_bar(x=ranks, y=[r["memory"][cat] / 1e6 for r in result.per_rank], name=cat,
+                    marker_color=COLORS[cat])
+    fig.update_layout(barmode="stack", title=title, yaxis_title="MB", height=360)
+    return fig
+
+
+def busy_idle(result, title: str = "Busy and idle time per rank") -> go.Figure:
+    """Per rank: total busy (CPU) time and idle time (wall − busy) over the run (idle resources)."""
+    ranks = [f"rank {r['rank']}" for r in result.per_rank]
+    busy = [r["busy_s"] for r in result.per_rank]
+    idle = [max(0.0, r["wall_s"] - r["busy_s"]) for r in result.per_rank]
+    fig = go.Figure([go.Bar(x=ranks, y=busy, name="busy", marker_color=COLORS["busy"]),
+                     go.Bar(x=ranks, y=idle, name="idle / waiting", marker_color=COLORS["idle"])])
+    fig.update_layout(barmode="stack", title=title, yaxis_title="seconds (all steps but the first)",
+                      height=360)
+    _annotate(fig, oversubscription_note([result]))
+    return fig
+
+
+def step_times(results: dict, title: str = "Step time: a synchronous step waits for the slowest rank"):
+    fig = go.Figure()
+    for label, r in results.items():
+        ts = r.step_times()
+        fig.add_scatter(x=list(range(len(ts))), y=[1e3 * t for t in ts], name=label, mode="lines+markers")
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="ms", height=360)
+    _annotate(fig, oversubscription_note(results.values()))
+    return fig
+
+
+def comm_vs_size(rows: list[dict], title: str = "Communication grows with the model") -> go.Figure:
+    """rows: {params, counted_bytes, formula_bytes, comm_ms, compute_ms, busy_ms} per model size."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes sent per rank per step",
+                                                        "time per step (median, ms)"))
+    x = [r["params"] for r in rows]
+    fig.add_scatter(x=x, y=[r["counted_bytes"] for r in rows], name="counted", mode="markers",
+                    marker={"size": 11}, row=1, col=1)
+    fig.add_scatter(x=x, y=[r["formula_bytes"] for r in rows], name="2(N−1)/N · S", mode="lines",
+                    row=1, col=1)
+    for key, name in (("compute_ms", "compute"), ("comm_ms", "communication"), ("busy_ms", "busy")):
+        fig.add_scatter(x=x, y=[r[key] for r in rows], name=name, mode="lines+markers",
+                        line={"color": COLORS[key[:-3] if key != "comm_ms" else "comm"]}, row=1, col=2)
+    fig.update_xaxes(type="log", title="parameters")
+    fig.update_yaxes(type="log")
+    fig.update_layout(title=title, height=380)
+    return fig
+
+
+def comm_share(rows: list[dict], title: str = "Share of the step spent communicating") -> go.Figure:
+    """rows: {label, share} — e.g. one per world size."""
+    fig = go.Figure(go.Bar(x=[r["label"] for r in rows], y=[100 * r["share"] for r in rows],
+                           marker_color=COLORS["comm"]))
+    fig.update_layout(title=title, yaxis_title="% of wall time in communication", height=340)
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 1
+
+
+PHASE_COLORS = {"compute": COLORS["compute"], "push": COLORS["comm"], "pull (waiting)": COLORS["idle"]}
+
+
+def loss_curves(curves: dict, title: str = "Loss against wall time and against updates") -> go.Figure:
+    """curves: label → {"time": [...], "updates": [...], "loss": [...]} (chapter 1)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss vs wall time (s)", "loss vs server updates"))
+    for i, (label, c) in enumerate(curves.items()):
+        color = ["#4C78A8", "#F58518", "#54A24B", "#E45756"][i % 4]
+        fig.add_scatter(x=c["time"], y=c["loss"], name=label, line={"color": color}, row=1, col=1)
+        fig.add_scatter(x=c["updates"], y=c["loss"], name=label, showlegend=False,
+                        line={"color": color}, row=1, col=2)
+    fig.update_yaxes(title_text="global training loss", row=1, col=1)
+    fig.update_layout(title=title, height=360)
+    return fig
+
+
+def timeline(segments: list[dict], title: str, note: str | None = None) -> go.Figure:
+    """Per-worker Gantt chart of measured phases: {worker, step, phase, start, end} (chapter 1)."""
+    segments = [s for s in segments if s["step"] > 0] or segments  # step 0 is warm-up
+    t0 = min(s["start"] for s in segments)
+    fig = go.Figure()
+    for phase, color in PHASE_COLORS.items():
+        seg = [s for s in segments if s["phase"] == phase]
+        fig.add_bar(y=[f"worker {s['worker']}" for s in seg], x=[1e3 * (s["end"] - s["start"]) for s in seg],
+                    base=[1e3 * (s["start"] - t0) for s in seg], orientation="h", name=phase,
+                    marker_color=color, hovertext=[f"step {s['step']}" for s in seg])
+    fig.update_layout(title=title, barmode="overlay", xaxis_title="ms since step 1 began (warm-up step 0 "
+                      "not shown)", height=220 + 40 * len({s["worker"] for s in segments}),
+                      legend={"orientation": "h", "y": 1.12, "x": 0})
+    _annotate(fig, note)
+    return fig
+
+
+def staleness_histogram(hist: dict, title: str = "Staleness of the gradients the server applied"):
+    xs = sorted(int(k) for k in hist)
+    fig = go.Figure(go.Bar(x=xs, y=[hist[str(x)] for x in xs], marker_color=COLORS["comm"]))
+    fig.update_layout(title=title, xaxis_title="updates applied since the worker pulled its parameters",
+                      yaxis_title="gradients", height=320)
+    return fig
+
+
+def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str, note: str | None = None):
+    """rows: {x, counted, formula, step_ms[, busy_ms]} — counted bytes against the formula, and
+    step time (with busy time beside it when given)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes per step", "step time (ms, median)"))
+    xs = [str(r[x]) for r in rows]
+    fig.add_bar(x=xs, y=[r["counted"] for r in rows], name="counted", marker_color=COLORS["comm"],
+                row=1, col=1)
+    fig.add_scatter(x=xs, y=[r["formula"] for r in rows], name="formula", mode="lines+markers",
+                    line={"color": "black", "dash": "dot"}, row=1, col=1)
+    fig.add_scatter(x=xs, y=[r["step_ms"] for r in rows], name="step time", mode="lines+markers",
+                    row=1, col=2)
+    if all("busy_ms" in r for r in rows):
+        fig.add_scatter(x=xs, y=[r["busy_ms"] for r in rows], name="busy (CPU time)",
+                        mode="lines+markers", line={"color": COLORS["busy"]}, row=1, col=2)
+    fig.update_xaxes(title_text=xlabel, type="category")
+    fig.update_layout(title=title, height=360)
+    _annotate(fig, note)
+    return fig
