@@ -156,22 +156,24 @@ class ActivationMeter:
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        self._exclude_tensors = list(exclude)  # looked up at each measure(): storage can move
-        self._exclude: set[int] = set()
+        self._exclude_tensors = list(exclude)
         self._seen: dict[int, int] = {}
         self.peak = 0
 
     def _pack(self, t: torch.Tensor):
         st = t.untyped_storage()
         ptr = st.data_ptr()
-        if ptr not in self._exclude and ptr not in self._seen:
+        if ptr not in self._seen and ptr not in self._excluded():
             self._seen[ptr] = st.nbytes()
         return t
+
+    def _excluded(self) -> set[int]:
+        # Looked up at each saved tensor: ZeRO-3 allocates a layer's parameters just before use.
+        return {t.untyped_storage().data_ptr() for t in self._exclude_tensors}
 
     @contextmanager
     def measure(self) -> Iterator["ActivationMeter"]:
         self._seen = {}
-        self._exclude = {t.untyped_storage().data_ptr() for t in self._exclude_tensors}
         with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             yield self
         self.peak = max(self.peak, sum(self._seen.values()))

@@ -29,15 +29,14 @@ category, from the tensors it holds.
 ("md", r"""
 ## 1. Four stages, measured
 
-Each rank keeps its parameters, gradients and Adam state in flat buffers, padded to a multiple of
-N; rank r owns slice r. The bars are what rank 0 actually holds between steps; the black marks are
+Each rank keeps every layer's parameters, gradients and Adam state in flat buffers, padded to a
+multiple of N; rank r owns slice r of each. The bars are what rank 0 actually holds between steps; the black marks are
 the paper's formulas for fp32 Adam (16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N). The purple part is the
 peak of the *transient* buffers: the full gradient a stage-2 rank builds during backward before
-scattering it, the full parameters a stage-3 rank gathers for forward and backward, and the ring's
-receive buffer. Our stage 3 gathers the *whole* model at once, so its transient is the full
-parameters plus the full gradient — larger than the states it saves on a model this small. Real
-ZeRO-3 (and PyTorch's FSDP) gathers one layer at a time and frees it right after use, so the
-transient is one layer; the model states — the part that grows with Ψ — are what the formulas count.
+scattering it (real ZeRO-2 scatters it bucket by bucket), one layer's full parameters and gradient
+that a stage-3 rank fetches just before using them and frees right after, and the ring's receive
+buffer. On a model this small the transients are a visible share; the model states — the part
+that grows with Ψ — are what the formulas count.
 """),
 ("code", "results = ch04.stages(world_size=4, precision=\"fp32\")"),
 ("code", r"""

@@ -3,24 +3,28 @@
 Data-parallel Adam where each of N ranks keeps only its 1/N share of the model states:
 stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the parameters.
 
-How we shard: all parameters live in one flat buffer, padded to a multiple of N; rank r owns the
-contiguous slice r (``chunk_bounds``). Every collective is our ring over point-to-point
-(``comm.ring_reduce_scatter`` / ``comm.ring_all_gather``), so traffic is counted exactly and the
-sums happen in the same order at every stage — the stages agree bit for bit.
+How we shard: each layer's parameters live in one flat buffer, padded to a multiple of N; rank r
+owns the contiguous slice r of every layer (``chunk_bounds``), like PyTorch's FSDP units. Every
+collective is our ring over point-to-point (``comm.ring_reduce_scatter`` / ``comm.ring_all_gather``),
+so traffic is counted exactly and the sums happen in the same order at every stage — the stages
+agree bit for bit.
 
 Per step, per rank (Ψ parameters):
 * stage 0: reduce-scatter + all-gather the gradients (an all-reduce), full Adam step   — 2Ψ
 * stage 1: reduce-scatter the gradients, Adam on my shard, all-gather the parameters   — 2Ψ
 * stage 2: as stage 1, but only my gradient shard outlives the step                    — 2Ψ
-* stage 3: all-gather the parameters for forward, free them, all-gather again for
-  backward, free, reduce-scatter the gradients, Adam on my shard                       — 3Ψ
-We gather the whole model at once (simple); real ZeRO-3 gathers layer by layer, so its
-transient is one layer, not the model. Mixed precision keeps bf16 parameters and gradients
-(CPU has no fast fp16) and an fp32 master copy with Adam's moments: K = 12 bytes per parameter.
+* stage 3: before each layer's forward, all-gather its parameters and free them after;
+  gather them again before its backward; reduce-scatter its gradient as soon as it is
+  complete and free both; Adam on my shard                                              — 3Ψ
+So a stage-3 rank holds one layer's full parameters and gradient at a time (module hooks do it).
+Our stage 2 builds the whole gradient before scattering it; real ZeRO-2 scatters it in buckets
+during backward. Mixed precision keeps bf16 parameters and gradients (CPU has no fast fp16) and
+an fp32 master copy with Adam's moments: K = 12 bytes per parameter.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -71,30 +75,86 @@ def param_count(cfg: TrainConfig) -> int:
 
 
 class Flat:
-    """A model whose parameters are views of one padded flat buffer that can be freed and refilled."""
+    """One layer's parameters made views of one flat buffer, padded to a multiple of N, that can
+    be freed and refilled; rank r owns slice r."""
 
-    def __init__(self, cfg: Config, n: int, dtype: torch.dtype, device: torch.device):
-        self.model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(device, dtype)
-        self.psi = param_count(cfg)
-        self.padded = -(-self.psi // n) * n
-        self.full = torch.zeros(self.padded, dtype=dtype, device=device)
+    def __init__(self, params: list, n: int, rank: int):
+        self.params = params
+        self.numel = sum(p.numel() for p in params)
+        self.padded = -(-self.numel // n) * n
+        self.lo, self.hi = comm.chunk_bounds(self.padded, n)[rank]
+        self.full = torch.zeros(self.padded, dtype=params[0].dtype, device=params[0].device)
         offset = 0
-        for p in self.model.parameters():
+        for p in params:
             self.full[offset:offset + p.numel()].copy_(p.detach().view(-1))
             p.data = self.full[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
+        self.shard: torch.Tensor | None = None  # stage 3: the only parameters a rank keeps
+        self.bucket: torch.Tensor | None = None
+        self.pending = 0
 
-    def point_grads(self, bucket: torch.Tensor) -> None:
+    def point_grads(self, bucket: torch.Tensor | None) -> None:
         offset = 0
-        for p in self.model.parameters():
-            p.grad = bucket[offset:offset + p.numel()].view_as(p)
+        for p in self.params:
+            p.grad = None if bucket is None else bucket[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
 
     def free(self) -> None:  # the views stay valid; their storage is given back
         self.full.untyped_storage().resize_(0)
 
-    def alloc(self) -> None:
+    def gather(self, op: str = "param_all_gather") -> None:
         self.full.untyped_storage().resize_(self.padded * self.full.element_size())
+        self.full[self.lo:self.hi].copy_(self.shard)
+        comm.ring_all_gather(self.full, op=op)
+
+
+class Transients:
+    """Live bytes of the buffers a rank allocates only for a moment, and their peak."""
+
+    def __init__(self):
+        self.live = self.peak = 0
+
+    def add(self, nbytes: int) -> None:
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+
+def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Transients) -> None:
+    """Stage 3: gather a layer's parameters just before its forward and again before its
+    backward, free them right after; reduce-scatter its gradient as soon as it is complete."""
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+
+    def gather(u):
+        u.gather()
+        transient.add(u.full.untyped_storage().nbytes())
+
+    def free(u):
+        transient.add(-u.full.untyped_storage().nbytes())
+        u.free()
+
+    def before_backward(u):
+        gather(u)
+        u.bucket = torch.zeros(u.padded, dtype=u.full.dtype, device=u.full.device)
+        transient.add(u.bucket.untyped_storage().nbytes())
+        u.point_grads(u.bucket)
+        u.pending = len(u.params)
+
+    def grad_ready(u):
+        u.pending -= 1
+        if u.pending:
+            return
+        u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
+        u.point_grads(None)
+        transient.add(-u.bucket.untyped_storage().nbytes())
+        u.bucket = None
+        free(u)
+
+    for u, m in zip(units, modules):
+        m.register_forward_pre_hook(lambda mod, args, u=u: gather(u))
+        m.register_forward_hook(lambda mod, args, out, u=u: free(u))
+        m.register_full_backward_pre_hook(lambda mod, grad, u=u: before_backward(u))
+        for p in u.params:
+            p.register_post_accumulate_grad_hook(lambda p, u=u: grad_ready(u))
 
 
 def worker(cfg: Config) -> dict:
@@ -103,86 +163,86 @@ def worker(cfg: Config) -> dict:
     r, n, dev, stage = ctx.rank, ctx.world_size, ctx.device, cfg.stage
     mixed = cfg.precision == "mixed"
     dtype = torch.bfloat16 if mixed else torch.float32
-    net = Flat(cfg, n, dtype, dev)
-    lo, hi = comm.chunk_bounds(net.padded, n)[r]
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(dev, dtype)
+    layers = [m for m in model if isinstance(m, torch.nn.Linear)]
+    # Every stage shards layer by layer, so every stage adds the gradients in the same order.
+    units = [Flat(list(m.parameters()), n, r) for m in layers]
+    transient = Transients()
     # --- the model states this rank keeps between steps
     if stage == 3:
-        p_shard = net.full[lo:hi].clone()  # my parameters; the full buffer is only a transient
-        net.free()
-    owned = net.full if stage == 0 else (p_shard if stage == 3 else net.full[lo:hi])
-    master = owned.float().clone() if mixed else owned  # Adam updates this (fp32)
-    bucket = torch.zeros(net.padded, dtype=dtype, device=dev) if stage < 2 else None
-    g_shard = torch.zeros(hi - lo, dtype=dtype, device=dev) if stage >= 2 else None
-    if bucket is not None:
-        net.point_grads(bucket)
-    optimizer = torch.optim.Adam([master], lr=cfg.lr)
+        for u in units:
+            u.shard = u.full[u.lo:u.hi].clone()
+            u.free()
+        fetch_layer_by_layer(units, layers, n, transient)
+    owned = [u.full if stage == 0 else (u.shard if stage == 3 else u.full[u.lo:u.hi]) for u in units]
+    masters = [o.float().clone() if mixed else o for o in owned]  # Adam updates these (fp32)
+    for u in units:
+        u.grad_shard = torch.zeros(u.hi - u.lo, dtype=dtype, device=dev) if stage >= 2 else None
+        if stage < 2:  # the full gradient stays allocated between steps
+            u.bucket = torch.zeros(u.padded, dtype=dtype, device=dev)
+            u.point_grads(u.bucket)
+    optimizer = torch.optim.Adam(masters, lr=cfg.lr)
     x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
     x_all, y_all = x_all.to(dev, dtype), y_all.to(dev)
-    meter, rec = ActivationMeter(exclude=net.model.parameters()), StepRecorder(dev, ctx.emit)
-    losses, transient_peak = [], 0
-
-    def gather_params():
-        net.alloc()
-        net.full[lo:hi].copy_(p_shard)
-        comm.ring_all_gather(net.full, op="param_all_gather")
-
+    meter, rec = ActivationMeter(exclude=model.parameters()), StepRecorder(dev, ctx.emit)
+    losses = []
     for step in range(cfg.steps):
         idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), r, n)
         with rec.step(step) as rs:
-            if stage == 3:
-                gather_params()
-            if stage >= 2:
-                bucket = torch.zeros(net.padded, dtype=dtype, device=dev)  # transient
-                net.point_grads(bucket)
-            else:
-                bucket.zero_()
+            for u in units if stage < 3 else ():
+                if stage == 2:  # built during backward, freed once scattered (a transient)
+                    u.bucket = torch.zeros(u.padded, dtype=dtype, device=dev)
+                    transient.add(u.bucket.untyped_storage().nbytes())
+                    u.point_grads(u.bucket)
+                else:
+                    u.bucket.zero_()
             with meter.measure():
-                loss = F.cross_entropy(net.model(x_all[idx]).float(), y_all[idx])
-            if stage == 3:
-                net.free()
-                gather_params()  # fetch again for backward, as if freed layer by layer
-            loss.backward()
-            transient_peak = max(transient_peak, storage_bytes(
-                ([bucket] if stage >= 2 else []) + ([net.full] if stage == 3 else [])))
-            if stage == 3:
-                net.free()
-            mine = comm.ring_reduce_scatter(bucket, op="grad_reduce_scatter").div_(n)
-            if stage == 0:
-                comm.ring_all_gather(bucket, op="grad_all_gather")
-                master.grad = bucket.float() if mixed else bucket
-            elif stage == 1:
-                master.grad = mine.float() if mixed else mine
-            else:
-                g_shard.copy_(mine)
-                master.grad = g_shard.float() if mixed else g_shard
-                del mine
-                for p in net.model.parameters():
-                    p.grad = None
-                bucket = None  # the full gradient buffer is freed here
-            if mixed:
-                transient_peak = max(transient_peak, storage_bytes([master.grad]))
+                loss = F.cross_entropy(model(x_all[idx]).float(), y_all[idx])
+            loss.backward()  # stage 3: the hooks gather, free and reduce-scatter layer by layer
+            grads = []
+            for u in units if stage < 3 else ():
+                mine = comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter").div_(n)
+                if stage == 0:
+                    grads.append(comm.ring_all_gather(u.bucket, op="grad_all_gather"))
+                elif stage == 1:
+                    grads.append(mine)
+                else:
+                    u.grad_shard.copy_(mine)
+                    u.point_grads(None)
+                    transient.add(-u.bucket.untyped_storage().nbytes())
+                    del mine
+                    u.bucket = None  # the full gradient buffer is freed here
+            if stage >= 2:
+                grads = [u.grad_shard for u in units]
+            for m, g in zip(masters, grads):
+                m.grad = g.float() if mixed else g
+            if mixed:  # the fp32 copy of the gradients Adam reads
+                transient.add(storage_bytes([m.grad for m in masters]))
+                transient.add(-storage_bytes([m.grad for m in masters]))
             optimizer.step()
-            master.grad = None
-            if mixed:
-                owned.copy_(master)
-            if stage in (1, 2):
-                comm.ring_all_gather(net.full, op="param_all_gather")
+            for m, o in zip(masters, owned):
+                m.grad = None
+                if mixed:
+                    o.copy_(m)
+            for u in units if stage in (1, 2) else ():
+                comm.ring_all_gather(u.full, op="param_all_gather")
             lt = loss.detach().reshape(1)
             comm.ring_all_reduce(lt, op="loss_all_reduce")
             rs["loss"] = float(lt) / n
         losses.append(rs["loss"])
-    params_kept = [p_shard] if stage == 3 else [net.full]
-    grads_kept = [g_shard] if stage >= 2 else [bucket]
+    params_kept = [u.shard if stage == 3 else u.full for u in units]
+    grads_kept = [u.grad_shard if stage >= 2 else u.bucket for u in units]
     memory = {"params": storage_bytes(params_kept), "grads": storage_bytes(grads_kept),
-              "optimizer": storage_bytes(optimizer_tensors(optimizer) + ([master] if mixed else [])),
-              "activations": meter.peak, "buffers": transient_peak + counters().scratch_peak,
+              "optimizer": storage_bytes(optimizer_tensors(optimizer) + (masters if mixed else [])),
+              "activations": meter.peak, "buffers": transient.peak + counters().scratch_peak,
               **device_memory(dev)}
-    if stage == 3:  # hand back the full, final parameters for checking (not part of training)
-        net.alloc()
-        net.full[lo:hi].copy_(p_shard)
-        comm.ring_all_gather(net.full, op="final_check_gather")
-    final = net.full[: net.psi].float().tolist()
-    return {"losses": losses, "params": final, "per_rank": per_rank_summary(r, rec, memory)}
+    final = []
+    for u in units:  # stage 3: gather the final parameters for checking (not part of training)
+        if stage == 3:
+            u.gather(op="final_check_gather")
+        final += u.full[: u.numel].float().tolist()
+    return {"losses": losses, "params": final, "padded": sum(u.padded for u in units),
+            "per_rank": per_rank_summary(r, rec, memory)}
 
 
 def summarize(cfg: Config, outs: list[dict]) -> dict:
@@ -192,7 +252,7 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
     training_ops = ("grad_reduce_scatter", "grad_all_gather", "param_all_gather")
     traffic = [sum(v["bytes_sent"] for k, v in o["per_rank"]["ops"].items() if k in training_ops)
                / cfg.steps for o in outs]
-    padded = -(-psi // n) * n
+    padded = outs[0]["padded"]  # per layer in stage 3, for the whole model otherwise
     return {"param_count": psi, "padded_param_count": padded, "formula": formula,
             "traffic_per_step": traffic, "traffic_formula": zero_traffic(psi, n, cfg.stage, esize),
             "traffic_formula_padded": zero_traffic(padded, n, cfg.stage, esize),
