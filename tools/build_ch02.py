@@ -103,14 +103,14 @@ assert bw["fits"][2]["rms_rel_error"] < 0.5       # the two-parameter model desc
 ("md", r"""
 **Where the gap comes from.** Gloo's `all_reduce` is a ring too (`gloo/allreduce.cc`), so both send
 the same bytes over the same sockets. Fitting the same α-β model to Gloo's times (printed above) gives
-about the same α and β on 2 ranks, and the ratio hovers around 1 from 4 MiB up, moving by ±30 % from
-run to run with whatever else the machine is doing. On 4 ranks sharing 2 cores ours trails by 0–20 %
-at 4 MiB in most runs. The structural difference: our ring adds a chunk only after receiving all of
+about the same α and β on 2 ranks, and the ratio hovers around 1 from 4 MiB up, moving from run to
+run with whatever else the machine is doing (the table above is this run's). On 4 ranks sharing
+2 cores ours tends to trail at 4 MiB. The structural difference: our ring adds a chunk only after receiving all of
 it, while Gloo's C++ loop cuts each chunk into segments and keeps two in flight, so reducing one
 overlaps receiving the next, and its per-step cost is C++ rather than a few Python calls and a
 wake-up — which matters most when cores are scarce. (One fix made here: dropping each
 step's Gloo request object right after waiting for it put an extra thread hand-off on the critical
-path and made 4 ranks 3× slower; `comm.Pending` now keeps the last few alive.)
+path and made 4 ranks much slower; `comm.Pending` now keeps the last few alive.)
 
 Notice also that the naive pattern keeps up on this laptop. Summed over all ranks, it copies the same
 2(N−1)·S bytes as the ring; on one machine every "link" is a memory copy made by the same 2 cores, so
