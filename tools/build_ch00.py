@@ -81,6 +81,17 @@ formula, as the model grows; and the share of the step spent communicating as th
 is split over more ranks: each rank computes less, but sends nearly as much.
 """),
 ("code", "overhead = ch00.comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size=2, results=runs)"),
+("md", r"""
+Look at the right-hand panel before you conclude that bigger models communicate *relatively* more:
+per step, the bytes grow like the parameter count Ψ, but so does the compute (about 6·B·Ψ
+floating-point operations for a batch of B samples), and tiny messages pay a fixed latency. Whether
+the communication share grows with the model depends on the machine: it does when the devices
+compute much faster than the network carries bytes (GPUs on a shared network), and when a bigger
+model forces a smaller batch per device to fit in memory. On one laptop, where the "network" is a
+memory copy, it may well not — read the measured lines. What does grow is the share as the same
+global batch is split over more ranks (the bar chart): each rank computes less but
+sends almost as much.
+"""),
 ("code", r"""
 # Counted bytes equal the exact ring formula; the communication share grows with the world size.
 assert all(r["counted_bytes"] == r["exact_bytes"] for r in overhead["by_size"])
