@@ -35,7 +35,8 @@ reply.
 Synchronous SGD through a server averages the same gradients as one process would on the combined
 batch, so its losses must equal single-process training (up to float rounding). Asynchronous
 updates are stale: the histogram above shows how many other updates landed between a worker's pull
-and its push.
+and its push. Compare the wall-clock axes too: whether async finishes first depends on the machine —
+here one server process answers one message at a time, on cores it shares with the workers.
 """),
 ("code", r"""
 assert ch01.max_loss_gap(runs["sync"]) < 1e-5

@@ -31,7 +31,8 @@ def _run(mode: str = "sync", workers: int = 3, servers: int = 1, live=None, labe
 def curve(r: Result) -> dict:
     """Loss per round against wall time (when the last worker finished it) and server updates."""
     workers = [p for p in r.per_rank if p["steps"]]
-    t0 = min(p["steps"][0]["start"] for p in workers)
+    # From the end of the warm-up step 0 (its start-up costs differ from run to run).
+    t0 = max(p["steps"][0]["start"] + p["steps"][0]["wall_s"] for p in workers)
     n = r.config["workers"] if r.config["mode"] == "async" else 1
     times = []
     for s in range(len(r.losses)):

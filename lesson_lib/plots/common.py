@@ -23,10 +23,9 @@ def oversubscription_note(results) -> str | None:
 
 
 def _annotate(fig, note: str | None) -> None:
+    """Put the CPU-fallback note under the figure's title (call after setting the title)."""
     if note:
-        fig.add_annotation(text=note, xref="paper", yref="paper", x=0, y=-0.22, showarrow=False,
-                           xanchor="left", font={"size": 11, "color": "#a33"})
-        fig.update_layout(margin={"b": 90})
+        fig.update_layout(title=_with_note(fig.layout.title.text or "", note))
 
 
 # --------------------------------------------------------------------------- live

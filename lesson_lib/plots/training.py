@@ -107,7 +107,8 @@ PHASE_COLORS = {"compute": COLORS["compute"], "push": COLORS["comm"], "pull (wai
 
 def loss_curves(curves: dict, title: str = "Loss against wall time and against updates") -> go.Figure:
     """curves: label → {"time": [...], "updates": [...], "loss": [...]} (chapter 1)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss vs wall time (s)", "loss vs server updates"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss vs wall time (s, from the end of step 0)",
+                                                        "loss vs server updates"))
     for i, (label, c) in enumerate(curves.items()):
         color = ["#4C78A8", "#F58518", "#54A24B", "#E45756"][i % 4]
         fig.add_scatter(x=c["time"], y=c["loss"], name=label, line={"color": color}, row=1, col=1)
