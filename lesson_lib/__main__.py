@@ -18,6 +18,8 @@ from . import bench, experiments, runtime
 
 def _add_config_args(parser: argparse.ArgumentParser, config_cls) -> None:
     for f in fields(config_cls):
+        if not f.metadata.get("cli", True):  # an option this experiment does not use
+            continue
         default = f.default if f.default is not MISSING else None
         kind = type(default) if default is not None else str
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
@@ -53,7 +55,8 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--json", metavar="FILE", help="write the full result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(rest)
-    options = {f.name: getattr(args, f.name) for f in fields(mod.Config) if getattr(args, f.name) is not None}
+    options = {f.name: getattr(args, f.name) for f in fields(mod.Config)
+               if getattr(args, f.name, None) is not None}
     if runtime.launched_by_torchrun():
         cluster = runtime.TorchrunCluster(options.get("backend", "auto"), options.get("timeout_s", 30.0))
         if options.setdefault("world_size", cluster.world_size) != cluster.world_size:

@@ -12,7 +12,10 @@ from .runtime import BACKENDS, validate_world_size
 
 
 def opt(default, help: str, **kw):
-    """A config field with its help text (shown by ``python -m lesson_lib run X --help``)."""
+    """A config field with its help text (shown by ``python -m lesson_lib run X --help``).
+
+    ``cli=False`` keeps an inherited option that an experiment does not use off its command line.
+    """
     return field(default=default, metadata={"help": help, **kw})
 
 

@@ -33,6 +33,8 @@ class Config(CommonConfig):
     algorithm: str = opt("ring", "ring | halving-doubling | naive (reduce to rank 0 + broadcast) | "
                                  "library (the backend's dist.all_reduce)")
     dtype: str = opt("float32", "float32 | float64 | bfloat16")
+    global_batch: int = opt(64, "not used: no training here", cli=False)
+    lr: float = opt(0.01, "not used: no training here", cli=False)
 
     def validate(self) -> "Config":
         super().validate()
