@@ -8,8 +8,8 @@ Every call made through this module adds to the calling rank's counters
   ``halving_doubling_all_reduce`` — are built from point-to-point calls, so their bytes are exact
   too. Their step-by-step schedules live in :mod:`lesson_lib.schedules`.
 * For the library's own collectives (``algorithm="library"``) torch does not say what went over
-  the wire, so we record the bandwidth-optimal ring volume, 2(N-1)/N·S for all-reduce and
-  (N-1)/N·S for all-gather / reduce-scatter (Patarasuk & Yuan, 2009). The op name ends in
+  the wire, so we record the bandwidth-optimal ring volume, 2(N-1)/N·S for an all-reduce
+  (Patarasuk & Yuan, 2009). The op name ends in
   ``[library]`` so a chart can tell counted from modelled traffic.
 
 Used by chapter 0 (data parallel) and chapter 2 (ring all-reduce) onwards.
@@ -276,28 +276,6 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", group=None, op: st
     with _Timed(op or "all_reduce[library]", sent=model, recv=model):
         dist.all_reduce(tensor, group=group)
     return tensor
-
-
-def all_gather_into(output: torch.Tensor, shard: torch.Tensor, group=None, op: str = "all_gather[library]"):
-    _, n = _rank_world(group)
-    model = (n - 1) * _nbytes(shard)
-    with _Timed(op, sent=model, recv=model):
-        dist.all_gather_into_tensor(output, shard, group=group)
-    return output
-
-
-def reduce_scatter_into(shard: torch.Tensor, full: torch.Tensor, group=None,
-                        op: str = "reduce_scatter[library]"):
-    _, n = _rank_world(group)
-    model = (n - 1) * _nbytes(shard)
-    with _Timed(op, sent=model, recv=model):
-        dist.reduce_scatter_tensor(shard, full, group=group)
-    return shard
-
-
-def barrier(group=None) -> None:
-    with _Timed("barrier"):
-        dist.barrier(group=group)
 
 
 def recv_any(tensor: torch.Tensor, op: str = "recv") -> int:

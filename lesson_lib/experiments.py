@@ -68,6 +68,11 @@ class Result:
         steps = zip(*(r["steps"] for r in self.per_rank if r["steps"]))
         return [max(s["wall_s"] for s in per_step) for per_step in steps]
 
+    def median_step_time(self) -> float:
+        """Median over steps (the warm-up step 0 skipped) of the slowest rank's step time."""
+        times = self.step_times()
+        return statistics.median(times[1:] or times)
+
     def median_step(self, key: str, skip_first: bool = True) -> list[float]:
         """Per rank, the median over steps of ``key`` (``wall_s``, ``comm_s``, ``busy_s``...).
 
@@ -100,9 +105,13 @@ def run(name: str, cfg=None, cluster=None, on_event: Callable[[dict], None] | No
     Without a cluster, one is started for this run and closed after it.
     """
     mod = load(name)
-    cfg = (cfg if cfg is not None else mod.Config(**options)).validate()
-    if options and cfg is not None and not isinstance(cfg, mod.Config):
-        raise TypeError(f"cfg must be a {mod.__name__}.Config")
+    if cfg is None:
+        cfg = mod.Config(**options)
+    elif options:
+        raise TypeError("pass either cfg or keyword options, not both")
+    elif not isinstance(cfg, mod.Config):
+        raise TypeError(f"cfg must be a {mod.__name__}.Config, got {type(cfg).__name__}")
+    cfg.validate()
     own = cluster is None
     if own:
         cluster = Cluster(cfg.world_size, cfg.backend, timeout_s=cfg.timeout_s, quiet=True)

@@ -180,10 +180,6 @@ def context() -> WorkerContext:
     return _CTX
 
 
-def in_worker() -> bool:
-    return _CTX is not None
-
-
 def _watch_parent(parent_pid: int) -> None:
     while True:
         if os.getppid() != parent_pid:

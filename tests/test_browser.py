@@ -150,18 +150,14 @@ def _stop_server(proc: subprocess.Popen, base_url: str, token: str) -> None:
                 proc.kill()
                 proc.wait(timeout=10)
     # Kernels run in their own sessions; end any that outlived the server.
-    _, alive = psutil.wait_procs(descendants, timeout=5)
-    for child in alive:
-        try:
-            child.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=5)
-    for child in alive:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
+    alive = descendants
+    for stop in (psutil.Process.terminate, psutil.Process.kill):
+        _, alive = psutil.wait_procs(alive, timeout=5)
+        for child in alive:
+            try:
+                stop(child)
+            except psutil.Error:
+                pass
 
 
 @pytest.fixture

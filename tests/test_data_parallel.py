@@ -95,3 +95,12 @@ def test_result_json_has_the_common_keys(clusters, tmp_path):
     for pr in d["per_rank"]:
         assert {"rank", "bytes_sent", "bytes_recv", "compute_s", "comm_s", "memory"} <= set(pr)
         assert set(pr["memory"]) >= {"params", "grads", "optimizer", "activations", "buffers"}
+
+
+def test_run_rejects_a_config_of_another_experiment_or_mixed_arguments():
+    from lesson_lib.milestones import zero
+
+    with pytest.raises(TypeError, match="either cfg or keyword options"):
+        run("data-parallel", dp.Config(world_size=1), steps=3)
+    with pytest.raises(TypeError, match="cfg must be a lesson_lib.milestones.data_parallel.Config"):
+        run("data-parallel", zero.Config(world_size=1))

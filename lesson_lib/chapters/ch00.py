@@ -96,8 +96,8 @@ def straggler(factor: float = 3.0, rank: int = 1, world_size: int = 2, hidden: i
     display(plots.step_times(runs))
     slow = runs[f"rank {rank} × {factor:g}"]
     display(plots.busy_idle(slow, f"Idle resources: busy vs waiting per rank, rank {rank} × {factor:g}"))
-    base_t = _median(runs["no straggler"].step_times()[1:])
-    slow_t = _median(slow.step_times()[1:])
+    base_t = runs["no straggler"].median_step_time()
+    slow_t = slow.median_step_time()
     idle = [max(0.0, r["wall_s"] - r["busy_s"]) / r["wall_s"] for r in slow.per_rank]
     walls, busys = slow.median_step("wall_s"), slow.median_step("busy_s")
     claims = {"slowdown": slow_t / base_t, "idle_share": idle, "straggler": rank,
@@ -118,10 +118,6 @@ def straggler_explorer(world_size: int = 2):
         "rank": W.Dropdown(options=list(range(world_size)), value=world_size - 1, description="rank"),
     }, lambda factor, rank: straggler(factor, rank, world_size))
 
-
-def _median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
 def idle_resources(results: dict[int, Result]) -> dict[int, float]:

@@ -93,7 +93,7 @@ def bottleneck(worker_counts=(1, 2, 4)) -> list[dict]:
         r = _run("sync", n, steps=10)
         rows.append({"workers": n, "counted": r["server_bytes_per_step"],
                      "formula": r["server_bytes_formula"],
-                     "step_ms": 1e3 * statistics.median(r.step_times()[1:]), "busy_ms": _busy_ms(r)})
+                     "step_ms": 1e3 * r.median_step_time(), "busy_ms": _busy_ms(r)})
     display(plots.traffic_vs_formula(rows, "workers", "workers (N)",
                                      "Into and out of the server per synchronous step: 2·N·S",
                                      plots.oversubscription_note([r])))
@@ -107,7 +107,7 @@ def sharding(workers: int = 2, server_counts=(1, 2, 4)) -> list[dict]:
         r = _run("sync", workers, servers=k, steps=10)
         rows.append({"servers": k, "counted": max(r["per_server_bytes"]) / r.config["steps"],
                      "formula": r["server_bytes_formula"] / k,
-                     "step_ms": 1e3 * statistics.median(r.step_times()[1:]), "busy_ms": _busy_ms(r)})
+                     "step_ms": 1e3 * r.median_step_time(), "busy_ms": _busy_ms(r)})
     display(plots.traffic_vs_formula(rows, "servers", "server shards (K)",
                                      "Busiest server's traffic per step: 2·N·S / K",
                                      plots.oversubscription_note([r])))

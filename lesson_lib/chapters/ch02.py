@@ -7,7 +7,6 @@ notebook can assert its claims.
 
 from __future__ import annotations
 
-import statistics
 from types import SimpleNamespace
 
 from IPython.display import display
@@ -130,7 +129,7 @@ def scaling(world_sizes=(1, 2, 4), steps: int = 8, **options) -> list[dict]:
                 cluster=warm_cluster(n))
         grads = [p["ops"].get("grad_all_reduce", {}) for p in r.per_rank]
         sent = [schedules.ring_bytes_sent(r["param_count"], 4, n, i) for i in range(n)]
-        rows.append({"label": "data parallel, ring", "n": n, "step_ms": 1e3 * _median_step(r),
+        rows.append({"label": "data parallel, ring", "n": n, "step_ms": 1e3 * r.median_step_time(),
                      "bytes": max(g.get("bytes_sent", 0) + g.get("bytes_recv", 0) for g in grads) / steps,
                      "exact": max(sent[i] + sent[i - 1] for i in range(n))})  # i receives from i−1
         results.append(r)
@@ -139,7 +138,8 @@ def scaling(world_sizes=(1, 2, 4), steps: int = 8, **options) -> list[dict]:
         for n in world_sizes:
             cfg = _config(ps.Config, mode="sync", workers=n, servers=1, **opts)
             r = run("parameter-server", cfg, cluster=warm_cluster(cfg.world_size))
-            rows.append({"label": "parameter server (1 server)", "n": n, "step_ms": 1e3 * _median_step(r),
+            rows.append({"label": "parameter server (1 server)", "n": n,
+                         "step_ms": 1e3 * r.median_step_time(),
                          "bytes": r["server_bytes_per_step"], "exact": r["server_bytes_formula"]})
             results.append(r)
     else:
@@ -153,12 +153,6 @@ def _config(cls, **options):
     names = set(cls.__dataclass_fields__)
     return cls(**{k: v for k, v in options.items() if k in names}).validate()
 
-
-def _median_step(r: Result) -> float:
-    """Median over steps (the first skipped) of the slowest rank that records steps."""
-    per_rank = [p["steps"] for p in r.per_rank if p["steps"]]
-    steps = list(zip(*per_rank))[1:] or list(zip(*per_rank))
-    return statistics.median(max(s["wall_s"] for s in step) for step in steps)
 
 
 def allreduce_once(world_size: int = 4, size_mb: float = 4.0, algorithm: str = "ring") -> dict:

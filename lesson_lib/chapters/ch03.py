@@ -6,8 +6,6 @@ clusters, displays its figures and returns what the notebook asserts.
 
 from __future__ import annotations
 
-import statistics
-
 from IPython.display import display
 
 from .. import plots, widgets
@@ -119,7 +117,7 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
             runs.append(r)
             rows.append({"stages": p, "microbatches": m, "wall": r["bubble_fraction"],
                          "busy": r["bubble_busy"], "formula": r["bubble_formula"],
-                         "step_ms": 1e3 * statistics.median(r.step_times()[1:])})
+                         "step_ms": 1e3 * r.median_step_time()})
             print(f"P={p} M={m}: formula {rows[-1]['formula']:.0%}, measured {rows[-1]['wall']:.0%} "
                   f"(wall clock), {rows[-1]['busy']:.0%} (busy time); step {rows[-1]['step_ms']:.0f} ms")
     display(plots.bubble_vs_microbatches(rows, f"The bubble shrinks as micro-batches grow ({schedule})",

@@ -70,7 +70,7 @@ def agreement(results: dict[int, Result]) -> dict:
 def traffic(results: dict[int, Result]) -> list[dict]:
     """Counted bytes per rank per step against the paper's 2Ψ / 3Ψ (ring, (N−1)/N each)."""
     rows = [{"label": f"stage {s}", "counted": statistics.mean(r["traffic_per_step"]),
-             "formula": r["traffic_formula_padded"], "step_ms": 1e3 * statistics.median(r.step_times()[1:]),
+             "formula": r["traffic_formula_padded"], "step_ms": 1e3 * r.median_step_time(),
              "busy_ms": 1e3 * max(r.median_step("busy_s"))}
             for s, r in results.items()]
     display(plots.stage_traffic(rows, note=plots.oversubscription_note(results.values())))

@@ -45,12 +45,12 @@ class Config(TrainConfig):
         return self
 
 
-def build(cfg: TrainConfig, device: torch.device):
+def build(cfg: Config, device: torch.device):
     """The model, its flat gradient bucket (one all-reduce moves all grads) and its optimizer."""
     model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(device)
     _, bucket = flat_views(model)
     params = list(model.parameters())
-    if getattr(cfg, "optimizer", "sgd") == "adam":
+    if cfg.optimizer == "adam":
         optimizer = torch.optim.Adam(params, lr=cfg.lr)
     else:
         optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)

@@ -90,6 +90,7 @@ class Flat:
             p.data = self.full[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
         self.shard: torch.Tensor | None = None  # stage 3: the only parameters a rank keeps
+        self.grad_shard: torch.Tensor | None = None  # stages 2-3: the only gradient kept
         self.bucket: torch.Tensor | None = None
         self.pending = 0
 
