@@ -77,7 +77,13 @@ def comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size: int = 2, result
     shares = []
     for n, r in (results or {}).items():
         comm, wall = sum(r.median_step("comm_s")), sum(r.median_step("wall_s"))
-        shares.append({"label": f"{n} rank(s)", "share": comm / wall if wall else 0.0})
+        sent = r.per_rank[0]["ops"].get("grad_all_reduce", {}).get("bytes_sent", 0) / r.config["steps"]
+        shares.append({"label": f"{n} rank(s)", "share": comm / wall if wall else 0.0,
+                       # counted: gradient bytes a rank sends per sample it computes
+                       "bytes_per_sample": sent / (r.config["global_batch"] // n)})
+    for s in shares:
+        print(f"{s['label']}: {s['bytes_per_sample']:,.0f} bytes sent per sample computed (counted), "
+              f"{s['share']:.0%} of the step in communication (measured)")
     if shares:
         display(plots.comm_share(shares, "Share of the step spent communicating (same global batch)"))
     return {"by_size": rows, "by_world_size": shares}
