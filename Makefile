@@ -5,7 +5,18 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint lab bench clean-notebooks
+# torch is pinned (tests/test_packaging.py keeps this in step with pyproject.toml). On Linux pip's
+# default torch wheel bundles several GB of CUDA libraries; with no NVIDIA GPU (no nvidia-smi) we
+# take PyTorch's CPU-only build from its own index instead. Override: `make install TORCH_INDEX=URL`,
+# or `TORCH_INDEX=` (empty) for pip's default. Where that index cannot be reached, pip warns, retries
+# for a few seconds and carries on with the indexes it has.
+TORCH_VERSION := 2.13.0
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+ifeq ($(origin TORCH_INDEX), undefined)
+TORCH_INDEX := $(shell if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then echo $(TORCH_CPU_INDEX); fi)
+endif
+
+.PHONY: install test test-numerics lint lab bench clean-notebooks sync-notebooks
 
 # Idempotent: the venv is created only when missing, and the editable install is
 # redone only when pyproject.toml is newer than the stamp file.
@@ -15,16 +26,24 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
+	@echo "make install: torch $(TORCH_VERSION) from $(if $(TORCH_INDEX),$(TORCH_INDEX) (CPU-only build: no NVIDIA GPU found) or PyPI,PyPI (pip's default build))"
+	$(BIN)/pip install "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/pip install -e ".[dev]"
 	touch $@
 
 lint: install
 	$(BIN)/ruff check .
 
-# testpaths (tests, notebooks) and --nbval-lax come from pyproject.toml.
+# testpaths (tests, notebooks) and --nbval-lax come from pyproject.toml. Then the numerically
+# sensitive tests and notebooks again with ATen's portable kernels (no AVX2/AVX-512), so that a
+# tolerance that only holds for one CPU's kernels fails here rather than on a learner's laptop.
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-numerics
+
+test-numerics: install
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics
 
 # Token auth stays on: open the URL with ?token=... that JupyterLab prints.
 lab: install
@@ -65,3 +84,9 @@ export CLEAN_NOTEBOOKS_PY
 
 clean-notebooks:
 	$(PYTHON) -c "$$CLEAN_NOTEBOOKS_PY"
+
+# Each notebook is paired with a percent-format script (notebooks/NN_name.py) by jupytext: edit
+# either (JupyterLab keeps the pair in step when jupytext is installed, as it is here), then sync.
+sync-notebooks: install
+	$(BIN)/jupytext --sync notebooks/[0-9]*.ipynb
+	$(MAKE) --no-print-directory clean-notebooks

@@ -7,10 +7,15 @@ to :class:`TorchrunCluster.run`, which has the same contract).
 Design notes (see MACHINE-NOTES.md for the measurements behind them):
 
 * spawn start method: fork is fast but a forked child that runs a matmul after the parent used
-  intra-op threads can hang. So worker functions must be importable, and we say so clearly.
+  intra-op threads can hang. A spawned worker cannot import a function defined in a notebook
+  cell, so such functions (and lambdas, closures) travel *by value*, pickled by cloudpickle, with
+  their cell's source lines so that a traceback from a worker shows the learner's own code.
+  Importable functions still travel by reference (module and name).
 * rendezvous through a ``file://`` store in a fresh temporary folder: no port is ever fixed, so
   any number of clusters in any number of kernels can start at once.
-* workers start once and stay warm; ``run`` ships (module, name, pickled args) to them.
+* workers start once and stay warm; ``run`` ships the pickled function and arguments to them.
+* a job that outlives ``run(..., timeout_s=...)`` is reported with what each waiting rank was
+  blocked in (a thread in every worker reads the main thread's stack), then the workers stop.
 * every wait is bounded: the process group gets ``timeout_s``; the parent polls results with a
   short timeout and checks worker liveness in between, so a dead worker is reported at once.
 * workers ignore SIGINT (the parent decides) and exit when their parent disappears.
@@ -19,10 +24,14 @@ Design notes (see MACHINE-NOTES.md for the measurements behind them):
 from __future__ import annotations
 
 import atexit
+import collections
 import importlib
+import io
+import linecache
 import os
 import pickle
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -31,12 +40,14 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 import warnings
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
+import cloudpickle
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -58,6 +69,30 @@ class WorkerError(RuntimeError):
         if remote_traceback:
             text += f"\n\n--- traceback from rank {rank} ---\n{remote_traceback}"
         super().__init__(text)
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a traceback through the runtime's polling loop: the
+        # learner needs the rank and *its* traceback (which ends in their own cell), not ours.
+        return [f"{type(self).__name__}: {self}"]
+
+
+class WorkerTimeout(WorkerError):
+    """A job outlived ``Cluster.run(..., timeout_s=...)``; the message says where each rank waited."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The kernel was interrupted during a run; the workers were stopped (one line, no traceback)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"KeyboardInterrupt: {self}"]
+
+
+MAIN_GUARD_HELP = (
+    "the workers could not start: this script starts a Cluster (or a lesson_lib run) at import "
+    "time. Workers are started with 'spawn', which re-imports your script in every worker, so the "
+    "code that starts them must sit under a guard:\n\n"
+    "    if __name__ == \"__main__\":\n        main()   # everything that starts workers\n"
+)
 
 
 # --------------------------------------------------------------------------- backend choice
@@ -187,18 +222,53 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def _resolve(ref: tuple[str, str]) -> Callable:
-    module, qualname = ref
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+_RUNTIME_FILE = os.path.abspath(__file__)
 
 
-def _worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_q, out_q, parent_pid):
+def _user_frames(stack) -> list:
+    """Frames outside this module: the learner's code and the library's, not the job loop."""
+    return [f for f in stack if os.path.abspath(f.filename) != _RUNTIME_FILE]
+
+
+def _format_exception(exc: BaseException) -> str:
+    te = traceback.TracebackException.from_exception(exc)
+    todo, seen = [te], set()
+    while todo:
+        t = todo.pop()
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        t.stack = traceback.StackSummary.from_list(_user_frames(t.stack))
+        todo += [t.__cause__, t.__context__]
+    return "".join(te.format())
+
+
+def _report_stacks(rank: int, report: Any, out_q: Any, state: dict) -> None:
+    """On request, send where the main thread is (the parent asks when a job overruns).
+
+    The main thread may be blocked inside a collective (Gloo releases the GIL while it waits), so
+    this thread can read its stack with ``sys._current_frames``.
+    """
+    main = threading.main_thread().ident
+    while True:
+        report.wait()
+        job, frame = state.get("job"), sys._current_frames().get(main)
+        if job is not None and frame is not None:
+            frames = [(f.filename, f.lineno, f.name, f.line) for f in
+                      _user_frames(traceback.extract_stack(frame))]
+            out_q.put(("stack", rank, job, frames))
+        while report.is_set():
+            time.sleep(0.05)
+
+
+def _worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_q, out_q, parent_pid,
+                 report=None):
     global _CTX
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    state: dict = {"job": None}
+    if report is not None:
+        threading.Thread(target=_report_stacks, args=(rank, report, out_q, state), daemon=True).start()
     torch.set_num_threads(threads)
     try:
         device = torch.device("cpu")
@@ -214,8 +284,8 @@ def _worker_main(rank, world_size, backend, init_method, timeout_s, threads, job
         _CTX = WorkerContext(rank, world_size, backend, device, timeout_s, threads,
                              world_size * threads > cpu_count(), out_q)
         out_q.put(("ready", rank, 0, None))
-    except BaseException:
-        out_q.put(("error", rank, 0, traceback.format_exc()))
+    except BaseException as e:
+        out_q.put(("error", rank, 0, _format_exception(e)))
         return
     while True:
         msg = job_q.get()
@@ -223,11 +293,16 @@ def _worker_main(rank, world_size, backend, init_method, timeout_s, threads, job
             break
         job_id, payload = msg
         try:
-            ref, args, kwargs = pickle.loads(payload)
-            value = _resolve(ref)(*args, **kwargs)
-            out_q.put(("done", rank, job_id, pickle.dumps((value, _CTX.restart_requested))))
-        except BaseException:
-            out_q.put(("error", rank, job_id, traceback.format_exc()))
+            fn, args, kwargs, lines = pickle.loads(payload)
+            for name, text in lines.items():  # a cell's source, so tracebacks can quote it
+                linecache.cache[name] = (sum(map(len, text)), None, text, name)
+            state["job"] = job_id
+            value = fn(*args, **kwargs)
+            state["job"] = None
+            out_q.put(("done", rank, job_id, cloudpickle.dumps((value, _CTX.restart_requested))))
+        except BaseException as e:
+            state["job"] = None
+            out_q.put(("error", rank, job_id, _format_exception(e)))
             break  # the process group may be half-way through a collective: leave it
         if _CTX.restart_requested:
             out_q.close()
@@ -242,25 +317,105 @@ def _worker_main(rank, world_size, backend, init_method, timeout_s, threads, job
 # --------------------------------------------------------------------------- parent side
 
 
-def function_ref(fn: Callable) -> tuple[str, str]:
-    """(module, qualified name) by which a spawned worker can import ``fn``; clear error if none."""
-    name = getattr(fn, "__qualname__", None) or repr(fn)
-    module = getattr(fn, "__module__", None)
+def _importable(fn: Callable) -> bool:
+    """True when a spawned worker can import ``fn`` by module and name (then it goes by reference)."""
+    name, module = getattr(fn, "__qualname__", ""), getattr(fn, "__module__", None)
     if module in (None, "__main__", "__mp_main__") or "<locals>" in name or "<lambda>" in name:
-        raise TypeError(
-            f"cannot send {name!r} to the workers: it is defined in a notebook cell, a script's "
-            "__main__ or inside another function. Workers are separate processes started with "
-            "'spawn'; they import the function by module and name, and a notebook cell is not "
-            "an importable module. Put the function in a .py file (for example in lesson_lib or "
-            "next to the notebook), import it, and pass the imported function."
-        )
+        return False
     try:
-        if _resolve((module, name)) is not fn:
-            raise AttributeError
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
     except (ImportError, AttributeError):
-        raise TypeError(f"cannot send {name!r} to the workers: {module}.{name} does not import "
-                        "back to the same function; pass a module-level function") from None
-    return module, name
+        return False
+    return obj is fn
+
+
+def _cell_sources() -> dict[str, list[str]]:
+    """Source lines of code that exists only in this process's memory (notebook cells).
+
+    IPython keeps each executed cell in ``linecache`` under a file name that does not exist on
+    disk; a worker that has these lines prints them in its tracebacks.
+    """
+    out = {}
+    for name, entry in list(linecache.cache.items()):
+        if len(entry) == 4 and entry[2] and not name.startswith("<frozen") and not os.path.exists(name):
+            out[name] = entry[2]
+    return out
+
+
+def _code_reduce_keep_filename(code: types.CodeType):
+    ctor, args = cloudpickle.cloudpickle._code_reduce(code)
+    return ctor, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, keeping each code object's file name.
+
+    cloudpickle 3.1 writes ``<dynamic-code>`` instead (for deterministic payloads); we keep the
+    cell's name, so that a worker's traceback can say 'Cell In[7], line 3' and quote the line.
+    """
+
+    dispatch_table = collections.ChainMap({types.CodeType: _code_reduce_keep_filename},
+                                          cloudpickle.Pickler.dispatch_table)
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+def pack_job(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> bytes:
+    """The bytes a worker needs to run ``fn(*args, **kwargs)``.
+
+    Importable functions go by reference; functions defined in a notebook cell, ``__main__``,
+    lambdas and closures go by value (cloudpickle), with the cells' source lines.
+    """
+    if not callable(fn):
+        raise TypeError(f"Cluster.run needs a function to run on every rank, got {fn!r}")
+    lines = {} if _importable(fn) else _cell_sources()
+    try:
+        return _dumps((fn, tuple(args), dict(kwargs or {}), lines))
+    except Exception as e:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(f"{name} or its arguments cannot be sent to the workers: {e}. Everything a "
+                        "worker needs must be picklable: pass tensors, numbers, lists and "
+                        "functions, not clusters, locks, open files or widgets.") from e
+
+
+def _cell_label(filename: str) -> str | None:
+    """'Cell In[7]' for a notebook cell's file name, as IPython writes it; None elsewhere."""
+    try:
+        from IPython import get_ipython
+        number = get_ipython().compile._filename_map.get(filename)
+    except Exception:
+        return None
+    return None if number is None else f"Cell In[{number}]"
+
+
+def _relabel_cells(text: str) -> str:
+    """Write notebook cells' temporary file names the way IPython does ('Cell In[7], line 3')."""
+    def sub(m: "re.Match") -> str:
+        label = _cell_label(m.group(1))
+        return f"{label}, line" if label else m.group(0)
+    return re.sub(r'File "([^"]+)", line', sub, text)
+
+
+def _where(frames: list) -> str:
+    """'waiting in torch.distributed recv, called from Cell In[3], line 4: dist.recv(t, 1)'."""
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    mine = [f for f in frames if not os.path.abspath(f[0]).startswith(torch_dir)]
+    theirs = [f for f in frames if os.path.abspath(f[0]).startswith(torch_dir)]
+    at = ""
+    if mine:
+        filename, lineno, _, line = mine[-1]
+        at = f"{_cell_label(filename) or os.path.basename(filename)}, line {lineno}" + (
+            f": {line.strip()}" if line else "")
+    if theirs:  # the first torch call below the learner's code, past decorators' wrappers
+        blocked = next((f[2] for f in theirs if f[2] not in ("wrapper", "inner")), theirs[0][2])
+        return f"waiting in torch.distributed {blocked}(), called from {at}"
+    return f"running {at}" if at else "running (no Python frame)"
 
 
 def _is_peer_fallout(tb: str) -> bool:
@@ -305,6 +460,7 @@ class Cluster:
         self._procs: list = []
         self._job_qs: list = []
         self._out_q = None
+        self._report = None
         self._tmp: str | None = None
         self._job_id = 0
         self.start_seconds = float("nan")
@@ -328,48 +484,74 @@ class Cluster:
             return
         if self.running:  # a warm worker died between jobs: replace the whole world
             self.close()
+        if getattr(mp.current_process(), "_inheriting", False):
+            # We are a worker being started, re-importing a script that starts workers at import
+            # time. Leave a note for the parent, which turns it into a clear error.
+            mark = os.environ.get(_SPAWN_MARK)
+            if mark:
+                with open(mark, "w") as f:
+                    f.write("main guard")
+            raise RuntimeError(MAIN_GUARD_HELP)
         t0 = time.perf_counter()
         ctx = mp.get_context("spawn")
         self._tmp = tempfile.mkdtemp(prefix="lesson_lib_")
         init_method = "file://" + os.path.join(self._tmp, "rendezvous")
         self._out_q = ctx.Queue()
+        self._report = ctx.Event()
         self._job_qs = [ctx.Queue() for _ in range(self.world_size)]
-        env_backup = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS")}
+        env_backup = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", _SPAWN_MARK)}
         if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _has_iface("lo"):
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: keep Gloo on loopback
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
+        os.environ[_SPAWN_MARK] = os.path.join(self._tmp, "main-guard")
+        # Children start with SIGINT ignored (an ignored signal stays ignored across exec, and
+        # Python then installs no KeyboardInterrupt handler): an interrupt during their start-up
+        # must not print a traceback per worker. The parent alone handles it, and stops them.
+        sigint = None
+        if threading.current_thread() is threading.main_thread():
+            sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             for rank in range(self.world_size):
                 p = ctx.Process(
                     target=_worker_main, name=f"lesson_lib-rank{rank}", daemon=True,
                     args=(rank, self.world_size, self.backend, init_method, self.timeout_s,
-                          self.threads, self._job_qs[rank], self._out_q, os.getpid()),
+                          self.threads, self._job_qs[rank], self._out_q, os.getpid(), self._report),
                 )
                 p.start()
                 self._procs.append(p)
         finally:
+            if sigint is not None:
+                signal.signal(signal.SIGINT, sigint)
             for k, v in env_backup.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
         _LIVE.add(self)
+        progress = _StartProgress(self.world_size, self.quiet)
         try:
-            self._collect(0, kinds=("ready",), deadline=time.monotonic() + 120 + self.timeout_s)
+            self._collect(0, kinds=("ready",), deadline=time.monotonic() + 120 + self.timeout_s,
+                          on_ready=progress)
+        except KeyboardInterrupt:
+            self.close()
+            raise RunInterrupted(f"start-up interrupted; the {self.world_size} worker(s) were "
+                                 "stopped") from None
         except BaseException:
             self.close()
             raise
+        finally:
+            progress.done()
         self.start_seconds = time.perf_counter() - t0
 
-    def close(self) -> None:
-        """Stop the workers (politely, then by force); safe to call twice."""
+    def close(self, grace_s: float = 2.0) -> None:
+        """Stop the workers (politely for ``grace_s``, then by force); safe to call twice."""
         procs, self._procs = self._procs, []
         for q in self._job_qs:
             try:
                 q.put(None)
             except Exception:
                 pass
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + grace_s
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
         for p in procs:
@@ -381,7 +563,7 @@ class Cluster:
             if q is not None:
                 q.cancel_join_thread()
                 q.close()
-        self._job_qs, self._out_q = [], None
+        self._job_qs, self._out_q, self._report = [], None, None
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -404,25 +586,35 @@ class Cluster:
 
     # -- jobs
     def run(self, fn: Callable, *args: Any, on_event: Callable[[dict], None] | None = None,
-            deadline_s: float | None = None, **kwargs: Any) -> list:
+            timeout_s: float | None = None, **kwargs: Any) -> list:
         """Run ``fn(*args, **kwargs)`` on every rank; return the values as a list by rank.
 
+        ``fn`` may be defined anywhere, a notebook cell included: importable functions are sent
+        by reference, others (cell functions, lambdas, closures) by value.
         ``on_event`` receives each event a rank emits (``context().emit``) while the job runs.
-        ``deadline_s`` bounds the whole job (default: none beyond the collective timeout).
+        ``timeout_s`` bounds the whole job (default: none beyond the collective timeout); a job
+        that overruns it raises :class:`WorkerTimeout` saying where each rank was waiting.
         Raises :class:`WorkerError` naming the failing rank, with its traceback.
         """
-        ref = function_ref(fn)
-        try:
-            payload = pickle.dumps((ref, args, kwargs))
-        except Exception as e:
-            raise TypeError(f"the arguments to {ref[1]} cannot be sent to the workers: {e}") from e
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+        payload = pack_job(fn, args, kwargs)
+        name = getattr(fn, "__qualname__", "the function")
         self.start()
         self._job_id += 1
         for q in self._job_qs:
             q.put((self._job_id, payload))
-        deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            done = self._collect(self._job_id, kinds=("done",), deadline=deadline, on_event=on_event)
+            done = self._collect(self._job_id, kinds=("done",), deadline=deadline, on_event=on_event,
+                                 timeout_s=timeout_s)
+        except KeyboardInterrupt:
+            self.close()
+            raise RunInterrupted(f"the run of {name} was interrupted; its {self.world_size} "
+                                 "worker(s) were stopped (the next run starts fresh ones)") from None
+        except WorkerTimeout:
+            self.close(grace_s=0)  # its ranks are stuck: no point waiting for a polite exit
+            raise
         except BaseException:
             self.close()  # a failed or interrupted job leaves no worker behind
             raise
@@ -430,7 +622,7 @@ class Cluster:
             self.close()  # those workers are exiting; the next run starts fresh ones
         return [value for value, _ in done]
 
-    def _collect(self, job_id, kinds, deadline=None, on_event=None) -> list:
+    def _collect(self, job_id, kinds, deadline=None, on_event=None, on_ready=None, timeout_s=None) -> list:
         values: list = [None] * self.world_size
         pending = set(range(self.world_size))
         next_check = 0.0
@@ -440,8 +632,9 @@ class Cluster:
                 next_check = now + 0.05
                 self._check_alive(pending)
                 if deadline is not None and now > deadline:
-                    raise WorkerError(min(pending), "did not finish before the deadline "
-                                      f"(ranks still running: {sorted(pending)})")
+                    self._raise_timeout(job_id, pending, timeout_s)
+                if on_ready is not None:
+                    on_ready(self.world_size - len(pending))
             try:
                 kind, rank, jid, data = self._out_q.get(timeout=0.05)
             except queue.Empty:
@@ -456,9 +649,33 @@ class Cluster:
                 pending.discard(rank)
         return values
 
+    def _raise_timeout(self, job_id: int, pending: set, timeout_s: float | None) -> None:
+        """Ask the ranks still running where they are, then raise :class:`WorkerTimeout`."""
+        stacks: dict[int, list] = {}
+        if job_id and self._report is not None:
+            self._report.set()
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end and not pending <= stacks.keys():
+                try:
+                    kind, rank, jid, data = self._out_q.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if kind == "stack" and jid == job_id:
+                    stacks[rank] = data
+            self._report.clear()
+        limit = f"within timeout_s={timeout_s:g} s" if timeout_s else "before the deadline"
+        waiting = sorted(pending)
+        lines = [f"did not finish {limit}: ranks {waiting} were still running"
+                 + (" — waiting for each other? (a send or recv with no partner, or a collective "
+                    "that not every rank called, waits forever)" if stacks else "")]
+        lines += [f"  rank {r}: {_where(stacks[r])}" for r in waiting if r in stacks]
+        raise WorkerTimeout(waiting[0], "\n".join(lines), others=())
+
     def _check_alive(self, pending) -> None:
         for rank, p in enumerate(self._procs):
             if rank in pending and p.exitcode is not None:
+                if self._tmp and os.path.exists(os.path.join(self._tmp, "main-guard")):
+                    raise RuntimeError(MAIN_GUARD_HELP)
                 # It may have sent its traceback just before exiting: read it first.
                 try:
                     while True:
@@ -499,8 +716,31 @@ class Cluster:
                 time.sleep(0.05)
             roots = [rank]
         root = roots[0]
-        last = errors[root].strip().splitlines()[-1] if errors[root].strip() else "failed"
-        raise WorkerError(root, last, errors[root], others=tuple(r for r in errors if r != root))
+        tb = _relabel_cells(errors[root])
+        last = tb.strip().splitlines()[-1] if tb.strip() else "failed"
+        raise WorkerError(root, last, tb, others=tuple(r for r in errors if r != root))
+
+
+_SPAWN_MARK = "LESSON_LIB_SPAWN_MARK"  # set while workers start: a file a worker writes on trouble
+
+
+class _StartProgress:
+    """'starting 64 ranks: 12/64 ready (8 s)' on one line while a big or slow world starts."""
+
+    def __init__(self, world_size: int, quiet: bool):
+        self.n, self.quiet, self.t0, self.last, self.shown = world_size, quiet, time.monotonic(), 0.0, False
+
+    def __call__(self, ready: int) -> None:
+        now = time.monotonic()
+        if self.quiet or ready == self.n or now - self.last < 1.0 or (self.n < 8 and now - self.t0 < 3):
+            return
+        self.last, self.shown = now, True
+        print(f"\rlesson_lib: starting {self.n} ranks: {ready}/{self.n} ready "
+              f"({now - self.t0:.0f} s)", end="", flush=True)
+
+    def done(self) -> None:
+        if self.shown:
+            print(f"\rlesson_lib: {self.n} ranks started in {time.monotonic() - self.t0:.0f} s" + " " * 10)
 
 
 def _has_iface(name: str) -> bool:
@@ -570,7 +810,7 @@ class TorchrunCluster:
         _CTX = WorkerContext(rank, world_size, self.backend, device, timeout_s, threads,
                              self.oversubscribed, None)
 
-    def run(self, fn: Callable, *args: Any, on_event=None, deadline_s=None, **kwargs: Any) -> list:
+    def run(self, fn: Callable, *args: Any, on_event=None, timeout_s=None, **kwargs: Any) -> list:
         value = fn(*args, **kwargs)
         gathered: list = [None] * self.world_size
         dist.all_gather_object(gathered, value)

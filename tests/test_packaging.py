@@ -181,3 +181,44 @@ def test_dirty_notebook_is_detected():
         ]
     }
     assert dirty_cells(notebook) == ["cell 2: 1 output(s)", "cell 2: execution_count=3"]
+
+
+# --- one source per notebook: the jupytext pair ------------------------------------------------
+
+
+def _cells(nb) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source.strip()) for c in nb.cells]
+
+
+def pair_differences(ipynb: Path, script: Path) -> list[str]:
+    """Cells that differ between a notebook and its percent-format script (empty: in sync)."""
+    import jupytext
+
+    a, b = _cells(jupytext.read(ipynb)), _cells(jupytext.read(script))
+    out = [f"{ipynb.name} has {len(a)} cells, {script.name} {len(b)}"] if len(a) != len(b) else []
+    out += [f"cell {i}: {x[1][:60]!r} ≠ {y[1][:60]!r}" for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    return out
+
+
+def test_every_notebook_is_paired_with_a_script_in_sync():
+    notebooks = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
+    assert notebooks
+    for path in notebooks:
+        script = path.with_suffix(".py")
+        assert script.exists(), f"{path.name} has no paired script (run `make sync-notebooks`)"
+        meta = json.loads(path.read_text(encoding="utf-8"))["metadata"]
+        assert meta.get("jupytext", {}).get("formats") == "ipynb,py:percent", path.name
+        diff = pair_differences(path, script)
+        assert not diff, f"{path.name} and {script.name} differ (run `make sync-notebooks`): {diff[:3]}"
+
+
+def test_a_stale_pair_is_detected(tmp_path):
+    src = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))[0]
+    script = tmp_path / "x.py"
+    script.write_text(src.with_suffix(".py").read_text(encoding="utf-8") + "\n# %%\nprint('new cell')\n")
+    assert pair_differences(src, script)
+
+
+def test_makefile_pins_the_same_torch():
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^TORCH_VERSION := (\S+)$", text, re.M).group(1) == TORCH_PIN

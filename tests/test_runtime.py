@@ -10,7 +10,7 @@ import pytest
 from conftest import wait_no_workers, worker_children
 
 from lesson_lib import Cluster, WorkerError, probes
-from lesson_lib.runtime import choose_placement, context, cpu_count, threads_per_rank
+from lesson_lib.runtime import WorkerTimeout, choose_placement, context, cpu_count, threads_per_rank
 
 pytestmark = pytest.mark.ch0
 
@@ -55,19 +55,98 @@ def test_events_stream_to_the_caller_before_the_result(clusters):
     assert sorted((e["rank"], e["i"]) for e in seen) == [(r, i) for r in (0, 1) for i in range(5)]
 
 
-def _local_fn():
-    return 1
+def test_cell_functions_lambdas_and_closures_run_on_real_ranks(clusters):
+    import torch
+    import torch.distributed as dist
+
+    def my_all_reduce(t):  # what a learner writes in a cell
+        dist.all_reduce(t)
+        return t
+
+    my_all_reduce.__module__ = "__main__"  # as if defined in a notebook cell
+    scale = 10
+
+    def closure():
+        return dist.get_rank() * scale
+
+    c = clusters(2)
+    assert [t.tolist() for t in c.run(my_all_reduce, torch.ones(3))] == [[2.0] * 3] * 2
+    assert c.run(lambda: dist.get_world_size()) == [2, 2]
+    assert c.run(closure) == [0, 10]
+    scale = 100  # a redefinition (here: a new value the closure sees) is what the next run uses
+    assert c.run(closure) == [0, 100]
+    # a result that only cloudpickle can send back
+    add_rank = lambda: (lambda r: lambda x: x + r)(dist.get_rank())
+    assert [f(2) for f in c.run(add_rank)] == [2, 3]
 
 
-def test_function_from_main_or_a_closure_gets_a_clear_error(clusters):
-    def inner():
-        return 1
+def test_a_cell_function_traceback_shows_the_learners_line_not_the_runtime(clusters):
+    def learner_code(bad_rank):
+        if __import__("torch.distributed").distributed.get_rank() == bad_rank:
+            raise ValueError("my own mistake")  # the line the learner must see
+        return 0
 
-    inner.__module__ = "__main__"
-    with pytest.raises(TypeError, match="notebook cell"):
-        clusters(1).run(inner)
-    with pytest.raises(TypeError, match="notebook cell"):
-        clusters(1).run(lambda: 1)
+    learner_code.__module__ = "__main__"
+    with pytest.raises(WorkerError) as info:
+        clusters(2).run(learner_code, 1)
+    tb = info.value.remote_traceback
+    assert info.value.rank == 1
+    assert 'raise ValueError("my own mistake")  # the line the learner must see' in tb
+    assert "test_runtime.py" in tb and "runtime.py\"" not in tb.replace("test_runtime.py", ""), tb
+
+
+def test_a_deadlock_ends_at_the_run_timeout_naming_the_waiting_ranks(no_orphans):
+    import torch.distributed as dist
+
+    def deadlock():
+        t = __import__("torch").zeros(1)
+        if dist.get_rank() != 2:
+            dist.recv(t, src=(dist.get_rank() + 1) % 2)  # both wait to receive: nobody sends
+        return "free"
+
+    deadlock.__module__ = "__main__"
+    with Cluster(3, quiet=True, timeout_s=60) as c:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerTimeout) as info:
+            c.run(deadlock, timeout_s=2)
+        took = time.monotonic() - t0
+        text = str(info.value)
+        assert took < 2 + 4, took
+        assert "ranks [0, 1] were still running" in text, text
+        assert "rank 0: waiting in torch.distributed recv()" in text and "dist.recv(t, src=" in text, text
+        assert "rank 2:" not in text  # rank 2 finished: it is not blamed
+        assert c.run(lambda: 7) == [7, 7, 7]  # the next run works
+
+
+def test_bad_run_timeout_names_the_parameter(clusters):
+    with pytest.raises(ValueError, match="timeout_s"):
+        clusters(1).run(probes.noop, timeout_s=-1)
+    with pytest.raises(TypeError, match="function to run"):
+        clusters(1).run("not a function")
+
+
+def test_a_script_without_a_main_guard_gets_a_clear_error_within_5s(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text("from lesson_lib import Cluster, probes\n"
+                      "with Cluster(2, quiet=True) as c:\n    print(c.run(probes.noop))\n")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 5 + 3  # + the parent's own import of torch
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()
+    assert any('if __name__ == "__main__":' in line for line in last), proc.stderr[-2000:]
+    assert "did not finish" not in proc.stderr
+
+
+def test_the_same_script_with_a_guard_runs(tmp_path):
+    script = tmp_path / "guard.py"
+    script.write_text("from lesson_lib import Cluster\n"
+                      "def main():\n    with Cluster(2, quiet=True) as c:\n"
+                      "        print(c.run(lambda x: x * 2, 21))\n"
+                      "if __name__ == '__main__':\n    main()\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("[42, 42]")
 
 
 def test_unpicklable_arguments_get_a_clear_error(clusters):
@@ -144,16 +223,20 @@ def test_a_silent_rank_fails_at_the_collective_timeout(no_orphans):
 
 def test_deadline_bounds_a_job_even_without_collectives(no_orphans):
     with Cluster(1, quiet=True) as c:
-        with pytest.raises(WorkerError, match="deadline"):
-            c.run(probes.spin, 30, deadline_s=1.0)
+        with pytest.raises(WorkerError, match="within timeout_s=1 s"):
+            c.run(probes.spin, 30, timeout_s=1.0)
 
 
 def test_keyboard_interrupt_ends_all_workers_within_5s(no_orphans):
     with Cluster(2, quiet=True) as c:
         pids = c.pids()
         threading.Timer(1.0, _thread.interrupt_main).start()
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as info:
             c.run(probes.spin, 60)
+        # one short line in a notebook (IPython renders this), not a traceback through multiprocessing
+        assert info.value._render_traceback_() == [
+            "KeyboardInterrupt: the run of spin was interrupted; its 2 worker(s) were stopped "
+            "(the next run starts fresh ones)"]
         t0 = time.monotonic()
         assert not wait_no_workers(pids, 5.0)
         assert time.monotonic() - t0 < 5

@@ -1,0 +1,189 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 4 — ZeRO: stop storing everything everywhere
+#
+# Plain data parallelism keeps a **full copy** of the parameters, the gradients and the optimizer
+# state on every device. With mixed-precision Adam that is 16 bytes per parameter on *each* device,
+# although every device only ever updates the same numbers as all the others. ZeRO — the Zero
+# Redundancy Optimizer (Rajbhandari et al., SC 2020) — divides them among the devices, like
+# students dividing the textbooks: each keeps 1/N and fetches the rest when it needs it.
+#
+# | stage | what is split over N devices | model states per device (mixed precision, K = 12) |
+# |---|---|---|
+# | 0 | nothing (data parallel) | 16Ψ |
+# | 1 | optimizer state | 4Ψ + 12Ψ/N |
+# | 2 | + gradients | 2Ψ + 14Ψ/N |
+# | 3 | + parameters | 16Ψ/N |
+#
+# Stage 2 already approaches an 8× saving as N grows (16Ψ → 2Ψ), and stage 3 divides everything by
+# N — which is what makes trillion-parameter training possible (Rajbhandari et al., 2020). Below we
+# train with all four stages on 4 real processes and **measure** each rank's memory, category by
+# category, from the tensors it holds.
+
+# %%
+from lesson_lib.chapters import ch04
+
+# %% [markdown]
+# ## 1. Four stages, measured
+#
+# Each rank keeps every layer's parameters, gradients and Adam state in flat buffers, padded to a
+# multiple of N; rank r owns slice r of each. The bars are what rank 0 actually holds between steps; the black marks are
+# the paper's formulas for fp32 Adam (16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N). The purple part is the
+# peak of the *transient* buffers: the full gradient a stage-2 rank builds during backward before
+# scattering it (real ZeRO-2 scatters it bucket by bucket), one layer's full parameters and gradient
+# that a stage-3 rank fetches just before using them and frees right after, and the ring's receive
+# buffer. On a model this small the transients are a visible share; the model states — the part
+# that grows with Ψ — are what the formulas count.
+
+# %%
+results = ch04.stages(world_size=4, precision="fp32")
+
+# %%
+ratios = ch04.memory_ratios(results)
+assert all(abs(v - 1) <= 0.05 for per_stage in ratios.values() for v in per_stage.values()), ratios
+
+# %% [markdown]
+# ## 2. Without hurting results
+#
+# Sharding changes *where* the numbers live, not *what* is computed. Our stages even sum the
+# gradients in the same order (one ring schedule for all of them), so they agree bit for bit; and in
+# fp32 they equal single-process Adam on the combined batch up to float rounding.
+
+# %%
+same = ch04.agreement(results)
+
+# %%
+assert all(same["identical_to_stage_0"].values())
+assert same["max_gap_vs_single_process"] < 1e-5
+
+# %% [markdown]
+# ## 3. What it costs on the wire
+#
+# Stages 1 and 2 move exactly what data parallelism moves: a reduce-scatter of the gradients and an
+# all-gather of the parameters, 2Ψ per rank (times (N−1)/N). Stage 3 gathers the parameters twice,
+# for forward and again for backward: 3Ψ, 1.5× (Rajbhandari et al., 2020). Counted by `lesson_lib`:
+
+# %%
+wire = ch04.traffic(results)
+
+# %%
+assert all(row["counted"] == row["formula"] for row in wire), wire
+assert wire[3]["counted"] / wire[0]["counted"] == 1.5
+
+# %% [markdown]
+# ## 4. Mixed precision
+#
+# The paper's numbers assume fp16 parameters and gradients with an fp32 master copy and Adam
+# moments (K = 12). A CPU has no fast fp16, so here the low precision is **bfloat16**; the byte
+# counts are the same. Measured against 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N:
+
+# %%
+mixed = ch04.stages(world_size=4, precision="mixed")
+
+# %%
+mixed_ratios = ch04.memory_ratios(mixed)
+assert all(abs(v - 1) <= 0.05 for per_stage in mixed_ratios.values() for v in per_stage.values())
+assert all(ch04.agreement(mixed)["identical_to_stage_0"].values())
+
+# %% [markdown]
+# ## 5. Against PyTorch's own ZeRO-1
+#
+# `torch.distributed.optim.ZeroRedundancyOptimizer` shards Adam's state like our stage 1. It leaves
+# the gradient all-reduce to you (here the library's `all_reduce`, 2Ψ), and after each step every rank
+# **broadcasts the whole parameter tensors it owns** to the others, where our stage 1 all-gathers one
+# flat buffer with a ring. It partitions by whole tensors, so its shards are less even than our flat
+# slices — compare the optimizer bytes per rank below.
+
+# %%
+theirs = ch04.torch_zero(world_size=4, ours=results[1])
+
+# %%
+assert theirs["loss_gap"] < 1e-5 and theirs["param_gap"] < 1e-5, theirs
+
+# %% [markdown]
+# ## 6. At the scale of real models
+#
+# The paper's example: a 7.5-billion-parameter model on 64 GPUs needs 120 GB per device under data
+# parallelism, 31.4 GB with stage 1, 16.6 GB with stage 2 and 1.9 GB with stage 3 (Rajbhandari et al.,
+# 2020, Figure 1). The same formulas that our measurements just matched give:
+
+# %%
+paper = ch04.paper_example()
+
+# %%
+assert [round(paper[s], 1) for s in range(4)] == [120.0, 31.4, 16.6, 1.9], paper
+
+# %% [markdown]
+# Play with the formulas: parameters, devices and precision → model states per device.
+
+# %%
+ch04.calculator()
+
+# %% [markdown]
+# Which landmark models could be trained on 64 devices of 80 GB (an A100 or H100) or 141 GB (an H200)?
+
+# %%
+table = ch04.fits(world_size=64)
+
+# %% [markdown]
+# ## 7. Try it yourself
+#
+# Run all four stages with your own number of ranks and precision (real processes).
+
+# %%
+ch04.explorer()
+
+# %% [markdown]
+# ## Exercises
+
+# %%
+exercises = ch04.exercises()
+
+# %%
+exercises["stage2"]
+
+
+# %%
+def stage2(psi, n):
+    ...  # your formula, in bytes
+
+exercises["stage2"].submit(stage2)
+
+# %%
+exercises["stage1"]
+
+
+# %%
+def stage1_update(params, grads, rank, world_size, lr):
+    ...  # return this rank's updated slice
+
+exercises["stage1"].submit(stage1_update)
+
+# %%
+exercises["fit"]
+
+# %%
+exercises["fit"].submit(...)  # replace ... with a stage number
+
+# %% [markdown]
+# ## What comes next
+#
+# ZeRO lets every device hold only its share of the model states, but every device still processes
+# its own batch: the *global* batch grows with N. Chapter 5 asks how far a batch can grow before
+# training suffers — LARS and LAMB.
+#
+# From a shell: `python -m lesson_lib run zero --stage 3 --world-size 4 --precision mixed --json zero.json`.
