@@ -35,18 +35,29 @@ class Exercise:
 
     passed: bool = field(default=False, repr=False)
 
-    def submit(self, answer: Any) -> None:
-        """Check ``answer`` and print the verdict (``self.passed`` keeps it)."""
-        if answer is Ellipsis or answer is None:
-            print(f"[{self.title}] not answered yet — replace the ... with your answer and run again.")
-            self.passed = False
-            return
+    def submit(self, answer: Any) -> Verdict:
+        """Check ``answer``, print the verdict and return it (``self.passed`` keeps it).
+
+        An answer still holding the template's ``...`` (a bare ``...``, a list with one, a function
+        whose body is only ``...``, or one that trips over a ``...`` when run) is "not answered
+        yet", so that Run All goes through a notebook whose exercises are still open.
+        """
+        if unanswered(answer):
+            return self._not_yet()
         try:
             verdict = self.check(answer)
         except Exception as e:  # a learner's function may raise: that is feedback, not a crash
+            if "ellipsis" in str(e).lower():
+                return self._not_yet()
             verdict = Verdict(False, f"your answer raised {type(e).__name__}: {e}")
         print(f"[{self.title}] {'✓ correct' if verdict.ok else '✗ not yet'} — {verdict.message}")
         self.passed = verdict.ok
+        return verdict
+
+    def _not_yet(self) -> Verdict:
+        print(f"[{self.title}] not answered yet — replace the ... with your answer and run again.")
+        self.passed = False
+        return Verdict(False, "not answered yet")
 
     def widget(self):
         import ipywidgets as W
@@ -64,6 +75,22 @@ class Exercise:
         from IPython.display import display
 
         display(self.widget())
+
+
+def _stub():
+    ...
+
+
+def unanswered(answer: Any) -> bool:
+    """True for the template's ``...``: alone, inside a list/tuple/dict, or as a function's whole body."""
+    if answer is Ellipsis or answer is None:
+        return True
+    if isinstance(answer, (list, tuple)):
+        return any(a is Ellipsis for a in answer)
+    if isinstance(answer, dict):
+        return any(a is Ellipsis for a in answer.values())
+    code = getattr(answer, "__code__", None)
+    return code is not None and code.co_code == _stub.__code__.co_code  # does nothing, returns None
 
 
 def close_to(expected: float, rtol: float = 0.01, unit: str = "") -> Callable[[Any], Verdict]:
