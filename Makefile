@@ -45,11 +45,16 @@ test: install
 test-numerics: install
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics
 
-# Token auth stays on: open the URL with ?token=... that JupyterLab prints.
+# Token auth stays on: open the URL with ?token=... that JupyterLab prints. It opens on the course's
+# table of contents (notebooks/README.md, shown rendered: this venv's JupyterLab opens Markdown
+# files in the preview by default).
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 lab: install
-	@extra=""; if [ "$$(id -u)" = "0" ]; then extra="--allow-root"; fi; \
-	echo "$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks --no-browser $$extra"; \
-	exec $(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks --no-browser $$extra
+	@mkdir -p $(dir $(LAB_OVERRIDES)); \
+	echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Markdown Preview"}}, "@jupyterlab/apputils-extension:notification": {"fetchNews": "false"}}' > $(LAB_OVERRIDES); \
+	extra=""; if [ "$$(id -u)" = "0" ]; then extra="--allow-root"; fi; \
+	cmd="$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks --no-browser --LabApp.default_url=/lab/tree/README.md $$extra"; \
+	echo "$$cmd"; exec $$cmd
 
 bench: install
 	$(BIN)/python -m lesson_lib bench startup

@@ -1,19 +1,37 @@
-"""Command line: ``python -m lesson_lib list | run EXPERIMENT [options] | bench WHAT | doctor``.
-
-The same ``run`` works under ``torchrun`` (one process per rank, started by torchrun):
-``torchrun --standalone --nproc-per-node 2 -m lesson_lib run data-parallel``.
-"""
+"""The course's command line (``python -m lesson_lib --help`` prints :data:`USAGE`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import sys
+import textwrap
 import warnings
 from dataclasses import MISSING, fields
 
 from . import bench, experiments, runtime
+
+USAGE = """\
+usage: python -m lesson_lib COMMAND [options]
+
+commands:
+  list                       the experiments, one line each
+  run EXPERIMENT [options]   run one on real ranks (`run EXPERIMENT --help` lists its options)
+  bench startup|allreduce    benchmarks: ratios measured in one run
+  doctor                     torch version, backend per world size, cores, threads per rank
+
+examples:
+  python -m lesson_lib run data-parallel --world-size 4 --steps 20 --json dp.json
+  torchrun --standalone --nproc-per-node 2 -m lesson_lib run data-parallel   # one process per rank
+"""
+
+
+def summary(doc: str | None) -> str:
+    """An experiment's first paragraph on one line (its docstring wraps it over several)."""
+    first = (doc or "").strip().split("\n\n")[0]
+    return " ".join(first.split())
 
 
 def _add_config_args(parser: argparse.ArgumentParser, config_cls) -> None:
@@ -89,14 +107,16 @@ def cmd_run(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "list":
+        width = max(60, shutil.get_terminal_size((100, 20)).columns)
         for n in experiments.names():
-            doc = (experiments.load(n).__doc__ or "").strip().splitlines()[0]
-            print(f"{n:<18} {doc}")
+            text = textwrap.fill(summary(experiments.load(n).__doc__), width=width,
+                                 initial_indent=f"{n:<18} ", subsequent_indent=" " * 19)
+            print(text)
         return 0
     if cmd == "run":
         return cmd_run(rest)

@@ -17,9 +17,19 @@ def cli(*args, timeout=120, prefix=(sys.executable, "-m", "lesson_lib")):
     return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def test_list_names_the_experiments():
+def test_list_names_the_experiments_with_whole_sentences():
     out = cli("list")
     assert out.returncode == 0 and "data-parallel" in out.stdout
+    # the first paragraph of each docstring, not its first line cut off mid-sentence
+    assert "workers push gradients and pull parameters" in " ".join(out.stdout.split())
+
+
+def test_help_lists_the_commands_without_markup():
+    out = cli("--help")
+    assert out.returncode == 0
+    assert all(c in out.stdout for c in ("list", "run EXPERIMENT", "bench", "doctor"))
+    assert "``" not in out.stdout
+    assert cli().returncode == 2  # no command: usage on stderr, failure
 
 
 def test_doctor_reports_torch_backend_and_cores():

@@ -222,3 +222,11 @@ def test_a_stale_pair_is_detected(tmp_path):
 def test_makefile_pins_the_same_torch():
     text = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert re.search(r"^TORCH_VERSION := (\S+)$", text, re.M).group(1) == TORCH_PIN
+
+
+def test_the_start_page_links_every_chapter_and_make_lab_opens_it():
+    text = (NOTEBOOKS / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)]+\.ipynb)\)", text)
+    assert links and all((NOTEBOOKS / link).exists() for link in links), links
+    assert sorted(links) == sorted(p.name for p in NOTEBOOKS.glob("[0-9]*.ipynb"))
+    assert "--LabApp.default_url=/lab/tree/README.md" in (ROOT / "Makefile").read_text(encoding="utf-8")
