@@ -1,0 +1,193 @@
+"""Layer-wise adaptive optimizers for large batches (chapter 5): LARS and LAMB.
+
+Both are ordinary ``torch.optim.Optimizer`` subclasses (param groups, ``state_dict``, closures,
+float32 and bfloat16 parameters), written from the papers' algorithms:
+
+* LARS — You, Gitman & Ginsburg, "Large Batch Training of Convolutional Networks", 2017, Alg. 1:
+  local lr  λ = η·‖w‖ / (‖g‖ + β‖w‖ + ε),  v ← m·v + γ·λ·(g + βw),  w ← w − v.
+* LAMB — You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes",
+  ICLR 2020, Alg. 2: Adam's moments with bias correction, r = m̂ / (√v̂ + ε), u = r + λw (the weight
+  decay *inside* the trust ratio), w ← w − γ · φ(‖w‖)/‖u‖ · u, φ the identity or a clamp.
+
+Options that users of other implementations expect: a param group with ``adapt=False`` skips the
+trust ratio (ratio 1: plain momentum SGD / Adam-with-decoupled-decay for that group) — see
+:func:`param_groups`, which puts biases and normalization weights there with no weight decay, as
+the papers' large-batch recipes do; ``trust_clip`` caps the ratio; LAMB's ``eps_inside_sqrt`` and
+``bias_correction`` choose between the variants found in the wild.
+
+Each step records, per parameter, ‖w‖, ‖update‖ and the trust ratio in ``last_stats`` (a list of
+``(w_norm, update_norm, ratio)`` in param-group order), for the chapter's heat map.
+
+Under ZeRO (chapter 4) a rank holds only a slice of each layer: ``norm`` is then replaced by a
+function that all-reduces the partial sums of squares (:mod:`lesson_lib.milestones.zero`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable
+
+import torch
+
+
+def _norm(t: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(t)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float = 0.0) -> list[dict]:
+    """Two groups: weights (adapted, decayed) and biases/normalization weights (neither).
+
+    One-dimensional parameters are biases and the scales of normalization layers: their norms are
+    tiny or meaningless as a "layer size", so LARS/LAMB recipes exclude them (You et al., 2017;
+    Goyal et al., 2017 exclude them from weight decay).
+    """
+    weights = [p for p in model.parameters() if p.ndim > 1]
+    others = [p for p in model.parameters() if p.ndim <= 1]
+    groups = [{"params": weights, "weight_decay": weight_decay, "adapt": True}]
+    if others:
+        groups.append({"params": others, "weight_decay": 0.0, "adapt": False})
+    return groups
+
+
+def _check(name: str, value: float, low: float = 0.0, high: float | None = None,
+           open_low: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if open_low else value >= low) and (high is None or value < high)
+    if not ok:
+        bound = f"in {'(' if open_low else '['}{low}, {high if high is not None else '∞'})"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+class _LayerWise(torch.optim.Optimizer):
+    """What LARS and LAMB share: argument checks, fp32 maths for bf16 params, per-layer stats."""
+
+    def __init__(self, params, defaults: dict, norm: Callable[[torch.Tensor], torch.Tensor] | None):
+        _check("lr", defaults["lr"], open_low=True)
+        _check("weight_decay", defaults["weight_decay"])
+        if defaults.get("trust_clip") is not None:
+            _check("trust_clip", defaults["trust_clip"], open_low=True)
+        super().__init__(params, defaults)
+        self.norm = norm or _norm
+        self.last_stats: list[tuple[float, float, float]] = []
+
+    def _ratio(self, w_norm: torch.Tensor, u_norm: torch.Tensor, group: dict) -> torch.Tensor:
+        """φ(‖w‖)/‖u‖, with 1 where either norm is 0 (a fresh zero layer, or no gradient)."""
+        one = torch.ones((), dtype=w_norm.dtype, device=w_norm.device)
+        if not group["adapt"]:
+            return one
+        ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm.clamp_min(1e-38), one)
+        if group["trust_clip"] is not None:
+            ratio = ratio.clamp(max=group["trust_clip"])
+        return ratio
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.last_stats = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                w, g = p.detach().float(), p.grad.detach().float()
+                update, w_norm, ratio = self._update(w, g, self.state[p], group)
+                p.copy_(w - update)  # bf16 parameters: the update is computed in fp32
+                self.last_stats.append((float(w_norm), float(self.norm(update)), float(ratio)))
+        return loss
+
+
+class LARS(_LayerWise):
+    """LARS (You, Gitman & Ginsburg, 2017, Algorithm 1), as a ``torch.optim.Optimizer``.
+
+    ``lr`` is the global rate γ (schedules change it per step), ``trust_coefficient`` is η,
+    ``weight_decay`` is β. The momentum buffer holds γ·λ·(g + βw) sums, as in the paper, so a
+    schedule's change of γ only affects new contributions.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 0.1, momentum: float = 0.9,
+                 weight_decay: float = 0.0, trust_coefficient: float = 0.001, eps: float = 0.0,
+                 trust_clip: float | None = None, norm=None):
+        _check("momentum", momentum, high=1.0)
+        _check("trust_coefficient", trust_coefficient, open_low=True)
+        _check("eps", eps)
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                        trust_coefficient=trust_coefficient, eps=eps, trust_clip=trust_clip, adapt=True)
+        super().__init__(params, defaults, norm)
+
+    def _update(self, w, g, state, group):
+        beta, eta = group["weight_decay"], group["trust_coefficient"]
+        w_norm, g_norm = self.norm(w), self.norm(g)
+        # λ = η‖w‖ / (‖g‖ + β‖w‖ + ε): the trust ratio; 1 for excluded groups and zero norms
+        ratio = self._ratio(eta * w_norm, g_norm + beta * w_norm + group["eps"], group)
+        step = g.add(w, alpha=beta).mul_(ratio * group["lr"])  # a new tensor: p.grad stays as is
+        if group["momentum"]:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = torch.zeros_like(w)
+            step = buf.mul_(group["momentum"]).add_(step)
+        return step, w_norm, ratio
+
+
+class LAMB(_LayerWise):
+    """LAMB (You et al., ICLR 2020, Algorithm 2), as a ``torch.optim.Optimizer``.
+
+    ``phi_clamp=(lo, hi)`` makes φ(‖w‖) = clamp(‖w‖, lo, hi) (the paper allows it; φ is the
+    identity by default). ``bias_correction=False`` and ``eps_inside_sqrt=True`` give the variants
+    of other implementations (see the tests for which one matches whom).
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.0, trust_clip: float | None = None,
+                 phi_clamp: tuple[float, float] | None = None, bias_correction: bool = True,
+                 eps_inside_sqrt: bool = False, norm=None):
+        for i, b in enumerate(betas):
+            _check(f"betas[{i}]", b, high=1.0)
+        _check("eps", eps)
+        if phi_clamp is not None and not (0 <= phi_clamp[0] < phi_clamp[1]):
+            raise ValueError(f"phi_clamp must be (low, high) with 0 <= low < high, got {phi_clamp!r}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        trust_clip=trust_clip, phi_clamp=phi_clamp, bias_correction=bias_correction,
+                        eps_inside_sqrt=eps_inside_sqrt, adapt=True)
+        super().__init__(params, defaults, norm)
+
+    def _update(self, w, g, state, group):
+        (b1, b2), eps = group["betas"], group["eps"]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(w)
+            state["exp_avg_sq"] = torch.zeros_like(w)
+        state["step"] += 1
+        t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        m_hat, v_hat = m, v
+        if group["bias_correction"]:
+            m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        r = m_hat / ((v_hat + eps).sqrt() if group["eps_inside_sqrt"] else v_hat.sqrt().add_(eps))
+        u = r.add_(w, alpha=group["weight_decay"]) if group["weight_decay"] else r
+        w_norm = self.norm(w)
+        phi = w_norm if group["phi_clamp"] is None else w_norm.clamp(*group["phi_clamp"])
+        ratio = self._ratio(phi, self.norm(u), group)
+        return u.mul_(ratio * group["lr"]), w_norm, ratio
+
+
+OPTIMIZERS = ("sgd", "adam", "lars", "lamb")
+
+
+def make(name: str, model: torch.nn.Module, lr: float, weight_decay: float = 0.0,
+         momentum: float = 0.9, norm=None) -> torch.optim.Optimizer:
+    """One of :data:`OPTIMIZERS` for ``model``, biases and norms excluded from adaptation and decay."""
+    groups = param_groups(model, weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum)
+    if name == "adam":
+        return torch.optim.AdamW(groups, lr=lr)
+    if name == "lars":
+        return LARS(groups, lr=lr, momentum=momentum, norm=norm)
+    if name == "lamb":
+        return LAMB(groups, lr=lr, norm=norm)
+    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
