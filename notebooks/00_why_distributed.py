@@ -22,8 +22,9 @@
 # the three problems that data parallelism brings — communication overhead, stragglers, and idle
 # resources. Every number and figure below comes from a run made when you execute the cell.
 #
-# *Run the cells top to bottom (Run → Run All Cells). Each cell calls one function of `lesson_lib`;
-# read its source with `ch00.data_parallel??` to see how it works.*
+# *Run the cells top to bottom (Run → Run All Cells). The distributed code is in the cells; the figures
+# come from `lesson_lib.chapters.ch00` — after the first cell, `ch00.straggler??` (or any other
+# function of it) shows how a figure is made.*
 
 # %%
 from lesson_lib.chapters import ch00
@@ -64,18 +65,132 @@ assert not any(ch00.fits(gpt3).values()), "a device in the table holds GPT-3's t
 #
 # The simplest way to use many devices: **every rank (process) holds a full copy of the model**, each
 # trains on its own slice of the batch, and before every update the ranks **sum their gradients**
-# (an *all-reduce*), so all copies take the same step. `lesson_lib` starts real worker processes and
-# keeps them warm between cells. This is all it takes to run a function on every rank:
+# (an *all-reduce*), so all copies take the same step.
+#
+# First the vocabulary of `torch.distributed`. A **rank** is one worker process, numbered 0…N−1; the
+# **world size** is N; the **process group** is the set of ranks that talk to each other (here all of
+# them, the default group). `lesson_lib` starts the processes, calls `init_process_group` in each (Gloo on
+# CPU, NCCL on GPUs) and keeps them warm between cells. `cluster.run(fn)` calls `fn()` on every rank and
+# returns the results as a list indexed by rank — and `fn` may be a function you write in a cell.
 
 # %%
-from lesson_lib import Cluster, probes
+import torch
+import torch.distributed as dist
 
-with Cluster(world_size=2) as cluster:
-    print(cluster.run(probes.whoami))
+from lesson_lib import show_source, warm_cluster
+
+cluster = warm_cluster(4)  # 4 worker processes, started once and kept warm
+
+
+def hello():
+    return dist.get_rank(), dist.get_world_size(), dist.get_backend()
+
+
+cluster.run(hello)
 
 # %% [markdown]
-# Now train one small model (a 38k-parameter MLP on a generated classification task) with the same
-# **global batch of 64 samples** split over 1, 2 and 4 ranks. The loss and step time are drawn live
+# **Point to point**: `dist.send(t, dst)` on one rank, `dist.recv(t, src)` on another, which fills its
+# own tensor in place. Every `send` needs a matching `recv`, or both ranks wait.
+
+
+# %%
+def pass_a_tensor():
+    t = torch.zeros(3)
+    if dist.get_rank() == 0:
+        t = torch.tensor([1.0, 2.0, 3.0])
+        dist.send(t, dst=1)
+    elif dist.get_rank() == 1:
+        dist.recv(t, src=0)  # t now holds rank 0's values
+    return t
+
+
+received = cluster.run(pass_a_tensor)
+print(received)
+
+# %% [markdown]
+# **A collective**: `dist.all_reduce(t)` must be called by every rank of the group; afterwards every
+# rank's `t` holds the element-wise **sum** over all ranks (in place).
+
+
+# %%
+def sum_over_ranks():
+    t = torch.tensor([float(dist.get_rank()), 1.0])
+    dist.all_reduce(t)
+    return t
+
+
+summed = cluster.run(sum_over_ranks)
+print(summed)
+
+# %%
+assert torch.equal(received[1], torch.tensor([1.0, 2.0, 3.0])) and not received[2].any()
+assert all(torch.equal(t, torch.tensor([0.0 + 1 + 2 + 3, 4.0])) for t in summed)  # 0+1+2+3, and N
+
+# %% [markdown]
+# That is all data parallelism needs. Here is one training run written out: every rank starts from the
+# same model (built here once and sent to each rank), takes *its* slice of each global batch, computes its gradients, all-reduces every
+# gradient and divides by the number of ranks, then steps. The model and data are the chapter's small
+# problem (a 38k-parameter MLP on a generated classification task, a global batch of 64 samples).
+
+# %%
+import torch.nn.functional as F
+
+from lesson_lib.data import batch_indices, shard, teacher_classification
+from lesson_lib.milestones import data_parallel as dp
+from lesson_lib.models import mlp
+
+
+def train_data_parallel(model, data, cfg):  # every rank receives its own copy of the same model
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x_all, y_all = data
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    losses = []
+    for step in range(cfg.steps):
+        batch = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)  # the same on every rank
+        idx = shard(batch, rank, world)                                        # this rank's slice
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+        loss.backward()
+        for p in model.parameters():   # the data-parallel part: sum, then average, every gradient
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        optimizer.step()               # every rank takes the same step
+        loss = loss.detach()
+        dist.all_reduce(loss)          # only to report the whole batch's loss
+        losses.append(loss.item() / world)
+    return losses
+
+
+cfg = ch00.config()
+model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
+data = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+mine = {n: warm_cluster(n).run(train_data_parallel, model, data, cfg)[0] for n in (1, 2, 4)}
+reference = dp.reference(cfg)  # one process, the whole global batch, no torch.distributed at all
+
+# %% [markdown]
+# The mean over N equal slices of each slice's mean gradient is the mean over the whole batch, so the
+# ranks must train exactly like one process on the whole batch — up to float rounding, because the
+# sums happen in another order. The tolerance below follows from that: a few float32 roundings
+# (ε ≈ 1.2·10⁻⁷, relative to the loss) per step, compounded over the steps.
+
+# %%
+tol = 10 * cfg.steps * torch.finfo(torch.float32).eps * max(reference)
+for n, losses in mine.items():
+    gap = max(abs(a - b) for a, b in zip(losses, reference))
+    print(f"{n} rank(s): largest loss difference from one process = {gap:.1e} (tolerance {tol:.1e})")
+    assert gap <= tol, (n, gap, tol)
+
+# %% [markdown]
+# The library's version, which the figures below run, is the same loop plus counters and timers. It
+# keeps all gradients in **one flat bucket** (`dp.build`), so a single all-reduce per step moves them
+# (`comm.all_reduce`: our ring by default, counted byte by byte — chapter 2 opens it), then divides:
+
+# %%
+show_source(dp.train)
+
+# %% [markdown]
+# Now the library's version with the same **global batch of 64 samples** split over 1, 2 and 4
+# ranks. The loss and step time are drawn live
 # while the workers train; then the step time is split into compute and communication, and the memory
 # of one rank is broken down by category — measured from the tensors the rank holds, not computed.
 # The three loss curves should lie exactly on top of each other: watch for it.
@@ -86,9 +201,8 @@ with Cluster(world_size=2) as cluster:
 runs = ch00.data_parallel(world_sizes=(1, 2, 4))
 
 # %% [markdown]
-# Summing gradients over equal slices and dividing by the number of ranks gives exactly the gradient of
-# the whole batch, so **data-parallel training must produce the same losses as one process training on
-# the combined batch** — up to float rounding, because the sums happen in another order. Checked:
+# The same check for the library's runs: **data-parallel training must produce the same losses as one
+# process training on the combined batch**, up to float rounding:
 
 # %%
 assert ch00.max_loss_gap(runs) < 1e-5
@@ -107,7 +221,9 @@ overhead = ch00.comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size=2, r
 # %% [markdown]
 # Look at the right-hand panel before you conclude that bigger models communicate *relatively* more:
 # per step, the bytes grow like the parameter count Ψ, but so does the compute (about 6·B·Ψ
-# floating-point operations for a batch of B samples), and tiny messages pay a fixed latency. Whether
+# floating-point operations for a batch of B samples: 2Ψ per sample forward and 4Ψ backward, the
+# C ≈ 6·N per token of Kaplan et al., 2020, "Scaling Laws for Neural Language Models"), and tiny
+# messages pay a fixed latency. Whether
 # the communication share grows with the model depends on the machine: it does when the devices
 # compute much faster than the network carries bytes (GPUs on a shared network), and when a bigger
 # model forces a smaller batch per device to fit in memory. On one laptop, where the "network" is a
@@ -127,14 +243,20 @@ assert all(s["share"] > 0 for s in overhead["by_world_size"][1:])  # time spent 
 # ## 5. Problem 2 — stragglers
 #
 # A synchronous step ends only when the *slowest* rank has sent its gradients. Here rank 1 is made a
-# straggler: it really does 3× the forward/backward work of the others (no `sleep`). Watch the step
-# time follow the slow rank while the fast one waits inside the all-reduce.
+# straggler: it really does 3× the forward/backward work of the others (no `sleep`). The figure shows,
+# per step, the wall time of the step and each rank's *work* (CPU time): in the straggler run the fast
+# rank works far less than the straggler, yet its step lasts as long — it spends the difference waiting
+# inside the all-reduce. Those claims compare ranks within one run, so they hold in every run. Comparing
+# the wall clock of the two runs (with and without a straggler) is less reliable on a laptop: each run
+# also shares the cores with whatever else is running at that moment.
 
 # %%
 slow = ch00.straggler(factor=3.0, rank=1)
 
 # %%
-# The fast rank's step lasts at least as long as the straggler's work, and it idles more.
+# The straggler really works more; the fast rank's step lasts at least as long as the straggler's
+# work, and the fast rank idles more.
+assert slow["straggler_busy_ms"] > 1.5 * slow["fast_busy_ms"], slow
 assert slow["fast_rank_step_ms"] >= slow["straggler_busy_ms"], slow
 assert slow["idle_share"][0] > slow["idle_share"][1], slow
 
@@ -148,14 +270,19 @@ ch00.straggler_explorer()
 # ## 6. Problem 3 — idle resources
 #
 # While a rank waits for its peers — for the all-reduce, for a straggler — its processor does nothing
-# useful. The busy time (the rank's CPU time) against its wall time shows how much of the hardware we
-# paid for sat idle. With more ranks on the same global batch, the idle share grows:
+# useful. Each rank's wall time splits into three parts: **busy** (its CPU time), **waiting for a core**
+# (it was ready to run but the operating system gave the core to something else: another rank, this
+# notebook, a browser — Linux reports this run-queue wait in `/proc/<pid>/task/<tid>/schedstat`) and
+# **waiting for peers** (blocked in communication, for the bytes and for slower ranks: the rest). Only
+# the last is the idle hardware of a real cluster, where each rank has its own device; the second comes
+# from more ranks (and programs) than cores, and its share varies with whatever else the machine runs.
+# With more ranks on the same global batch, the time spent waiting for peers grows:
 
 # %%
 idle = ch00.idle_resources(runs)
 
 # %%
-assert idle[4] > idle[1], idle
+assert idle[4]["peers"] > idle[1]["peers"], idle  # one rank has no peer to wait for
 
 # %% [markdown]
 # ## 7. When a rank fails
@@ -166,6 +293,26 @@ assert idle[4] > idle[1], idle
 
 # %%
 error_text = ch00.failure_demo()
+
+# %% [markdown]
+# ## Exercise: write the gradient step yourself
+#
+# Your function runs on real ranks: the check trains a few steps on 2 and on 4 ranks with your
+# `average_gradients(model)` between `backward()` and the optimizer step, and compares the losses with
+# one process training on the whole batch. If your ranks end up waiting for each other, the check stops
+# after 15 s and says where each rank was waiting.
+
+# %%
+exercises = ch00.exercises()
+exercises["average_gradients"]
+
+
+# %%
+def average_gradients(model):
+    ...  # your code here: every rank's p.grad must become the whole batch's gradient
+
+
+exercises["average_gradients"].submit(average_gradients)
 
 # %% [markdown]
 # ## What comes next

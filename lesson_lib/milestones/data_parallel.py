@@ -11,6 +11,7 @@ the mean of the ranks' mean losses over equal slices is the mean over the whole 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,20 @@ def extra_work(model, x, y, factor: float) -> None:
         reps -= 1.0
 
 
+def runqueue_s() -> float:
+    """Seconds the calling thread has spent runnable but waiting for a CPU core (NaN off Linux).
+
+    The second field of Linux's ``/proc/self/task/<tid>/schedstat`` (run-queue wait, ns). It tells
+    time spent waiting for a *core* (another rank or program had it) from time spent waiting for
+    *peers* (blocked in a receive), which ``wall - busy`` lumps together (chapter 0's idle figure).
+    """
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=None) -> dict:
     """The training loop; with ``world_size == 1`` and no process group it is the reference."""
     model, bucket, optimizer = build(cfg, device)
@@ -80,6 +95,7 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
         idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world_size)
         x, y = x_all[idx], y_all[idx]
         with rec.step(step) as r:
+            queued = runqueue_s()
             optimizer.zero_grad(set_to_none=False)
             with meter.measure():
                 loss = F.cross_entropy(model(x), y)
@@ -93,6 +109,7 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
                 loss.div_(world_size)
             optimizer.step()
             r["loss"] = float(loss)
+            r["runqueue_s"] = runqueue_s() - queued
         losses.append(r["loss"])
     memory = memory_report(model, optimizer, meter.peak, device=device)
     return {"losses": losses, "per_rank": per_rank_summary(rank, rec, memory),

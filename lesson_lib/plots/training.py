@@ -50,25 +50,57 @@ def memory_by_category(result, title: str = "Measured memory per rank") -> go.Fi
     return fig
 
 
-def busy_idle(result, title: str = "Busy and idle time per rank") -> go.Figure:
-    """Per rank: total busy (CPU) time and idle time (wall − busy) over the run (idle resources)."""
+def wait_split(per_rank: dict) -> dict:
+    """One rank's time over its steps (the first skipped): busy (its main thread's CPU time),
+    waiting for a core (runnable, but another process had the core: Linux's run-queue wait) and
+    waiting for peers (blocked in a receive: the rest of the wall time). ``core`` is None where the
+    run-queue wait was not measured (not Linux, or a milestone that does not record it)."""
+    steps = per_rank["steps"][1:] or per_rank["steps"]
+    wall = sum(s["wall_s"] for s in steps)
+    busy = sum(s["busy_s"] for s in steps)
+    queued = [s.get("runqueue_s", float("nan")) for s in steps]
+    core = sum(queued) if steps and all(q == q for q in queued) else None
+    rest = max(0.0, wall - busy - (core or 0.0))
+    return {"wall": wall, "busy": busy, "core": None if core is None else min(core, wall - busy),
+            "peers": rest}
+
+
+def busy_idle(result, title: str = "Busy and waiting time per rank") -> go.Figure:
+    """Per rank: busy (CPU) time, time waiting for a core and time waiting for peers (idle resources)."""
     ranks = [f"rank {r['rank']}" for r in result.per_rank]
-    busy = [r["busy_s"] for r in result.per_rank]
-    idle = [max(0.0, r["wall_s"] - r["busy_s"]) for r in result.per_rank]
-    fig = go.Figure([go.Bar(x=ranks, y=busy, name="busy", marker_color=COLORS["busy"]),
-                     go.Bar(x=ranks, y=idle, name="idle / waiting", marker_color=COLORS["idle"])])
-    fig.update_layout(barmode="stack", title=title, yaxis_title="seconds (all steps but the first)",
-                      height=360)
+    split = [wait_split(r) for r in result.per_rank]
+    measured = all(s["core"] is not None for s in split)
+    bars = [go.Bar(x=ranks, y=[s["busy"] for s in split], name="busy (CPU time)",
+                   marker_color=COLORS["busy"])]
+    if measured:
+        bars.append(go.Bar(x=ranks, y=[s["core"] for s in split], name="waiting for a core (run queue)",
+                           marker_color=COLORS["comm"]))
+    bars.append(go.Bar(x=ranks, y=[s["peers"] for s in split], marker_color=COLORS["idle"],
+                       name="waiting for peers (blocked in communication)" if measured
+                       else "waiting (for peers or for a core)"))
+    fig = go.Figure(bars)
+    fig.update_layout(barmode="stack", title=title, yaxis_title="seconds (steps 1…, step 0 skipped)",
+                      height=380)
     _annotate(fig, oversubscription_note([result]))
     return fig
 
 
-def step_times(results: dict, title: str = "Step time: a synchronous step waits for the slowest rank"):
+def step_times(results: dict, title: str = "Wall time per step, and each rank's work (CPU time)"):
+    """Per run: the slowest rank's wall time per step (solid) and each rank's busy time (dotted)."""
     fig = go.Figure()
-    for label, r in results.items():
-        ts = r.step_times()
-        fig.add_scatter(x=list(range(len(ts))), y=[1e3 * t for t in ts], name=label, mode="lines+markers")
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title="ms", height=360)
+    palette = ["#4C78A8", "#F58518", "#54A24B", "#E45756"]
+    for i, (label, r) in enumerate(results.items()):
+        color = palette[i % len(palette)]
+        ts = r.step_times()[1:]
+        steps = list(range(1, len(ts) + 1))
+        fig.add_scatter(x=steps, y=[1e3 * t for t in ts], name=f"{label}: step (wall)", mode="lines+markers",
+                        line={"color": color})
+        for p in r.per_rank:
+            fig.add_scatter(x=steps, y=[1e3 * s["busy_s"] for s in p["steps"][1:]], mode="lines",
+                            name=f"{label}: rank {p['rank']} work (CPU)",
+                            line={"color": color, "dash": "dot" if p["rank"] % 2 == 0 else "dash"})
+    fig.update_layout(title=title, xaxis_title="step (warm-up step 0 not shown)", yaxis_title="ms",
+                      height=400)
     _annotate(fig, oversubscription_note(results.values()))
     return fig
 

@@ -1,0 +1,125 @@
+"""Chapter 0's exercise, checked on real ranks (notebooks/00_why_distributed.ipynb).
+
+The learner writes ``average_gradients(model)``; :func:`train_with` runs it on every rank of a
+warm cluster between ``backward()`` and ``optimizer.step()``, and the check compares the ranks'
+losses with single-process training on the whole batch (``data_parallel.reference``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..data import batch_indices, shard, teacher_classification
+from ..exercises import Exercise, Verdict
+from ..milestones import data_parallel as dp
+from ..models import mlp
+from ..runtime import WorkerError, WorkerTimeout, warm_cluster
+
+# Small and short, so a check takes well under a second per world size once the workers are warm.
+# SGD, not Adam: Adam divides by the gradient's own scale, so a gradient N times too large (the
+# sum instead of the mean) would train almost the same and pass unnoticed.
+TASK = {"steps": 6, "global_batch": 48, "hidden": 32, "depth": 2, "lr": 0.05}
+WORLD_SIZES = (2, 4)
+TIMEOUT_S = 15.0  # a learner's deadlock ends here, with the runtime saying where each rank waits
+
+
+def train_with(average_gradients: Callable, task: dict) -> dict:
+    """On every rank: SGD on this rank's shard of each global batch, calling the learner's
+    ``average_gradients(model)`` between backward and the optimizer step.
+
+    The model is a plain ``nn.Sequential`` (no flat bucket), so ``p.grad`` are ordinary tensors.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = dp.Config(world_size=world, optimizer="sgd", **task)
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    losses = []
+    for step in range(cfg.steps):
+        idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world)
+        optimizer.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+        loss.backward()
+        average_gradients(model)
+        optimizer.step()
+        total = loss.detach().reshape(1)
+        dist.all_reduce(total)
+        losses.append(float(total) / world)
+    return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def reference_losses() -> list[float]:
+    return dp.reference(dp.Config(world_size=1, optimizer="sgd", **TASK))
+
+
+def tolerance(ref: list[float]) -> float:
+    """Float32 rounding: the ranks sum in another order than one process, compounded per step."""
+    return 10 * len(ref) * torch.finfo(torch.float32).eps * max(abs(x) for x in ref)
+
+
+def check_average_gradients(fn: Callable) -> Verdict:
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. ex.submit(average_gradients)")
+    ref = reference_losses()
+    tol = tolerance(ref)
+    names = [f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}" for i in range(2 * (TASK["depth"] + 1))]
+    for n in WORLD_SIZES:
+        try:
+            outs = warm_cluster(n).run(train_with, fn, TASK, timeout_s=TIMEOUT_S)
+        except WorkerTimeout as e:
+            return Verdict(False, f"on {n} ranks the training did not finish: {e}")
+        except WorkerError as e:
+            return Verdict(False, f"on {n} ranks your function failed — {e}")
+        for r, out in enumerate(outs[1:], start=1):
+            for i, (a, b) in enumerate(zip(outs[0]["params"], out["params"])):
+                if not torch.equal(a, b):
+                    return Verdict(False, f"on {n} ranks, after {TASK['steps']} steps rank {r}'s {names[i]} "
+                                          "differs from rank 0's: the copies drifted apart. Every rank must "
+                                          "apply the same gradient to every parameter.")
+        losses = outs[0]["losses"]
+        gaps = [abs(a - b) for a, b in zip(losses, ref)]
+        if max(gaps) > tol:
+            s = next(i for i, g in enumerate(gaps) if g > tol)
+            return Verdict(False, f"on {n} ranks the ranks agree with each other, but training is not the "
+                                  f"single-process training on the whole batch: at step {s} the loss is "
+                                  f"{losses[s]:.6f}, expected {ref[s]:.6f}. Is each rank's gradient "
+                                  "that of the whole batch — its size included?")
+    return Verdict(True, f"on {' and '.join(map(str, WORLD_SIZES))} ranks the losses equal single-process "
+                         f"training (within {tol:.1e}) and every rank holds the same model")
+
+
+def _reference_average_gradients():
+    def average_gradients(model):
+        world = dist.get_world_size()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+
+    return average_gradients
+
+
+def exercises() -> dict[str, Exercise]:
+    return {
+        "average_gradients": Exercise(
+            "average_gradients", "write the data-parallel gradient step",
+            "Complete <code>average_gradients(model)</code>. It runs on every rank after "
+            "<code>loss.backward()</code>, when each parameter's <code>p.grad</code> holds the gradient of "
+            "this rank's slice of the batch only. Afterwards every rank must hold the gradient of the "
+            "<i>whole</i> batch, so that all copies take the same step. Use <code>torch.distributed</code> "
+            "(<code>dist.all_reduce</code>, <code>dist.get_world_size()</code>). The check trains a few SGD "
+            f"steps on {' and '.join(map(str, WORLD_SIZES))} real ranks and compares the losses with "
+            "single-process training on the whole batch.",
+            check_average_gradients,
+            "Each rank's loss is the mean over its slice; the whole batch's loss is the mean of those N "
+            "means. <code>dist.all_reduce(t)</code> sums <code>t</code> over the ranks, in place.",
+            "def average_gradients(model):\n"
+            "    world = dist.get_world_size()\n"
+            "    for p in model.parameters():\n"
+            "        dist.all_reduce(p.grad)\n"
+            "        p.grad /= world",
+            _reference_average_gradients),
+    }
