@@ -26,6 +26,7 @@ EXPERIMENTS = {
     "zero": "lesson_lib.milestones.zero",
     "ring-allreduce": "lesson_lib.milestones.ring_allreduce",
     "pipeline": "lesson_lib.milestones.pipeline",
+    "large-batch": "lesson_lib.milestones.large_batch",
 }
 
 

@@ -1,0 +1,208 @@
+"""Chapter 5's exercises: a trust ratio by hand, LAMB's update for one layer, the scaling rule
+confirmed by a run, why sharded norms need an all-reduce, and that all-reduce on real ranks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..exercises import Exercise, Verdict
+from ..optim import LAMB
+from ..runtime import warm_cluster
+from ..schedules import chunk_bounds
+from ..source import source
+
+# Printed in the notebook for the by-hand trust ratio.
+LARS_CASE = {"eta": 0.001, "w_norm": 12.0, "g_norm": 0.05, "beta": 5e-4}
+
+
+def lars_ratio(eta: float, w_norm: float, g_norm: float, beta: float) -> float:
+    return eta * w_norm / (g_norm + beta * w_norm)
+
+
+def _check_ratio(answer) -> Verdict:
+    value = float(answer)
+    expected = lars_ratio(**LARS_CASE)
+    if math.isclose(value, expected, rel_tol=1e-3):
+        return Verdict(True, f"λ = {value:.4g}: this layer's step is {value:.3g} × the global rate")
+    c = LARS_CASE
+    if math.isclose(value, c["eta"] * c["w_norm"] / c["g_norm"], rel_tol=1e-3):
+        return Verdict(False, "close: the weight decay adds a term to the denominator too")
+    if math.isclose(value, 1 / expected, rel_tol=1e-3):
+        return Verdict(False, "upside down: a large weight and a small gradient should give a large ratio")
+    return Verdict(False, f"you said {value:.4g}; write λ from the norms printed above")
+
+
+# --------------------------------------------------------------------------- LAMB for one layer
+
+
+def _lamb_case(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(6, 5, generator=g)
+    grads = [torch.randn(6, 5, generator=g) * 0.1 for _ in range(3)]
+    return w, grads
+
+
+def _reference_lamb(w, grads, lr, wd, betas=(0.9, 0.999), eps=1e-6):
+    p = torch.nn.Parameter(w.clone())
+    opt = LAMB([p], lr=lr, betas=betas, eps=eps, weight_decay=wd)
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+    return p.detach()
+
+
+def _check_lamb(fn) -> Verdict:
+    """Three steps of the learner's ``lamb_step`` against lesson_lib.optim.LAMB, two settings."""
+    for lr, wd in ((0.01, 0.0), (0.05, 0.1)):
+        w, grads = _lamb_case(int(lr * 1000))
+        mine, m, v = w.clone(), torch.zeros_like(w), torch.zeros_like(w)
+        for t, g in enumerate(grads, start=1):
+            mine, m, v = fn(mine.clone(), g.clone(), m, v, t, lr, wd)
+        ref = _reference_lamb(w, grads, lr, wd)
+        err = (mine - ref).norm() / ref.norm()
+        if not torch.isfinite(err) or err > 1e-4:
+            hint = ("with weight decay only: is λw inside u, before the ratio is taken?" if wd
+                    else "check the moments' bias correction and the ratio φ(‖w‖)/‖u‖")
+            return Verdict(False, f"after 3 steps your weights differ from LAMB's by {float(err):.2g} "
+                                  f"(relative) at lr={lr}, weight_decay={wd} — {hint}")
+    return Verdict(True, "equal to lesson_lib.optim.LAMB over three steps, with and without decay")
+
+
+def lamb_step(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    r = (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
+    u = r + wd * w
+    return w - lr * w.norm() / u.norm() * u, m, v
+
+
+# --------------------------------------------------------------------------- the scaling rule
+
+
+def _check_scaling(answer, run_check: bool = True) -> Verdict:
+    """``(lr, warmup_steps)`` for SGD at 8 × B₀; the rate must follow the linear rule."""
+    from . import ch05
+
+    try:
+        lr, warmup = answer
+        lr, warmup = float(lr), int(warmup)
+    except (TypeError, ValueError):
+        return Verdict(False, "answer with a pair: (learning rate, warm-up steps)")
+    base, batch = ch05.BASE_LR["sgd"], 8 * ch05.BASE_BATCH
+    if math.isclose(lr, base * math.sqrt(8), rel_tol=0.01):
+        return Verdict(False, "that is the square-root rule; Goyal et al. scale SGD's rate linearly")
+    if not math.isclose(lr, 8 * base, rel_tol=0.01):
+        return Verdict(False, f"you said lr={lr:g}: how does the linear rule scale {base:g} for 8 × B₀?")
+    steps = ch05.config("sgd", batch).steps
+    if not 1 <= warmup <= steps // 2:
+        return Verdict(False, f"warm-up must be between 1 and half of the {steps} steps; you said {warmup}")
+    if not run_check:
+        return Verdict(True, f"lr = {lr:g}")
+    r = ch05.run_one(ch05.config("sgd", batch, lr=lr, warmup_steps=warmup))
+    return Verdict(True, f"lr = {lr:g} with {warmup} warm-up steps: the run reached held-out accuracy "
+                         f"{r['eval_accuracy']:.3f} in {r['steps']} steps")
+
+
+# --------------------------------------------------------------------------- norms under ZeRO
+
+ZERO_CHOICES = {
+    "a": "each rank's optimizer state would otherwise drift apart",
+    "b": "a rank holds only a slice of each layer, and a layer's norm needs the squares of all of it",
+    "c": "the gradients are not averaged yet when the optimizer runs",
+    "d": "the trust ratio must be the same number on every rank, and the mean of the ranks' ratios is it",
+}
+
+
+def _check_zero_choice(answer) -> Verdict:
+    key = str(answer).strip().lower()
+    if key not in ZERO_CHOICES:
+        return Verdict(False, f"answer with one letter of {', '.join(ZERO_CHOICES)}")
+    if key == "b":
+        return Verdict(True, "‖w‖² is a sum over the whole layer: all-reduce the partial sums of "
+                             "squares (a few bytes per layer), then take the square root")
+    why = {"a": "the state is sharded on purpose: no rank needs another's",
+           "c": "under ZeRO the gradients are reduce-scattered before the step",
+           "d": "a mean of per-slice ratios is not the ratio of the layer's norms"}[key]
+    return Verdict(False, why)
+
+
+# --------------------------------------------------------------------------- on real ranks
+
+
+def sharded_ratio_harness(fn, numel: int, seed: int):
+    """On each rank: this rank's slice of a seeded layer (w and u), the learner's ratio from it."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(seed)
+    w, u = torch.randn(numel, generator=g), torch.randn(numel, generator=g) * 0.01
+    lo, hi = chunk_bounds(numel, n)[rank]
+    return float(fn(w[lo:hi].clone(), u[lo:hi].clone())), float(w.norm() / u.norm())
+
+
+def _check_sharded(fn) -> Verdict:
+    for world, numel in ((2, 37), (3, 100)):
+        outs = warm_cluster(world).run(sharded_ratio_harness, fn, numel, world, timeout_s=10)
+        expected = outs[0][1]
+        got = [o[0] for o in outs]
+        if not all(math.isclose(x, got[0], rel_tol=1e-6) for x in got):
+            return Verdict(False, f"the ranks disagree ({', '.join(f'{x:.4g}' for x in got)}) on "
+                                  f"{world} ranks: every rank must end with the whole layer's ratio")
+        if not math.isclose(got[0], expected, rel_tol=1e-4):
+            return Verdict(False, f"on {world} ranks you got {got[0]:.4g} but the layer's ‖w‖/‖u‖ is "
+                                  f"{expected:.4g}: what adds up across slices — norms or squares?")
+    return Verdict(True, "every rank gets the whole layer's ‖w‖/‖u‖, on 2 and 3 real ranks")
+
+
+def sharded_trust_ratio(w_shard, u_shard):
+    sq = torch.stack([w_shard.square().sum(), u_shard.square().sum()])
+    dist.all_reduce(sq)  # the partial sums of squares, summed over the ranks
+    return (sq[0].sqrt() / sq[1].sqrt()).item()
+
+
+def exercises() -> dict[str, Exercise]:
+    c = LARS_CASE
+    return {
+        "ratio": Exercise(
+            "ratio", "a LARS trust ratio by hand",
+            f"A layer has ‖w‖ = {c['w_norm']}, ‖∇L‖ = {c['g_norm']}; LARS uses η = {c['eta']} and "
+            f"weight decay β = {c['beta']}. What is its local learning rate λ (the trust ratio)?",
+            _check_ratio, "λ = η‖w‖ / (‖∇L‖ + β‖w‖) (You, Gitman & Ginsburg, 2017).",
+            f"λ = {c['eta']} × {c['w_norm']} / ({c['g_norm']} + {c['beta']} × {c['w_norm']}) "
+            f"= {lars_ratio(**c):.4g}", lambda: lars_ratio(**c)),
+        "lamb": Exercise(
+            "lamb", "LAMB's update for one layer",
+            "Write <code>lamb_step(w, g, m, v, t, lr, wd)</code> (β₁ = 0.9, β₂ = 0.999, ε = 1e-6) "
+            "returning the new <code>(w, m, v)</code> after step t (t = 1, 2, …): Adam's moments "
+            "with bias correction, u = r + wd·w, and the step lr·‖w‖/‖u‖·u. The check runs three "
+            "steps against <code>lesson_lib.optim.LAMB</code>.",
+            _check_lamb, "Follow Algorithm 2 of You et al. (2020) line by line; the weight decay is "
+                         "added to r before the norm of u is taken.",
+            source(lamb_step).text, lambda: lamb_step),
+        "scaling": Exercise(
+            "scaling", "the linear scaling rule, then a run",
+            "SGD with momentum was tuned at B₀ = 64 with lr = 0.1. Pick the learning rate and the "
+            "warm-up steps for a batch 8× larger (the linear scaling rule with gradual warm-up, Goyal "
+            "et al., 2017), as a pair <code>(lr, warmup_steps)</code>. The check confirms it with a "
+            "real run.",
+            _check_scaling, "Multiply the rate by k = 8; warm up over the first few percent of the "
+                            "steps (Goyal et al. used 5 of 90 epochs).",
+            "(0.8, 12): 0.1 × 8, warmed up over about a tenth of the 128 steps.", lambda: (0.8, 12)),
+        "zero": Exercise(
+            "zero", "norms under ZeRO",
+            "Under ZeRO (chapter 4) each rank updates only its shard of the parameters. Why does LAMB "
+            "then need an all-reduce that Adam does not? " + "; ".join(
+                f"({k}) {v}" for k, v in ZERO_CHOICES.items()),
+            _check_zero_choice, "Adam's update of an element needs only that element; LAMB's needs "
+                                "‖w‖ and ‖u‖ of the whole layer.",
+            "(b): a layer's norm is a square root of a sum over the whole layer.", lambda: "b"),
+        "sharded": Exercise(
+            "sharded", "write it: a layer's trust ratio from its slices, on real ranks",
+            "Each rank holds a slice <code>w_shard</code> and <code>u_shard</code> of one layer. Write "
+            "<code>sharded_trust_ratio(w_shard, u_shard)</code>, run on every rank, that returns the "
+            "whole layer's ‖w‖/‖u‖ on every rank, using <code>dist.all_reduce</code>. The check runs "
+            "it on 2 and 3 real ranks (10 s timeout).",
+            _check_sharded, "Norms do not add up; squares do. One all-reduce can carry both sums.",
+            source(sharded_trust_ratio).text, lambda: sharded_trust_ratio),
+    }

@@ -1,0 +1,164 @@
+"""Large-batch training (chapter 5): the same samples in fewer, larger steps — SGD, Adam, LARS, LAMB.
+
+Data parallelism as in chapter 0 (one flat gradient bucket, our counted ring all-reduce), with a
+budget of ``epochs`` passes over the data, so a bigger ``global_batch`` means fewer steps and fewer
+all-reduces. The learning rate follows a linear warm-up over ``warmup_steps`` (Goyal et al., 2017)
+and then a cosine decay to zero; how ``lr`` grows with the batch (linear or square-root rule) is
+the caller's choice. LARS and LAMB are :mod:`lesson_lib.optim`'s; rank 0 records their per-layer
+trust ratios every step. After every epoch each rank evaluates the held-out set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import comm, optim
+from ..config import TrainConfig, opt
+from ..data import batch_indices, shard, subspace_teacher
+from ..metrics import StepRecorder, counters, memory_report, per_rank_summary
+from ..models import flat_views, mlp
+from ..runtime import context
+
+NAME = "large-batch"
+
+
+@dataclass
+class Config(TrainConfig):
+    optimizer: str = opt("lamb", "sgd (with momentum 0.9) | adam (AdamW) | lars | lamb")
+    epochs: int = opt(8, "passes over the training set (the budget of samples: fixed as the batch grows)")
+    warmup_steps: int = opt(0, "steps of linear learning-rate warm-up before the cosine decay")
+    weight_decay: float = opt(0.0, "weight decay of the weight matrices (biases are excluded)")
+    eval_samples: int = opt(2048, "held-out samples, evaluated after every epoch")
+    # The task (chapter 5's defaults differ from the shared ones: a deeper MLP on a harder set).
+    hidden: int = opt(128, "width of the hidden layers")
+    depth: int = opt(6, "number of hidden layers")
+    d_in: int = opt(64, "input features")
+    samples: int = opt(8192, "size of the training set")
+    global_batch: int = opt(32, "samples per step summed over all ranks")
+    lr: float = opt(5e-3, "peak learning rate (after warm-up) — scale it with the batch yourself")
+    steps: int = opt(0, "derived: epochs × (samples // global_batch)", cli=False)
+
+    def validate(self) -> "Config":
+        for name in ("epochs", "global_batch", "samples", "eval_samples"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.global_batch > self.samples:
+            raise ValueError(f"global_batch={self.global_batch} is larger than the data set "
+                             f"(samples={self.samples})")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) \
+                or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
+        if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1):
+            raise ValueError(f"weight_decay must be in [0, 1), got {self.weight_decay!r}")
+        if self.optimizer not in optim.OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(optim.OPTIMIZERS)}, "
+                             f"got {self.optimizer!r}")
+        self.steps = self.epochs * (self.samples // self.global_batch)
+        super().validate()
+        if self.global_batch % self.world_size:
+            raise ValueError(f"global_batch={self.global_batch} must divide evenly over "
+                             f"world_size={self.world_size} ranks")
+        return self
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.samples // self.global_batch
+
+
+def lr_at(cfg: Config, step: int) -> float:
+    """Linear warm-up to ``cfg.lr`` over ``warmup_steps``, then cosine decay to 0 at the end."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    rest = max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - cfg.warmup_steps) / rest))
+
+
+def evaluate(model, x, y) -> tuple[float, float]:
+    with torch.no_grad():
+        out = model(x)
+        return float(F.cross_entropy(out, y)), float((out.argmax(1) == y).float().mean())
+
+
+def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=None) -> dict:
+    """The loop; with ``world_size == 1`` and no process group it is the single-process reference."""
+    x_all, y_all = subspace_teacher(cfg.samples + cfg.eval_samples, cfg.d_in, classes=cfg.classes)
+    x_all, y_all = x_all.to(device), y_all.to(device)
+    x_eval, y_eval = x_all[cfg.samples:], y_all[cfg.samples:]
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(device)
+    _, bucket = flat_views(model)
+    optimizer = optim.make(cfg.optimizer, model, cfg.lr, cfg.weight_decay)
+    # last_stats lists the parameters in param-group order; the adapted ones are the layers' weights
+    adapted = [i for i, (g, _) in enumerate((g, p) for g in optimizer.param_groups for p in g["params"])
+               if g.get("adapt", False)]
+    rec = StepRecorder(device, emit)
+    losses, evals, trust = [], [], []
+    for step in range(cfg.steps):
+        idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world_size)
+        with rec.step(step) as r:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(cfg, step)
+            optimizer.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+            loss.backward()
+            loss = loss.detach().reshape(1)
+            if world_size > 1:  # chapter 0's step: sum the gradients, divide by the ranks
+                comm.all_reduce(bucket, "ring", op="grad_all_reduce")
+                bucket.div_(world_size)
+                comm.all_reduce(loss, "ring", op="loss_all_reduce")
+                loss.div_(world_size)
+            optimizer.step()
+            r.update(loss=float(loss), lr=lr_at(cfg, step), samples=(step + 1) * cfg.global_batch)
+        losses.append(r["loss"])
+        if rank == 0 and isinstance(optimizer, (optim.LARS, optim.LAMB)):
+            trust.append([optimizer.last_stats[i][2] for i in adapted])
+        if not math.isfinite(r["loss"]):  # every rank sees the same all-reduced loss: all stop
+            break
+        if (step + 1) % cfg.steps_per_epoch == 0:
+            ev_loss, ev_acc = evaluate(model, x_eval, y_eval)
+            evals.append({"epoch": (step + 1) // cfg.steps_per_epoch, "step": step + 1,
+                          "eval_loss": ev_loss, "eval_accuracy": ev_acc})
+            if emit is not None and rank == 0:
+                emit("eval", **evals[-1])
+    train_loss, train_acc = evaluate(model, x_all[:cfg.samples], y_all[:cfg.samples])
+    memory = memory_report(model, optimizer, 0, device=device)
+    return {"losses": losses, "evals": evals, "trust_ratios": trust, "train_loss": train_loss,
+            "train_accuracy": train_acc, "param_count": bucket.numel(),
+            "per_rank": per_rank_summary(rank, rec, memory)}
+
+
+def worker(cfg: Config) -> dict:
+    ctx = context()
+    counters().reset()
+    return train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit)
+
+
+def reference(cfg: Config) -> dict:
+    """Single-process training on the whole global batch, in this process: what N ranks must equal."""
+    return train(cfg.replace(world_size=1), 0, 1, torch.device("cpu"))
+
+
+def summarize(cfg: Config, outs: list[dict]) -> dict:
+    out = outs[0]
+    diverged = len(out["losses"]) < cfg.steps or not math.isfinite(out["losses"][-1])
+    last = out["evals"][-1] if out["evals"] and not diverged else {}
+    grad_sent = max(o["per_rank"]["ops"].get("grad_all_reduce", {}).get("bytes_sent", 0) for o in outs)
+    epochs_run = len(out["losses"]) / cfg.steps_per_epoch
+    psi = out["param_count"]
+    return {
+        "eval_loss": last.get("eval_loss", float("nan")),
+        "eval_accuracy": last.get("eval_accuracy", float("nan")),
+        "train_loss": out["train_loss"], "train_accuracy": out["train_accuracy"],
+        "diverged": diverged, "steps": len(out["losses"]), "steps_per_epoch": cfg.steps_per_epoch,
+        "evals": out["evals"], "trust_ratios": out["trust_ratios"], "param_count": psi,
+        "grad_bytes_per_epoch": grad_sent / epochs_run if epochs_run else 0.0,
+        # exact: one ring all-reduce of the Ψ float32 gradients per step, on the busiest rank
+        "grad_bytes_per_epoch_formula": cfg.steps_per_epoch * max(
+            comm.ring_bytes_sent(psi, 4, cfg.world_size, r) for r in range(cfg.world_size)),
+    }

@@ -1,0 +1,90 @@
+"""Chapter 5's figures: loss against samples and time, quality against batch, trust ratios, cost."""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import _with_note
+
+OPT_COLORS = {"sgd": "#E45756", "adam": "#4C78A8", "lars": "#F58518", "lamb": "#54A24B"}
+_DASHES = ["solid", "dash", "dot", "dashdot", "longdash"]
+
+
+def curves(results: dict, note: str | None = None) -> go.Figure:
+    """Training loss against samples seen and against wall-clock time, per (optimizer, batch)."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
+        "training loss vs samples seen", "training loss vs wall-clock time (s)"))
+    batches = sorted({b for _, b in results})
+    for (name, batch), r in results.items():
+        steps = r.per_rank[0]["steps"]
+        samples = [s["samples"] for s in steps]
+        wall, t = [], 0.0
+        for per_step in zip(*(p["steps"] for p in r.per_rank)):
+            t += max(s["wall_s"] for s in per_step)
+            wall.append(t)
+        style = {"color": OPT_COLORS.get(name), "dash": _DASHES[batches.index(batch) % len(_DASHES)]}
+        label = f"{name}, B={batch}"
+        fig.add_scatter(x=samples, y=r.losses, name=label, line=style, row=1, col=1)
+        fig.add_scatter(x=wall, y=r.losses, name=label, line=style, showlegend=False, row=1, col=2)
+    fig.update_yaxes(type="log", title_text="loss")
+    fig.update_xaxes(title_text="samples seen", row=1, col=1)
+    fig.update_xaxes(title_text="seconds (slowest rank, summed over steps)", row=1, col=2)
+    fig.update_layout(height=420, title=_with_note("Same budget of samples, growing batch", note),
+                      legend={"orientation": "h", "y": -0.25}, margin={"t": 90})
+    return fig
+
+
+def quality_vs_batch(rows: list[dict], base_batch: int) -> go.Figure:
+    """Held-out accuracy at the end of the budget, against the batch (x for a diverged run)."""
+    fig = go.Figure()
+    for name in OPT_COLORS:
+        mine = sorted((r for r in rows if r["optimizer"] == name), key=lambda r: r["batch"])
+        if not mine:
+            continue
+        acc = [None if math.isnan(r["eval_accuracy"]) else r["eval_accuracy"] for r in mine]
+        fig.add_scatter(x=[r["batch"] for r in mine], y=acc, name=name, mode="lines+markers",
+                        line={"color": OPT_COLORS[name]})
+        lost = [r for r in mine if math.isnan(r["eval_accuracy"])]
+        if lost:
+            fig.add_scatter(x=[r["batch"] for r in lost], y=[0.0] * len(lost), mode="markers",
+                            marker={"symbol": "x", "size": 14, "color": OPT_COLORS[name]},
+                            name=f"{name}: diverged (NaN)")
+    fig.update_xaxes(type="log", title_text=f"global batch (base B₀ = {base_batch})")
+    fig.update_yaxes(title_text="held-out accuracy", range=[0, 1])
+    fig.update_layout(height=380, title="Quality at a fixed budget of samples, as the batch grows",
+                      margin={"t": 60})
+    return fig
+
+
+def trust_heatmap(ratios: list[list[float]], title: str) -> go.Figure:
+    """Per-layer trust ratio (rows) over steps (columns)."""
+    layers = len(ratios[0]) if ratios else 0
+    z = [[step[i] for step in ratios] for i in range(layers)]
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(len(ratios))), y=[f"layer {i}" for i in range(layers)],
+                               colorscale="Viridis", colorbar={"title": "ratio"}))
+    fig.update_layout(height=320, title=title, xaxis_title="step", margin={"t": 60})
+    return fig
+
+
+def epoch_cost(rows: list[dict], note: str | None = None) -> go.Figure:
+    """Time per epoch (wall and busy) and counted gradient bytes per epoch, against the batch."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        "time per epoch (s)", "gradient bytes sent per epoch (busiest rank)"))
+    rows = sorted(rows, key=lambda r: r["batch"])
+    xs = [r["batch"] for r in rows]
+    fig.add_scatter(x=xs, y=[r["epoch_wall_s"] for r in rows], name="wall clock", mode="lines+markers",
+                    row=1, col=1)
+    fig.add_scatter(x=xs, y=[r["epoch_busy_s"] for r in rows], name="busy (CPU time)",
+                    mode="lines+markers", line={"dash": "dot"}, row=1, col=1)
+    fig.add_scatter(x=xs, y=[r["grad_bytes_per_epoch"] for r in rows], name="counted",
+                    mode="markers", marker={"size": 11}, row=1, col=2)
+    fig.add_scatter(x=xs, y=[r["grad_bytes_per_epoch_formula"] for r in rows],
+                    name="steps per epoch × 2(N−1)/N·S", mode="lines", row=1, col=2)
+    fig.update_xaxes(type="log", title_text="global batch")
+    fig.update_yaxes(type="log")
+    fig.update_layout(height=380, title=_with_note("What a bigger batch saves per epoch", note),
+                      margin={"t": 90}, legend={"orientation": "h", "y": -0.25})
+    return fig

@@ -1,0 +1,224 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 5 — Large-batch training: LARS and LAMB
+#
+# With data parallelism (chapter 0) every step ends in an all-reduce. **A bigger global batch means
+# fewer, larger steps for the same samples**: fewer all-reduces per epoch, more work per message,
+# more ranks kept busy. Goyal et al. (2017) trained ResNet-50 on ImageNet with 8,192 images per step
+# in one hour by scaling the learning rate linearly with the batch and warming it up gradually. Past
+# that, plain SGD lost accuracy. **LARS** (You, Gitman & Ginsburg, 2017) gives each layer its own
+# rate from the ratio of its weight norm to its gradient norm, and took ResNet-50 to batches of 32K;
+# **LAMB** (You et al., ICLR 2020) does the same on top of Adam and trained BERT with batches of
+# 64K in 76 minutes.
+#
+# This chapter runs all of it on real ranks on your machine: the same budget of samples at a batch
+# growing from B₀ = 64 to 32·B₀, with SGD (linear rule and warm-up), Adam, LARS and LAMB, and
+# measures what the larger batch saves and what it costs.
+
+# %%
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lesson_lib import show_source, warm_cluster
+from lesson_lib.chapters import ch05
+from lesson_lib.data import subspace_teacher
+from lesson_lib.milestones import large_batch
+from lesson_lib.optim import LAMB, LARS, param_groups
+
+# %% [markdown]
+# ## 1. The two update rules, as code
+#
+# Both optimizers keep a rate per layer: the **trust ratio**. LARS scales the layer's step by
+# λ = η‖w‖ / (‖∇L‖ + β‖w‖); LAMB takes Adam's step r = m̂/(√v̂ + ε), adds the weight decay,
+# u = r + λw, and rescales it to φ(‖w‖)/‖u‖. These are the lines `lesson_lib.optim` runs:
+
+# %%
+show_source(LARS._update, LAMB._update)
+
+# %% [markdown]
+# The schedule around them: a linear warm-up over the first steps, then a cosine decay (Goyal et al.
+# warm up over 5 epochs; the cosine is our choice for a short run).
+
+# %%
+show_source(large_batch.lr_at)
+
+# %% [markdown]
+# ## 2. LAMB inside data-parallel training, on real ranks
+#
+# Nothing about the optimizer changes when it runs on ranks: each rank computes the gradient of its
+# slice of the batch, chapter 0's all-reduce averages the gradients, and every rank takes the same
+# LAMB step. Here is that loop, written in this cell and run on 1 and on 2 real ranks; both must
+# give the same trust ratios, because they train the same model on the same batches.
+
+# %%
+def lamb_data_parallel(steps: int = 5, batch: int = 256):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    opt = LAMB(param_groups(model, weight_decay=5e-4), lr=0.01)
+    x, y = subspace_teacher(batch)
+    mine = slice(rank * batch // n, (rank + 1) * batch // n)  # this rank's slice of the batch
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x[mine]), y[mine]).backward()
+        for p in model.parameters():  # chapter 0: average the gradients over the ranks
+            dist.all_reduce(p.grad)
+            p.grad /= n
+        opt.step()  # LAMB: one trust ratio per layer
+    return [round(ratio, 4) for _, _, ratio in opt.last_stats]
+
+
+one, two = warm_cluster(1).run(lamb_data_parallel), warm_cluster(2).run(lamb_data_parallel)
+print("trust ratios, 1 rank: ", one[0])
+print("trust ratios, 2 ranks:", two[0], "(rank 1:", two[1], ")")
+
+# %% [markdown]
+# The last two entries are the biases: `param_groups` leaves them out of the adaptation (ratio 1)
+# and out of weight decay, as the large-batch recipes do. The ratios agree to float rounding (the
+# two-rank sum adds in another order):
+
+# %%
+assert two[0] == two[1], "ranks took different steps"
+assert all(abs(a - b) <= 1e-3 * max(1.0, abs(a)) for a, b in zip(one[0], two[0])), (one, two)
+
+# %% [markdown]
+# ## 3. Bigger batches, same budget of samples
+#
+# The task: a 6-layer MLP (91k parameters) on 8,192 points near an 8-dimensional subspace of
+# R⁶⁴, labelled by a random teacher network; 2,048 more points are held out. Every run sees the
+# same **8 epochs** of samples on 2 ranks. The rates were tuned once at B₀ = 64 and then only scaled:
+# SGD and LARS by the linear rule (×k for a k-times larger batch), Adam and LAMB by the square-root
+# rule (×√k, as You et al. (2020) do for LAMB), each with a warm-up over the first tenth of the steps.
+
+# %%
+out = ch05.grid(batches=(64, 512, 2048))
+rows = {(r["optimizer"], r["batch"]): r for r in out["rows"]}
+
+# %% [markdown]
+# What the table shows, run after run on this task (the exact numbers vary a little with the CPU):
+# at B₀ all four optimizers learn the task; at 32·B₀ the run has only 32 steps. **SGD with the linear
+# rule diverges or collapses** — its rate grew 32-fold; Adam and LAMB, scaled by √32, keep learning
+# but end below their small-batch accuracy, LAMB usually a little ahead of Adam. LARS, with the linear
+# rule, also fails here: its wins were on convolutional networks with batch normalization (You,
+# Gitman & Ginsburg, 2017), and the biases it leaves out get the full 32-fold rate. **On a budget of
+# 8 epochs, 32 steps are too few for any optimizer to match 1,024**: the papers' 32K-batch results
+# trained for tens of epochs of ImageNet, thousands of steps. The cell checks what holds every time:
+
+# %%
+acc = {k: (0.0 if r["diverged"] else r["eval_accuracy"]) for k, r in rows.items()}
+for name in ("sgd", "adam", "lars", "lamb"):
+    assert acc[name, 64] > 0.6, (name, acc[name, 64])  # every optimizer learns the task at B₀
+assert acc["sgd", 2048] < acc["sgd", 64] - 0.2, acc  # SGD + linear rule breaks at 32 × B₀
+assert acc["lamb", 2048] > acc["sgd", 2048] + 0.2, acc  # LAMB (√ rule) still learns there
+assert acc["lamb", 2048] > 0.4, acc
+
+# %% [markdown]
+# ## 4. What the larger batch saves
+#
+# Per epoch, a k-times larger batch takes k times fewer steps, so k times fewer all-reduces of the
+# same 91k gradients: the bytes each rank sends per epoch fall by k — **counted** on the wire against
+# steps × 2(N−1)/N·S. The time per epoch falls too (fewer, fuller steps), though not k-fold: the
+# arithmetic per sample stays the same.
+
+# %%
+ch05.epoch_cost(out["rows"], "lamb")
+
+# %%
+for r in out["rows"]:
+    assert r["grad_bytes_per_epoch"] == r["grad_bytes_per_epoch_formula"], r  # exact
+lamb_rows = sorted((r for r in out["rows"] if r["optimizer"] == "lamb"), key=lambda r: r["batch"])
+by_batch = [r["grad_bytes_per_epoch"] for r in lamb_rows]
+assert by_batch[0] == 8 * by_batch[1] == 32 * by_batch[2], by_batch
+assert lamb_rows[-1]["epoch_wall_s"] < lamb_rows[0]["epoch_wall_s"], lamb_rows
+
+# %% [markdown]
+# ## 5. Trust ratios, layer by layer
+#
+# LAMB's ratio φ(‖w‖)/‖u‖ for each weight matrix at every step of the 32·B₀ run (biases excluded).
+# Layers whose update is large relative to their weights get a small ratio — the balancing LARS
+# introduced; layers with small updates get a large one.
+
+# %%
+ch05.trust_ratios(out["runs"]["lamb", 2048], "LAMB at B = 2048")
+
+# %%
+ch05.trust_ratios(out["runs"]["lars", 2048], "LARS at B = 2048")
+
+# %% [markdown]
+# ## 6. Try it
+#
+# Pick an optimizer, a batch, a peak rate and a warm-up; each click trains on real ranks. Try SGD at
+# 2048 with a smaller rate than the linear rule gives, or LAMB with a larger one.
+
+# %%
+ch05.explorer()
+
+# %% [markdown]
+# The same from a shell: `python -m lesson_lib run large-batch --optimizer lamb --global-batch 2048
+# --lr 0.028 --warmup-steps 3 --world-size 2 --json lamb.json`.
+#
+# ## Exercises
+#
+# Each exercise checks your answer when you call `submit`. Hints and solutions are folded away.
+
+# %%
+exercises = ch05.exercises()
+exercises["ratio"]
+
+# %%
+exercises["ratio"].submit(...)  # replace ... with a number
+
+# %%
+exercises["lamb"]
+
+
+# %%
+def lamb_step(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
+    ...  # your code here: return the new (w, m, v)
+
+
+exercises["lamb"].submit(lamb_step)
+
+# %%
+exercises["scaling"]
+
+# %%
+exercises["scaling"].submit(...)  # replace ... with (learning rate, warm-up steps)
+
+# %%
+exercises["zero"]
+
+# %%
+exercises["zero"].submit(...)  # replace ... with a letter
+
+# %%
+exercises["sharded"]
+
+
+# %%
+def sharded_trust_ratio(w_shard, u_shard):
+    ...  # your code here: runs on every rank
+
+
+exercises["sharded"].submit(sharded_trust_ratio)
+
+# %% [markdown]
+# ## What comes next
+#
+# A larger batch cuts the number of messages; chapter 6 cuts the size of each one — gradient
+# compression: sparsification, quantization and low-rank updates, and when they pay.

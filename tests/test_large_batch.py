@@ -1,0 +1,196 @@
+"""Chapter 5: the large-batch experiment on real ranks, its bad inputs, its CLI, its exercises."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import worker_children
+
+from lesson_lib import run
+from lesson_lib.chapters import ch05
+from lesson_lib.chapters.ch05_exercises import exercises
+from lesson_lib.milestones import large_batch as lb
+
+pytestmark = pytest.mark.ch5
+
+SMALL = dict(samples=512, eval_samples=128, epochs=2, hidden=16, depth=3, global_batch=64)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("optimizer", ["lamb", "lars", "sgd"])
+def test_two_ranks_equal_the_single_process_reference(clusters, optimizer):
+    cfg = lb.Config(world_size=2, optimizer=optimizer, lr=0.01, warmup_steps=2, weight_decay=1e-3,
+                    **SMALL)
+    result = run("large-batch", cfg, cluster=clusters(2))
+    ref = lb.reference(cfg)
+    # Same batches, same model: only the order of the float32 sums differs (two halves added by the
+    # all-reduce); over 16 steps of O(1) losses that stays far below 1e-4 of the loss.
+    assert len(result.losses) == cfg.steps == 16
+    for a, b in zip(result.losses, ref["losses"]):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), (result.losses, ref["losses"])
+    assert abs(result["eval_accuracy"] - ref["evals"][-1]["eval_accuracy"]) <= 1 / SMALL["eval_samples"]
+    if optimizer in ("lamb", "lars"):  # one ratio per weight matrix per step, recorded on rank 0
+        assert len(result["trust_ratios"]) == 16 and len(result["trust_ratios"][0]) == 4
+        assert all(r > 0 for step in result["trust_ratios"] for r in step)
+    else:
+        assert result["trust_ratios"] == []
+
+
+def test_counted_gradient_bytes_fall_with_the_batch_and_equal_the_formula(clusters):
+    per_epoch = {}
+    for batch in (32, 128):
+        cfg = lb.Config(world_size=2, **{**SMALL, "global_batch": batch})
+        r = run("large-batch", cfg, cluster=clusters(2))
+        assert r["grad_bytes_per_epoch"] == r["grad_bytes_per_epoch_formula"]
+        assert r["steps"] == 2 * 512 // batch
+        per_epoch[batch] = r["grad_bytes_per_epoch"]
+    assert per_epoch[32] == 4 * per_epoch[128] > 0
+
+
+def test_a_diverging_run_stops_on_every_rank_and_says_so(clusters):
+    cfg = lb.Config(world_size=2, optimizer="sgd", lr=1e4, **SMALL)
+    r = run("large-batch", cfg, cluster=clusters(2))
+    assert r["diverged"] and math.isnan(r["eval_accuracy"]) and r["steps"] < cfg.steps
+
+
+@pytest.mark.parametrize("options, name", [
+    (dict(global_batch=1024), "global_batch"),  # larger than the 512 samples
+    (dict(global_batch=63), "global_batch"),  # not divisible by 2 ranks
+    (dict(warmup_steps=-1), "warmup_steps"),
+    (dict(lr=float("nan")), "lr"), (dict(lr=0.0), "lr"), (dict(lr=-0.1), "lr"),
+    (dict(optimizer="adagrad"), "optimizer"),
+    (dict(epochs=0), "epochs"),
+])
+def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
+    before = len(worker_children())
+    with pytest.raises(ValueError, match=name):
+        run("large-batch", world_size=2, **{**SMALL, **options})
+    assert len(worker_children()) == before
+
+
+def test_cli_writes_the_chapter_keys(tmp_path):
+    out = tmp_path / "lb.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lesson_lib", "run", "large-batch", "--optimizer", "lamb",
+         "--global-batch", "64", "--epochs", "1", "--samples", "256", "--eval-samples", "64",
+         "--hidden", "8", "--depth", "2", "--lr", "0.01", "--warmup-steps", "1", "--world-size", "2",
+         "--json", str(out), "--quiet"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(out.read_text())
+    for key in ("eval_loss", "eval_accuracy", "steps", "grad_bytes_per_epoch", "trust_ratios"):
+        assert key in d, key
+    assert d["steps"] == 4 and len(d["trust_ratios"]) == 4
+    bad = subprocess.run([sys.executable, "-m", "lesson_lib", "run", "large-batch", "--warmup-steps", "-3"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "warmup_steps" in bad.stderr
+
+
+def test_the_scaling_rules():
+    assert ch05.scaled_lr("sgd", 8 * ch05.BASE_BATCH) == pytest.approx(8 * ch05.BASE_LR["sgd"])
+    assert ch05.scaled_lr("lamb", 4 * ch05.BASE_BATCH) == pytest.approx(2 * ch05.BASE_LR["lamb"])
+    cfg = ch05.config("lamb", 2048)
+    assert cfg.steps == 32 and cfg.warmup_steps == 3 and lb.lr_at(cfg, 0) == pytest.approx(cfg.lr / 3)
+    assert lb.lr_at(cfg, 2) == pytest.approx(cfg.lr) and lb.lr_at(cfg, 31) < 0.01 * cfg.lr
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return exercises()
+
+
+def test_ratio_exercise(ex):
+    assert ex["ratio"].submit(ex["ratio"].reference())
+    from lesson_lib.chapters.ch05_exercises import LARS_CASE as case
+
+    no_decay = case["eta"] * case["w_norm"] / case["g_norm"]
+    for wrong in (no_decay, 1 / ex["ratio"].reference(), 0.001, 12.0):
+        verdict = ex["ratio"].submit(wrong)
+        assert not verdict and str(round(ex["ratio"].reference(), 4)) not in verdict.message
+
+
+def _lamb_no_bias_correction(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    u = m / (v.sqrt() + eps) + wd * w
+    return w - lr * w.norm() / u.norm() * u, m, v
+
+
+def _lamb_decay_outside(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    r = (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
+    return w - lr * w.norm() / r.norm() * r - lr * wd * w, m, v
+
+
+def _adam(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    return w - lr * ((m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps) + wd * w), m, v
+
+
+def test_lamb_exercise(ex):
+    assert ex["lamb"].submit(ex["lamb"].reference())
+    for wrong in (_adam, _lamb_no_bias_correction, _lamb_decay_outside):
+        verdict = ex["lamb"].submit(wrong)
+        assert not verdict and "differ" in verdict.message, wrong.__name__
+
+
+def test_scaling_exercise_without_the_run(ex):
+    from lesson_lib.chapters.ch05_exercises import _check_scaling
+    assert _check_scaling(ex["scaling"].reference(), run_check=False)
+    for wrong, says in (((0.1 * 8**0.5, 12), "square-root"), ((0.1, 12), "linear rule"),
+                        ((0.8, 0), "warm-up"), ((0.8, 100), "warm-up"), (0.8, "pair")):
+        verdict = _check_scaling(wrong, run_check=False)
+        assert not verdict and says in verdict.message, (wrong, verdict)
+
+
+def test_scaling_exercise_confirms_with_a_real_run(ex):
+    verdict = ex["scaling"].submit(ex["scaling"].reference())
+    assert verdict and "held-out accuracy" in verdict.message
+
+
+def test_zero_choice_exercise(ex):
+    assert ex["zero"].submit("b") and ex["zero"].submit(" B ")
+    for wrong in ("a", "c", "d", "e", 2):
+        assert not ex["zero"].submit(wrong)
+
+
+def _local_only(w_shard, u_shard):  # forgets that the layer is spread over the ranks
+    return (w_shard.norm() / u_shard.norm()).item()
+
+
+def _sum_of_norms(w_shard, u_shard):  # all-reduces norms: they do not add up
+    t = torch.stack([w_shard.norm(), u_shard.norm()])
+    dist.all_reduce(t)
+    return (t[0] / t[1]).item()
+
+
+def _no_sqrt(w_shard, u_shard):
+    t = torch.stack([w_shard.square().sum(), u_shard.square().sum()])
+    dist.all_reduce(t)
+    return (t[0] / t[1]).item()
+
+
+def _deadlock(w_shard, u_shard):  # only rank 0 joins the all-reduce
+    t = torch.stack([w_shard.square().sum(), u_shard.square().sum()])
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    return (t[0].sqrt() / t[1].sqrt()).item()
+
+
+def test_sharded_exercise_on_real_ranks(ex):
+    assert ex["sharded"].submit(ex["sharded"].reference())
+    for wrong in (_local_only, _sum_of_norms, _no_sqrt):
+        wrong.__module__ = "__main__"  # as a learner's cell function: sent by value
+        verdict = ex["sharded"].submit(wrong)
+        assert not verdict, wrong.__name__
+    _deadlock.__module__ = "__main__"
+    verdict = ex["sharded"].submit(_deadlock)
+    assert not verdict and "timeout_s=10" in verdict.message, verdict.message
