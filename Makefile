@@ -42,8 +42,11 @@ test: install
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory test-numerics
 
+NUMERIC_NOTEBOOKS := notebooks/00_why_distributed.ipynb notebooks/03_pipeline_parallelism.ipynb \
+	notebooks/04_zero.ipynb notebooks/05_large_batch.ipynb
 test-numerics: install
-	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics tests
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest $(NUMERIC_NOTEBOOKS)
 
 # Token auth stays on: open the URL with ?token=... that JupyterLab prints. It opens on the course's
 # table of contents (notebooks/README.md, shown rendered: this venv's JupyterLab opens Markdown
