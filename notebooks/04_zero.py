@@ -35,7 +35,13 @@
 # category, from the tensors it holds.
 
 # %%
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lesson_lib import comm, show_source, warm_cluster
 from lesson_lib.chapters import ch04
+from lesson_lib.milestones import zero
 
 # %% [markdown]
 # ## 1. Four stages, measured
@@ -68,10 +74,86 @@ same = ch04.agreement(results)
 
 # %%
 assert all(same["identical_to_stage_0"].values())
-assert same["max_gap_vs_single_process"] < 1e-5
+assert same["max_gap_vs_single_process"] <= same["tolerance"], same
 
 # %% [markdown]
-# ## 3. What it costs on the wire
+# How close is "up to float rounding"? `ch04.tolerances` derives it from the run itself: Adam moves
+# each parameter by at most about the learning rate per step (Kingma & Ba, 2015), so two correct
+# runs that only round differently — another summation order, another CPU's kernels — drift apart
+# by a small fraction of lr·steps; we allow 1/100 of it, less than the single step a real bug
+# (a skipped step, a wrong slice) moves parameters by. Losses get a relative allowance from fp32's
+# rounding (2⁻²⁴ per operation) times the sums in one forward pass, per step.
+
+# %% [markdown]
+# ## 3. The sharded step, written out
+#
+# Here is ZeRO stage 1 in about twenty lines, run on the 4 ranks. Each rank holds all parameters
+# as views of one flat buffer padded to a multiple of N (`zero.Flat`) and owns slice `rank` of it.
+# After its backward pass it has the gradient of its own share of the batch; then:
+#
+# 1. **reduce-scatter** the gradient: rank r receives the sum over all ranks of slice r only,
+#    (N−1)/N·Ψ elements sent per rank;
+# 2. **Adam on my slice**: the optimizer was built for `mine` alone, so its two moments hold Ψ/N
+#    numbers each — the saving of stage 1;
+# 3. **all-gather** the parameters: every rank receives the other N−1 updated slices, another
+#    (N−1)/N·Ψ.
+#
+# Stage 2 is the same step, except that the full gradient buffer is freed right after the
+# reduce-scatter and only `mine.grad` lives on.
+
+# %%
+def my_zero1_adam(cfg):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model, batch = ch04.task(cfg)  # the same initial model on every rank; my share of each batch
+    flat = zero.Flat(list(model.parameters()), n, rank)  # parameters become views of flat.full
+    grad = torch.zeros(flat.padded)
+    flat.point_grads(grad)  # ... and their gradients views of one flat gradient
+    mine = flat.full[flat.lo:flat.hi]  # my slice of the parameters (a view)
+    adam = torch.optim.Adam([mine], lr=cfg.lr)  # Adam's moments for my slice only: 8Ψ/N bytes
+    losses = []
+    for step in range(cfg.steps):
+        x, y = batch(step)
+        grad.zero_()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()  # the gradient of my micro-batch, all Ψ of it
+        mine.grad = comm.ring_reduce_scatter(grad).div_(n)  # Σ over ranks of slice `rank`, averaged
+        adam.step()  # updates my slice, nothing else
+        comm.ring_all_gather(flat.full)  # every rank receives every updated slice
+        losses.append(loss.item())
+    return losses, flat.full[:flat.numel].tolist()
+
+
+cfg = ch04.config(stage=1, world_size=4)
+outs = warm_cluster(4).run(my_zero1_adam, cfg)
+my_losses = [sum(o[0][s] for o in outs) / 4 for s in range(cfg.steps)]  # global loss: mean over ranks
+tol = ch04.tolerances(cfg)
+loss_gap = ch04.max_gap(my_losses, zero.reference(cfg))
+param_gap = ch04.max_gap(outs[0][1], results[1]["final_params"])
+print(f"largest loss gap vs single-process Adam: {loss_gap:.1e} (allowed {tol['loss_rel'] * max(my_losses):.0e}); "
+      f"largest parameter gap vs the library's stage 1: {param_gap:.1e} (allowed {tol['params']:.0e})")
+
+# %%
+assert all(o[1] == outs[0][1] for o in outs)  # after the all-gather every rank holds the same model
+assert loss_gap <= tol["loss_rel"] * max(my_losses)
+assert param_gap <= tol["params"]
+
+# %% [markdown]
+# The library's version, which the figures above ran, does the same per layer (one flat buffer
+# per `Linear`, which stage 3 needs) and handles all four stages and mixed precision:
+
+# %%
+show_source(zero.sharded_step)
+
+# %% [markdown]
+# Stage 3 also shards the parameters, so a layer's weights must be fetched before it runs. Module
+# hooks do it: all-gather just before a layer's forward, free right after; gather again before its
+# backward; reduce-scatter its gradient as soon as autograd has finished it.
+
+# %%
+show_source(zero.fetch_layer_by_layer)
+
+# %% [markdown]
+# ## 4. What it costs on the wire
 #
 # Stages 1 and 2 move exactly what data parallelism moves: a reduce-scatter of the gradients and an
 # all-gather of the parameters, 2Ψ per rank (times (N−1)/N). Stage 3 gathers the parameters twice,
@@ -85,7 +167,7 @@ assert all(row["counted"] == row["formula"] for row in wire), wire
 assert wire[3]["counted"] / wire[0]["counted"] == 1.5
 
 # %% [markdown]
-# ## 4. Mixed precision
+# ## 5. Mixed precision
 #
 # The paper's numbers assume fp16 parameters and gradients with an fp32 master copy and Adam
 # moments (K = 12). A CPU has no fast fp16, so here the low precision is **bfloat16**; the byte
@@ -100,7 +182,7 @@ assert all(abs(v - 1) <= 0.05 for per_stage in mixed_ratios.values() for v in pe
 assert all(ch04.agreement(mixed)["identical_to_stage_0"].values())
 
 # %% [markdown]
-# ## 5. Against PyTorch's own ZeRO-1
+# ## 6. Against PyTorch's own ZeRO-1
 #
 # `torch.distributed.optim.ZeroRedundancyOptimizer` shards Adam's state like our stage 1. It leaves
 # the gradient all-reduce to you (here the library's `all_reduce`, 2Ψ), and after each step every rank
@@ -112,10 +194,11 @@ assert all(ch04.agreement(mixed)["identical_to_stage_0"].values())
 theirs = ch04.torch_zero(world_size=4, ours=results[1])
 
 # %%
-assert theirs["loss_gap"] < 1e-5 and theirs["param_gap"] < 1e-5, theirs
+assert theirs["param_gap"] <= theirs["param_tolerance"], theirs
+assert theirs["loss_gap"] <= theirs["loss_tolerance"], theirs
 
 # %% [markdown]
-# ## 6. At the scale of real models
+# ## 7. At the scale of real models
 #
 # The paper's example: a 7.5-billion-parameter model on 64 GPUs needs 120 GB per device under data
 # parallelism, 31.4 GB with stage 1, 16.6 GB with stage 2 and 1.9 GB with stage 3 (Rajbhandari et al.,
@@ -140,9 +223,10 @@ ch04.calculator()
 table = ch04.fits(world_size=64)
 
 # %% [markdown]
-# ## 7. Try it yourself
+# ## 8. Try it yourself
 #
-# Run all four stages with your own number of ranks and precision (real processes).
+# Run all four stages with 1, 2 or 4 ranks (the batch of 64 must split evenly) and either precision
+# (real processes).
 
 # %%
 ch04.explorer()
@@ -152,6 +236,20 @@ ch04.explorer()
 
 # %%
 exercises = ch04.exercises()
+
+# %%
+exercises["zero1"]
+
+
+# %%
+def my_zero1_step(params, grad, step):
+    # rank, n = dist.get_rank(), dist.get_world_size()
+    # 1. reduce-scatter the gradients (every rank gets the sum of its own slice); average them
+    # 2. step(...) on this rank's slice of params only
+    # 3. all-gather the parameters, then return them
+    ...
+
+exercises["zero1"].submit(my_zero1_step)
 
 # %%
 exercises["stage2"]

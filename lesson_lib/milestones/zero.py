@@ -158,6 +158,43 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
             p.register_post_accumulate_grad_hook(lambda p, u=u: grad_ready(u))
 
 
+def sharded_step(units: list[Flat], masters: list, owned: list, optimizer, stage: int, n: int,
+                 mixed: bool, transient: Transients) -> None:
+    """One ZeRO step after backward (shown in chapter 4): average the gradients, update, share.
+
+    Stages 0-2: reduce-scatter each layer's gradient so rank r holds the sum of slice r; stage 0
+    all-gathers it back (an all-reduce) and updates everything, stages 1-2 update only slice r
+    and all-gather the parameters. Stage 3's gradients were scattered during backward.
+    """
+    grads = []
+    for u in units if stage < 3 else ():
+        mine = comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter").div_(n)
+        if stage == 0:
+            grads.append(comm.ring_all_gather(u.bucket, op="grad_all_gather"))
+        elif stage == 1:
+            grads.append(mine)
+        else:
+            u.grad_shard.copy_(mine)
+            u.point_grads(None)
+            transient.add(-u.bucket.untyped_storage().nbytes())
+            del mine
+            u.bucket = None  # the full gradient buffer is freed here
+    if stage >= 2:
+        grads = [u.grad_shard for u in units]
+    for m, g in zip(masters, grads):
+        m.grad = g.float() if mixed else g
+    if mixed:  # the fp32 copy of the gradients Adam reads
+        transient.add(storage_bytes([m.grad for m in masters]))
+        transient.add(-storage_bytes([m.grad for m in masters]))
+    optimizer.step()
+    for m, o in zip(masters, owned):
+        m.grad = None
+        if mixed:
+            o.copy_(m)
+    for u in units if stage in (1, 2) else ():
+        comm.ring_all_gather(u.full, op="param_all_gather")
+
+
 def worker(cfg: Config) -> dict:
     ctx = context()
     counters().reset()
@@ -200,33 +237,7 @@ def worker(cfg: Config) -> dict:
             with meter.measure():
                 loss = F.cross_entropy(model(x_all[idx]).float(), y_all[idx])
             loss.backward()  # stage 3: the hooks gather, free and reduce-scatter layer by layer
-            grads = []
-            for u in units if stage < 3 else ():
-                mine = comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter").div_(n)
-                if stage == 0:
-                    grads.append(comm.ring_all_gather(u.bucket, op="grad_all_gather"))
-                elif stage == 1:
-                    grads.append(mine)
-                else:
-                    u.grad_shard.copy_(mine)
-                    u.point_grads(None)
-                    transient.add(-u.bucket.untyped_storage().nbytes())
-                    del mine
-                    u.bucket = None  # the full gradient buffer is freed here
-            if stage >= 2:
-                grads = [u.grad_shard for u in units]
-            for m, g in zip(masters, grads):
-                m.grad = g.float() if mixed else g
-            if mixed:  # the fp32 copy of the gradients Adam reads
-                transient.add(storage_bytes([m.grad for m in masters]))
-                transient.add(-storage_bytes([m.grad for m in masters]))
-            optimizer.step()
-            for m, o in zip(masters, owned):
-                m.grad = None
-                if mixed:
-                    o.copy_(m)
-            for u in units if stage in (1, 2) else ():
-                comm.ring_all_gather(u.full, op="param_all_gather")
+            sharded_step(units, masters, owned, optimizer, stage, n, mixed, transient)
             lt = loss.detach().reshape(1)
             comm.ring_all_reduce(lt, op="loss_all_reduce")
             rs["loss"] = float(lt) / n

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import plotly.graph_objects as go
 
-from .common import COLORS
+from .common import COLORS, LiveRuns
 from .training import traffic_vs_formula
+
+
+def wrap(text: str, width: int = 80) -> str:
+    """Break a long title or note into lines (plotly never wraps, it clips at the figure's edge)."""
+    return "<br>".join(textwrap.wrap(text, width))
+
+
+def live_runs(title: str) -> LiveRuns:
+    """The live loss / step-time figure with subplot titles short enough for a half-width panel
+    of a 700-pixel notebook column (the long ones ran into each other and off the edge)."""
+    live = LiveRuns(title)
+    live.fig.layout.annotations[0].text = "global training loss"
+    live.fig.layout.annotations[1].text = "slowest rank's step (ms), from step 1"
+    return live
 
 
 def memory_vs_formula(rows: list[dict], title: str) -> go.Figure:
@@ -20,14 +36,18 @@ def memory_vs_formula(rows: list[dict], title: str) -> go.Figure:
                     marker={"symbol": "line-ew-open", "size": 60, "color": "black",
                             "line": {"width": 4, "color": "black"}},
                     name="paper's formula (model states)")
-    fig.update_layout(barmode="stack", title=title, yaxis_title="MB on rank 0", height=400)
+    fig.update_layout(barmode="stack", title=wrap(title, 70), yaxis_title="MB on rank 0", height=460,
+                      margin={"t": 90}, legend={"orientation": "h", "y": -0.12})
     return fig
 
 
 def stage_traffic(rows: list[dict], title: str = "Bytes each rank sends per step, and step time",
                   note: str | None = None):
     """rows: {label, counted, formula, step_ms, busy_ms}."""
-    return traffic_vs_formula(rows, "label", "ZeRO stage", title, note)
+    fig = traffic_vs_formula(rows, "label", "ZeRO stage", title, wrap(note, 110) if note else None)
+    fig.update_layout(margin={"t": 115 if note else 80}, legend={"orientation": "h", "y": -0.25}, height=430,
+                      title_y=0.97, title_yanchor="top")
+    return fig
 
 
 def fits_table(rows: list[dict], columns: list[str], title: str) -> go.Figure:

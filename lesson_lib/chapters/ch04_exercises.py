@@ -1,0 +1,285 @@
+"""Chapter 4's tolerances, rank-side helpers and exercises (notebooks/04_zero.ipynb).
+
+Nothing here imports IPython: ``task`` and ``zero1_job`` run inside the workers.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..costmodel import zero_memory
+from ..data import batch_indices, shard, teacher_classification
+from ..exercises import Exercise, Verdict
+from ..models import mlp
+from ..runtime import WorkerError, warm_cluster
+
+FP32_UNIT_ROUNDOFF = 2.0**-24
+
+
+def tolerances(cfg) -> dict[str, float]:
+    """How far two correct fp32 Adam runs of ``cfg`` may drift apart by rounding alone.
+
+    Parameters: Adam moves each parameter by at most about ``lr`` per step (its update is
+    m̂/(√v̂ + ε), a ratio near ±1; Kingma & Ba, 2015, §2.1). Rounding differs between runs that sum
+    gradients in another order or use other kernels (AVX-512 or not, another thread count), and
+    Adam normalises the gradient, so a coordinate whose gradient is near zero can take a visibly
+    different step; over the run the drift stays a small fraction of lr·steps (measured: at most
+    5e-4·lr·steps against ZeroRedundancyOptimizer, x86 with and without AVX-512). We allow 1/100
+    of lr·steps, which stays below ``lr`` — one whole step skipped or one slice updated with the
+    wrong gradient moves some parameters by about lr — while steps < 100.
+
+    Losses: a forward pass sums up to ``width`` products per layer, so its relative rounding error
+    is at most about layers·width·u (Higham's bound for dot products, u = 2⁻²⁴ in fp32); we allow
+    that much per step, relative to the loss. A wrong step changes the loss by the step's own
+    change, orders of magnitude more.
+    """
+    if cfg.steps >= 100:
+        raise ValueError("the parameter tolerance lr·steps/100 would no longer catch one skipped step")
+    layers, width = cfg.depth + 1, max(cfg.d_in, cfg.hidden)
+    return {"params": cfg.lr * cfg.steps / 100,
+            "loss_rel": cfg.steps * layers * width * FP32_UNIT_ROUNDOFF}
+
+
+def max_gap(a, b) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def task(cfg):
+    """On a rank: the chapter's model (same initial weights everywhere) and ``batch(step)``,
+    this rank's share of the global batch — the model and data every ZeRO stage trains."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+
+    def batch(step: int):
+        idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, n)
+        return x_all[idx], y_all[idx]
+
+    return model, batch
+
+
+# --------------------------------------------------------------------------- write it yourself
+
+ZERO1_LR = 0.5  # integer parameters and gradients, N = 4: every value below is exact in fp32
+
+
+def zero1_job(fn: Callable, numel: int, seed: int) -> dict:
+    """On every rank: the learner's ``fn(params, grad, step)`` on integer data; what it did."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(seed)
+    params = torch.randint(-9, 10, (numel,), generator=g).float()
+    grads = [torch.randint(-9, 10, (numel,), generator=g).float() for _ in range(n)]
+    touched = []
+
+    def step(p: torch.Tensor, grad: torch.Tensor) -> None:
+        """The optimizer (SGD here), applied in place to the slice it is given."""
+        same = p.untyped_storage().data_ptr() == params.untyped_storage().data_ptr()
+        touched.append(((p.data_ptr() - params.data_ptr()) // 4 if same else None, p.numel()))
+        p.sub_(ZERO1_LR * grad)
+
+    before = params.clone()
+    out = fn(params, grads[rank].clone(), step)
+    if out is not None and not isinstance(out, torch.Tensor):
+        return {"error": f"returned a {type(out).__name__}, not the parameters tensor"}
+    return {"params": None if out is None else out.detach().float().reshape(-1).tolist(),
+            "touched": touched, "before": before.tolist(), "mean": (torch.stack(grads).sum(0) / n).tolist()}
+
+
+def check_zero1(fn: Callable, world_size: int = 4, timeout_s: float = 15) -> Verdict:
+    """The learner's ZeRO-1 step on real ranks against the single-process SGD step: every rank
+    ends with params − lr·mean(grads), having updated only its own slice."""
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. exercises['zero1'].submit(my_zero1_step)")
+    for numel, seed in ((world_size * 3, 1), (world_size * 250, 2)):
+        try:
+            outs = warm_cluster(world_size).run(zero1_job, fn, numel, seed, timeout_s=timeout_s)
+        except WorkerError as e:  # a deadlock's WorkerTimeout says where each rank waits
+            return Verdict(False, f"{type(e).__name__}: {e}")
+        verdict = judge_zero1(outs)
+        if not verdict:
+            return verdict
+    return Verdict(True, "reduce-scatter, a step on your slice only, all-gather: every rank holds what "
+                         "single-process SGD gives, and an optimizer keeps state for 1/N of the parameters")
+
+
+def judge_zero1(outs: list[dict]) -> Verdict:
+    n = len(outs)
+    for r, o in enumerate(outs):
+        if "error" in o:
+            return Verdict(False, f"rank {r} {o['error']}")
+        if o["params"] is None:
+            return Verdict(False, f"rank {r} returned None: return the parameters after the step")
+        numel = len(o["before"])
+        size = numel // n
+        sizes = [t[1] for t in o["touched"]]
+        if sizes != [size]:
+            return Verdict(False, f"rank {r} called step on {sizes or 'no'} elements (of {numel}): in ZeRO-1 "
+                                  f"each rank updates exactly its own slice ({size} elements here), once")
+        offset = o["touched"][0][0]
+        if offset not in (r * size, None):
+            return Verdict(False, f"rank {r} updated the slice starting at element {offset}; its own slice, "
+                                  "the one the reduce-scatter summed for it, starts elsewhere")
+        before, mean, got = (torch.tensor(o[k]) for k in ("before", "mean", "params"))
+        want = before - ZERO1_LR * mean
+        if got.shape != want.shape:
+            return Verdict(False, f"rank {r} returned {got.numel()} values; the parameters have {numel}")
+        if torch.equal(got, want):
+            continue
+        if torch.equal(got, before - ZERO1_LR * n * mean):
+            return Verdict(False, "every update is N times too large: the global gradient is the mean of "
+                                  "the ranks' gradients, and a reduce-scatter gives their sum")
+        wrong = [k for k in range(n) if not torch.equal(_chunk(got, k, size), _chunk(want, k, size))]
+        if r not in wrong and all(torch.equal(_chunk(got, k, size), _chunk(before, k, size)) for k in wrong):
+            return Verdict(False, f"on rank {r}, slices {wrong} still hold the old parameters: the other "
+                                  "ranks' updated slices never arrived")
+        return Verdict(False, f"on rank {r}, slices {wrong} differ from single-process SGD "
+                              "(params − lr · the mean of the ranks' gradients)")
+    return Verdict(True, "")
+
+
+def _chunk(t: torch.Tensor, k: int, size: int) -> torch.Tensor:
+    return t[k * size:(k + 1) * size]
+
+
+def my_zero1_step(params, grad, step):
+    """The write-it-yourself answer: ZeRO-1's step on one rank (used by the tests)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    my_grad = comm.ring_reduce_scatter(grad).div_(n)  # the sum of everyone's slice `rank`, averaged
+    size = params.numel() // n
+    step(params[rank * size:(rank + 1) * size], my_grad)
+    comm.ring_all_gather(params)  # every rank gets every updated slice
+    return params
+
+
+# --------------------------------------------------------------------------- paper and pencil
+
+
+def check_stage2(fn) -> Verdict:
+    if not callable(fn):
+        return Verdict(False, "submit a function stage2(psi, n)")
+    for psi, n in ((7.5e9, 64), (1e6, 4), (3e9, 1), (13e9, 8)):
+        got, want = fn(psi, n), zero_memory(psi, n, 2, "mixed")["total"]
+        if not isinstance(got, numbers.Real) or abs(float(got) - want) > 1e-9 * want:
+            return Verdict(False, f"for Ψ={psi:g}, N={n} you gave {got}; think about which parts are "
+                                  "replicated and which are split")
+    return Verdict(True, "2Ψ + 14Ψ/N: fp16 parameters replicated, gradients and optimizer state sharded")
+
+
+def stage1_slices(numel: int, n: int) -> list[tuple[int, int]]:
+    """The prompt's contract: ceil(numel/N) elements per rank in rank order, the last ones shorter
+    (the flat buffer is padded to a multiple of N; the padding is nobody's parameters)."""
+    size = -(-numel // n)
+    return [(min(r * size, numel), min((r + 1) * size, numel)) for r in range(n)]
+
+
+def check_stage1_update(fn) -> Verdict:
+    if not callable(fn):
+        return Verdict(False, "submit a function stage1_update(params, grads, rank, world_size, lr)")
+    g = torch.Generator().manual_seed(3)
+    for numel, n in ((10, 4), (13, 4), (12, 3), (7, 2), (5, 4)):
+        params, grads = torch.randn(numel, generator=g), torch.randn(numel, generator=g)
+        lr = 0.1
+        want = params - lr * grads
+        for r, (lo, hi) in enumerate(stage1_slices(numel, n)):
+            got = fn(params.clone(), grads.clone(), r, n, lr)
+            if got is None:
+                return Verdict(False, "your function returned None: return this rank's updated slice")
+            got = torch.as_tensor(got).reshape(-1)
+            if got.numel() != hi - lo:
+                return Verdict(False, f"with {numel} parameters on N={n} ranks, rank {r} returned "
+                                      f"{got.numel()} values; each rank owns ceil({numel}/{n}) = "
+                                      f"{-(-numel // n)} of them (the last rank(s) fewer)")
+            if not torch.allclose(got, want[lo:hi]):
+                return Verdict(False, f"with {numel} parameters on N={n} ranks, rank {r}'s values are not "
+                                      "its slice of params − lr·grads")
+    return Verdict(True, "each rank updates its own ceil(len/N) slice; an all-gather joins them")
+
+
+def first_fitting_stage(params: float, world_size: int, device_gb: float, precision: str = "mixed"):
+    """The lowest stage whose model states fit ``device_gb`` (None if none does)."""
+    for s in range(4):
+        if zero_memory(params, world_size, s, precision)["total"] <= device_gb * 1e9:
+            return s
+    return None
+
+
+def check_fit(answer) -> Verdict:
+    want = first_fitting_stage(13e9, 8, 80)
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or float(answer) != int(answer):
+        return Verdict(False, f"you said {answer!r}: a stage is one of the whole numbers 0, 1, 2, 3")
+    ok = int(answer) == want
+    return Verdict(ok, f"you said stage {int(answer)}" + ("" if ok else "; compute 16Ψ, 4Ψ+12Ψ/N, … in GB"))
+
+
+ZERO1_TEMPLATE = """def _chunk(t: torch.Tensor, k: int, size: int) -> torch.Tensor:
+    return t[k * size:(k + 1) * size]
+
+
+def my_zero1_step(params, grad, step):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    my_grad = comm.ring_reduce_scatter(grad).div_(n)
+    size = params.numel() // n
+    step(params[rank * size:(rank + 1) * size], my_grad)
+    comm.ring_all_gather(params)
+    return params"""
+
+
+def exercises() -> dict[str, Exercise]:
+    return {
+        "zero1": Exercise(
+            "zero1", "write ZeRO-1's step, on real ranks",
+            "Write <code>my_zero1_step(params, grad, step)</code>; it runs on every rank of a "
+            "4-rank cluster. <code>params</code> is the full flat parameter vector (the same on every "
+            "rank, its length a multiple of N), <code>grad</code> this rank's own gradient (different on "
+            "every rank), and <code>step(p, g)</code> the optimizer, which updates <code>p</code> in "
+            "place. Each rank owns slice <code>rank</code> of N equal slices. Average the gradients so "
+            "that each rank gets only its slice (<code>comm.ring_reduce_scatter</code>), call "
+            "<code>step</code> on your slice only, then give every rank every updated slice "
+            "(<code>comm.ring_all_gather</code>); return <code>params</code>. The check compares with "
+            "single-process SGD and stops after 15 s if the ranks wait for each other.",
+            check_zero1,
+            "comm.ring_reduce_scatter(t) works in place and returns this rank's summed slice (a view); "
+            "comm.ring_all_gather(t) fills every slice of t from its owner. "
+            "Every rank must call both.",
+            ZERO1_TEMPLATE, lambda: my_zero1_step),
+        "stage2": Exercise(
+            "stage2", "the stage-2 formula",
+            "Mixed-precision Adam keeps 2 bytes of fp16 parameters, 2 bytes of gradients and K = 12 bytes "
+            "of optimizer state per parameter. Write <code>stage2(psi, n)</code>: bytes of model state per "
+            "device under ZeRO stage 2 with N devices.",
+            check_stage2, "Stage 2 shards the optimizer state and the gradients; what is left whole?",
+            "def stage2(psi, n):\n    return 2 * psi + (2 + 12) * psi / n",
+            lambda: (lambda psi, n: 2 * psi + 14 * psi / n)),
+        "stage1": Exercise(
+            "stage1", "the stage-1 sharded update",
+            "Every rank has the full (averaged) gradient and the full parameters, as flat tensors. Write "
+            "<code>stage1_update(params, grads, rank, world_size, lr)</code> returning only this rank's "
+            "slice of the parameters after one SGD step: slices of ceil(len/N) elements, in rank order "
+            "(the last may be shorter). An all-gather would then give everyone the whole result.",
+            check_stage1_update, "Compute this rank's [lo, hi) first; update only that slice.",
+            "def stage1_update(params, grads, rank, world_size, lr):\n"
+            "    size = -(-params.numel() // world_size)\n"
+            "    lo, hi = rank * size, min((rank + 1) * size, params.numel())\n"
+            "    return params[lo:hi] - lr * grads[lo:hi]",
+            lambda: reference_stage1_update),
+        "fit": Exercise(
+            "fit", "when does it fit?",
+            "A 13-billion-parameter model, mixed-precision Adam, 8 devices of 80 GB each. Ignoring "
+            "activations: what is the first ZeRO stage (0–3) at which the model states fit one device? "
+            "Predict it, then check with the calculator above.",
+            check_fit,
+            "Stage 0 needs 16 × 13 GB. Stage 1 keeps 4Ψ whole and splits 12Ψ over 8.",
+            "Stage 1: 4 × 13 GB + 12 × 13 GB / 8 = 52 + 19.5 = 71.5 GB ≤ 80 GB.",
+            lambda: 1),
+    }
+
+
+def reference_stage1_update(params, grads, rank, world_size, lr):
+    size = -(-params.numel() // world_size)
+    lo, hi = min(rank * size, params.numel()), min((rank + 1) * size, params.numel())
+    return params[lo:hi] - lr * grads[lo:hi]
