@@ -129,7 +129,8 @@ my_losses = [sum(o[0][s] for o in outs) / 4 for s in range(cfg.steps)]  # global
 tol = ch04.tolerances(cfg)
 loss_gap = ch04.max_gap(my_losses, zero.reference(cfg))
 param_gap = ch04.max_gap(outs[0][1], results[1]["final_params"])
-print(f"largest loss gap vs single-process Adam: {loss_gap:.1e} (allowed {tol['loss_rel'] * max(my_losses):.0e}); "
+print(f"largest loss gap vs single-process Adam: {loss_gap:.1e} "
+      f"(allowed {tol['loss_rel'] * max(my_losses):.0e}); "
       f"largest parameter gap vs the library's stage 1: {param_gap:.1e} (allowed {tol['params']:.0e})")
 
 # %%
