@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from lesson_lib import close_all
-from lesson_lib.chapters import ch00_exercises
+from lesson_lib.chapters import ch00_exercises, ch01
 
 pytestmark = [pytest.mark.numerics]
 
@@ -108,3 +108,107 @@ def test_ch0_template_is_not_answered_yet(ch0, capsys):
 
     assert ch0.submit(average_gradients).message == "not answered yet"
     assert "not answered yet" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- chapter 1
+
+
+@pytest.fixture(scope="module")
+def ch1():
+    return ch01.exercises(param_bytes=1000)
+
+
+@pytest.mark.ch1
+def test_ch1_worker_step_reference_is_accepted(ch1):
+    v = ch1["worker_step"].check(ch1["worker_step"].reference())
+    assert v.ok, v.message
+
+
+def _swapped_shards(grads, params, bounds):  # server k gets another shard's slice
+    k_last = len(bounds) - 1
+    for k, (lo, hi) in enumerate(bounds):
+        dist.send(grads[lo:hi], dst=k_last - k)
+    for k, (lo, hi) in enumerate(bounds):
+        dist.recv(params[lo:hi], src=k_last - k)
+
+
+def _push_only(grads, params, bounds):  # never pulls: trains on its own stale copy
+    for k, (lo, hi) in enumerate(bounds):
+        dist.send(grads[lo:hi], dst=k)
+
+
+def _whole_vector_to_each(grads, params, bounds):
+    for k in range(len(bounds)):
+        dist.send(grads, dst=k)
+    for k in range(len(bounds)):
+        dist.recv(params, src=k)
+
+
+@pytest.mark.ch1
+@pytest.mark.parametrize("wrong", [_swapped_shards, _push_only, _whole_vector_to_each])
+def test_ch1_worker_step_wrong_answers_are_rejected(ch1, wrong, monkeypatch):
+    from lesson_lib.chapters import ch01_exercises
+
+    monkeypatch.setattr(ch01_exercises, "TIMEOUT_S", 5.0)
+    v = ch1["worker_step"].check(wrong)
+    assert not v.ok and "server shard(s)" in v.message, v.message
+    assert ch1["worker_step"].solution not in v.message
+
+
+@pytest.mark.ch1
+def test_ch1_worker_step_pull_before_push_deadlocks_and_says_where(ch1, monkeypatch):
+    from lesson_lib.chapters import ch01_exercises
+
+    def pull_first(grads, params, bounds):
+        for k, (lo, hi) in enumerate(bounds):
+            dist.recv(params[lo:hi], src=k)
+        for k, (lo, hi) in enumerate(bounds):
+            dist.send(grads[lo:hi], dst=k)
+
+    monkeypatch.setattr(ch01_exercises, "TIMEOUT_S", 3.0)
+    v = ch1["worker_step"].check(pull_first)
+    assert not v.ok and "did not finish within timeout_s=3 s" in v.message and "recv" in v.message, v.message
+
+
+@pytest.mark.ch1
+def test_ch1_worker_step_template_is_not_answered_yet(ch1):
+    def worker_step(grads, params, bounds):
+        ...  # your code here
+
+    assert ch1["worker_step"].submit(worker_step).message == "not answered yet"
+
+
+@pytest.mark.ch1
+@pytest.mark.parametrize("wrong, words", [
+    (lambda shard, grads, lr: shard - lr * sum(grads), "3× the expected length"),
+    (lambda shard, grads, lr: shard + lr * sum(grads) / len(grads), "uphill"),
+    (lambda shard, grads, lr: shard - lr * grads[0], "count equally"),
+    (lambda shard, grads, lr: None, "returned None"),
+    (lambda shard, grads, lr: shard[:5], "shape"),
+    (0.1, "submit your function"),
+])
+def test_ch1_average_wrong_answers_are_rejected(ch1, wrong, words):
+    v = ch1["average"].check(wrong)
+    assert not v.ok and words in v.message, v.message
+
+
+@pytest.mark.ch1
+def test_ch1_average_and_traffic_references_and_wrong_numbers(ch1):
+    assert ch1["average"].check(ch1["average"].reference()).ok
+    assert ch1["traffic"].check(ch1["traffic"].reference()).ok
+    for wrong in (2 * 1000, 4 * 1000, 2 * 4 * 1000 + 8):  # one worker; push only; off by a little
+        assert not ch1["traffic"].check(wrong).ok
+    assert ch1["traffic"].submit(...).message == "not answered yet"
+    assert ch1["divergence"].submit(...).message == "not answered yet"
+    assert not ch1["divergence"].check(0).ok and not ch1["divergence"].check(50).ok
+
+
+@pytest.mark.ch1
+@pytest.mark.slow
+@pytest.mark.parametrize("lr, words", [(0.5, None), (0.05, "still learns"), (5.0, "did not learn either")])
+def test_ch1_divergence_reference_and_wrong_rates(ch1, lr, words):
+    v = ch1["divergence"].check(lr)
+    if words is None:
+        assert v.ok, v.message
+    else:
+        assert not v.ok and words in v.message, v.message

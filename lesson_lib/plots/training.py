@@ -139,15 +139,16 @@ PHASE_COLORS = {"compute": COLORS["compute"], "push": COLORS["comm"], "pull (wai
 
 def loss_curves(curves: dict, title: str = "Loss against wall time and against updates") -> go.Figure:
     """curves: label → {"time": [...], "updates": [...], "loss": [...]} (chapter 1)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss vs wall time (s, from the end of step 0)",
-                                                        "loss vs server updates"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("against wall time", "against server updates"))
     for i, (label, c) in enumerate(curves.items()):
         color = ["#4C78A8", "#F58518", "#54A24B", "#E45756"][i % 4]
         fig.add_scatter(x=c["time"], y=c["loss"], name=label, line={"color": color}, row=1, col=1)
         fig.add_scatter(x=c["updates"], y=c["loss"], name=label, showlegend=False,
                         line={"color": color}, row=1, col=2)
     fig.update_yaxes(title_text="global training loss", row=1, col=1)
-    fig.update_layout(title=title, height=360)
+    fig.update_xaxes(title_text="seconds since step 0 ended", row=1, col=1)
+    fig.update_xaxes(title_text="updates the server applied", row=1, col=2)
+    fig.update_layout(title=title, height=380)
     return fig
 
 
@@ -163,7 +164,7 @@ def timeline(segments: list[dict], title: str, note: str | None = None) -> go.Fi
                     marker_color=color, hovertext=[f"step {s['step']}" for s in seg])
     fig.update_layout(title=title, barmode="overlay", xaxis_title="ms since step 1 began (warm-up step 0 "
                       "not shown)", height=220 + 40 * len({s["worker"] for s in segments}),
-                      legend={"orientation": "h", "y": 1.12, "x": 0})
+                      legend={"orientation": "v", "x": 1.01, "y": 1, "yanchor": "top"})  # clear of the bars
     _annotate(fig, note)
     return fig
 

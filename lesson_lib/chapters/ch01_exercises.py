@@ -1,0 +1,131 @@
+"""Chapter 1's exercise on real ranks (notebooks/01_parameter_server.ipynb): a worker's push and pull
+against sharded servers.
+
+:func:`train_with` runs on every rank of a warm cluster: ranks 0..K-1 are synchronous server shards
+(written here, as in the notebook's cell), ranks K.. are workers that call the learner's
+``worker_step(grads, params, bounds)`` after each backward pass. The check compares the workers'
+losses with single-process SGD on the combined batch (``parameter_server.reference``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..comm import chunk_bounds
+from ..data import batch_indices, shard, teacher_classification
+from ..exercises import Exercise, Verdict
+from ..milestones import parameter_server as ps
+from ..models import flat_views, mlp
+from ..runtime import WorkerError, WorkerTimeout, warm_cluster
+
+TASK = {"steps": 6, "global_batch": 48, "hidden": 32, "depth": 2, "lr": 0.1}
+LAYOUTS = ((1, 3), (2, 2))  # (servers K, workers N), both on 4 ranks
+TIMEOUT_S = 15.0  # a learner's deadlock ends here, with the runtime saying where each rank waits
+
+
+def _serve(flat: torch.Tensor, k: int, servers: int, workers: int, cfg) -> None:
+    """Server shard ``k``: each step, receive every worker's gradient slice, average, step, reply."""
+    lo, hi = chunk_bounds(flat.numel(), servers)[k]
+    weights = flat[lo:hi].clone()
+    weights.grad = torch.zeros_like(weights)
+    optimizer = torch.optim.SGD([weights], lr=cfg.lr, momentum=0.9)
+    incoming = torch.empty_like(weights)
+    for _ in range(cfg.steps):
+        weights.grad.zero_()
+        for w in range(servers, servers + workers):
+            dist.recv(incoming, src=w)
+            weights.grad += incoming
+        weights.grad /= workers
+        optimizer.step()
+        for w in range(servers, servers + workers):
+            dist.send(weights.detach(), dst=w)
+
+
+def train_with(worker_step: Callable, task: dict, servers: int) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    workers = world - servers
+    cfg = ps.Config(mode="sync", workers=workers, servers=servers, **task)
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
+    flat, grads = flat_views(model)  # p.data and p.grad are views into these two flat tensors
+    if rank < servers:
+        _serve(flat, rank, servers, workers, cfg)
+        return {"losses": [], "params": None}
+    bounds = chunk_bounds(flat.numel(), servers)
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    losses = []
+    for step in range(cfg.steps):
+        idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank - servers, workers)
+        grads.zero_()
+        loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+        loss.backward()
+        worker_step(grads, flat, bounds)
+        losses.append(loss.item())
+    return {"losses": losses, "params": flat.clone()}
+
+
+def tolerance(ref: list[float]) -> float:
+    """Float32 rounding: the server sums in another order than one process, compounded per step."""
+    return 10 * len(ref) * torch.finfo(torch.float32).eps * max(abs(x) for x in ref)
+
+
+def check_worker_step(fn: Callable) -> Verdict:
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. ex.submit(worker_step)")
+    for servers, workers in LAYOUTS:
+        ref = ps.reference(ps.Config(mode="sync", workers=workers, servers=servers, **TASK))
+        tol = tolerance(ref)
+        where = f"with {servers} server shard(s) and {workers} workers"
+        try:
+            outs = warm_cluster(servers + workers).run(train_with, fn, TASK, servers, timeout_s=TIMEOUT_S)
+        except WorkerTimeout as e:
+            return Verdict(False, f"{where} the training did not finish: {e}")
+        except WorkerError as e:
+            return Verdict(False, f"{where} a rank failed — {e}")
+        worker_outs = outs[servers:]
+        if any(not torch.equal(o["params"], worker_outs[0]["params"]) for o in worker_outs[1:]):
+            return Verdict(False, f"{where} the workers ended with different parameters: every worker must "
+                                  "pull every shard's new parameters after each step.")
+        losses = [sum(o["losses"][s] for o in worker_outs) / workers for s in range(TASK["steps"])]
+        gaps = [abs(a - b) for a, b in zip(losses, ref)]
+        if max(gaps) > tol:
+            s = next(i for i, g in enumerate(gaps) if g > tol)
+            return Verdict(False, f"{where} training differs from single-process SGD from step {s} (loss "
+                                  f"{losses[s]:.6f}, expected {ref[s]:.6f}): does server k get exactly its "
+                                  "slice of the gradient, and do the new parameters land in the same slice?")
+    layouts = " and ".join(f"{k} shard(s) + {n} workers" for k, n in LAYOUTS)
+    return Verdict(True, f"{layouts}: equal to single-process SGD on the combined batch")
+
+
+def _reference_worker_step():
+    def worker_step(grads, params, bounds):
+        for k, (lo, hi) in enumerate(bounds):
+            dist.send(grads[lo:hi], dst=k)
+        for k, (lo, hi) in enumerate(bounds):
+            dist.recv(params[lo:hi], src=k)
+
+    return worker_step
+
+
+def worker_step_exercise() -> Exercise:
+    return Exercise(
+        "worker_step", "a worker's push and pull, with sharded servers",
+        "Complete <code>worker_step(grads, params, bounds)</code>, which a worker runs after each "
+        "backward pass. <code>grads</code> and <code>params</code> are the worker's flat gradient and "
+        "parameter vectors (the model's tensors are views into them). Server shard k is rank k and owns "
+        "the slice <code>bounds[k] = (lo, hi)</code>: it waits for that slice of every worker's gradient, "
+        "averages, steps, and sends the slice's new values back to each worker. Push, then pull, with "
+        "<code>dist.send</code> and <code>dist.recv</code>. The check trains on real ranks with 1 shard + "
+        "3 workers and with 2 shards + 2 workers, against single-process SGD.",
+        check_worker_step,
+        "A slice of a flat tensor, <code>t[lo:hi]</code>, is a view: receiving into it writes into the "
+        "tensor. Every server expects one message from each worker per step, in the order push, then pull.",
+        "def worker_step(grads, params, bounds):\n"
+        "    for k, (lo, hi) in enumerate(bounds):\n"
+        "        dist.send(grads[lo:hi], dst=k)\n"
+        "    for k, (lo, hi) in enumerate(bounds):\n"
+        "        dist.recv(params[lo:hi], src=k)",
+        _reference_worker_step)
