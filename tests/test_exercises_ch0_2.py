@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lesson_lib import close_all
-from lesson_lib.chapters import ch00_exercises, ch01
+from lesson_lib import close_all, comm
+from lesson_lib.chapters import ch00_exercises, ch01, ch02_exercises
 
 pytestmark = [pytest.mark.numerics]
 
@@ -212,3 +212,114 @@ def test_ch1_divergence_reference_and_wrong_rates(ch1, lr, words):
         assert v.ok, v.message
     else:
         assert not v.ok and words in v.message, v.message
+
+
+# --------------------------------------------------------------------------- chapter 2
+
+
+@pytest.fixture(scope="module")
+def ch2():
+    return ch02_exercises.exercises(alpha=100e-6, beta=1 / 1.5e9, world_size=2)
+
+
+@pytest.mark.ch2
+def test_ch2_reduce_scatter_reference_is_accepted(ch2):
+    v = ch2["reduce_scatter"].check(ch2["reduce_scatter"].reference())
+    assert v.ok, v.message
+
+
+def _step(chunks, send_i, into_i, add=True):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    incoming = torch.empty_like(chunks[into_i])
+    comm.exchange(chunks[send_i], (rank + 1) % n, incoming, (rank - 1) % n).wait()
+    if add:
+        chunks[into_i] += incoming
+    else:
+        chunks[into_i].copy_(incoming)
+
+
+def _adds_into_the_chunk_it_sent(chunks):  # wrong chunk index
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for s in range(n - 1):
+        _step(chunks, (rank - s) % n, (rank - s) % n)
+
+
+def _n_steps(chunks):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for s in range(n):
+        _step(chunks, (rank - s) % n, (rank - s - 1) % n)
+
+
+def _copies_instead_of_adding(chunks):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for s in range(n - 1):
+        _step(chunks, (rank - s) % n, (rank - s - 1) % n, add=False)
+
+
+def _steps_forward(chunks):  # index moves the wrong way round the ring
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for s in range(n - 1):
+        _step(chunks, (rank + s) % n, (rank + s - 1) % n)
+
+
+@pytest.mark.ch2
+@pytest.mark.parametrize("wrong, words", [
+    (_adds_into_the_chunk_it_sent, "the one your left neighbour sends"),  # sizes differ: Gloo aborts
+    (_n_steps, "exactly N − 1"),
+    (_copies_instead_of_adding, "each rank should own a different one"),
+    (_steps_forward, "each rank should own a different one"),
+])
+def test_ch2_reduce_scatter_wrong_answers_are_rejected(ch2, wrong, words):
+    v = ch2["reduce_scatter"].check(wrong)
+    assert not v.ok and words in v.message, v.message
+    assert ch2["reduce_scatter"].solution not in v.message
+
+
+@pytest.mark.ch2
+def test_ch2_reduce_scatter_deadlock_ends_with_the_timeout_message(ch2, monkeypatch):
+    def only_rank_0(chunks):
+        if dist.get_rank() == 0:
+            _step(chunks, 0, 1)
+
+    monkeypatch.setattr(ch02_exercises, "TIMEOUT_S", 3.0)
+    v = ch2["reduce_scatter"].check(only_rank_0)
+    assert not v.ok and "did not finish within timeout_s=3 s" in v.message, v.message
+    assert "rank 0:" in v.message and "wait" in v.message, v.message  # where it waits
+
+
+@pytest.mark.ch2
+def test_ch2_reduce_scatter_template_is_not_answered_yet(ch2, capsys):
+    def my_reduce_scatter(chunks):  # the notebook's template
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        for s in range(n - 1):  # noqa: B007
+            send_i = ...
+            into_i = ...
+            incoming = torch.empty_like(chunks[into_i])
+            comm.exchange(chunks[send_i], right, incoming, left).wait()
+            chunks[into_i] += incoming
+
+    assert ch2["reduce_scatter"].submit(my_reduce_scatter).message == "not answered yet"
+    assert "not answered yet" in capsys.readouterr().out
+
+
+@pytest.mark.ch2
+def test_ch2_bytes_and_crossover(ch2):
+    assert ch2["bytes"].check(ch2["bytes"].reference()).ok
+    for wrong in (lambda n, s: 2 * (n - 1) * s,      # the naive root's traffic
+                  lambda n, s: (n - 1) / n * s,       # one phase only
+                  lambda n, s: 2 * s,                 # the limit, not the value
+                  lambda n, s: 2 * (n - 1) // n * s):  # integer division
+        v = ch2["bytes"].check(wrong)
+        assert not v.ok and "expected" in v.message, v.message
+    assert not ch2["bytes"].check(5).ok
+    assert ch2["crossover"].check(ch2["crossover"].reference()).ok
+    alpha, beta = 100e-6, 1 / 1.5e9
+    for wrong in (alpha / beta, 4 * alpha / beta, alpha * beta, 2 * alpha / beta * 1.05):
+        assert not ch2["crossover"].check(wrong).ok  # forgot N (N = 2); 2N; α·β; 5 % off
+    assert ch2["crossover"].submit(...).message == "not answered yet"
+
+    def ring_bytes(n, s):
+        ...
+
+    assert ch2["bytes"].submit(ring_bytes).message == "not answered yet"

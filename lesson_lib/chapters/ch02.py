@@ -16,7 +16,7 @@ from ..experiments import Result, run
 from ..milestones import data_parallel as dp
 from ..milestones import ring_allreduce as ra
 from ..runtime import warm_cluster
-from .ch02_exercises import exercises, simulate_ring  # noqa: F401  (the notebook calls them here)
+from .ch02_exercises import exercises  # noqa: F401  (the notebook calls it here)
 
 # The laptop preset: sizes up to 16 MiB and 3 repeats keep the bandwidth cell under a minute.
 SIZES = tuple(4096 * 4**k for k in range(7))  # 4 KiB … 16 MiB

@@ -105,7 +105,8 @@ def allreduce_bandwidth(rows: list[dict], models: dict, note: str | None = None,
             fig.add_scatter(x=xs, y=ys, name="α-β model of the ring (fit)", mode="lines", legendgroup="model",
                             line={"color": "black", "dash": "dash"}, showlegend=i == 1, row=1, col=i)
     fig.update_xaxes(type="log", title_text="message size S (bytes)")
-    fig.update_yaxes(type="log", title_text="GB/s", col=1)
+    fig.update_yaxes(type="log", showticklabels=True)  # every panel log scale, each with its labels
+    fig.update_yaxes(title_text="GB/s", col=1)
     fig.update_layout(title=_with_note(title, note), height=440)
     return fig
 
@@ -126,8 +127,7 @@ def model_scaling(rows: list[dict], title: str) -> go.Figure:
 def ring_vs_parameter_server(rows: list[dict], note: str | None = None,
                              title: str = "Data parallel with the ring vs the parameter server"):
     """rows: {label, n, step_ms, bytes} — bytes through the busiest rank per step (counted)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("step time (ms, median of the slowest rank)",
-                                                        "MB sent + received per step by the busiest rank"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("step time", "traffic of the busiest rank"))
     for label in dict.fromkeys(r["label"] for r in rows):
         rs = [r for r in rows if r["label"] == label]
         color = ALG_COLORS["ring" if "ring" in label else "parameter server"]
@@ -137,6 +137,8 @@ def ring_vs_parameter_server(rows: list[dict], note: str | None = None,
                         showlegend=False, mode="lines+markers", line={"color": color}, legendgroup=label,
                         row=1, col=2)
     fig.update_xaxes(title_text="workers N", dtick=1)
+    fig.update_yaxes(title_text="ms (median, slowest rank)", row=1, col=1)
+    fig.update_yaxes(title_text="MB sent + received per step", row=1, col=2)
     fig.update_layout(title=_with_note(title, note), height=400)
     return fig
 
