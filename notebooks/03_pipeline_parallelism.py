@@ -35,7 +35,14 @@
 # `Linear` with the `ReLU` after it); stages get consecutive layers, balanced by parameter count.
 
 # %%
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lesson_lib import show_source, warm_cluster
 from lesson_lib.chapters import ch03
+from lesson_lib.milestones import pipeline as pp
+from lesson_lib.milestones.pp_schedules import stage_actions
 
 # %% [markdown]
 # ## 1. Cut the model
@@ -70,7 +77,88 @@ for schedule, g in gaps.items():
     assert max(g.values()) < 1e-5, (schedule, g)
 
 # %% [markdown]
-# ## 3. Watch the assembly line
+# ## 3. One stage's loop, written out
+#
+# What does a stage actually do? Below is the whole training step of one pipeline stage, run on 4
+# real processes (rank k is stage k). `stage_actions` gives the stage its schedule — a list like
+# `F0 F1 F2 B0 F3 B1 …` — and the loop walks it:
+#
+# * **F i**: take micro-batch i's input (stage 0 reads the data, the others `recv` the activation
+#   from stage k−1), run the stage's layers, and send the output to stage k+1. The input and output
+#   stay in `held` until the backward: that is the activation memory.
+# * **B i**: `recv` the gradient of the output from stage k+1 (the last stage starts from its loss),
+#   backpropagate through the stage, and send the gradient of the input back to stage k−1.
+#
+# Sends are posted with `dist.isend` and waited for at the end of the step. With a blocking
+# `dist.send`, 1F1B would deadlock: a stage sending micro-batch i+1's activation waits until its
+# neighbour receives it, while the neighbour is itself blocked sending micro-batch i's gradient back.
+
+# %%
+def my_pipeline(cfg):
+    k, P, M = dist.get_rank(), dist.get_world_size(), cfg.microbatches
+    stage, x_all, y_all, width = ch03.stage_setup(cfg, k)  # my layers; the data; my input's width
+    sgd = torch.optim.SGD(stage.parameters(), lr=cfg.lr, momentum=0.9)
+    losses = []
+    for step in range(cfg.steps):
+        mbs = ch03.microbatch_indices(cfg, step)  # the batch cut into M micro-batches
+        sgd.zero_grad()
+        held, sends, loss_sum = {}, [], 0.0
+        for kind, i in stage_actions(cfg.schedule, P, M, k):  # e.g. F0 F1 F2 B0 F3 B1 ... B3
+            if kind == "F":
+                if k == 0:
+                    x = x_all[mbs[i]]
+                else:
+                    x = torch.empty(len(mbs[i]), width)
+                    dist.recv(x, k - 1)  # micro-batch i's activation, from the stage before
+                    x.requires_grad_()
+                out = stage(x)
+                if k == P - 1:
+                    out = F.cross_entropy(out, y_all[mbs[i]])
+                    loss_sum += out.item()
+                else:
+                    sends.append(dist.isend(out.detach(), k + 1))  # posted, not waited for
+                held[i] = (x, out)  # kept until its backward
+            else:
+                x, out = held.pop(i)
+                if k == P - 1:
+                    (out / M).backward()  # the batch's loss is the mean over its micro-batches
+                else:
+                    g = torch.empty_like(out)
+                    dist.recv(g, k + 1)  # the gradient of my output, from the stage after
+                    out.backward(g)
+                if k > 0:
+                    sends.append(dist.isend(x.grad, k - 1))  # the gradient of my input, back
+        for s in sends:
+            s.wait()
+        sgd.step()
+        losses.append(loss_sum / M)
+    return losses, torch.cat([p.detach().reshape(-1) for p in stage.parameters()])
+
+
+mine, library = {}, {}
+for schedule in ("gpipe", "1f1b"):
+    cfg = pp.Config(stages=4, microbatches=4, schedule=schedule, **ch03.SMALL).validate()
+    outs = warm_cluster(4).run(my_pipeline, cfg, timeout_s=30)
+    mine[schedule] = {"losses": outs[-1][0], "params": torch.cat([o[1] for o in outs])}
+    library[schedule] = pp.state(warm_cluster(4).run(pp.worker, cfg))
+    print(f"{schedule}: losses {mine[schedule]['losses']}")
+
+# %%
+# The same operations in the same order as the library's stage: equal bit for bit, not just close.
+for schedule in mine:
+    assert mine[schedule]["losses"] == library[schedule]["losses"]
+    assert torch.equal(mine[schedule]["params"], library[schedule]["params"])
+
+# %% [markdown]
+# The library's stage, which every figure of this chapter runs, is the same loop plus what the
+# figures need: it times every action, measures the activations it holds, posts each receive one
+# micro-batch early (`pp_comm.StageLink`) and can balance the stages by measured time.
+
+# %%
+show_source(pp.train_stage, stage_actions)
+
+# %% [markdown]
+# ## 4. Watch the assembly line
 #
 # GPipe with 4 stages and 4 micro-batches. Every stage records each forward (blue), backward (green),
 # send (orange, above) and receive (grey, below — mostly *waiting* for a neighbour) with its real start
@@ -98,7 +186,7 @@ assert abs(runs["naive"]["bubble_busy"] - 3 / 4) < 1e-9
 assert runs["gpipe"]["bubble_busy"] < 0.6 and runs["1f1b"]["bubble_busy"] < 0.6
 
 # %% [markdown]
-# ## 4. The bubble
+# ## 5. The bubble
 #
 # With equal stages, a step takes M+P−1 slots of one forward+backward, and each stage works in M of
 # them: the idle share of every stage, the **bubble**, is (P−1)/(M+P−1). More micro-batches, smaller
@@ -125,7 +213,7 @@ for p in (2, 4):
 # gradients, so the work per sample grows as micro-batches shrink (look at the step times printed
 # above). That is why real systems do not simply take M = 1000.
 #
-# ## 5. Memory: GPipe against 1F1B
+# ## 6. Memory: GPipe against 1F1B
 #
 # Activations saved for the backward are the other cost. Under GPipe every stage runs all M forwards
 # before its first backward, so it holds all M micro-batches' activations. Under 1F1B stage k holds at
@@ -145,11 +233,13 @@ for k in range(P):
 assert at["1f1b", 0]["peak"] < 0.6 * at["gpipe", 0]["peak"]      # 4 micro-batches held instead of 8
 
 # %% [markdown]
-# Same bubble, a fraction of the activation memory: that is why 1F1B replaced GPipe's schedule in
-# practice. (GPipe itself fought the memory with re-materialization: drop the activations and
-# recompute them during the backward.)
+# Same bubble, a fraction of the activation memory: that is the case Narayanan et al. make for 1F1B
+# ("PipeDream-Flush", Memory-Efficient Pipeline-Parallel DNN Training, ICML 2021), and the schedule
+# Megatron-LM uses for its pipeline parallelism (Narayanan et al., SC 2021). GPipe itself fought the
+# memory with re-materialization: drop the activations and recompute them during the backward
+# (Huang et al., 2019).
 #
-# ## 6. Checked against `torch.distributed.pipelining`
+# ## 7. Checked against `torch.distributed.pipelining`
 #
 # PyTorch ships pipeline schedules of its own. The same stages, the same initial weights and the same
 # micro-batches, trained with its `ScheduleGPipe` and `Schedule1F1B` on the same Gloo processes:
@@ -163,7 +253,7 @@ for schedule, c in lib.items():
     assert max(c["ours_vs_torch"].values()) < 1e-5, (schedule, c)
 
 # %% [markdown]
-# ## 7. Try it yourself
+# ## 8. Try it yourself
 #
 # Each click starts real processes (4 stages on a laptop take a second or two).
 
@@ -177,6 +267,20 @@ ch03.explorer()
 
 # %%
 exercises = ch03.exercises(stages=4)
+
+# %%
+exercises["gpipe"]
+
+
+# %%
+def my_gpipe_stage(stage, xs, ys):
+    # k, P, M = dist.get_rank(), dist.get_world_size(), len(xs)
+    # 1. all forwards: receive (k > 0), run the stage, send (k < P-1); keep each output
+    # 2. all backwards: the last stage from its loss / M, the others from the gradient they receive;
+    #    then send the input's gradient back (k > 0)
+    ...
+
+exercises["gpipe"].submit(my_gpipe_stage)
 
 # %%
 exercises["bubble"]

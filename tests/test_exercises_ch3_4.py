@@ -4,13 +4,17 @@ with a message that helps; the write-it-yourself exercises run on real ranks."""
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from lesson_lib import comm
-from lesson_lib.chapters import ch04
+from lesson_lib.chapters import ch03_exercises, ch04
+from lesson_lib.chapters.ch03_exercises import check_gpipe
 from lesson_lib.chapters.ch04_exercises import check_zero1
 from lesson_lib.exercises import Exercise
+from lesson_lib.milestones.pp_schedules import stage_actions
 
 EX4 = ch04.exercises()
+EX3 = ch03_exercises.exercises(stages=4)  # smallest_m's real run is the chapter's (tested below)
 
 
 def verdict(ex: Exercise, answer):
@@ -18,9 +22,9 @@ def verdict(ex: Exercise, answer):
     return ex.submit(answer)
 
 
-def test_every_reference_is_accepted():
-    for key, ex in EX4.items():
-        assert verdict(ex, ex.reference()), key
+@pytest.mark.parametrize("ex", [*EX3.values(), *EX4.values()], ids=lambda e: e.key)
+def test_every_reference_is_accepted(ex):
+    assert verdict(ex, ex.reference())
 
 
 # --------------------------------------------------------------------------- ch4: zero1 (real ranks)
@@ -174,3 +178,157 @@ def test_fit_requires_the_integer_stage(answer, ok):
     assert bool(v) is ok, (answer, v.message)
     if answer == 1.9:
         assert "whole number" in v.message
+
+
+# --------------------------------------------------------------------------- ch3: gpipe (real ranks)
+
+
+def gpipe(stage, xs, ys, scale=True, backwards=None, grad_back=True, requires_grad=True, count=None):
+    """The reference GPipe stage, with one thing changed at a time (the wrong answers below)."""
+    k, P = dist.get_rank(), dist.get_world_size()
+    M, outs = len(xs), []
+    n = M if count is None else count
+    for i in range(n):
+        if k > 0:
+            dist.recv(xs[i], k - 1)
+            if requires_grad:
+                xs[i].requires_grad_()
+        out = stage(xs[i])
+        if k < P - 1:
+            dist.send(out.detach(), k + 1)
+        outs.append(out)
+    for i in (backwards or range)(n):
+        if k == P - 1:
+            loss = F.cross_entropy(outs[i], ys[i])
+            (loss / M if scale else loss).backward()
+        else:
+            g = torch.empty_like(outs[i])
+            dist.recv(g, k + 1)
+            outs[i].backward(g)
+        if k > 0 and grad_back:
+            dist.send(xs[i].grad, k - 1)
+
+
+def gpipe_reverse_backwards(stage, xs, ys):  # also correct: backwards in any order sum the same
+    gpipe(stage, xs, ys, backwards=lambda n: reversed(range(n)))
+
+
+def gpipe_unscaled(stage, xs, ys):
+    gpipe(stage, xs, ys, scale=False)
+
+
+def gpipe_first_microbatch_only(stage, xs, ys):
+    gpipe(stage, xs, ys, count=1)
+
+
+def gpipe_input_without_grad(stage, xs, ys):
+    gpipe(stage, xs, ys, requires_grad=False)
+
+
+def gpipe_only_the_last_stage_backpropagates(stage, xs, ys):
+    k, P = dist.get_rank(), dist.get_world_size()
+    outs = []
+    for x in xs:
+        if k > 0:
+            dist.recv(x, k - 1)
+        outs.append(stage(x))
+        if k < P - 1:
+            dist.send(outs[-1].detach(), k + 1)
+    if k == P - 1:
+        for out, y in zip(outs, ys):
+            (F.cross_entropy(out, y) / len(xs)).backward()
+
+
+@pytest.mark.numerics  # float64 gradients against single-process backprop, within GRAD_RTOL
+def test_gpipe_accepts_another_correct_order():
+    assert verdict(EX3["gpipe"], gpipe_reverse_backwards)
+
+
+@pytest.mark.parametrize("answer, words", [
+    (gpipe_unscaled, "M times too large"),
+    (gpipe_first_microbatch_only, "differ from single-process"),
+    (gpipe_input_without_grad, "rank"),  # x.grad is None: the send fails, the verdict names the rank
+])
+def test_gpipe_rejects_wrong_answers(answer, words):
+    v = verdict(EX3["gpipe"], answer)
+    assert not v and words in v.message, v.message
+
+
+def test_gpipe_rejects_a_stage_that_never_backpropagates():
+    v = check_gpipe(gpipe_only_the_last_stage_backpropagates, timeout_s=5)
+    assert not v and "no gradient" in v.message, v.message
+
+
+def gpipe_both_receive_first(stage, xs, ys):
+    # every stage but the first waits for a gradient before it has sent anything
+    k, P = dist.get_rank(), dist.get_world_size()
+    if k < P - 1:
+        g = torch.empty(len(xs[0]), 1)
+        dist.recv(g, k + 1)
+    gpipe(stage, xs, ys)
+
+
+def gpipe_no_grad_back(stage, xs, ys):
+    gpipe(stage, xs, ys, grad_back=False)
+
+
+@pytest.mark.parametrize("answer", [gpipe_both_receive_first, gpipe_no_grad_back])
+def test_gpipe_deadlock_ends_with_the_timeout_message(answer):
+    v = check_gpipe(answer, timeout_s=4)
+    assert not v and v.message.startswith("WorkerTimeout") and "recv" in v.message, v.message
+
+
+def test_gpipe_template_is_not_answered_yet():
+    def my_gpipe_stage(stage, xs, ys):
+        # 1. all forwards ...
+        ...
+
+    assert verdict(EX3["gpipe"], my_gpipe_stage).message == "not answered yet"
+
+
+# --------------------------------------------------------------------------- ch3: paper and pencil
+
+
+def order(schedule, stage=1, m=6):
+    return " ".join(f"{a}{i}" for a, i in stage_actions(schedule, 4, m, stage))
+
+
+@pytest.mark.parametrize("answer, words", [
+    (order("gpipe"), "valid schedule, but it is GPipe's"),
+    (order("1f1b", stage=0), "not 1F1B"),  # stage 0's order: one forward more before the first backward
+    ("F0 F1 F2 F3 F4 B0 F5 B1 B2 B3 B4 B5", "deadlock"),  # stage 0 runs F4 only after this B0
+    (order("1f1b", stage=2), "not 1F1B"),  # stage 2's: one forward fewer in flight
+    ("B0 F0 F1 F2 F3 F4 F5 B1 B2 B3 B4 B5", "B0 comes before F0"),
+    ("F0 F1 F2 B0", "exactly once"),
+    ("F0 F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4", "exactly once"),
+])
+def test_order_rejects_wrong_answers_with_the_right_reason(answer, words):
+    v = verdict(EX3["order"], answer)
+    assert not v and words in v.message, v.message
+    assert "deadlock" not in v.message or words == "deadlock", v.message
+
+
+@pytest.mark.parametrize("answer, ok", [(28, True), (28.0, True), (28.7, False), (27, False), (29, False),
+                                        (True, False), ("28", False), (0, False)])
+def test_smallest_m_requires_the_integer(answer, ok):
+    v = verdict(EX3["smallest_m"], answer)
+    assert bool(v) is ok, (answer, v.message)
+
+
+def test_smallest_m_reports_a_real_run_when_right(monkeypatch):
+    from lesson_lib.chapters import ch03
+
+    monkeypatch.setattr(ch03, "_measured_bubble", lambda m, stages=4: f"measured with M={m}")
+    assert ch03.exercises(4)["smallest_m"].check(28).message == "measured with M=28"
+
+
+@pytest.mark.parametrize("answer, ok", [(4, True), (4.0, True), (4.5, False), (8, False), (3, False),
+                                        ("4", False)])
+def test_in_flight_requires_a_whole_count(answer, ok):
+    assert bool(verdict(EX3["in_flight"], answer)) is ok
+
+
+@pytest.mark.parametrize("answer, ok", [(0.2727, True), (3 / 11, True), (0.375, False), (3 / 8, False),
+                                        (0.27 * 100, False)])
+def test_bubble(answer, ok):
+    assert bool(verdict(EX3["bubble"], answer)) is ok

@@ -9,20 +9,18 @@ from __future__ import annotations
 from IPython.display import display
 
 from .. import plots, widgets
-from ..exercises import Exercise, Verdict, close_to
+from ..exercises import Exercise
 from ..experiments import Result, run
 from ..milestones import pipeline as pp
 from ..milestones import pp_torch
 from ..milestones.pp_schedules import (
     SCHEDULES,
     all_actions,
-    bubble_formula,
-    max_in_flight,
-    replay,
     replayed_events,
-    stage_actions,
 )
 from ..runtime import warm_cluster
+from .ch03_exercises import exercises as _exercises
+from .ch03_exercises import microbatch_indices, stage_setup  # noqa: F401  (the notebook's cells use them)
 
 # The laptop preset: 9 layers of width 1024 (8.4M parameters), so that one micro-batch's forward
 # on a stage takes milliseconds and dwarfs the cost of a message; about a second per run.
@@ -177,102 +175,16 @@ def explorer():
     }, go)
 
 
-# --------------------------------------------------------------------------- exercises
-
-
-def _parse_actions(answer) -> list[tuple[str, int]]:
-    """'F0 F1 B0 ...', ['F0', 'B0', ...] or [('F', 0), ...] → [('F', 0), ...]."""
-    items = answer.replace(",", " ").split() if isinstance(answer, str) else list(answer)
-    out = []
-    for a in items:
-        kind, i = (a[0], a[1:]) if isinstance(a, str) else a
-        out.append((str(kind).upper(), int(i)))
-    return out
-
-
-def _check_order(stages: int, microbatches: int, stage: int):
-    expected = stage_actions("1f1b", stages, microbatches, stage)
-
-    def check(answer) -> Verdict:
-        got = _parse_actions(answer)
-        if got == expected:
-            return Verdict(True, f"that is stage {stage}'s 1F1B order; it holds at most "
-                                 f"{max_in_flight(got)} micro-batches' activations")
-        if sorted(got) != sorted(expected):
-            last = microbatches - 1
-            return Verdict(False, f"list each of F0…F{last} and B0…B{last} exactly once")
-        mine = [stage_actions("1f1b", stages, microbatches, k) for k in range(stages)]
-        mine[stage] = got
-        try:
-            replay(mine, {(k, a[0], a[1]): 1.0 for k in range(stages) for a in mine[k]})
-        except ValueError:
-            return Verdict(False, "with that order the pipeline deadlocks (a backward before its forward?)")
-        wrong = next(n for n, (a, b) in enumerate(zip(got, expected)) if a != b)
-        return Verdict(False, f"it runs, but it is not 1F1B: it holds {max_in_flight(got)} micro-batches "
-                              f"at once (1F1B holds {max_in_flight(expected)}); the first difference is "
-                              f"step {wrong + 1}")
-
-    return check
-
-
-def _check_smallest_m(stages: int):
-    def smallest(p: int) -> int:
-        return next(m for m in range(1, 10_000) if bubble_formula(p, m) < 0.1)
-
-    def check(answer) -> Verdict:
-        m = int(answer)
-        if m != smallest(stages):
-            return Verdict(False, f"with M = {m} the formula gives {bubble_formula(stages, m):.1%}; "
-                                  "you want the smallest M that brings it under 10%")
-        r = _run(_cfg(stages, m, "1f1b", steps=3, global_batch=8 * m))
-        return Verdict(True, f"the formula gives {r['bubble_formula']:.1%}; the run measured "
-                             f"{r['bubble_busy']:.1%} replayed from busy time and {r['bubble_fraction']:.1%} "
-                             "on the wall clock. The formula assumes every forward and backward takes the "
-                             "same time; measured ones vary, and in 1F1B's steady state each stage waits for "
-                             "the slower of its neighbours, so the variation becomes idle time (the wall "
-                             "clock adds the cores the stages share)")
-
-    return check, smallest(stages)
+def _measured_bubble(m: int, stages: int = 4) -> str:
+    """What a real 1F1B run with ``m`` micro-batches measured (the smallest_m exercise's reward)."""
+    r = _run(_cfg(stages, m, "1f1b", steps=3, global_batch=8 * m))
+    return (f"the formula gives {r['bubble_formula']:.1%}; the run measured {r['bubble_busy']:.1%} replayed "
+            f"from busy time and {r['bubble_fraction']:.1%} on the wall clock. The formula assumes every "
+            "forward and backward takes the same time; measured ones vary, and in 1F1B's steady state each "
+            "stage waits for the slower of its neighbours, so the variation becomes idle time (the wall "
+            "clock adds the cores the stages share)")
 
 
 def exercises(stages: int = 4) -> dict[str, Exercise]:
-    P, M, k, order_m = stages, 8, 1, 6
-    check_m, m_star = _check_smallest_m(P)
-    solution = " ".join(f"{a}{i}" for a, i in stage_actions("1f1b", P, order_m, k))
-    return {
-        "bubble": Exercise(
-            "bubble", "predict the bubble",
-            f"With P = {P} stages and M = {M} micro-batches of equal cost, what share of each stage's time "
-            "is idle? Answer as a fraction (0.25 for 25%), then compare with the busy-time bubble measured "
-            "above.",
-            close_to(bubble_formula(P, M), 0.01),
-            "Count time slots of one forward+backward: how many does the whole step take, and in how many "
-            "of them is a given stage working?",
-            f"(P−1)/(M+P−1) = {P - 1}/{M + P - 1} = {bubble_formula(P, M):.3f}: the step takes M+P−1 slots "
-            "and each stage works in M of them.",
-            lambda: bubble_formula(P, M)),
-        "order": Exercise(
-            "order", "order the 1F1B steps",
-            f"With P = {P} stages and M = {order_m} micro-batches, write the order in which stage {k} runs "
-            "its forwards and backwards under 1F1B, e.g. <code>\"F0 F1 B0 ...\"</code>.",
-            _check_order(P, order_m, k),
-            "Stage k first runs P−k−1 forwards to fill the pipeline; then it alternates one forward and one "
-            "backward (the oldest micro-batch first); then it drains the remaining backwards.",
-            solution, lambda: solution),
-        "smallest_m": Exercise(
-            "smallest_m", "a bubble under 10%",
-            f"With P = {P} stages, what is the smallest number of micro-batches M that brings the bubble "
-            "under 10%? The check confirms your answer with a real run (8 samples per micro-batch).",
-            check_m, "Solve (P−1)/(M+P−1) < 0.1 for M.",
-            f"(P−1)/(M+P−1) < 0.1 ⇔ M > 9(P−1) = {9 * (P - 1)}, so M = {m_star}.",
-            lambda: m_star),
-        "in_flight": Exercise(
-            "in_flight", "how much does 1F1B hold?",
-            f"With P = {P} stages and M = {M} micro-batches, how many micro-batches' activations does "
-            "stage 0 hold at most under 1F1B? (GPipe holds all M.)",
-            close_to(P, 1e-9, " micro-batches"),
-            "Stage 0 runs P−1 warm-up forwards, then one more forward before its first backward.",
-            f"P = {P}: P−1 warm-up forwards plus the forward of the steady state; from then on every new "
-            "forward is matched by a backward that frees one.",
-            lambda: P),
-    }
+    """The chapter's exercises (defined in :mod:`.ch03_exercises`); smallest_m checks with a real run."""
+    return _exercises(stages, run_it=lambda m: _measured_bubble(m, stages))

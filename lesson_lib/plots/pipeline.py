@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .common import COLORS, _annotate
+from .memory import wrap
 
 PIPE_COLORS = {"forward": "#4C78A8", "backward": "#54A24B", "send": "#F58518", "recv": "#BAB0AC"}
 # Bars per stage row: compute in the middle, sends in a thin band above, receives below.
@@ -91,15 +92,23 @@ class LiveGantt:
 
 def pipeline_gantt(panels: dict, stages: int, title: str, note: str | None = None) -> go.Figure:
     """Timelines of one step stacked: ``panels`` maps a label (say what the times are: measured
-    wall clock, or replayed from busy time) to its events ``{rank, kind, microbatch, start, end}``."""
-    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=list(panels), vertical_spacing=0.16)
+    wall clock, or replayed from busy time) to its events ``{rank, kind, microbatch, start, end}``.
+
+    Labels and the note are wrapped, and only the bottom panel carries the x-axis title (the
+    others say "ms" on their ticks): a title under the top panel ran into the next panel's label.
+    """
+    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[wrap(t, 75) for t in panels],
+                        vertical_spacing=0.16)
     for row, events in enumerate(panels.values(), start=1):
         for tr in _pipe_bars(events, _pipe_t0(events), legend=row == 1):
             fig.add_trace(tr, row=row, col=1)
         _pipe_axes(fig, stages, row=row, col=1)
-        fig.update_xaxes(title_text="ms since the step's first forward", row=row, col=1)
-    fig.update_layout(title=title, barmode="overlay", height=110 + (60 + 45 * stages) * len(panels))
-    _annotate(fig, note)
+        fig.update_xaxes(ticksuffix=" ms", row=row, col=1)
+    fig.update_xaxes(title_text="ms since the step's first forward", row=len(panels), col=1)
+    fig.update_layout(title=title, barmode="overlay", height=130 + (60 + 45 * stages) * len(panels),
+                      margin={"t": 105 if note else 80}, legend={"orientation": "h", "y": -0.12},
+                      title_y=0.98, title_yanchor="top")
+    _annotate(fig, wrap(note, 110) if note else None)
     return fig
 
 

@@ -1,0 +1,286 @@
+"""Chapter 3's exercises (notebooks/03_pipeline_parallelism.ipynb), and what they run on the ranks.
+
+Nothing here imports IPython: ``stage_setup`` and ``gpipe_job`` run inside the workers.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..data import batch_indices, teacher_classification
+from ..exercises import Exercise, Verdict, close_to
+from ..milestones import pipeline as pp
+from ..milestones.pp_schedules import bubble_formula, max_in_flight, partition, replay, stage_actions
+from ..models import mlp
+from ..runtime import WorkerError, warm_cluster
+
+# For exact checks: a small model (8 layers), any number of stages up to 8.
+SMALL = {"steps": 4, "global_batch": 24, "hidden": 32, "d_in": 16, "depth": 7, "samples": 512}
+
+
+def stage_setup(cfg: pp.Config, k: int):
+    """On stage ``k``: its layers (the same cut on every rank), the data set, and the activation
+    width entering the stage (what a receive buffer needs)."""
+    bounds = partition(pp.param_costs(cfg), cfg.stages)
+    stage = pp.build_stage(cfg, *bounds[k])
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    return stage, x_all, y_all, stage[0].in_features
+
+
+def microbatch_indices(cfg: pp.Config, step: int) -> list[torch.Tensor]:
+    """The indices of step ``step``'s M micro-batches (the whole batch, cut in order)."""
+    idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
+    rows = cfg.global_batch // cfg.microbatches
+    return [idx[i * rows:(i + 1) * rows] for i in range(cfg.microbatches)]
+
+
+# --------------------------------------------------------------------------- write it yourself
+
+
+def gpipe_job(fn: Callable, cfg: pp.Config) -> dict:
+    """On every rank: the learner's ``fn(stage, xs, ys)`` for one step, in float64; its gradients."""
+    k, P = dist.get_rank(), dist.get_world_size()
+    stage, x_all, y_all, width = stage_setup(cfg, k)
+    stage = stage.double()
+    mbs = microbatch_indices(cfg, 0)
+    rows = len(mbs[0])
+    xs = [x_all[i].double() if k == 0 else torch.empty(rows, width, dtype=torch.float64) for i in mbs]
+    ys = [y_all[i] for i in mbs] if k == P - 1 else None
+    fn(stage, xs, ys)
+    grads = [p.grad for p in stage.parameters()]
+    if any(g is None for g in grads):
+        return {"grads": None}
+    return {"grads": torch.cat([g.reshape(-1) for g in grads]).tolist()}
+
+
+def reference_grads(cfg: pp.Config) -> list[torch.Tensor]:
+    """Single-process backprop of the unsplit model on the whole batch (float64), cut per stage."""
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).double()
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    idx = batch_indices(cfg.samples, cfg.global_batch, 0, cfg.seed)
+    F.cross_entropy(model(x_all[idx].double()), y_all[idx]).backward()
+    units = pp.layer_units(model)
+    return [torch.cat([p.grad.reshape(-1) for u in units[lo:hi] for m in u for p in m.parameters()])
+            for lo, hi in partition(pp.param_costs(cfg), cfg.stages)]
+
+
+# float64: unit roundoff 1.1e-16, and each gradient entry here sums fewer than 10^4 products, so
+# pipelined and single-process backprop agree to ~1e-12 of the gradients' scale; wrong answers
+# (a micro-batch missing, 1/M forgotten) are off by 1/M of it or more.
+GRAD_RTOL = 1e-9
+
+
+def check_gpipe(fn: Callable, stages: int = 4, timeout_s: float = 10) -> Verdict:
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. exercises['gpipe'].submit(my_gpipe_stage)")
+    for m in (4, 3):
+        cfg = pp.Config(stages=stages, microbatches=m, schedule="gpipe", **SMALL).validate()
+        try:
+            outs = warm_cluster(stages).run(gpipe_job, fn, cfg, timeout_s=timeout_s)
+        except WorkerError as e:  # a deadlock's WorkerTimeout says where each stage waits
+            return Verdict(False, f"{type(e).__name__}: {e}")
+        for k, (o, want) in enumerate(zip(outs, reference_grads(cfg))):
+            if o["grads"] is None:
+                return Verdict(False, f"with M={m}, stage {k}'s parameters have no gradient: did its "
+                                      "backward run?")
+            got, tol = torch.tensor(o["grads"], dtype=torch.float64), GRAD_RTOL * want.abs().max().item()
+            if (got - want).abs().max() <= tol:
+                continue
+            if (got - m * want).abs().max() <= m * tol:
+                return Verdict(False, f"with M={m}, the gradients are M times too large: the batch's "
+                                      "loss is the mean over all its samples, so each micro-batch's loss "
+                                      "counts 1/M")
+            return Verdict(False, f"with M={m}, stage {k}'s gradients differ from single-process backprop "
+                                  f"by up to {(got - want).abs().max():.2g} (largest gradient "
+                                  f"{want.abs().max():.2g}); stages after it agree" if k < stages - 1 else
+                           f"with M={m}, the last stage's gradients differ from single-process backprop")
+    return Verdict(True, "all forwards, then all backwards, activations and gradients sent between real "
+                         "processes: the same gradients as one process on the whole batch")
+
+
+def my_gpipe_stage(stage, xs, ys):
+    """The write-it-yourself answer (used by the tests): one GPipe step of this rank's stage."""
+    k, P = dist.get_rank(), dist.get_world_size()
+    M, outs = len(xs), []
+    for i in range(M):  # all forwards
+        if k > 0:
+            dist.recv(xs[i], k - 1)
+            xs[i].requires_grad_()
+        out = stage(xs[i])
+        if k < P - 1:
+            dist.send(out.detach(), k + 1)
+        outs.append(out)
+    for i in range(M):  # then all backwards
+        if k == P - 1:
+            (F.cross_entropy(outs[i], ys[i]) / M).backward()
+        else:
+            g = torch.empty_like(outs[i])
+            dist.recv(g, k + 1)
+            outs[i].backward(g)
+        if k > 0:
+            dist.send(xs[i].grad, k - 1)
+
+
+# --------------------------------------------------------------------------- paper and pencil
+
+
+def parse_actions(answer) -> list[tuple[str, int]]:
+    """'F0 F1 B0 ...', ['F0', 'B0', ...] or [('F', 0), ...] → [('F', 0), ...]."""
+    items = answer.replace(",", " ").split() if isinstance(answer, str) else list(answer)
+    out = []
+    for a in items:
+        kind, i = (a[0], a[1:]) if isinstance(a, str) else a
+        out.append((str(kind).upper(), int(i)))
+    return out
+
+
+def check_order(stages: int, microbatches: int, stage: int):
+    expected = stage_actions("1f1b", stages, microbatches, stage)
+
+    def check(answer) -> Verdict:
+        got = parse_actions(answer)
+        if got == expected:
+            return Verdict(True, f"that is stage {stage}'s 1F1B order; it holds at most "
+                                 f"{max_in_flight(got)} micro-batches' activations")
+        if sorted(got) != sorted(expected):
+            last = microbatches - 1
+            return Verdict(False, f"list each of F0…F{last} and B0…B{last} exactly once")
+        early = next((i for n, (kind, i) in enumerate(got) if kind == "B" and ("F", i) not in got[:n]), None)
+        if early is not None:
+            return Verdict(False, f"B{early} comes before F{early}: a backward needs its forward's "
+                                  "activations")
+        if got == stage_actions("gpipe", stages, microbatches, stage):
+            return Verdict(False, "that is a valid schedule, but it is GPipe's (all forwards first): it "
+                                  f"holds all {microbatches} micro-batches' activations; 1F1B starts the "
+                                  "backwards as early as it can")
+        mine = [stage_actions("1f1b", stages, microbatches, k) for k in range(stages)]
+        mine[stage] = got
+        try:
+            replay(mine, {(k, a[0], a[1]): 1.0 for k in range(stages) for a in mine[k]})
+        except ValueError:
+            return Verdict(False, "every backward follows its forward, but not in 1F1B's order: with the "
+                                  "other stages running 1F1B, this order waits for a micro-batch that its "
+                                  "neighbour only sends after this stage's next backward (a deadlock)")
+        wrong = next(n for n, (a, b) in enumerate(zip(got, expected)) if a != b)
+        return Verdict(False, f"it runs, but it is not 1F1B: it holds {max_in_flight(got)} micro-batches "
+                              f"at once (1F1B holds {max_in_flight(expected)}); the first difference is "
+                              f"step {wrong + 1}")
+
+    return check
+
+
+def smallest_m(p: int) -> int:
+    return next(m for m in range(1, 10_000) if bubble_formula(p, m) < 0.1)
+
+
+def check_smallest_m(stages: int, run_it: Callable[[int], str] | None = None):
+    """``run_it(m)`` (the chapter's real run) adds what was measured to a correct answer."""
+
+    def check(answer) -> Verdict:
+        if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or float(answer) != int(answer) \
+                or answer < 1:
+            return Verdict(False, f"you said {answer!r}: M counts micro-batches, a whole number ≥ 1")
+        m = int(answer)
+        if m != smallest_m(stages):
+            return Verdict(False, f"with M = {m} the formula gives {bubble_formula(stages, m):.1%}; "
+                                  "you want the smallest M that brings it under 10%")
+        return Verdict(True, run_it(m) if run_it else f"(P−1)/(M+P−1) = {bubble_formula(stages, m):.1%}")
+
+    return check
+
+
+def check_count(want: int, what: str):
+    def check(answer) -> Verdict:
+        if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or float(answer) != int(answer):
+            return Verdict(False, f"you said {answer!r}: count whole {what}")
+        ok = int(answer) == want
+        return Verdict(ok, f"you said {int(answer)}" + ("" if ok else "; walk through stage 0's 1F1B order "
+                                                                      "and count F's minus B's"))
+
+    return check
+
+
+GPIPE_SOLUTION = """def my_gpipe_stage(stage, xs, ys):
+    k, P = dist.get_rank(), dist.get_world_size()
+    M, outs = len(xs), []
+    for i in range(M):                      # all forwards
+        if k > 0:
+            dist.recv(xs[i], k - 1)
+            xs[i].requires_grad_()
+        out = stage(xs[i])
+        if k < P - 1:
+            dist.send(out.detach(), k + 1)
+        outs.append(out)
+    for i in range(M):                      # then all backwards
+        if k == P - 1:
+            (F.cross_entropy(outs[i], ys[i]) / M).backward()
+        else:
+            g = torch.empty_like(outs[i])
+            dist.recv(g, k + 1)
+            outs[i].backward(g)
+        if k > 0:
+            dist.send(xs[i].grad, k - 1)"""
+
+
+def exercises(stages: int = 4, run_it: Callable[[int], str] | None = None) -> dict[str, Exercise]:
+    P, M, k, order_m = stages, 8, 1, 6
+    m_star = smallest_m(P)
+    solution = " ".join(f"{a}{i}" for a, i in stage_actions("1f1b", P, order_m, k))
+    return {
+        "gpipe": Exercise(
+            "gpipe", "write a GPipe stage, on real ranks",
+            f"Write <code>my_gpipe_stage(stage, xs, ys)</code>; it runs on each of {P} ranks, rank k holding "
+            "stage k of the model (<code>stage</code>, a module). <code>xs</code> is a list of M tensors: on "
+            "stage 0 the micro-batches' inputs, on the other stages empty buffers of the right shape to "
+            "receive the activations into. <code>ys</code> holds the M targets on the last stage (None "
+            "elsewhere). Run GPipe's step with <code>dist.send</code> / <code>dist.recv</code>: all M "
+            "forwards, then all M backwards, so that every stage's parameters end with the gradient of the "
+            "whole batch's mean cross-entropy (<code>F.cross_entropy(out, y) / M</code> per micro-batch). "
+            "The check compares with single-process backprop and stops after 10 s if stages wait for each "
+            "other.",
+            check_gpipe,
+            "A stage's input must require grad for its gradient to exist: after receiving, call "
+            "requires_grad_(). A stage's backward needs the gradient of its output from the next stage "
+            "(out.backward(g)), then sends its input's gradient (x.grad) back.",
+            GPIPE_SOLUTION, lambda: my_gpipe_stage),
+        "bubble": Exercise(
+            "bubble", "predict the bubble",
+            f"With P = {P} stages and M = {M} micro-batches of equal cost, what share of each stage's time "
+            "is idle? Answer as a fraction (0.25 for 25%), then compare with the busy-time bubble measured "
+            "above.",
+            close_to(bubble_formula(P, M), 0.01),
+            "Count time slots of one forward+backward: how many does the whole step take, and in how many "
+            "of them is a given stage working?",
+            f"(P−1)/(M+P−1) = {P - 1}/{M + P - 1} = {bubble_formula(P, M):.3f}: the step takes M+P−1 slots "
+            "and each stage works in M of them.",
+            lambda: bubble_formula(P, M)),
+        "order": Exercise(
+            "order", "order the 1F1B steps",
+            f"With P = {P} stages and M = {order_m} micro-batches, write the order in which stage {k} runs "
+            "its forwards and backwards under 1F1B, e.g. <code>\"F0 F1 B0 ...\"</code>.",
+            check_order(P, order_m, k),
+            "Stage k first runs P−k−1 forwards to fill the pipeline; then it alternates one forward and one "
+            "backward (the oldest micro-batch first); then it drains the remaining backwards.",
+            solution, lambda: solution),
+        "smallest_m": Exercise(
+            "smallest_m", "a bubble under 10%",
+            f"With P = {P} stages, what is the smallest number of micro-batches M that brings the bubble "
+            "under 10%? The check confirms your answer with a real run (8 samples per micro-batch).",
+            check_smallest_m(P, run_it), "Solve (P−1)/(M+P−1) < 0.1 for M.",
+            f"(P−1)/(M+P−1) < 0.1 ⇔ M > 9(P−1) = {9 * (P - 1)}, so M = {m_star}.",
+            lambda: m_star),
+        "in_flight": Exercise(
+            "in_flight", "how much does 1F1B hold?",
+            f"With P = {P} stages and M = {M} micro-batches, how many micro-batches' activations does "
+            "stage 0 hold at most under 1F1B? (GPipe holds all M.)",
+            check_count(P, "micro-batches' activations"),
+            "Stage 0 runs P−1 warm-up forwards, then one more forward before its first backward.",
+            f"P = {P}: P−1 warm-up forwards plus the forward of the steady state; from then on every new "
+            "forward is matched by a backward that frees one.",
+            lambda: P),
+    }
