@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from lesson_lib import show_source, warm_cluster
 from lesson_lib.chapters import ch03
 from lesson_lib.milestones import pipeline as pp
+from lesson_lib.milestones import pp_comm  # noqa: F401  (the text points at pp_comm.StageLink)
 from lesson_lib.milestones.pp_schedules import stage_actions
 
 # %% [markdown]

@@ -332,3 +332,46 @@ def test_in_flight_requires_a_whole_count(answer, ok):
                                         (0.27 * 100, False)])
 def test_bubble(answer, ok):
     assert bool(verdict(EX3["bubble"], answer)) is ok
+
+
+# --------------------------------------------------------------------------- ch3: the notebook's claim
+
+
+def one_f_one_b_with_blocking_sends(cfg):
+    """The notebook's stage loop with dist.send instead of dist.isend (one step)."""
+    from lesson_lib.chapters import ch03
+
+    k, P, M = dist.get_rank(), dist.get_world_size(), cfg.microbatches
+    stage, x_all, y_all, width = ch03.stage_setup(cfg, k)
+    mbs, held = ch03.microbatch_indices(cfg, 0), {}
+    for kind, i in stage_actions("1f1b", P, M, k):
+        if kind == "F":
+            x = x_all[mbs[i]] if k == 0 else torch.empty(len(mbs[i]), width)
+            if k > 0:
+                dist.recv(x, k - 1)
+                x.requires_grad_()
+            out = stage(x)
+            if k == P - 1:
+                out = F.cross_entropy(out, y_all[mbs[i]])
+            else:
+                dist.send(out.detach(), k + 1)
+            held[i] = (x, out)
+        else:
+            x, out = held.pop(i)
+            if k == P - 1:
+                (out / M).backward()
+            else:
+                g = torch.empty_like(out)
+                dist.recv(g, k + 1)
+                out.backward(g)
+            if k > 0:
+                dist.send(x.grad, k - 1)
+
+
+def test_1f1b_with_blocking_sends_deadlocks_as_the_notebook_says():
+    from lesson_lib import WorkerTimeout, warm_cluster
+    from lesson_lib.milestones import pipeline as pp
+
+    cfg = pp.Config(stages=4, microbatches=4, schedule="1f1b", **ch03_exercises.SMALL).validate()
+    with pytest.raises(WorkerTimeout, match="send"):
+        warm_cluster(4).run(one_f_one_b_with_blocking_sends, cfg, timeout_s=5)
