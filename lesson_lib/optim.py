@@ -61,13 +61,15 @@ def _check(name: str, value: float, low: float = 0.0, high: float | None = None,
 class _LayerWise(torch.optim.Optimizer):
     """What LARS and LAMB share: argument checks, fp32 maths for bf16 params, per-layer stats."""
 
-    def __init__(self, params, defaults: dict, norm: Callable[[torch.Tensor], torch.Tensor] | None):
+    def __init__(self, params, defaults: dict, norm: Callable[[torch.Tensor], torch.Tensor] | None,
+                 record_stats: bool = True):
         _check("lr", defaults["lr"], open_low=True)
         _check("weight_decay", defaults["weight_decay"])
         if defaults.get("trust_clip") is not None:
             _check("trust_clip", defaults["trust_clip"], open_low=True)
         super().__init__(params, defaults)
         self.norm = norm or _norm
+        self.record_stats = record_stats  # off under ZeRO: ‖update‖ would cost one more all-reduce
         self.last_stats: list[tuple[float, float, float]] = []
 
     def _ratio(self, w_norm: torch.Tensor, u_norm: torch.Tensor, group: dict) -> torch.Tensor:
@@ -96,7 +98,8 @@ class _LayerWise(torch.optim.Optimizer):
                 w, g = p.detach().float(), p.grad.detach().float()
                 update, w_norm, ratio = self._update(w, g, self.state[p], group)
                 p.copy_(w - update)  # bf16 parameters: the update is computed in fp32
-                self.last_stats.append((float(w_norm), float(self.norm(update)), float(ratio)))
+                if self.record_stats:
+                    self.last_stats.append((float(w_norm), float(self.norm(update)), float(ratio)))
         return loss
 
 
@@ -110,13 +113,13 @@ class LARS(_LayerWise):
 
     def __init__(self, params: Iterable, lr: float = 0.1, momentum: float = 0.9,
                  weight_decay: float = 0.0, trust_coefficient: float = 0.001, eps: float = 0.0,
-                 trust_clip: float | None = None, norm=None):
+                 trust_clip: float | None = None, norm=None, record_stats: bool = True):
         _check("momentum", momentum, high=1.0)
         _check("trust_coefficient", trust_coefficient, open_low=True)
         _check("eps", eps)
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
                         trust_coefficient=trust_coefficient, eps=eps, trust_clip=trust_clip, adapt=True)
-        super().__init__(params, defaults, norm)
+        super().__init__(params, defaults, norm, record_stats)
 
     def _update(self, w, g, state, group):
         beta, eta = group["weight_decay"], group["trust_coefficient"]
@@ -143,7 +146,7 @@ class LAMB(_LayerWise):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0, trust_clip: float | None = None,
                  phi_clamp: tuple[float, float] | None = None, bias_correction: bool = True,
-                 eps_inside_sqrt: bool = False, norm=None):
+                 eps_inside_sqrt: bool = False, norm=None, record_stats: bool = True):
         for i, b in enumerate(betas):
             _check(f"betas[{i}]", b, high=1.0)
         _check("eps", eps)
@@ -152,7 +155,7 @@ class LAMB(_LayerWise):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         trust_clip=trust_clip, phi_clamp=phi_clamp, bias_correction=bias_correction,
                         eps_inside_sqrt=eps_inside_sqrt, adapt=True)
-        super().__init__(params, defaults, norm)
+        super().__init__(params, defaults, norm, record_stats)
 
     def _update(self, w, g, state, group):
         (b1, b2), eps = group["betas"], group["eps"]

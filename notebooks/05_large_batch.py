@@ -160,7 +160,39 @@ ch05.trust_ratios(out["runs"]["lamb", 2048], "LAMB at B = 2048")
 ch05.trust_ratios(out["runs"]["lars", 2048], "LARS at B = 2048")
 
 # %% [markdown]
-# ## 6. Try it
+# ## 6. LAMB under ZeRO
+#
+# Chapter 4 sharded Adam's state: each rank updates only its slice of every layer, and Adam needs
+# nothing else, since it updates each number from that number alone. LAMB and LARS need each layer's
+# ‖w‖ and ‖u‖ — sums over the whole layer, of which a rank holds a slice. So each rank adds up the
+# squares of its slice and the ranks **all-reduce those partial sums**: two numbers per parameter
+# tensor per step. This is how `lesson_lib` does it (the optimizer gets this function as its `norm`):
+
+# %%
+from lesson_lib.milestones import zero, zero_layerwise
+
+show_source(zero_layerwise.sharded_norm)
+
+# %% [markdown]
+# Every ZeRO stage, trained with LAMB on 2 ranks, against single-process LAMB on the same batches;
+# and the extra traffic, counted, against its formula (two 4-byte ring all-reduces per tensor):
+
+# %%
+zcfg = zero.Config(world_size=2, optimizer="lamb", lr=0.01, weight_decay=1e-3, steps=8, hidden=64)
+single = zero.layerwise_reference(zcfg)
+for stage in (0, 1, 2, 3):
+    zr = ch05.run("zero", zcfg.replace(stage=stage), cluster=warm_cluster(2))
+    gap = max(abs(a - b) for a, b in zip(zr["final_params"], single["params"]))
+    grads = zr["traffic_per_step"][0]
+    norms = zr["norm_traffic_per_step"][0]
+    print(f"stage {stage}: largest parameter gap to one process {gap:.1e}; per step rank 0 sends "
+          f"{grads:,.0f} B of gradients/parameters and {norms:,.0f} B of norms")
+    # a real error moves the weights by ~lr per step; float rounding stays far below 1e-3 of that
+    assert gap <= 1e-3 * zcfg.lr * zcfg.steps, (stage, gap)
+    assert zr["norm_traffic_per_step"] == zr["norm_traffic_formula"], zr["norm_traffic_per_step"]
+
+# %% [markdown]
+# ## 7. Try it
 #
 # Pick an optimizer, a batch, a peak rate and a warm-up; each click trains on real ranks. Try SGD at
 # 2048 with a smaller rate than the linear rule gives, or LAMB with a larger one.

@@ -46,6 +46,10 @@ def config(optimizer: str = "lamb", batch: int = BASE_BATCH, **options) -> lb.Co
     return cfg
 
 
+__all__ = ["BASE_BATCH", "BASE_LR", "RULE", "config", "epoch_cost", "exercises", "explorer", "grid",
+           "row", "run", "run_one", "scaled_lr", "table", "trust_ratios"]
+
+
 def run_one(cfg: lb.Config, live: plots.LiveRuns | None = None, label: str | None = None) -> Result:
     on_event = live.track(label or f"{cfg.optimizer}, B={cfg.global_batch}", cfg.steps,
                           cfg.world_size) if live else None

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import comm
+from .. import comm, optim
 from ..config import TrainConfig, opt
 from ..costmodel import zero_memory, zero_traffic
 from ..data import batch_indices, shard, teacher_classification
@@ -45,6 +45,7 @@ from ..metrics import (
 )
 from ..models import mlp, mlp_param_count
 from ..runtime import context
+from . import zero_layerwise as layerwise
 
 NAME = "zero"
 
@@ -53,12 +54,19 @@ NAME = "zero"
 class Config(TrainConfig):
     stage: int = opt(0, "0 plain data parallel | 1 shard optimizer state | 2 + gradients | 3 + parameters")
     precision: str = opt("fp32", "fp32 | mixed (bf16 params and grads, fp32 master and Adam: K=12)")
-    lr: float = opt(0.01, "Adam learning rate")
+    lr: float = opt(0.01, "learning rate")
+    optimizer: str = opt("adam", "adam | lamb | lars (layer-wise: their layer norms are all-reduced "
+                                 "from the shards, chapter 5)")
+    weight_decay: float = opt(0.0, "lamb/lars weight decay of the weight matrices (biases excluded)")
 
     def validate(self) -> "Config":
         super().validate()
         if isinstance(self.stage, bool) or self.stage not in (0, 1, 2, 3):
             raise ValueError(f"stage must be 0, 1, 2 or 3, got {self.stage!r}")
+        if self.optimizer not in ("adam", "lamb", "lars"):
+            raise ValueError(f"optimizer must be 'adam', 'lamb' or 'lars', got {self.optimizer!r}")
+        if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1):
+            raise ValueError(f"weight_decay must be in [0, 1), got {self.weight_decay!r}")
         if self.precision not in ("fp32", "mixed"):
             raise ValueError(f"precision must be 'fp32' or 'mixed', got {self.precision!r}")
         if self.global_batch % self.world_size:
@@ -219,7 +227,12 @@ def worker(cfg: Config) -> dict:
         if stage < 2:  # the full gradient stays allocated between steps
             u.bucket = torch.zeros(u.padded, dtype=dtype, device=dev)
             u.point_grads(u.bucket)
-    optimizer = torch.optim.Adam(masters, lr=cfg.lr)
+    if cfg.optimizer == "adam":
+        optimizer = torch.optim.Adam(masters, lr=cfg.lr)
+    else:  # chapter 5: per-layer norms over the shards
+        spans = [(0, u.padded) if stage == 0 else (u.lo, u.hi) for u in units]
+        optimizer = layerwise.PieceOptimizer(cfg.optimizer, masters, spans, layerwise.layouts(units),
+                                             cfg.lr, cfg.weight_decay, sharded=stage > 0)
     x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
     x_all, y_all = x_all.to(dev, dtype), y_all.to(dev)
     meter, rec = ActivationMeter(exclude=model.parameters()), StepRecorder(dev, ctx.emit)
@@ -265,17 +278,41 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
     traffic = [sum(v["bytes_sent"] for k, v in o["per_rank"]["ops"].items() if k in training_ops)
                / cfg.steps for o in outs]
     padded = outs[0]["padded"]  # per layer in stage 3, for the whole model otherwise
+    # LAMB/LARS at stages 1-3: two scalar ring all-reduces per parameter tensor per step
+    norms = [o["per_rank"]["ops"].get("norm_all_reduce", {}).get("bytes_sent", 0) / cfg.steps for o in outs]
+    tensors = 2 * (cfg.depth + 1)  # a weight and a bias per linear layer
+    norm_formula = [layerwise.norm_traffic(tensors, n, r) if cfg.optimizer != "adam" and cfg.stage > 0
+                    else 0 for r in range(n)]
     return {"param_count": psi, "padded_param_count": padded, "formula": formula,
             "traffic_per_step": traffic, "traffic_formula": zero_traffic(psi, n, cfg.stage, esize),
             "traffic_formula_padded": zero_traffic(padded, n, cfg.stage, esize),
+            "norm_traffic_per_step": norms, "norm_traffic_formula": norm_formula,
             "final_params": outs[0]["params"]}
 
 
 def reference(cfg: Config) -> list[float]:
-    """Single-process Adam on the combined batch (fp32): what every fp32 stage must reproduce."""
+    """Single-process training on the combined batch (fp32): what every fp32 stage must reproduce."""
     from .data_parallel import reference as single_process
 
-    return single_process(cfg, optimizer="adam")
+    if cfg.optimizer == "adam":
+        return single_process(cfg, optimizer="adam")
+    return layerwise_reference(cfg)["losses"]
+
+
+def layerwise_reference(cfg: Config) -> dict:
+    """Single-process LAMB or LARS (lesson_lib.optim, biases excluded) on the combined batch."""
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
+    opt_ = optim.make(cfg.optimizer, model, cfg.lr, cfg.weight_decay)
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    losses = []
+    for step in range(cfg.steps):
+        idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
+        opt_.zero_grad()
+        loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+        loss.backward()
+        opt_.step()
+        losses.append(float(loss.detach()))
+    return {"losses": losses, "params": torch.cat([p.detach().view(-1) for p in model.parameters()]).tolist()}
 
 
 def torch_zero_reference(cfg: Config) -> dict:
