@@ -9,8 +9,6 @@ import torch.distributed as dist
 from lesson_lib import close_all, comm
 from lesson_lib.chapters import ch00_exercises, ch01, ch02_exercises
 
-pytestmark = [pytest.mark.numerics]
-
 
 @pytest.fixture(scope="module", autouse=True)
 def _close_clusters():
@@ -30,6 +28,7 @@ def ch0():
     return ch00_exercises.exercises()["average_gradients"]
 
 
+@pytest.mark.numerics  # losses compared with single-process training to a float tolerance
 @pytest.mark.ch0
 def test_ch0_reference_is_accepted(ch0):
     v = ch0.check(ch0.reference())
@@ -65,6 +64,7 @@ def _averages_the_weights(model):  # reduces the parameters, not their gradients
             p /= dist.get_world_size()
 
 
+@pytest.mark.numerics  # losses compared with single-process training to a float tolerance
 @pytest.mark.ch0
 @pytest.mark.parametrize("wrong, words", [
     (_forgot_to_divide, "whole batch"),
@@ -118,6 +118,7 @@ def ch1():
     return ch01.exercises(param_bytes=1000)
 
 
+@pytest.mark.numerics  # losses compared with single-process training to a float tolerance
 @pytest.mark.ch1
 def test_ch1_worker_step_reference_is_accepted(ch1):
     v = ch1["worker_step"].check(ch1["worker_step"].reference())
@@ -144,6 +145,7 @@ def _whole_vector_to_each(grads, params, bounds):
         dist.recv(params, src=k)
 
 
+@pytest.mark.numerics  # losses compared with single-process training to a float tolerance
 @pytest.mark.ch1
 @pytest.mark.parametrize("wrong", [_swapped_shards, _push_only, _whole_vector_to_each])
 def test_ch1_worker_step_wrong_answers_are_rejected(ch1, wrong, monkeypatch):
@@ -203,6 +205,7 @@ def test_ch1_average_and_traffic_references_and_wrong_numbers(ch1):
     assert not ch1["divergence"].check(0).ok and not ch1["divergence"].check(50).ok
 
 
+@pytest.mark.numerics  # losses compared with single-process training to a float tolerance
 @pytest.mark.ch1
 @pytest.mark.slow
 @pytest.mark.parametrize("lr, words", [(0.5, None), (0.05, "still learns"), (5.0, "did not learn either")])
