@@ -74,8 +74,9 @@ assert max(split["stage_bytes"]) < split["unsplit_bytes"] / 3   # each stage hol
 gaps = ch03.equivalence(stages=4, microbatches=4)
 
 # %%
+tol = ch03.tolerance(microbatches=4)  # float32 rounding of sums in another order (see ch03.tolerance??)
 for schedule, g in gaps.items():
-    assert max(g.values()) < 1e-5, (schedule, g)
+    assert max(g.values()) <= tol, (schedule, g, tol)
 
 # %% [markdown]
 # ## 3. One stage's loop, written out
@@ -251,7 +252,7 @@ lib = ch03.against_torch(stages=4, microbatches=4)
 # %%
 for schedule, c in lib.items():
     assert "error" not in c, c
-    assert max(c["ours_vs_torch"].values()) < 1e-5, (schedule, c)
+    assert max(c["ours_vs_torch"].values()) <= tol, (schedule, c, tol)
 
 # %% [markdown]
 # ## 8. Try it yourself

@@ -15,7 +15,6 @@ from ..costmodel import zero_memory
 from ..data import read_csv
 from ..experiments import Result, run
 from ..milestones import zero
-from ..plots.memory import live_runs
 from ..runtime import warm_cluster
 from .ch04_exercises import exercises, first_fitting_stage, max_gap, task, tolerances  # noqa: F401
 
@@ -44,7 +43,7 @@ def stages(world_size: int = 4, precision: str = "fp32") -> dict[int, Result]:
     """Train with stages 0–3; live loss, then measured memory per category beside the formulas."""
     for s in range(4):  # a bad choice fails here, before any worker starts
         config(s, world_size, precision=precision)
-    live = live_runs(f"ZeRO stages 0–3 on {world_size} ranks ({precision})")
+    live = plots.LiveRuns(f"ZeRO stages 0–3 on {world_size} ranks ({precision})")
     display(live)
     results = {s: _run(s, world_size, live, precision=precision) for s in range(4)}
     rows = [{"label": f"stage {s}", "measured": r.per_rank[0]["memory"], "formula": r["formula"]}

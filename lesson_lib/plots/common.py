@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 
 import plotly.graph_objects as go
@@ -38,7 +39,7 @@ class LiveRuns:
         import ipywidgets as W
 
         base = make_subplots(rows=1, cols=2, subplot_titles=(
-            "global training loss", "step time of the slowest rank (ms; warm-up step 0 not shown)"))
+            "global training loss", "slowest rank's step (ms), from step 1"))
         base.update_layout(title=title, height=340, legend={"orientation": "h", "y": -0.2})
         base.update_xaxes(title_text="step")
         self.fig = go.FigureWidget(base)
@@ -99,7 +100,12 @@ class LiveRuns:
             self.fig.data[bt].y = [1e3 * max(run["busy"][s].values()) for s in full]
 
 
+def wrap(text: str, width: int = 80) -> str:
+    """Break a long title or note into lines (plotly never wraps, it clips at the figure's edge)."""
+    return "<br>".join(textwrap.wrap(text, width))
+
+
 def _with_note(title: str, note: str | None) -> dict:
     """The oversubscription note as a subtitle, where it cannot collide with the axis titles."""
-    sub = f"<br><sup style='color:#a33'>{note}</sup>" if note else ""
-    return {"text": title + sub}
+    lines = textwrap.wrap(note, 110) if note else []
+    return {"text": title + "".join(f"<br><sup style='color:#a33'>{line}</sup>" for line in lines)}

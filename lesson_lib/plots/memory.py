@@ -2,26 +2,10 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import plotly.graph_objects as go
 
-from .common import COLORS, LiveRuns
+from .common import COLORS, wrap
 from .training import traffic_vs_formula
-
-
-def wrap(text: str, width: int = 80) -> str:
-    """Break a long title or note into lines (plotly never wraps, it clips at the figure's edge)."""
-    return "<br>".join(textwrap.wrap(text, width))
-
-
-def live_runs(title: str) -> LiveRuns:
-    """The live loss / step-time figure with subplot titles short enough for a half-width panel
-    of a 700-pixel notebook column (the long ones ran into each other and off the edge)."""
-    live = LiveRuns(title)
-    live.fig.layout.annotations[0].text = "global training loss"
-    live.fig.layout.annotations[1].text = "slowest rank's step (ms), from step 1"
-    return live
 
 
 def memory_vs_formula(rows: list[dict], title: str) -> go.Figure:

@@ -7,8 +7,7 @@ import time
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, _annotate
-from .memory import wrap
+from .common import COLORS, _annotate, wrap
 
 PIPE_COLORS = {"forward": "#4C78A8", "backward": "#54A24B", "send": "#F58518", "recv": "#BAB0AC"}
 # Bars per stage row: compute in the middle, sends in a thin band above, receives below.
