@@ -359,6 +359,14 @@ class _Pickler(cloudpickle.Pickler):
     dispatch_table = collections.ChainMap({types.CodeType: _code_reduce_keep_filename},
                                           cloudpickle.Pickler.dispatch_table)
 
+    def reducer_override(self, obj):
+        # Module objects of a ModuleType subclass (torch.classes, torch.ops) are not in cloudpickle's
+        # table, which matches exact types; a cell function whose code merely names `.classes`
+        # drags them in. An imported module travels by name.
+        if isinstance(obj, types.ModuleType) and sys.modules.get(obj.__name__) is obj:
+            return importlib.import_module, (obj.__name__,)
+        return super().reducer_override(obj)
+
 
 def _dumps(obj: Any) -> bytes:
     buf = io.BytesIO()
@@ -402,20 +410,33 @@ def _relabel_cells(text: str) -> str:
     return re.sub(r'File "([^"]+)", line', sub, text)
 
 
+_LIBRARY_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)), os.path.dirname(_RUNTIME_FILE))
+
+
 def _where(frames: list) -> str:
-    """'waiting in torch.distributed recv, called from Cell In[3], line 4: dist.recv(t, 1)'."""
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-    mine = [f for f in frames if not os.path.abspath(f[0]).startswith(torch_dir)]
-    theirs = [f for f in frames if os.path.abspath(f[0]).startswith(torch_dir)]
-    at = ""
-    if mine:
-        filename, lineno, _, line = mine[-1]
-        at = f"{_cell_label(filename) or os.path.basename(filename)}, line {lineno}" + (
-            f": {line.strip()}" if line else "")
-    if theirs:  # the first torch call below the learner's code, past decorators' wrappers
-        blocked = next((f[2] for f in theirs if f[2] not in ("wrapper", "inner")), theirs[0][2])
-        return f"waiting in torch.distributed {blocked}(), called from {at}"
-    return f"running {at}" if at else "running (no Python frame)"
+    """'waiting in torch.distributed recv(), called from Cell In[3], line 4: dist.recv(t, 1)'.
+
+    The learner's frame is the innermost one outside torch and lesson_lib; the call it is blocked
+    in is the first library frame below it (past decorators' wrappers).
+    """
+    def library(f) -> bool:
+        return os.path.abspath(f[0]).startswith(_LIBRARY_DIRS)
+
+    mine = [i for i, f in enumerate(frames) if not library(f)]
+    if not mine:  # library code alone (a milestone's worker): its innermost non-torch frame
+        mine = [i for i, f in enumerate(frames) if not f[0].startswith(_LIBRARY_DIRS[0])]
+    if not mine:
+        return "running (no frame outside torch)"
+    i = mine[-1]
+    filename, lineno, _, line = frames[i]
+    at = f"{_cell_label(filename) or os.path.basename(filename)}, line {lineno}" + (
+        f": {line.strip()}" if line else "")
+    below = [f for f in frames[i + 1:] if f[2] not in ("wrapper", "inner")]
+    if not below:
+        return f"running {at}"
+    where = "torch.distributed" if below[0][0].startswith(_LIBRARY_DIRS[0]) else \
+        "lesson_lib." + os.path.splitext(os.path.basename(below[0][0]))[0]
+    return f"waiting in {where} {below[0][2]}(), called from {at}"
 
 
 def _is_peer_fallout(tb: str) -> bool:
@@ -530,15 +551,8 @@ class Cluster:
         _LIVE.add(self)
         progress = _StartProgress(self.world_size, self.quiet)
         try:
-            self._collect(0, kinds=("ready",), deadline=time.monotonic() + 120 + self.timeout_s,
-                          on_ready=progress)
-        except KeyboardInterrupt:
-            self.close()
-            raise RunInterrupted(f"start-up interrupted; the {self.world_size} worker(s) were "
-                                 "stopped") from None
-        except BaseException:
-            self.close()
-            raise
+            self._collect_or_stop("start-up", 0, kinds=("ready",),
+                                  deadline=time.monotonic() + 120 + self.timeout_s, on_ready=progress)
         finally:
             progress.done()
         self.start_seconds = time.perf_counter() - t0
@@ -605,22 +619,27 @@ class Cluster:
         for q in self._job_qs:
             q.put((self._job_id, payload))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        done = self._collect_or_stop(f"the run of {name}", self._job_id, kinds=("done",),
+                                     deadline=deadline, on_event=on_event, timeout_s=timeout_s)
+        if any(restart for _, restart in done):
+            self.close()  # those workers are exiting; the next run starts fresh ones
+        return [value for value, _ in done]
+
+    def _collect_or_stop(self, what: str, *args, **kwargs) -> list:
+        """:meth:`_collect`; on any failure or interrupt the workers are stopped first."""
         try:
-            done = self._collect(self._job_id, kinds=("done",), deadline=deadline, on_event=on_event,
-                                 timeout_s=timeout_s)
+            return self._collect(*args, **kwargs)
         except KeyboardInterrupt:
+            n = self.world_size
             self.close()
-            raise RunInterrupted(f"the run of {name} was interrupted; its {self.world_size} "
-                                 "worker(s) were stopped (the next run starts fresh ones)") from None
+            raise RunInterrupted(f"{what} was interrupted; its {n} worker(s) were stopped "
+                                 "(the next run starts fresh ones)") from None
         except WorkerTimeout:
             self.close(grace_s=0)  # its ranks are stuck: no point waiting for a polite exit
             raise
         except BaseException:
-            self.close()  # a failed or interrupted job leaves no worker behind
+            self.close()  # a failed job leaves no worker behind
             raise
-        if any(restart for _, restart in done):
-            self.close()  # those workers are exiting; the next run starts fresh ones
-        return [value for value, _ in done]
 
     def _collect(self, job_id, kinds, deadline=None, on_event=None, on_ready=None, timeout_s=None) -> list:
         values: list = [None] * self.world_size
@@ -687,6 +706,9 @@ class Cluster:
                 code = p.exitcode
                 how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
                        else f"exited with code {code}")
+                if code == -signal.SIGABRT and self.backend == "gloo":
+                    how += (" (Gloo aborts a rank whose receive does not match what was sent to it: "
+                            "a tensor of another size or dtype, or a message from another rank)")
                 raise WorkerError(rank, f"worker process {how} while running a job")
 
     def _raise_failure(self, rank: int, tb: str) -> None:

@@ -11,7 +11,8 @@ from .costmodel import PRECISIONS, accelerators, devices_needed, memory_bill
 
 def memory_calculator(params: float = 1.5e9, precision: str = "mixed-precision Adam") -> W.VBox:
     """Parameters and precision → bytes of model state, and the devices it fits on (chapter 0)."""
-    p = W.FloatLogSlider(value=params, base=10, min=6, max=12.5, step=0.05, description="parameters",
+    # A fine step, so that the slider keeps the value it was given (1.5e9, not 10^9.2 = 1.58e9).
+    p = W.FloatLogSlider(value=params, base=10, min=6, max=12.5, step=0.001, description="parameters",
                          readout_format=".3g", layout={"width": "520px"})
     prec = W.Dropdown(options=list(PRECISIONS), value=precision, description="training")
     out = W.HTML()

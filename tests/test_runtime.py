@@ -1,12 +1,14 @@
 """The runtime: warm workers, clear errors, bounded failures, no orphans (chapter 0 foundation)."""
 
 import _thread
+import os
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
+import torch
 from conftest import wait_no_workers, worker_children
 
 from lesson_lib import Cluster, WorkerError, probes
@@ -78,6 +80,24 @@ def test_cell_functions_lambdas_and_closures_run_on_real_ranks(clusters):
     # a result that only cloudpickle can send back
     add_rank = lambda: (lambda r: lambda x: x + r)(dist.get_rank())
     assert [f(2) for f in c.run(add_rank)] == [2, 3]
+
+
+class _Cfg:
+    classes, ops = 3, 2
+
+
+def _names_torch_submodules(cfg):
+    return torch.zeros(cfg.classes).numel() + cfg.ops  # `.classes`, `.ops`: also torch.classes, torch.ops
+
+
+def test_a_cell_function_naming_classes_or_ops_travels(clusters):
+    # cloudpickle looks for torch.<name> submodules among the names a function uses; torch.classes
+    # and torch.ops are module subclasses it cannot pickle, so they must travel by name.
+    _names_torch_submodules.__module__ = "__main__"
+    try:
+        assert clusters(2).run(_names_torch_submodules, _Cfg()) == [5, 5]
+    finally:
+        _names_torch_submodules.__module__ = __name__
 
 
 def test_a_cell_function_traceback_shows_the_learners_line_not_the_runtime(clusters):
@@ -284,3 +304,17 @@ print(sum(ok), len(errors), errors[:1]); sys.exit(0 if sum(ok) == 10 and not err
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
+
+
+def test_a_deadlock_report_names_the_learners_line_not_the_library_frame_below_it():
+    from lesson_lib import comm
+    from lesson_lib.runtime import _where
+
+    harness = os.path.join(os.path.dirname(comm.__file__), "chapters", "ch02_exercises.py")
+    frames = [(harness, 40, "harness", "fn(chunks)"),  # library code calling the learner's function
+              ("/tmp/ipykernel_1/123.py", 7, "my_reduce_scatter", "exchange(a, b).wait()"),
+              (comm.__file__, 92, "wait", "w.wait()")]
+    text = _where(frames)
+    assert text == ("waiting in lesson_lib.comm wait(), called from 123.py, line 7: "
+                    "exchange(a, b).wait()"), text
+    assert _where(frames[:2]) == "running 123.py, line 7: exchange(a, b).wait()"

@@ -64,7 +64,9 @@ class LiveRuns:
         self.fig.add_scatter(x=[], y=[], name=label, line={"color": color}, row=1, col=1)
         self.fig.add_scatter(x=[], y=[], name=label, showlegend=False, line={"color": color},
                              row=1, col=2)
-        self.fig.add_scatter(x=[], y=[], name=f"{label}: busy (CPU time)", showlegend=i == 0,
+        # One legend entry explains every dotted line: each run's busy time has its run's colour.
+        self.fig.add_scatter(x=[], y=[], name="dotted: busy (CPU time) of the same run",
+                             legendgroup="busy", showlegend=i == 0,
                              line={"color": color, "dash": "dot"}, row=1, col=2)
         run = {"loss": {}, "wall": {}, "busy": {}, "traces": (3 * i, 3 * i + 1, 3 * i + 2), "last": 0.0,
                "steps": steps, "world": world_size}
