@@ -1,0 +1,192 @@
+"""Chapter 7's cost model: each formula against a hand-computed case, the published end-to-end
+figures within a stated tolerance, bad input named, and the ``estimate`` command."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from lesson_lib import costmodel as cm
+
+pytestmark = pytest.mark.ch7
+
+A100, HDR = 312e12, 1 / 25e9  # data/devices.csv and data/links.csv
+
+
+def gpt(case: str, **kw) -> cm.Plan:
+    p = cm.published()[case]
+    return cm.Plan(p["params"], p["tokens"], int(p["devices"]), tensor=int(p["tensor"]),
+                   pipeline=int(p["pipeline"]), batch_tokens=p["global_batch"] * p["seq_len"],
+                   layers=int(p["layers"]), hidden=int(p["hidden"]), heads=int(p["heads"]), **kw)
+
+
+def test_tables_carry_a_source_per_row_and_load_checked():
+    assert cm.devices()["a100-80gb"]["peak_flops"] == A100
+    assert cm.devices()["a100-80gb"]["memory"] == 80e9
+    assert math.isclose(cm.links()["ib-hdr"]["beta"], HDR)
+    for table in (cm.devices(), cm.links(), cm.published()):
+        assert all(len(row["source"]) > 20 for row in table.values())
+
+
+def test_formulas_against_hand_computed_cases():
+    assert cm.bubble_fraction(4, 12) == 3 / 15
+    assert cm.bubble_fraction(1, 7) == 0
+    # ring: 2(N−1)α + 2(N−1)/N·S·β with N=4, S=1 GB, α=10 µs, β=1 ns/B → 60 µs + 1.5 s
+    assert math.isclose(cm.ring_time(1e9, 4, 1e-5, 1e-9), 6e-5 + 1.5)
+    # parameter server: 2·N·S/K = 2·4·1 GB/2 = 4 GB on the busiest server's link
+    assert math.isclose(cm.ps_time(1e9, 4, 2, 0.0, 1e-9), 4.0)
+    # GPT-3's layer: s·b·h·(34 + 5as/h) = 2048·12288·(34 + 80) bytes (t = 1)
+    assert cm.activation_bytes(2048, 1, 12288, 96) == 2048 * 12288 * 114
+    assert cm.activation_bytes(2048, 1, 12288, 96, tensor=8) == 2048 * 12288 * (10 + 3 + 10)
+
+
+def test_a_data_parallel_step_by_hand():
+    plan = cm.Plan(1e9, 1e12, 8, recompute=False, batch_tokens=8 * 2048, efficiency=0.5)
+    t = cm.step_time(plan)
+    assert math.isclose(t["compute"], 6 * 1e9 * 8 * 2048 / (8 * A100 * 0.5))
+    assert math.isclose(t["bandwidth"], 2 * 7 / 8 * 2e9 * HDR)  # bf16 gradients, ring over 8
+    assert math.isclose(t["latency"], 2 * 7 * 5e-6)
+    assert t["bubble"] == 0
+    e = cm.estimate(plan)
+    assert e["dominant"] == "bandwidth" and math.isclose(e["steps"], 1e12 / (8 * 2048))
+    assert math.isclose(e["days"], e["steps"] * t["step"] / 86400)
+    assert math.isclose(cm.step_time(plan.__class__(**{**vars(plan), "recompute": True}))["compute"],
+                        t["compute"] * 8 / 6)
+
+
+def test_each_milestone_changes_its_own_term():
+    base = dict(params=1e9, tokens=1e12, devices=8, batch_tokens=64 * 2048, recompute=False)
+    ring = cm.step_time(cm.Plan(**base))
+    ps = cm.step_time(cm.Plan(**base, comm="ps", servers=2))
+    assert math.isclose(ps["bandwidth"], 2 * 8 / 2 * 2e9 * HDR)  # 2·N·S/K
+    z2, z3 = (cm.step_time(cm.Plan(**base, zero=s)) for s in (2, 3))
+    assert z2["bandwidth"] == ring["bandwidth"]  # ZeRO-1/2: reduce-scatter + all-gather = 2Ψ
+    assert math.isclose(z3["bandwidth"], 1.5 * ring["bandwidth"])  # ZeRO-3: 3Ψ
+    pp = cm.step_time(cm.Plan(**base, pipeline=4, layers=8, hidden=1024))
+    m = 64 / 2  # 64 sequences over d = 2 replicas, micro-batches of 1
+    assert math.isclose(pp["bubble"], pp["compute"] * 3 / m)  # (P−1)/(M+P−1) of (M+P−1) slots
+    squeezed = cm.step_time(cm.Plan(**base, compression=4))
+    assert math.isclose(squeezed["bandwidth"], ring["bandwidth"] / 4)
+    big = cm.step_time(cm.Plan(**base, batch_scale=4))
+    assert math.isclose(big["compute"], 4 * ring["compute"]) and big["bandwidth"] == ring["bandwidth"]
+
+
+def test_overlap_hides_communication_but_never_more_than_the_compute():
+    base = dict(params=1e9, tokens=1e12, devices=8, batch_tokens=64 * 2048)
+    t0 = cm.step_time(cm.Plan(**base))
+    half = cm.step_time(cm.Plan(**base, overlap=0.5))
+    assert math.isclose(half["bandwidth"], t0["bandwidth"] / 2)
+    full = cm.step_time(cm.Plan(**base, overlap=1.0))
+    comm = t0["bandwidth"] + t0["latency"]
+    assert math.isclose(full["bandwidth"] + full["latency"], max(0.0, comm - t0["compute"]), abs_tol=1e-12)
+
+
+def test_memory_per_device_follows_chapter_4_and_the_pipeline():
+    base = dict(params=1e9, tokens=1e12, devices=8, batch_tokens=64 * 2048, layers=8, hidden=1024)
+    for stage in (0, 1, 2, 3):
+        mem = cm.memory(cm.Plan(**base, zero=stage))
+        states = cm.zero_memory(1e9, 8, stage, "mixed")
+        assert mem["params"] + mem["grads"] + mem["optimizer"] == states["total"]
+    pp = cm.memory(cm.Plan(**base, pipeline=4))
+    assert pp["params"] == 2 * 1e9 / 4 and pp["optimizer"] == 12 * 1e9 / 4
+    # recomputation keeps each layer's input (2·s·b·h) and one layer's full activations
+    layer = cm.activation_bytes(2048, 1, 1024, 8)
+    assert cm.memory(cm.Plan(**base))["activations"] == 8 * 2 * 2048 * 1024 + layer
+    assert cm.memory(cm.Plan(**base, recompute=False))["activations"] == 8 * layer
+    assert cm.memory(cm.Plan(**base, comm="ps"))["optimizer"] == 0  # Adam lives on the servers
+
+
+def test_gpt3_on_1024_a100s_the_talks_chart():
+    rows = {r["milestone"]: r for r in cm.milestones(175e9, 300e9, 1024)}
+    assert [r for r in rows] == list(cm.MILESTONES)
+    for name in ("parameter-server", "ring", "zero-1", "zero-2"):  # 2.8 TB of states, or ≥ 352 GB
+        assert not rows[name]["fits"], name
+    for name in ("pipeline", "zero-3", "lamb", "compression"):
+        assert rows[name]["fits"], name
+    # the pipeline takes the fewest stages at which GPT-3 fits: one step fewer does not fit
+    p = rows["pipeline"]["plan"].pipeline
+    smaller = [q for q in range(1, p) if 1024 % q == 0]
+    assert not cm.memory(cm.Plan(175e9, 300e9, 1024, pipeline=smaller[-1]))["fits"]
+    assert rows["lamb"]["days"] < rows["zero-3"]["days"]  # 4× fewer all-gathers per token
+    assert rows["ring"]["memory"]["total"] > 16 * 175e9
+
+
+def test_published_end_to_end_figures_closed_form():
+    """8·T·Ψ/(n·X) with the reported per-GPU rate X reproduces the reported days (Narayanan et al.,
+    SC21 round to whole days: within 2 %); 3,072 × 163 TFLOP/s is the reported 502 PFLOP/s (the
+    per-GPU rate is rounded to 3 digits: within 1 %)."""
+    for case in ("gpt3-175b", "gpt-1t"):
+        p = cm.published()[case]
+        days = cm.days_from_throughput(p["tokens"], p["params"], int(p["devices"]),
+                                       p["achieved_tflops_per_device"] * 1e12)
+        assert abs(days / p["published_days"] - 1) <= 0.02, (case, days)
+    p = cm.published()["gpt-1t"]
+    aggregate_pflops = p["devices"] * p["achieved_tflops_per_device"] / 1e3
+    assert abs(aggregate_pflops / p["published_aggregate_pflops"] - 1) <= 0.01
+
+
+def test_published_figures_from_the_step_model():
+    """The step model, with the paper's t, p, batch and shape, kernels at 50 % of peak (our one
+    assumed efficiency) and nothing overlapped, lands within 25 % of the reported throughput and
+    days: it has one efficiency for every matrix size and no interleaved schedule."""
+    for case in ("gpt3-175b", "gpt-1t"):
+        p, e = cm.published()[case], cm.estimate(gpt(case))
+        assert e["fits"], case
+        assert abs(e["tflops_per_device"] / p["achieved_tflops_per_device"] - 1) <= 0.25, (case, e)
+        assert abs(e["days"] / p["published_days"] - 1) <= 0.25, (case, e["days"])
+        assert e["dominant"] == "compute"
+    agg = cm.estimate(gpt("gpt-1t"))["tflops_per_device"] * 3072 / 1e3
+    assert abs(agg / 502 - 1) <= 0.25
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(device="b300"), "device"), (dict(link="carrier-pigeon"), "link"),
+    (dict(params=0), "params"), (dict(tokens=-1), "tokens"), (dict(devices=0), "devices"),
+    (dict(params=float("nan")), "params"), (dict(efficiency=0), "efficiency"),
+    (dict(pipeline=128), "pipeline"),  # GPT-3 has 96 layers
+    (dict(pipeline=3), "devices"), (dict(zero=4), "zero"), (dict(overlap=1.5), "overlap"),
+    (dict(comm="tree"), "comm"), (dict(batch_tokens=2048), "batch_tokens"), (dict(servers=0), "servers"),
+])
+def test_bad_input_names_the_parameter(change, name):
+    with pytest.raises(ValueError, match=name):
+        cm.estimate(cm.Plan(**{**dict(params=175e9, tokens=300e9, devices=1024), **change}))
+
+
+def test_unknown_milestone_is_named():
+    with pytest.raises(ValueError, match="milestone"):
+        cm.plan_for("bagua", 1e9, 1e9, 8)
+
+
+def test_assumptions_name_every_input_and_source():
+    plan = cm.plan_for("compression", 175e9, 300e9, 1024)
+    text = "\n".join(cm.assumptions(plan))
+    for needle in ("Kaplan", "Rajbhandari", "Korthikanti", "datasheet", "50% of peak", "assumed",
+                   "compressed 4×", "You et al. 2020", "0% of the data-parallel communication"):
+        assert needle in text, needle
+
+
+def test_cli_prints_the_table_and_writes_json(tmp_path):
+    out = tmp_path / "e.json"
+    proc = subprocess.run([sys.executable, "-m", "lesson_lib", "estimate", "--params", "175e9",
+                           "--tokens", "300e9", "--devices", "1024", "--device", "a100-80gb",
+                           "--link", "ib-hdr", "--milestone", "ring", "--milestone", "zero-3",
+                           "--json", str(out)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "zero-3" in proc.stdout and "assumptions" in proc.stdout
+    rows = json.loads(out.read_text())
+    assert [r["milestone"] for r in rows] == ["ring", "zero-3"]
+    assert {"fits", "days", "step_s", "memory", "dominant", "assumptions", "plan"} <= set(rows[0])
+    assert rows[0]["fits"] is False and rows[1]["fits"] is True
+
+
+@pytest.mark.parametrize("args, name", [
+    (["--device", "b300"], "device"), (["--link", "x"], "link"), (["--devices", "-4"], "devices"),
+    (["--pipeline", "128"], "pipeline"),
+])
+def test_cli_bad_input_is_one_line_naming_the_parameter(args, name):
+    base = ["--params", "175e9", "--tokens", "300e9", "--devices", "1024"]
+    proc = subprocess.run([sys.executable, "-m", "lesson_lib", "estimate", *base, *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"error: {name}" in proc.stderr and "Traceback" not in proc.stderr
