@@ -492,3 +492,22 @@ def cli_estimate(argv: list[str]) -> int:
             json.dump(to_json(rows), f, indent=1)
         print(f"wrote {args.json}")
     return 0
+
+
+def fit_point_to_point(sizes: list[float], times: list[float]) -> dict:
+    """α (s) and β (s/byte) of t = α + m·β from one-way message times (a ping-pong; chapter 7).
+
+    Errors weigh relative to each time, as :func:`fit_alpha_beta` does; α and β stay ≥ 0.
+    """
+    import numpy as np
+
+    if len(sizes) != len(times) or len(sizes) < 2 or min(times) <= 0:
+        raise ValueError("need at least two (size, positive time) pairs to fit α and β")
+    t = np.array(times, dtype=float)
+    w = np.stack([np.ones_like(t), np.array(sizes, dtype=float)], axis=1) / t[:, None]
+    alpha, beta = np.linalg.lstsq(w, np.ones(len(t)), rcond=None)[0]
+    if alpha < 0:
+        alpha, beta = 0.0, float(np.linalg.lstsq(w[:, 1:], np.ones(len(t)), rcond=None)[0][0])
+    elif beta <= 0:
+        alpha, beta = float(np.linalg.lstsq(w[:, :1], np.ones(len(t)), rcond=None)[0][0]), 1e-15
+    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta), "bandwidth_GBps": 1e-9 / beta}

@@ -27,6 +27,7 @@ EXPERIMENTS = {
     "ring-allreduce": "lesson_lib.milestones.ring_allreduce",
     "pipeline": "lesson_lib.milestones.pipeline",
     "large-batch": "lesson_lib.milestones.large_batch",
+    "impact": "lesson_lib.milestones.impact",
 }
 
 

@@ -1,0 +1,142 @@
+"""Chapter 7 — putting it all together (notebooks/07_impact.ipynb).
+
+The talk's chart from the cost model (:mod:`lesson_lib.costmodel`), a what-if calculator, and the
+measured dashboard: one model through every milestone on real ranks
+(:mod:`lesson_lib.milestones.impact`), with the cost model's predictions beside the measurements.
+"""
+
+from __future__ import annotations
+
+from IPython.display import display
+
+from .. import costmodel, plots
+from ..experiments import Result, run
+from ..milestones import impact
+from ..plots import impact as ip
+from ..runtime import warm_cluster
+from .ch07_exercises import exercises  # noqa: F401  (the notebook calls it here)
+
+# The talk's named model on a named cluster: GPT-3 (Brown et al., 2020: 175B parameters, 300B
+# tokens) on 1,024 A100s with one HDR InfiniBand port each, as Narayanan et al. (SC21) trained it.
+GPT3 = {"params": 175e9, "tokens": 300e9, "devices": 1024, "device": "a100-80gb", "link": "ib-hdr"}
+
+__all__ = ["GPT3", "exercises", "measured", "run_impact", "talk_chart", "table", "validation_table",
+           "what_if"]
+
+
+def talk_chart(names=costmodel.MILESTONES, **overrides) -> list[dict]:
+    """Every milestone for GPT-3 (or ``overrides``) on the named cluster: figure, table, rows."""
+    job = {**GPT3, **overrides}
+    options = {k: v for k, v in job.items() if k not in ("params", "tokens", "devices")}
+    rows = costmodel.milestones(job["params"], job["tokens"], job["devices"], names, **options)
+    dev = costmodel.devices()[job["device"]]["name"]
+    title = (f"{job['params']:.3g} parameters, {job['tokens']:.3g} tokens on {job['devices']:,} × {dev}: "
+             "modelled time and memory per device, milestone by milestone")
+    notes = costmodel.assumptions(rows[-1]["plan"])
+    notes.append("pipeline: the fewest stages (dividing the devices) at which the model fits; "
+                 "lamb and compression build on ZeRO-3")
+    display(ip.talk_chart(rows, title, notes))
+    print(costmodel.table(rows))
+    return rows
+
+
+def what_if():
+    """Model size, tokens, number and kind of device, interconnect, milestones → a table, at once
+    (the model is arithmetic: nothing starts). Every control offers only valid values."""
+    import ipywidgets as W
+
+    params = W.FloatLogSlider(value=175e9, base=10, min=8, max=13, step=0.01, description="parameters",
+                              readout_format=".3g", layout={"width": "520px"})
+    tokens = W.FloatLogSlider(value=300e9, base=10, min=9, max=13.5, step=0.01, description="tokens",
+                              readout_format=".3g", layout={"width": "520px"})
+    count = W.Dropdown(options=[2**k for k in range(3, 15)], value=1024, description="devices")
+    device = W.Dropdown(options=list(costmodel.devices()), value="a100-80gb", description="device")
+    link = W.Dropdown(options=[k for k in costmodel.links() if not k.startswith("nvlink")], value="ib-hdr",
+                      description="link")
+    overlap = W.FloatSlider(value=0.0, min=0, max=1, step=0.1, description="overlap")
+    chosen = W.SelectMultiple(options=list(costmodel.MILESTONES), value=list(costmodel.MILESTONES),
+                              description="milestones", rows=len(costmodel.MILESTONES))
+    out = W.HTML()
+
+    def update(*_):
+        try:
+            rows = costmodel.milestones(params.value, tokens.value, count.value, chosen.value or ("ring",),
+                                        device=device.value, link=link.value, overlap=overlap.value)
+        except ValueError as e:  # e.g. more devices than micro-batches: said, not raised
+            out.value = f"<b>cannot model this:</b> {e}"
+            return
+        cells = "".join(
+            f"<tr><td>{r['milestone']}</td><td>{r['plan'].pipeline}</td>"
+            f"<td>{'yes' if r['fits'] else '<b>does not fit</b>'}</td>"
+            f"<td style='text-align:right'>{r['memory']['total'] / 1e9:,.1f}</td>"
+            f"<td style='text-align:right'>{r['days']:,.3g}</td><td>{r['dominant']}</td></tr>" for r in rows)
+        out.value = ("<table><tr><th>milestone</th><th>stages</th><th>fits</th><th>GB/device</th>"
+                     f"<th>days</th><th>dominant term</th></tr>{cells}</table>")
+
+    for w in (params, tokens, count, device, link, overlap, chosen):
+        w.observe(update, "value")
+    update()
+    return W.VBox([params, tokens, count, device, link, overlap, chosen, out])
+
+
+def run_impact(preset: str = "quick", live: plots.LiveRuns | None = None, **options) -> Result:
+    """The impact experiment on a warm cluster, one live trace per milestone."""
+    cfg = impact.Config(preset=preset, **options).validate()
+    on_event = None
+    if live is not None:
+        current: dict[int, object] = {}
+        tracks: dict[str, object] = {}
+        subs = impact.plans(cfg)
+
+        def on_event(ev: dict) -> None:
+            if ev.get("kind") == "milestone":
+                name = ev["name"]
+                if name not in tracks:
+                    sub = subs[name][1]
+                    reporting = cfg.world_size - (1 if name == "parameter-server" else 0)
+                    loss_rank = {"parameter-server": 1, "pipeline": cfg.world_size - 1}.get(name, 0)
+                    tracks[name] = live.track(impact.LABELS[name], sub.steps, reporting, loss_rank)
+                current[ev["rank"]] = tracks[name]
+            elif ev.get("kind") == "step" and ev.get("rank") in current:
+                current[ev["rank"]](ev)
+
+    return run("impact", cfg, cluster=warm_cluster(cfg.world_size), on_event=on_event)
+
+
+def measured(preset: str = "quick", **options) -> Result:
+    """Train every milestone live, then the dashboard, the table and the cost model's predictions."""
+    live = plots.LiveRuns("One model through every milestone: loss per step, live")
+    display(live)
+    r = run_impact(preset, live, **options)
+    note = plots.oversubscription_note([r])
+    display(ip.dashboard(r["milestones"], r["target_loss"], note))
+    print(table(r["milestones"]))
+    return r
+
+
+def table(records: list[dict]) -> str:
+    lines = [f"{'milestone':<24} {'optimizer':>9} {'batch':>6} {'reached':>8} {'steps':>6} "
+             f"{'s to target':>12} {'bytes/step':>11} {'KB, fullest rank':>17}"]
+    for r in records:
+        mem = max(sum(m.values()) for m in r["peak_memory_per_rank"]) / 1e3
+        t = f"{r['time_to_target_s']:.2f}" if r["reached_target"] else "-"
+        lines.append(f"{r['label']:<24} {r['optimizer']:>9} {r['global_batch']:>6} "
+                     f"{'yes' if r['reached_target'] else 'NO':>8} {r['steps']:>6} {t:>12} "
+                     f"{r['bytes_per_step_busiest']:>11,.0f} {mem:>17,.1f}")
+    return "\n".join(lines)
+
+
+def validation_table(result: Result) -> str:
+    """Predicted beside measured median step time (and its communication part), with the error."""
+    p = result["probe"]
+    lines = [f"measured here: α = {p['alpha_s'] * 1e6:.0f} µs, 1/β = {p['bandwidth_GBps']:.2f} GB/s "
+             f"(fitted to our ring all-reduce, all ranks), {p['flops'] / 1e9:.1f} GFLOP/s per rank "
+             "(slowest rank)",
+             f"{'milestone':<24} {'measured ms':>12} {'predicted ms':>13} {'error':>7} "
+             f"{'comm measured':>14} {'comm predicted':>15}"]
+    for r in result["milestones"]:
+        err = r["predicted_step_s"] / r["median_step_s"] - 1
+        lines.append(f"{r['label']:<24} {1e3 * r['median_step_s']:>12.2f} "
+                     f"{1e3 * r['predicted_step_s']:>13.2f} {err:>+7.0%} "
+                     f"{1e3 * r['median_comm_s']:>14.2f} {1e3 * r['predicted_comm_s']:>15.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,201 @@
+"""Chapter 7's exercises: GPT-3's days by hand, the smallest ZeRO stage that fits, which term
+dominates and what a 10× faster link buys, and a ping-pong on real ranks that measures α and β."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.distributed as dist
+
+from .. import comm, costmodel
+from ..exercises import Exercise, Verdict
+from ..metrics import counters
+from ..runtime import warm_cluster
+from ..source import source
+
+# Narayanan et al. (SC21): GPT-3 175B, 300B tokens, 1,024 A100s at 140 TFLOP/s each.
+DAYS_CASE = {"params": 175e9, "tokens": 300e9, "devices": 1024, "flops": 140e12}
+# Chapter 4's formulas (model states only, mixed-precision Adam): a 13B model on 16 A100-40GB.
+FIT_CASE = {"params": 13e9, "devices": 16, "device": "a100-40gb"}
+# The modelled step of GPT-3 under ZeRO-3 on the named cluster (costmodel.plan_for).
+LINK_CASE = {"milestone": "zero-3", "params": 175e9, "tokens": 300e9, "devices": 1024}
+
+
+def gpt3_days(params, tokens, devices, flops) -> float:
+    return 8 * tokens * params / (devices * flops) / 86400
+
+
+def _check_days(answer) -> Verdict:
+    value = float(answer)
+    c = DAYS_CASE
+    expected = gpt3_days(**c)
+    if math.isclose(value, expected, rel_tol=0.02):
+        return Verdict(True, f"{value:.1f} days; Narayanan et al. report about 34")
+    wrong = {gpt3_days(**c) * 6 / 8: "that is 6·Ψ per token: they also recompute the forward pass",
+             gpt3_days(**{**c, "flops": 312e12}): "that uses the A100's peak; use the rate achieved",
+             expected * 86400: "that is in seconds", expected * 24: "that is in hours",
+             expected * 1024: "that is one device's time: the work is shared by all of them"}
+    for v, why in wrong.items():
+        if math.isclose(value, v, rel_tol=0.02):
+            return Verdict(False, why)
+    return Verdict(False, f"you said {value:g}; write 8·T·Ψ/(n·X) with the numbers above, in days")
+
+
+def fit_stage(params, devices, device) -> int:
+    cap = costmodel.devices()[device]["memory"]
+    return next(s for s in (0, 1, 2, 3) if costmodel.zero_memory(params, devices, s, "mixed")["total"] <= cap)
+
+
+def _check_stage(answer) -> Verdict:
+    if isinstance(answer, bool) or not isinstance(answer, int) or answer not in (0, 1, 2, 3):
+        return Verdict(False, "answer with a ZeRO stage: 0, 1, 2 or 3")
+    c = FIT_CASE
+    cap = costmodel.devices()[c["device"]]["memory"]
+    held = costmodel.zero_memory(c["params"], c["devices"], answer, "mixed")["total"]
+    if held > cap:
+        return Verdict(False, f"at stage {answer} each device still holds {held / 1e9:.1f} GB of model "
+                              f"state, more than its {cap / 1e9:g} GB")
+    if answer > fit_stage(**c):
+        return Verdict(False, f"stage {answer} fits, but so does a smaller stage, with less traffic")
+    return Verdict(True, f"stage {answer}: {held / 1e9:.1f} GB of model state per device "
+                         f"(activations come on top)")
+
+
+def link_case() -> dict:
+    c = LINK_CASE
+    return costmodel.estimate(costmodel.plan_for(c["milestone"], c["params"], c["tokens"], c["devices"]))
+
+
+def faster_link(e: dict) -> tuple[str, float]:
+    t = e["terms"]  # a 10× faster link: 10× the bandwidth; the latency α is not the link's speed
+    return e["dominant"], t["compute"] + t["bubble"] + t["bandwidth"] / 10 + t["latency"]
+
+
+def _check_link(answer) -> Verdict:
+    try:
+        term, seconds = answer
+        seconds = float(seconds)
+    except (TypeError, ValueError):
+        return Verdict(False, "answer with a pair: (term, step seconds with the faster link)")
+    e = link_case()
+    term = str(term).strip().lower()
+    if term not in costmodel.TERMS:
+        return Verdict(False, f"the term is one of {', '.join(costmodel.TERMS)}")
+    if term != e["dominant"]:
+        return Verdict(False, f"{term} is not the largest of the four terms printed above")
+    good = faster_link(e)[1]
+    t = e["terms"]
+    if math.isclose(seconds, e["step_s"] / 10, rel_tol=0.02):
+        return Verdict(False, "a faster link speeds up only the time spent moving bytes")
+    if math.isclose(seconds, good - t["latency"] * 0.9, rel_tol=0.005):
+        return Verdict(False, "a faster link carries more bytes per second; its latency α stays")
+    if not math.isclose(seconds, good, rel_tol=0.02):
+        return Verdict(False, f"you said {seconds:.3g} s; keep compute, bubble and latency, divide "
+                              "the bandwidth term by 10")
+    new = max(("compute", t["compute"]), ("bandwidth", t["bandwidth"] / 10), key=lambda kv: kv[1])[0]
+    return Verdict(True, f"{e['step_s']:.1f} s → {seconds:.1f} s per step: {e['step_s'] / seconds:.1f}× "
+                         f"faster, not 10×; now {new} dominates")
+
+
+# --------------------------------------------------------------------------- on real ranks
+
+PING_SIZES = (4096, 1 << 18, 1 << 22)
+PING_REPS = 5
+
+
+def pingpong_harness(fn, sizes=PING_SIZES, reps: int = PING_REPS) -> dict:
+    """On each of 2 ranks: rank 0's ``send`` holds a pattern, rank 1's zeros; after each of the
+    learner's round trips both ranks' ``recv`` must hold the pattern. Times ``reps`` round trips."""
+    rank = dist.get_rank()
+    counters().reset()
+    rows = []
+    for size in sizes:
+        pattern = torch.arange(size // 4, dtype=torch.float32) + 1
+        send = pattern.clone() if rank == 0 else torch.zeros(size // 4)
+        recv = torch.zeros(size // 4)
+        fn(send, recv)  # the first round opens the connection: checked, not timed
+        ok = torch.equal(recv, pattern)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn(send, recv)
+        rows.append({"size": size, "ok": ok, "one_way_s": (time.perf_counter() - t0) / reps / 2})
+    c = counters()
+    return {"rank": rank, "rows": rows, "sent": c.bytes_sent, "recv": c.bytes_recv}
+
+
+def _check_pingpong(fn) -> Verdict:
+    outs = warm_cluster(2).run(pingpong_harness, fn, timeout_s=10)
+    expected = (PING_REPS + 1) * sum(PING_SIZES)
+    for o in outs:
+        if o["sent"] == o["recv"] == 0:
+            return Verdict(False, "no bytes were counted: send and receive with lesson_lib.comm "
+                                  "(comm.send, comm.recv) so the check can count them")
+        if (o["sent"], o["recv"]) != (expected, expected):
+            return Verdict(False, f"rank {o['rank']} sent {o['sent']:,} B and received {o['recv']:,} B "
+                                  f"over all round trips; one round trip is one message each way")
+    for o in outs:
+        bad = [r["size"] for r in o["rows"] if not r["ok"]]
+        if bad:
+            who = "rank 1 did not receive rank 0's message" if o["rank"] == 1 else \
+                "rank 0 did not get its own message back: rank 1 must return what it received"
+            return Verdict(False, f"{who} (at {bad[0]:,} bytes)")
+    rows = outs[0]["rows"]
+    fit = costmodel.fit_point_to_point([r["size"] for r in rows], [r["one_way_s"] for r in rows])
+    ring = costmodel.ring_time(16e6, 4, fit["alpha_s"], fit["beta_s_per_byte"])
+    return Verdict(True, f"on this machine α ≈ {fit['alpha_s'] * 1e6:.0f} µs and 1/β ≈ "
+                         f"{fit['bandwidth_GBps']:.2f} GB/s (noisy on shared cores); fed to the cost "
+                         f"model, a 16 MB ring all-reduce on 4 such ranks takes about {ring * 1e3:.0f} ms")
+
+
+def ping_pong(send, recv):
+    if dist.get_rank() == 0:
+        comm.send(send, 1)
+        comm.recv(recv, 1)
+    else:
+        comm.recv(recv, 0)
+        comm.send(recv, 0)  # back what arrived
+
+
+def exercises() -> dict[str, Exercise]:
+    d, f, k = DAYS_CASE, FIT_CASE, LINK_CASE
+    dev = costmodel.devices()[f["device"]]["name"]
+    return {
+        "days": Exercise(
+            "days", "GPT-3's training time by hand",
+            f"GPT-3 has Ψ = {d['params']:.3g} parameters and was trained on T = {d['tokens']:.3g} tokens. "
+            f"On n = {d['devices']:,} A100s each delivering X = {d['flops'] / 1e12:g} TFLOP/s, how many "
+            "days does 8·T·Ψ/(n·X) give?",
+            _check_days, "8 FLOPs per parameter per token (6 for forward and backward, 2 to recompute "
+                         "the forward); a day is 86,400 s.",
+            f"8 × {d['tokens']:.3g} × {d['params']:.3g} / ({d['devices']} × {d['flops']:.3g}) / 86400 "
+            f"= {gpt3_days(**d):.1f} days", lambda: gpt3_days(**d)),
+        "stage": Exercise(
+            "stage", "the smallest ZeRO stage that fits",
+            f"A {f['params']:.3g}-parameter model is trained with mixed-precision Adam on "
+            f"{f['devices']} × {dev}. Counting model states only (chapter 4's formulas), what is the "
+            "smallest ZeRO stage at which they fit on one device?",
+            _check_stage, "costmodel.zero_memory(params, devices, stage, 'mixed') gives the bytes per "
+                          "device; compare them with the device's memory.",
+            f"stage {fit_stage(**f)}", lambda: fit_stage(**f)),
+        "link": Exercise(
+            "link", "which term dominates, and a 10× faster link",
+            f"Model GPT-3 under {k['milestone']} on {k['devices']:,} A100s with HDR InfiniBand "
+            "(<code>costmodel.estimate(costmodel.plan_for(...))</code>, printed above). Which term "
+            "dominates the step, and how many seconds is a step when the link carries 10× the "
+            "bandwidth? Answer <code>(term, seconds)</code>.",
+            _check_link, "Only the bandwidth term depends on the link's bandwidth.",
+            "(dominant term, compute + bubble + bandwidth/10 + latency)", lambda: faster_link(link_case())),
+        "pingpong": Exercise(
+            "pingpong", "write it: a ping-pong that measures α and β, on real ranks",
+            "Write <code>ping_pong(send, recv)</code>, run on 2 ranks: rank 0 sends <code>send</code> "
+            "to rank 1 and receives the reply into <code>recv</code>; rank 1 receives into "
+            "<code>recv</code> and sends it back. Use <code>comm.send</code>/<code>comm.recv</code> "
+            "(counted). The check times it at 4 KB, 256 KB and 4 MB (10 s timeout), fits "
+            "t = α + m·β and feeds α and β to the cost model.",
+            _check_pingpong, "Half a round trip is one message; the order of send and receive must "
+                             "differ between the two ranks.",
+            source(ping_pong).text, lambda: ping_pong),
+    }

@@ -1,0 +1,77 @@
+"""Chapter 7's figures: the talk's chart from the cost model, the measured dashboard, and the
+model's predicted step times beside the measured ones."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import COLORS, _with_note, wrap
+
+NO_FIT = "#BAB0AC"
+FITS = "#4C78A8"
+
+
+def talk_chart(rows: list[dict], title: str, assumptions: list[str]) -> go.Figure:
+    """Modelled days to train and memory per device, one bar per milestone in the talk's order;
+    grey bars with "does not fit" where the model's states and activations exceed the device."""
+    names = [r["milestone"] for r in rows]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
+        "days to train (modelled)", "memory per device, GB (modelled)"))
+    colors = [FITS if r["fits"] else NO_FIT for r in rows]
+    text = [f"{r['days']:.3g} d" + ("" if r["fits"] else "<br>does not fit") for r in rows]
+    fig.add_bar(x=names, y=[r["days"] for r in rows], marker_color=colors, text=text,
+                textposition="outside", showlegend=False, row=1, col=1,
+                hovertext=[f"dominant: {r['dominant']}" for r in rows])
+    fig.add_bar(x=names, y=[r["memory"]["total"] / 1e9 for r in rows], marker_color=colors,
+                showlegend=False, row=1, col=2,
+                text=[f"{r['memory']['total'] / 1e9:.3g}" for r in rows], textposition="outside")
+    cap = rows[0]["memory"]["device"] / 1e9
+    fig.add_hline(y=cap, line_dash="dash", annotation_text=f"device memory {cap:g} GB", row=1, col=2)
+    fig.update_yaxes(type="log", title_text="days", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="GB", row=1, col=2)
+    notes = "<br>".join(wrap("• " + a, 150) for a in assumptions)
+    fig.update_layout(height=520 + 15 * notes.count("<br>"), title=wrap(title, 100),
+                      margin={"t": 80, "b": 140 + 15 * notes.count("<br>")})
+    fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=-0.22, showarrow=False,
+                       align="left", xanchor="left", yanchor="top", font={"size": 10})
+    return fig
+
+
+def dashboard(records: list[dict], target: float, note: str | None = None) -> go.Figure:
+    """Measured on this machine: time to the target loss, bytes per step of the busiest rank,
+    and the peak memory of the rank that holds most, by category."""
+    names = [r["label"] for r in records]
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
+        f"seconds to loss {target:g}", "bytes per step, busiest rank", "memory of the fullest rank, KB"))
+    reached = [r["reached_target"] for r in records]
+    seconds = [r["time_to_target_s"] if ok else r["time_run_s"] for r, ok in zip(records, reached)]
+    fig.add_bar(x=names, y=seconds,
+                marker_color=[FITS if ok else NO_FIT for ok in reached], showlegend=False, row=1, col=1,
+                text=[f"{r['steps']} steps" if ok else "not reached" for r, ok in zip(records, reached)],
+                textposition="outside")
+    fig.add_bar(x=names, y=[r["bytes_per_step_busiest"] for r in records], marker_color=COLORS["comm"],
+                showlegend=False, row=1, col=2)
+    fullest = [max(r["peak_memory_per_rank"], key=lambda m: sum(m.values())) for r in records]
+    for cat in ("params", "grads", "optimizer", "activations", "buffers"):
+        fig.add_bar(x=names, y=[m[cat] / 1e3 for m in fullest], name=cat, marker_color=COLORS[cat],
+                    row=1, col=3)
+    fig.update_layout(barmode="stack", height=480, title=_with_note(
+        "One model, one data set, every milestone — measured here", note),
+                      legend={"orientation": "h", "y": -0.45}, margin={"t": 90})
+    fig.update_xaxes(tickangle=-35)
+    return fig
+
+
+def predicted_vs_measured(records: list[dict], note: str | None = None) -> go.Figure:
+    """Median step time measured beside the cost model's prediction from measured α, β, FLOP/s."""
+    names = [r["label"] for r in records]
+    fig = go.Figure()
+    fig.add_bar(x=names, y=[1e3 * r["median_step_s"] for r in records], name="measured (median step)")
+    fig.add_bar(x=names, y=[1e3 * r["predicted_step_s"] for r in records], name="cost model",
+                text=[f"{r['predicted_step_s'] / r['median_step_s'] - 1:+.0%}" for r in records],
+                textposition="outside")
+    fig.update_layout(barmode="group", height=420, yaxis_title="ms per step", title=_with_note(
+        "The cost model, fed α, β and FLOP/s measured here, against the measured steps", note),
+                      legend={"orientation": "h", "y": -0.3}, margin={"t": 90})
+    return fig

@@ -1,0 +1,235 @@
+"""Chapter 7: the impact experiment on real ranks (counted bytes against their formulas, the same
+computation reaching the target in the same steps), its bad inputs, its CLI, and its exercises."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch.distributed as dist
+from conftest import worker_children
+
+from lesson_lib import comm, costmodel, run
+from lesson_lib.chapters import ch07_exercises as ex7
+from lesson_lib.milestones import impact
+from lesson_lib.models import mlp_param_count
+
+pytestmark = pytest.mark.ch7
+
+# A 3-rank run in seconds: a 16-wide MLP, 12 small-batch steps, 6 at 8× the batch.
+SMALL = dict(preset="quick", hidden=16, samples=1024, steps=12, large_batch_steps=6, target_loss=2.25)
+KEYS = {"time_to_target_s", "reached_target", "steps", "bytes_per_step_busiest", "peak_memory_per_rank",
+        "predicted_step_s", "median_step_s", "milestone"}
+
+
+@pytest.fixture(scope="module")
+def small(clusters):
+    return run("impact", impact.Config(**SMALL), cluster=clusters(3))
+
+
+def test_every_milestone_is_recorded_with_the_issue_keys(small):
+    records = small["milestones"]
+    assert [r["milestone"] for r in records] == list(impact.MILESTONES)
+    for r in records:
+        assert KEYS <= set(r), r["milestone"]
+        assert len(r["peak_memory_per_rank"]) == 3
+        assert set(r["peak_memory_per_rank"][0]) == {"params", "grads", "optimizer", "activations", "buffers"}
+        assert r["predicted_step_s"] > 0 and r["median_step_s"] > 0
+        if r["reached_target"]:
+            assert 0 < r["time_to_target_s"] <= r["time_run_s"] + r["median_step_s"]
+            assert r["steps"] <= r["steps_run"]
+        else:
+            assert r["time_to_target_s"] is None
+
+
+def test_counted_bytes_follow_each_chapters_formula(small):
+    rec = {r["milestone"]: r for r in small["milestones"]}
+    n, psi = 3, rec["ring"]["param_count"]
+    assert psi == mlp_param_count(32, 16, 3, 10)
+    # the server's link: every worker's gradient in, the parameters out — 2·N·S, exactly
+    assert rec["parameter-server"]["bytes_per_step_busiest"] == 2 * (n - 1) * 4 * psi
+    # the ring: 2(N−1)/N·S each way, plus the 4-byte loss all-reduce; chunks of uneven size add < 1 %
+    ring = 2 * 2 * (n - 1) / n * 4 * psi
+    assert ring <= rec["ring"]["bytes_per_step_busiest"] <= 1.01 * ring + 32
+    z1, z3 = (rec[f"zero-{s}"]["bytes_per_step_busiest"] for s in (1, 3))
+    assert abs(z3 / z1 - 1.5) <= 0.02  # ZeRO-3's extra all-gather; the loss all-reduce adds a little
+    # LAMB's batch is 8× larger but each step moves the same gradients: 8× fewer bytes per sample
+    assert rec["lamb"]["bytes_per_step_busiest"] == rec["zero-1"]["bytes_per_step_busiest"]
+    assert rec["lamb"]["global_batch"] == 8 * rec["ring"]["global_batch"]
+
+
+def test_memory_per_rank_falls_with_each_zero_stage(small):
+    rec = {r["milestone"]: r for r in small["milestones"]}
+    states = [max(m["params"] + m["grads"] + m["optimizer"] for m in rec[f"zero-{s}"]["peak_memory_per_rank"])
+              for s in (1, 2, 3)]
+    assert states[0] > states[1] > states[2]
+    # a pipeline stage holds only its layers; a data-parallel rank holds them all
+    assert max(m["params"] for m in rec["pipeline"]["peak_memory_per_rank"]) < \
+        rec["ring"]["peak_memory_per_rank"][0]["params"]
+
+
+@pytest.mark.numerics
+def test_the_same_computation_gives_the_same_losses(small):
+    """Sync parameter server, ring and pipeline are all SGD (momentum 0.9) on the same batches; ZeRO
+    stages are one Adam. Float32 sums in another order differ by ~1e-7 of an O(1) loss per step;
+    over 12 steps at lr 0.1 that stays far below 1e-4."""
+    rec = {r["milestone"]: r for r in small["milestones"]}
+    for name in ("parameter-server", "pipeline"):
+        for a, b in zip(rec[name]["losses"], rec["ring"]["losses"]):
+            assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), name
+    assert rec["zero-1"]["losses"] == rec["zero-2"]["losses"] == rec["zero-3"]["losses"]  # bit for bit
+
+
+def test_reached_at_uses_the_window_mean():
+    losses = [3.0, 2.0, 1.0, 0.5, 0.4]
+    assert impact.smoothed(losses, 2) == [3.0, 2.5, 1.5, 0.75, 0.45]
+    assert impact.reached_at(losses, 1.0, 2) == 4  # step 3 alone is 1.0, but its window mean is 1.5
+    assert impact.reached_at(losses, 1.0, 1) == 3
+    assert impact.reached_at(losses, 0.1, 2) is None
+    assert impact.reached_at([0.1, 0.1], 1.0, 5) is None  # fewer steps than the window
+
+
+def test_predictions_follow_the_formulas_by_hand():
+    cfg = impact.Config(**SMALL).validate()
+    subs = impact.plans(cfg)
+    probe = {"alpha_s": 1e-3, "beta_s_per_byte": 1e-9, "flops": 1e9}
+    psi, n, b = mlp_param_count(32, 16, 3, 10), 3, 96
+    ring = impact.predict("ring", subs["ring"][1], probe)
+    assert math.isclose(ring["compute"], 6 * psi * b / n / 1e9)
+    assert math.isclose(ring["comm"], costmodel.ring_time(4 * psi, n, 1e-3, 1e-9)
+                        + costmodel.ring_time(4, n, 1e-3, 1e-9))
+    ps = impact.predict("parameter-server", subs["parameter-server"][1], probe)
+    assert math.isclose(ps["comm"], 2 * 2 * (1e-3 + 4 * psi * 1e-9))  # 2·N·S/K with N=2, K=1
+    z1, z3 = (impact.predict(m, subs[m][1], probe)["comm"] for m in ("zero-1", "zero-3"))
+    loss = costmodel.ring_time(4, n, 1e-3, 1e-9)
+    assert math.isclose((z3 - loss) / (z1 - loss), 1.5)
+
+
+@pytest.mark.parametrize("options, name", [
+    (dict(preset="huge"), "preset"),
+    (dict(milestones="ring,bagua"), "milestones"),
+    (dict(milestones=""), "milestones"),
+    (dict(world_size=1), "world_size"),
+    (dict(target_loss=-1.0), "target_loss"),
+    (dict(sgd_lr=0.0), "sgd_lr"),
+    (dict(window=0), "window"),
+    (dict(global_batch=95), "global_batch"),  # not divisible by 3 ranks
+    (dict(world_size=6, global_batch=60), "stages"),  # a 6-stage pipeline of a 4-layer model
+])
+def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
+    before = len(worker_children())
+    with pytest.raises(ValueError, match=name):
+        run("impact", impact.Config(**{**SMALL, **options}))
+    assert len(worker_children()) == before
+
+
+def test_cli_writes_one_record_per_milestone(tmp_path):
+    out = tmp_path / "impact.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lesson_lib", "run", "impact", "--preset", "quick", "--hidden", "16",
+         "--samples", "1024", "--steps", "6", "--large-batch-steps", "4", "--target-loss", "2.3",
+         "--milestones", "parameter-server,ring,zero-3", "--quiet", "--json", str(out)],
+        capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads(out.read_text())["milestones"]
+    assert [r["milestone"] for r in records] == ["parameter-server", "ring", "zero-3"]
+    assert all(KEYS <= set(r) for r in records)
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+@pytest.fixture(scope="module")
+def exercises():
+    return ex7.exercises()
+
+
+def test_every_reference_answer_is_accepted(exercises):
+    for key, e in exercises.items():
+        assert e.submit(e.reference()).ok, key
+
+
+def test_templates_are_not_answered_yet(exercises):
+    def template(send, recv):
+        ...
+
+    assert exercises["days"].submit(...).message == "not answered yet"
+    assert exercises["link"].submit(...).message == "not answered yet"
+    assert exercises["pingpong"].submit(template).message == "not answered yet"
+
+
+@pytest.mark.parametrize("answer, says", [
+    (33.9 * 6 / 8, "6·Ψ"), (33.9 * 140 / 312, "peak"), (33.9 * 86400, "seconds"), (33.9 * 24, "hours"),
+    (33.9 * 1024, "one device"), (12.0, "8·T·Ψ/(n·X)"),
+])
+def test_days_rejects_plausible_mistakes(exercises, answer, says):
+    v = exercises["days"].submit(answer)
+    assert not v.ok and says in v.message
+
+
+@pytest.mark.parametrize("answer, says", [
+    (0, "still holds"), (1, "still holds"), (3, "smaller stage"), (2.0, "ZeRO stage"), (True, "ZeRO stage"),
+    ("2", "ZeRO stage"),
+])
+def test_stage_rejects_plausible_mistakes(exercises, answer, says):
+    v = exercises["stage"].submit(answer)
+    assert not v.ok and says in v.message
+
+
+def test_link_rejects_plausible_mistakes(exercises):
+    e = ex7.link_case()
+    t = e["terms"]
+    cases = [
+        (("compute", 33.2), "not the largest"),
+        (("network", 33.2), "one of"),
+        (("bandwidth", e["step_s"] / 10), "only the time spent moving bytes"),
+        (("bandwidth", t["compute"] + (t["bandwidth"] + t["latency"]) / 10), "latency α stays"),
+        (("bandwidth", e["step_s"]), "divide"),
+        ("bandwidth", "pair"),
+    ]
+    for answer, says in cases:
+        v = exercises["link"].submit(answer)
+        assert not v.ok and says in v.message, (answer, v.message)
+
+
+def uncounted(send, recv):
+    if dist.get_rank() == 0:
+        dist.send(send, 1)
+        dist.recv(recv, 1)
+    else:
+        dist.recv(recv, 0)
+        dist.send(recv, 0)
+
+
+def echoes_its_own_buffer(send, recv):
+    if dist.get_rank() == 0:
+        comm.send(send, 1)
+        comm.recv(recv, 1)
+    else:
+        comm.recv(recv, 0)
+        comm.send(send, 0)  # rank 1's own (zero) buffer, not what arrived
+
+
+def only_one_way(send, recv):
+    if dist.get_rank() == 0:
+        comm.send(send, 1)
+    else:
+        comm.recv(recv, 0)
+
+
+def both_receive_first(send, recv):
+    other = 1 - dist.get_rank()
+    comm.recv(recv, other)
+    comm.send(send, other)
+
+
+@pytest.mark.parametrize("fn, says", [
+    (uncounted, "no bytes were counted"),
+    (echoes_its_own_buffer, "must return what it received"),
+    (only_one_way, "one message each way"),
+    (both_receive_first, "WorkerTimeout"),
+])
+def test_pingpong_rejects_plausible_mistakes(exercises, fn, says):
+    v = exercises["pingpong"].submit(fn)
+    assert not v.ok and says in v.message, v.message
