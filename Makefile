@@ -62,6 +62,7 @@ lab: install
 bench: install
 	$(BIN)/python -m lesson_lib bench startup
 	$(BIN)/python -m lesson_lib bench allreduce
+	$(BIN)/python -m lesson_lib bench compression
 
 # Strip outputs, execution counts, execution timings and saved widget state so
 # notebooks are stored clean (checked by tests/test_packaging.py). Standard library

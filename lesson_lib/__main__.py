@@ -19,7 +19,7 @@ usage: python -m lesson_lib COMMAND [options]
 commands:
   list                       the experiments, one line each
   run EXPERIMENT [options]   run one on real ranks (`run EXPERIMENT --help` lists its options)
-  bench startup|allreduce    benchmarks: ratios measured in one run
+  bench startup|allreduce|compression   benchmarks: ratios measured in one run
   estimate [options]         the cost model: time and memory per milestone at cluster scale
   doctor                     torch version, backend per world size, cores, threads per rank
 
@@ -40,6 +40,11 @@ def _add_config_args(parser: argparse.ArgumentParser, config_cls) -> None:
         if not f.metadata.get("cli", True):  # an option this experiment does not use
             continue
         default = f.default if f.default is not MISSING else None
+        if isinstance(default, bool):  # --error-feedback / --no-error-feedback
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                                action=argparse.BooleanOptionalAction,
+                                help=f"{f.metadata.get('help', '')} (default: {default!r})")
+            continue
         kind = type(default) if default is not None else str
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
                             help=f"{f.metadata.get('help', '')} (default: {default!r})")
@@ -138,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         if what == "allreduce":
             bench.print_allreduce(bench.allreduce())
             return 0
-        print(f"unknown benchmark {what!r}; available: startup, allreduce", file=sys.stderr)
+        if what == "compression":
+            bench.print_powersgd(bench.powersgd())
+            return 0
+        print(f"unknown benchmark {what!r}; available: startup, allreduce, compression", file=sys.stderr)
         return 2
     print(f"unknown command {cmd!r}; use list, run, estimate, bench or doctor", file=sys.stderr)
     return 2

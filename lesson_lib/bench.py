@@ -108,3 +108,35 @@ def print_allreduce(rows: list[dict]) -> None:
     if any(r["oversubscribed"] for r in rows):
         print("note: some world sizes put more ranks than cores on this machine; "
               "their times include time-sharing")
+
+
+# --------------------------------------------------------------------------- PowerSGD hooks (chapter 6)
+
+
+def powersgd(world_size: int = 2, rank: int = 2, steps: int = 20, rounds: int = 7) -> dict:
+    """Our PowerSGD DDP hook against torch's ``powerSGD_hook``: time per step, interleaved.
+
+    Each round times ``steps`` steps of each hook back to back on the same ranks; the ratio is the
+    median over rounds of ours / torch's (the slowest rank's time), robust to load that drifts.
+    """
+    from .milestones.compression import time_powersgd_hooks
+
+    with Cluster(world_size, quiet=True) as c:
+        outs = c.run(time_powersgd_hooks, rank, steps, rounds)
+        oversubscribed = c.oversubscribed
+    per_round = [{k: max(o[i][k] for o in outs) for k in ("ours", "torch")} for i in range(rounds)]
+    return {"world_size": world_size, "rank": rank, "steps": steps, "rounds": per_round,
+            "ours_s": statistics.median(r["ours"] for r in per_round) / steps,
+            "torch_s": statistics.median(r["torch"] for r in per_round) / steps,
+            "ratio": statistics.median(r["ours"] / r["torch"] for r in per_round),
+            "oversubscribed": oversubscribed}
+
+
+def print_powersgd(r: dict) -> None:
+    print(f"PowerSGD rank {r['rank']} in DDP on {r['world_size']} ranks, {r['steps']} steps x "
+          f"{len(r['rounds'])} interleaved rounds")
+    print(f"  ours (lesson_lib.compression, counted ring): {1e3 * r['ours_s']:.2f} ms/step")
+    print(f"  torch's powerSGD_hook (Gloo all_reduce):     {1e3 * r['torch_s']:.2f} ms/step")
+    print(f"  ours / torch's = {r['ratio']:.2f} (median over rounds)")
+    if r["oversubscribed"]:
+        print("note: more ranks than cores on this machine; times include time-sharing")

@@ -56,7 +56,46 @@ class _Timed:
 
     def __exit__(self, *exc):
         sync(_device())
+        if _LINK is not None:
+            _hold(self.t0, max(self.sent, self.recv))
         counters().record(self.op, self.sent, self.recv, time.perf_counter() - self.t0)
+
+
+# --------------------------------------------------------------------------- link emulator (chapter 6)
+
+_LINK: tuple[float, float] | None = None  # (bytes per second, latency in seconds), or None: off
+
+
+def set_link(gbps: float | None, latency_s: float = 0.0) -> None:
+    """Emulate a slower link on this rank: every transfer through this module then takes at least
+    ``latency_s + bytes / (gbps · 10⁹ / 8)`` seconds. ``None`` turns it off (the default).
+
+    An EMULATION, not a network: the real transfer (a memory copy between processes here) runs
+    first, then the rank sleeps for what is left of that time. A send and a receive posted together
+    (``exchange``) overlap, as on a full-duplex link: the larger of the two counts. Every rank must
+    set the same link; figures that use it say "emulated link". Chapter 6 (compression) uses it.
+    """
+    global _LINK
+    if gbps is None:
+        _LINK = None
+        return
+    if not (isinstance(gbps, (int, float)) and gbps > 0 and gbps != float("inf")):
+        raise ValueError(f"gbps must be a positive number of gigabits per second, got {gbps!r}")
+    if not (isinstance(latency_s, (int, float)) and 0 <= latency_s < 10):
+        raise ValueError(f"latency_s must be in [0, 10) seconds, got {latency_s!r}")
+    _LINK = (gbps * 1e9 / 8, float(latency_s))
+
+
+def link() -> tuple[float, float] | None:
+    """The emulated link as (bytes per second, latency in seconds), or None when off."""
+    return _LINK
+
+
+def _hold(t0: float, nbytes: int) -> None:
+    rate, latency = _LINK
+    left = t0 + latency + nbytes / rate - time.perf_counter()
+    if left > 0:
+        time.sleep(left)  # sleeping leaves the core to the other ranks, as waiting on a NIC would
 
 
 def _global(group, rank: int) -> int:

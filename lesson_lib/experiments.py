@@ -28,6 +28,7 @@ EXPERIMENTS = {
     "pipeline": "lesson_lib.milestones.pipeline",
     "large-batch": "lesson_lib.milestones.large_batch",
     "impact": "lesson_lib.milestones.impact",
+    "compression": "lesson_lib.milestones.compression",
 }
 
 

@@ -1,0 +1,150 @@
+"""Chapter 6 — communication compression (notebooks/06_compression.ipynb).
+
+Each function is one notebook cell's figure work: it runs real data-parallel training whose
+gradients travel compressed (``lesson_lib.milestones.compression``) on a warm cluster, draws, and
+returns measurements for the notebook's asserts.
+"""
+
+from __future__ import annotations
+
+import math
+
+from IPython.display import display
+
+from .. import plots
+from ..experiments import Result, run
+from ..milestones import compression as cm
+from ..plots import compression as cp
+from ..runtime import warm_cluster
+from .ch06_exercises import crossover_case, exercises  # noqa: F401  (the notebook calls them here)
+
+# The laptop preset: a 2-layer MLP of 77k parameters (307 KB of float32 gradients), 2 ranks,
+# plain SGD (the setting error feedback is analysed in), 150 steps.
+PRESET = {"world_size": 2, "steps": 150, "lr": 0.2, "momentum": 0.0, "global_batch": 64,
+          "hidden": 256, "depth": 2}
+LATENCY_US = 100.0  # per emulated message; our choice, said on the figure
+GBPS = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+ACCURACY_RUNS = {  # label → options
+    "none": {"compressor": "none"},
+    "fp16": {"compressor": "fp16"},
+    "qsgd, 2 bits": {"compressor": "qsgd", "bits": 2},
+    "powersgd, rank 2": {"compressor": "powersgd", "rank": 2},
+    "randomk 1%": {"compressor": "randomk", "ratio": 0.01},
+    "topk 1%": {"compressor": "topk", "ratio": 0.01},
+    "topk 1%, no error feedback": {"compressor": "topk", "ratio": 0.01, "error_feedback": False},
+    "sign": {"compressor": "sign"},
+    "sign, no error feedback": {"compressor": "sign", "error_feedback": False},
+}
+
+
+def config(compressor: str = "none", **options) -> cm.Config:
+    return cm.Config(**{**PRESET, "compressor": compressor, **options}).validate()
+
+
+def run_one(cfg: cm.Config, live: plots.LiveRuns | None = None, label: str | None = None) -> Result:
+    on_event = live.track(label or cfg.compressor, cfg.steps, cfg.world_size) if live else None
+    return run("compression", cfg, cluster=warm_cluster(cfg.world_size), on_event=on_event)
+
+
+def final_loss(r: Result, last: int = 30) -> float:
+    """Mean loss of the last ``last`` steps (one step's loss is one noisy mini-batch)."""
+    tail = r.losses[-last:]
+    return sum(tail) / len(tail) if tail and all(math.isfinite(x) for x in tail) else float("nan")
+
+
+def accuracy(runs: dict | None = None) -> dict:
+    """Every compressor on the same task, live; loss vs step and vs bytes; a table."""
+    live = plots.LiveRuns("Compressed gradients: loss per step, live")
+    display(live)
+    out = {label: run_one(config(**opts), live, label) for label, opts in (runs or ACCURACY_RUNS).items()}
+    display(cp.loss_curves(out, plots.oversubscription_note(list(out.values()))))
+    print(f"{'run':>28} {'loss (last 30 steps)':>21} {'bytes/step':>11} {'ratio':>7}")
+    for label, r in out.items():
+        print(f"{label:>28} {final_loss(r):>21.3f} {r['wire_bytes_per_step']:>11,.0f} "
+              f"{r['compression_ratio']:>6.1f}×")
+    return out
+
+
+def wire_table(runs: dict) -> list[dict]:
+    rows = [{"label": label, "compressor": r.config["compressor"], **{k: r[k] for k in (
+        "wire_bytes_per_step", "uncompressed_bytes_per_step", "compression_ratio", "param_count")}}
+        for label, r in runs.items() if r.config["error_feedback"] or r.config["compressor"] == "none"]
+    display(cp.wire_bytes(rows))
+    return rows
+
+
+def bandwidth_sweep(compressors=("none", "fp16", "topk", "powersgd"), gbps=GBPS, steps: int = 12,
+                    latency_us: float = LATENCY_US) -> dict:
+    """Time per step on an emulated link for each compressor, beside chapter 2's α-β prediction.
+
+    First one run per compressor on the real link gives its compute time, messages and counted
+    bytes per step; the model adds messages·α + bytes/bandwidth. Then each bandwidth is measured.
+    """
+    opts = {"steps": steps, "link_latency_us": latency_us, "rank": 2, "ratio": 0.01}
+    base = {c: run_one(config(c, **opts)).to_dict() for c in compressors}
+    rows = []
+    for g in gbps:
+        for c in compressors:
+            r = run_one(config(c, link_gbps=g, **opts))
+            rows.append({"compressor": c, "gbps": g, "step_s": r.median_step_time(), "oversubscribed":
+                         r.oversubscribed, "world_size": r.world_size})
+    xs = [gbps[0] * (gbps[-1] / gbps[0]) ** (i / 40) for i in range(41)]
+    predict = lambda c, g: cm.predicted_step_s(  # noqa: E731
+        base[c]["compute_s_per_step"], base[c]["messages_per_step"], base[c]["wire_bytes_per_step"],
+        g, latency_us * 1e-6)
+    predicted = {c: (xs, [predict(c, g) for g in xs]) for c in compressors}
+    for row in rows:
+        row["predicted_s"] = predict(row["compressor"], row["gbps"])
+    display(cp.bandwidth_sweep(rows, predicted, latency_us, PRESET["world_size"]))
+    rivals = [c for c in compressors if c != "none"]
+    cross = {c: cm.crossover_gbps(base["none"], base[c], latency_us * 1e-6) for c in rivals}
+    measured = {c: measured_crossover(rows, c) for c in rivals}
+    print(f"{'compressor':>10} {'predicted crossover':>20} {'measured (between sweep points)':>32}")
+    for c in cross:
+        p, m = cross[c], measured[c]
+        print(f"{c:>10} {'—' if p is None else f'{p:.2f} Gbit/s':>20} "
+              f"{'—' if m is None else f'{m:.2f} Gbit/s':>32}")
+    return {"base": base, "rows": rows, "predicted_crossover": cross, "measured_crossover": measured,
+            "latency_s": latency_us * 1e-6}
+
+
+def measured_crossover(rows: list[dict], compressor: str) -> float | None:
+    """Where ``compressor`` stops beating ``none`` as the bandwidth grows (log-interpolated), or
+    None when the order never changes within the sweep."""
+    t = {(r["compressor"], r["gbps"]): r["step_s"] for r in rows}
+    gs = sorted({r["gbps"] for r in rows})
+    diff = [math.log(t["none", g] / t[compressor, g]) for g in gs]  # > 0: compressed is faster
+    for (g0, d0), (g1, d1) in zip(zip(gs, diff), zip(gs[1:], diff[1:])):
+        if d0 > 0 >= d1:
+            return math.exp(math.log(g0) + (math.log(g1) - math.log(g0)) * d0 / (d0 - d1))
+    return None
+
+
+def explorer():
+    """Compressor, its parameter, error feedback and an emulated link → one run on real ranks."""
+    import ipywidgets as W
+
+    from .. import widgets
+
+    def go(compressor, ratio, bits, rank, error_feedback, link_gbps):
+        cfg = config(compressor, ratio=ratio, bits=bits, rank=rank, error_feedback=error_feedback,
+                     link_gbps=link_gbps, link_latency_us=LATENCY_US)  # validated before any worker
+        link = f"emulated link {link_gbps:g} Gbit/s" if link_gbps else "real link"
+        live = plots.LiveRuns(f"{compressor}, error feedback {'on' if error_feedback else 'off'}, {link}")
+        display(live)
+        r = run_one(cfg, live)
+        print(f"loss (last 30 steps) {final_loss(r):.3f}; {r['wire_bytes_per_step']:,.0f} bytes per step "
+              f"(×{r['compression_ratio']:.1f} fewer than the ring); {1e3 * r.median_step_time():.2f} ms "
+              f"per step ({link})")
+
+    return widgets.run_button("Train", {
+        "compressor": W.Dropdown(options=list(cp.COMP_COLORS), value="topk", description="compressor"),
+        "ratio": W.FloatLogSlider(value=0.01, base=10, min=-3, max=0, step=0.25, description="k / S",
+                                  readout_format=".3g"),
+        "bits": W.IntSlider(value=2, min=1, max=7, description="QSGD bits"),
+        "rank": W.IntSlider(value=2, min=1, max=8, description="PowerSGD r"),
+        "error_feedback": W.Checkbox(value=True, description="error feedback"),
+        "link_gbps": W.Dropdown(options=[("real link (no emulation)", 0.0)] + [(f"{g:g} Gbit/s (emulated)", g)
+                                                                               for g in GBPS],
+                                value=0.0, description="link"),
+    }, go)

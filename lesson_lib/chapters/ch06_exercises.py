@@ -1,0 +1,268 @@
+"""Chapter 6's exercises: top-k's bytes and where it stops saving, the QSGD quantizer, the bandwidth
+below which PowerSGD pays (checked with the emulator), and random-k with error feedback on real ranks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..exercises import Exercise, Verdict
+from ..metrics import counters
+from ..runtime import warm_cluster
+from ..source import source
+
+TOPK_CASE = {"params": 1_000_000, "world": 4, "k": 10_000}
+
+
+def topk_bytes(params: int, world: int, k: int) -> tuple[int, int]:
+    """(bytes a rank sends: an all-gather of k int32 indices + k float32 values, the k at which
+    that equals the float32 ring's 2(N−1)/N·4S)."""
+    return (world - 1) * 8 * k, params // world
+
+
+def _check_topk(answer) -> Verdict:
+    try:
+        sent, even = (float(a) for a in answer)
+    except (TypeError, ValueError):
+        return Verdict(False, "answer with a pair: (bytes each rank sends, k where top-k stops saving)")
+    c = TOPK_CASE
+    want_sent, want_even = topk_bytes(**c)
+    n, k = c["world"], c["k"]
+    if not math.isclose(sent, want_sent, rel_tol=1e-3):
+        why = {4 * (n - 1) * k: "the values alone: each value travels with its int32 index",
+               8 * k: "one payload is yours; how many other ranks must receive it in an all-gather?",
+               4 * k: "that is one rank's values only: indices, and the N−1 receivers, are missing",
+               2 * (n - 1) / n * 8 * k: "an all-gather passes each payload on N−1 times, not 2(N−1)/N"}
+        hint = next((m for b, m in why.items() if math.isclose(sent, b, rel_tol=1e-3)),
+                    "count what one all-gather of (index, value) pairs sends from each rank")
+        return Verdict(False, f"{sent:,.0f} bytes is not it — {hint}")
+    if not math.isclose(even, want_even, rel_tol=1e-3):
+        hint = ("set (N−1)·8k equal to the ring's 2(N−1)/N·4S and solve for k"
+                if not math.isclose(even, c["params"], rel_tol=1e-3)
+                else "top-k sends 8 bytes per kept element to N−1 ranks; the ring sends less than 8S")
+        return Verdict(False, f"the bytes are right; k = {even:,.0f} is not where they meet — {hint}")
+    return Verdict(True, f"{want_sent:,} bytes against the ring's {2 * (n - 1) * 4 * c['params'] // n:,}; "
+                         f"past k = S/N = {want_even:,} the all-gather sends more than the ring")
+
+
+# --------------------------------------------------------------------------- the QSGD quantizer
+
+
+def _qsgd_case():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(63, generator=g)
+    return torch.cat([x, torch.zeros(1)])  # a zero must stay zero
+
+
+def _check_qsgd(fn, draws: int = 3000) -> Verdict:
+    x = _qsgd_case()
+    norm = float(x.norm())
+    for s in (1, 4):
+        torch.manual_seed(s)
+        outs = torch.stack([torch.as_tensor(fn(x.clone(), s), dtype=torch.float32).reshape(-1)
+                            for _ in range(draws)])
+        if outs.shape[1] != x.numel() or not torch.isfinite(outs).all():
+            return Verdict(False, f"return a tensor shaped like x ({x.numel()} finite values)")
+        levels = outs * s / norm
+        if (levels - levels.round()).abs().max() > 1e-3:
+            return Verdict(False, f"with s={s} your values are not on the grid ‖x‖·l/s (l an integer): "
+                                  "scale by the vector's 2-norm and divide by s")
+        used = levels.round().unique()
+        if used.abs().max() > s:
+            return Verdict(False, f"with s={s} you used level {int(used.abs().max())}: "
+                                  "levels go from −s to s")
+        if outs.std(0).max() == 0:
+            return Verdict(False, "every draw is the same: QSGD rounds up or down AT RANDOM, or it is biased")
+        # Each element is ‖x‖/s × (a level ± one Bernoulli step): variance ≤ ‖x‖²/(4s²), so the mean
+        # of `draws` has a standard error ≤ ‖x‖/(2s√draws); 6 of them miss a fair answer ~1e-7 of the time.
+        bound = 6 * norm / (2 * s * math.sqrt(draws))
+        err = (outs.mean(0) - x).abs()
+        if err.max() > bound:
+            i = int(err.argmax())
+            return Verdict(False, f"biased: with s={s}, over {draws} draws element {i} averages "
+                                  f"{float(outs.mean(0)[i]):.3f} but x[{i}] = {float(x[i]):.3f} — round "
+                                  "up with probability equal to the fractional part")
+    return Verdict(True, f"on the grid, at most 2s+1 levels, and unbiased over {draws} draws (s = 1 and 4)")
+
+
+def qsgd(x, s):
+    norm = x.norm()
+    scaled = x.abs() / norm * s  # in [0, s]
+    low = scaled.floor()
+    level = low + (torch.rand_like(x) < scaled - low)  # up with probability = the fraction
+    return norm * torch.sign(x) * level / s
+
+
+# --------------------------------------------------------------------------- when PowerSGD pays
+
+CROSSOVER_CASE = {"compute_none_s": 2.0e-3, "compute_powersgd_s": 2.6e-3, "messages_none": 4,
+                  "messages_powersgd": 8, "bytes_none": 307_240, "bytes_powersgd": 10_616,
+                  "latency_s": 100e-6}
+
+
+def crossover_case(sweep: dict) -> dict:
+    """The exercise's numbers from a bandwidth sweep measured in this kernel (``ch06.bandwidth_sweep``)."""
+    a, b = sweep["base"]["none"], sweep["base"]["powersgd"]
+    return {"compute_none_s": a["compute_s_per_step"], "compute_powersgd_s": b["compute_s_per_step"],
+            "messages_none": a["messages_per_step"], "messages_powersgd": b["messages_per_step"],
+            "bytes_none": a["wire_bytes_per_step"], "bytes_powersgd": b["wire_bytes_per_step"],
+            "latency_s": sweep["latency_s"]}
+
+
+def crossover(c: dict) -> float:
+    """Gbit/s where compute + messages·α + bytes·8/B is equal for both."""
+    extra = (c["compute_powersgd_s"] - c["compute_none_s"]
+             + (c["messages_powersgd"] - c["messages_none"]) * c["latency_s"])
+    return 8 * (c["bytes_none"] - c["bytes_powersgd"]) / extra / 1e9
+
+
+def _check_crossover(answer, case: dict, run_check: bool = True) -> Verdict:
+    try:
+        g = float(answer)
+    except (TypeError, ValueError):
+        return Verdict(False, "answer with one number: the bandwidth in Gbit/s")
+    want = crossover(case)
+    if want <= 0:
+        return Verdict(False, "with these measurements PowerSGD never costs more time than it saves; "
+                              "rerun the sweep (a noisy machine) and use its numbers")
+    if not math.isclose(g, want, rel_tol=0.05):
+        no_latency = 8 * (case["bytes_none"] - case["bytes_powersgd"]) / (
+            case["compute_powersgd_s"] - case["compute_none_s"]) / 1e9
+        if math.isclose(g, want / 8, rel_tol=0.05) or math.isclose(g, want * 8, rel_tol=0.05):
+            hint = "bytes or bits? A Gbit/s link moves 10⁹/8 bytes per second"
+        elif math.isclose(g, no_latency, rel_tol=0.05):
+            hint = "PowerSGD also sends more messages, and each pays the latency α"
+        else:
+            hint = "set compute + messages·α + bytes/B equal for the two and solve for B"
+        return Verdict(False, f"{g:.3g} Gbit/s is not where the α-β model puts it — {hint}")
+    if not run_check:
+        return Verdict(True, f"{g:.3g} Gbit/s")
+    from . import ch06  # the emulator: both compressors just below and just above your answer
+
+    t = {(c, b): ch06.run_one(ch06.config(c, steps=10, rank=2, link_gbps=b,
+                                          link_latency_us=case["latency_s"] * 1e6)).median_step_time()
+         for b in (g / 3, g * 3) for c in ("none", "powersgd")}
+    said = [f"at {b:.3g} Gbit/s (emulated) none {1e3 * t['none', b]:.2f} ms vs PowerSGD "
+            f"{1e3 * t['powersgd', b]:.2f} ms per step" for b in (g / 3, g * 3)]
+    return Verdict(True, f"{g:.3g} Gbit/s by the model; measured: " + "; ".join(said))
+
+
+# --------------------------------------------------------------------------- on real ranks
+
+
+def randomk_harness(fn, numel: int, k: int, steps: int):
+    """On each rank: ``steps`` seeded gradients through the learner's random-k; outputs and bytes."""
+    rank = dist.get_rank()
+    counters().reset()
+    residual, outs = torch.zeros(numel), []
+    for step in range(steps):
+        g = torch.randn(numel, generator=torch.Generator().manual_seed(100 * rank + step))
+        avg, residual = fn(g.clone(), residual.clone(), k, step)
+        outs.append(torch.as_tensor(avg).detach().clone().reshape(-1))
+    return outs, counters().bytes_sent
+
+
+def _randomk_reference(world: int, numel: int, k: int, steps: int) -> list[torch.Tensor]:
+    residual = [torch.zeros(numel) for _ in range(world)]
+    outs = []
+    for step in range(steps):
+        idx = torch.randperm(numel, generator=torch.Generator().manual_seed(step))[:k]
+        acc = [torch.randn(numel, generator=torch.Generator().manual_seed(100 * r + step)) + residual[r]
+               for r in range(world)]
+        avg = torch.zeros(numel)
+        avg[idx] = sum(a[idx] for a in acc) / world
+        for r in range(world):
+            residual[r] = acc[r].clone()
+            residual[r][idx] = 0
+        outs.append(avg)
+    return outs
+
+
+def _check_randomk(fn) -> Verdict:
+    numel, k, steps = 1000, 50, 3
+    for world in (2, 3):
+        outs = warm_cluster(world).run(randomk_harness, fn, numel, k, steps, timeout_s=15)
+        ref = _randomk_reference(world, numel, k, steps)
+        ring = max(comm.ring_bytes_sent(k, 4, world, r) for r in range(world)) * steps
+        sent = max(b for _, b in outs)
+        if sent == 0:
+            return Verdict(False, "nothing went through lesson_lib.comm, so no byte was counted: "
+                                  "add the values with comm.all_reduce")
+        if sent > 1.01 * ring:
+            return Verdict(False, f"on {world} ranks a rank sent {sent:,} bytes in {steps} steps, more than "
+                                  f"a ring all-reduce of the k values ({ring:,}): send only the k values")
+        for step in range(steps):
+            mine = [o[step] for o, _ in outs]
+            if any(not torch.equal(m, mine[0]) for m in mine):
+                return Verdict(False, f"step {step}: the ranks ended with different averages on {world} "
+                                      "ranks — do they all pick the same indices?")
+            err = float((mine[0] - ref[step]).abs().max())
+            if err > 1e-5:
+                where = "the first step" if step == 0 else f"step {step} (the first ones were right)"
+                hint = ("is the residual added before choosing, and kept for next time?" if step
+                        else "is the sum divided by the number of ranks, and only at the chosen indices?")
+                return Verdict(False, f"on {world} ranks your average differs at {where}: {hint}")
+    return Verdict(True, "equal to the single-process reference on 2 and 3 real ranks, over 3 steps, "
+                         "sending only k values per ring step")
+
+
+def randomk_step(grad, residual, k, step):
+    acc = grad + residual  # error feedback: what was not sent last time comes back
+    idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step))[:k]
+    vals = acc[idx]  # the same indices on every rank: the values add in place
+    comm.all_reduce(vals)
+    avg = torch.zeros_like(acc)
+    avg[idx] = vals / dist.get_world_size()
+    residual = acc.clone()
+    residual[idx] = 0
+    return avg, residual
+
+
+def exercises(case: dict | None = None) -> dict[str, Exercise]:
+    """The chapter's exercises; ``case`` holds the crossover exercise's measured numbers."""
+    c, x = TOPK_CASE, case or CROSSOVER_CASE
+    numbers = ", ".join(f"{k} = {v:.4g}" for k, v in x.items())
+    return {
+        "topk_bytes": Exercise(
+            "topk_bytes", "top-k's bytes, indices included",
+            f"A model of S = {c['params']:,} float32 gradients on N = {c['world']} ranks. Top-k keeps "
+            f"k = {c['k']:,} per rank and all-gathers (int32 index, float32 value) pairs. How many bytes "
+            "does each rank send per step, and at what k does that equal the uncompressed ring's "
+            "2(N−1)/N·4S? Answer <code>(bytes, k)</code>.",
+            _check_topk, "An all-gather sends each rank's payload to N−1 others; the ring sends 2(N−1)/N "
+                         "of the gradient's bytes.",
+            "(N−1)·8k = 240,000 bytes; (N−1)·8k = 2(N−1)/N·4S gives k = S/N = 250,000.",
+            lambda: topk_bytes(**c)),
+        "qsgd": Exercise(
+            "qsgd", "write the QSGD quantizer",
+            "Write <code>qsgd(x, s)</code>: for each element, |x_i|/‖x‖·s lies between two integer "
+            "levels; round up with probability equal to the fractional part, else down; return "
+            "‖x‖·sign(x_i)·level/s (Alistarh et al., 2017). The check draws it thousands of times: the "
+            "mean must be x (unbiased) and every value on the grid of 2s+1 levels.",
+            _check_qsgd, "torch.rand_like(x) < fraction is True with probability = fraction.",
+            source(qsgd).text, lambda: qsgd),
+        "crossover": Exercise(
+            "crossover", "below which bandwidth does PowerSGD pay?",
+            f"Measured on this machine (per step; bytes a rank sends; latency per emulated message): "
+            f"{numbers}. With chapter 2's α-β model, step time = compute + messages·α + bytes·8/B for a "
+            "link of B bit/s. Below which B (in Gbit/s) is PowerSGD faster than the uncompressed ring? "
+            "The check then runs both on the emulator just below and above your answer.",
+            lambda a: _check_crossover(a, x), "Set the two step times equal and solve for B.",
+            "B = 8·(bytes_none − bytes_powersgd) / (compute_powersgd − compute_none + "
+            "(messages_powersgd − messages_none)·α), in bit/s; divide by 10⁹.",
+            lambda: crossover(x)),
+        "randomk": Exercise(
+            "randomk", "write it: random-k with error feedback, on real ranks",
+            "Write <code>randomk_step(grad, residual, k, step)</code>, run on every rank, returning "
+            "<code>(average, new_residual)</code>: add the residual, keep the k coordinates "
+            "<code>torch.randperm(n, generator=torch.Generator().manual_seed(step))[:k]</code> (the same "
+            "on every rank, so they add in place), sum their values with <code>comm.all_reduce</code> "
+            "(counted), divide by the ranks; the residual keeps everything not sent. Checked on 2 and 3 "
+            "real ranks over 3 steps (15 s timeout).",
+            _check_randomk, "Only k numbers should cross; the residual is the accumulated gradient with "
+                            "the sent coordinates zeroed.",
+            source(randomk_step).text, lambda: randomk_step),
+    }

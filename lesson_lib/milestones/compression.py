@@ -1,0 +1,209 @@
+"""Gradient compression (chapter 6): data parallelism whose gradient exchange is compressed.
+
+Chapter 0's loop (one flat gradient bucket, SGD with momentum) with the all-reduce replaced by a
+compressor from :mod:`lesson_lib.compression` (fp16, bf16, top-k, random-k, QSGD, sign, PowerSGD),
+error feedback on or off. Every byte crosses through :mod:`lesson_lib.comm` and is counted, so the
+compression ratio is measured against the uncompressed ring's 2(N−1)/N·S. With ``link_gbps`` each
+transfer takes at least latency + bytes / bandwidth — an EMULATED link (:func:`comm.set_link`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import comm, compression
+from ..config import TrainConfig, opt
+from ..data import batch_indices, shard, teacher_classification
+from ..metrics import StepRecorder, counters, memory_report, per_rank_summary
+from ..models import flat_views, mlp
+from ..runtime import context
+
+NAME = "compression"
+
+
+@dataclass
+class Config(TrainConfig):
+    compressor: str = opt("none", " | ".join(compression.COMPRESSORS))
+    ratio: float = opt(0.01, "top-k / random-k: the fraction of the gradient sent, in (0, 1]")
+    bits: int = opt(4, "QSGD: bits per level (s = 2^bits − 1 levels; one sign bit more), 1–7")
+    rank: int = opt(1, "PowerSGD: the rank r of the approximation P Qᵀ")
+    error_feedback: bool = opt(True, "keep what was not sent and add it to the next gradient "
+                                     "(top-k, random-k, sign, PowerSGD)")
+    link_gbps: float = opt(0.0, "emulated link bandwidth in Gbit/s (0: no emulation, the real link)")
+    link_latency_us: float = opt(100.0, "emulated latency of each message in µs (with --link-gbps)")
+    hidden: int = opt(256, "width of the hidden layers")
+    depth: int = opt(2, "number of hidden layers")
+    steps: int = opt(60, "training steps")
+    lr: float = opt(0.05, "learning rate")
+    momentum: float = opt(0.0, "SGD momentum (0: plain SGD, the setting of the error-feedback analyses)")
+
+    def validate(self) -> "Config":
+        if self.compressor not in compression.COMPRESSORS:
+            raise ValueError(f"compressor must be one of {', '.join(compression.COMPRESSORS)}, "
+                             f"got {self.compressor!r}")
+        if not (isinstance(self.ratio, (int, float)) and 0 < self.ratio <= 1):
+            raise ValueError(f"ratio must be in (0, 1], got {self.ratio!r}")
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 1 <= self.bits <= 7:
+            raise ValueError(f"bits must be an int from 1 to 7, got {self.bits!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"rank must be an int >= 1, got {self.rank!r}")
+        if not isinstance(self.error_feedback, bool):
+            raise ValueError(f"error_feedback must be True or False, got {self.error_feedback!r}")
+        if not (isinstance(self.link_gbps, (int, float)) and math.isfinite(self.link_gbps)
+                and self.link_gbps >= 0):
+            raise ValueError(f"link_gbps must be a bandwidth >= 0 in Gbit/s (0: off), got {self.link_gbps!r}")
+        if not (isinstance(self.link_latency_us, (int, float)) and 0 <= self.link_latency_us <= 1e6):
+            raise ValueError(f"link_latency_us must be in [0, 1e6] µs, got {self.link_latency_us!r}")
+        super().validate()
+        if self.global_batch % self.world_size:
+            raise ValueError(f"global_batch={self.global_batch} must divide evenly over "
+                             f"world_size={self.world_size} ranks")
+        return self
+
+    def make_compressor(self) -> compression.Compressor:
+        return compression.make(self.compressor, ratio=self.ratio, bits=self.bits, rank=self.rank,
+                                error_feedback=self.error_feedback, seed=self.seed)
+
+
+def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=None) -> dict:
+    """The loop; with ``world_size == 1`` and no process group it is the single-process reference."""
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(device)
+    _, bucket = flat_views(model)
+    shapes = [p.shape for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    compressor = cfg.make_compressor()
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    rec = StepRecorder(device, emit)
+    losses, sent = [], []
+    for step in range(cfg.steps):
+        idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world_size)
+        with rec.step(step) as r:
+            optimizer.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(x_all[idx].to(device)), y_all[idx].to(device))
+            loss.backward()
+            compressor.reduce(bucket, shapes, op="grad")  # the average of what the ranks sent
+            loss = loss.detach().reshape(1)
+            if world_size > 1:
+                comm.all_reduce(loss, "ring", op="loss_all_reduce")
+                loss.div_(world_size)
+            optimizer.step()
+            r["loss"] = float(loss)
+        losses.append(r["loss"])
+        sent.append(counters().ops["grad"].bytes_sent if "grad" in counters().ops else 0)
+        if not math.isfinite(r["loss"]):  # every rank sees the same all-reduced loss: all stop
+            break
+    memory = memory_report(model, optimizer, 0, device=device)
+    return {"losses": losses, "grad_bytes_cumulative": sent, "param_count": bucket.numel(),
+            "shapes": [list(s) for s in shapes], "per_rank": per_rank_summary(rank, rec, memory)}
+
+
+def worker(cfg: Config) -> dict:
+    ctx = context()
+    counters().reset()
+    comm.set_link(cfg.link_gbps or None, cfg.link_latency_us * 1e-6)
+    try:
+        return train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit)
+    finally:
+        comm.set_link(None)  # warm workers serve other chapters next: never leave the link slowed
+
+
+def reference(cfg: Config) -> dict:
+    """Single-process training on the whole global batch, in this process (no process group)."""
+    return train(cfg.replace(world_size=1), 0, 1, torch.device("cpu"))
+
+
+def messages_per_step(cfg: Config, shapes: list) -> int:
+    """Messages each rank posts per step (each one pays the link's latency once): 2(N−1) per ring
+    all-reduce, N−1 per ring all-gather, plus the loss's all-reduce."""
+    n = cfg.world_size
+    if n == 1:
+        return 0
+    ring, gather = 2 * (n - 1), n - 1
+    grads = {"topk": gather, "qsgd": gather, "sign": gather}.get(cfg.compressor, ring)
+    if cfg.compressor == "powersgd":
+        mats, plain = cfg.make_compressor().split(torch.empty(sum(math.prod(s) for s in shapes)), shapes)
+        grads = ring * (bool(plain) + 2 * bool(mats))
+    return grads + ring
+
+
+def summarize(cfg: Config, outs: list[dict]) -> dict:
+    n, psi = cfg.world_size, outs[0]["param_count"]
+    steps = len(outs[0]["losses"])
+    wire = max(o["grad_bytes_cumulative"][-1] for o in outs) / steps if steps else 0.0
+    ring = max(comm.ring_bytes_sent(psi, 4, n, r) for r in range(n)) if n > 1 else 0
+    # Compute time: the slowest rank's step minus its time inside communication (median, step 0 skipped).
+    compute = statistics.median(
+        max(s["wall_s"] - s["comm_s"] for s in per_step)
+        for per_step in list(zip(*(o["per_rank"]["steps"] for o in outs)))[1:] or
+        list(zip(*(o["per_rank"]["steps"] for o in outs))))
+    return {"param_count": psi, "wire_bytes_per_step": wire, "uncompressed_bytes_per_step": ring,
+            "compression_ratio": ring / wire if wire else None,
+            "link_gbps": cfg.link_gbps or None,
+            "link_latency_s": cfg.link_latency_us * 1e-6 if cfg.link_gbps else None,
+            "messages_per_step": messages_per_step(cfg, outs[0]["shapes"]),
+            "compute_s_per_step": compute,
+            "grad_bytes_cumulative": [max(o["grad_bytes_cumulative"][i] for o in outs) for i in range(steps)],
+            "diverged": not math.isfinite(outs[0]["losses"][-1]) if steps else False}
+
+
+def predicted_step_s(compute_s: float, messages: int, wire_bytes: float, gbps: float,
+                     latency_s: float) -> float:
+    """Chapter 2's α-β model on the emulated link: compute + messages·α + bytes·β, β = 1/bandwidth.
+
+    ``wire_bytes`` are the gradient bytes a rank sends per step (the loss's few bytes are left out).
+    """
+    return compute_s + messages * latency_s + wire_bytes * 8 / (gbps * 1e9)
+
+
+def crossover_gbps(a: dict, b: dict, latency_s: float) -> float | None:
+    """Bandwidth below which ``b`` (compressed) beats ``a`` by the α-β model, from two summaries
+    (``compute_s_per_step``, ``messages_per_step``, ``wire_bytes_per_step``); None if never/always."""
+    extra_time = (b["compute_s_per_step"] - a["compute_s_per_step"]
+                  + (b["messages_per_step"] - a["messages_per_step"]) * latency_s)
+    saved_bits = 8 * (a["wire_bytes_per_step"] - b["wire_bytes_per_step"])
+    if saved_bits <= 0 or extra_time <= 0:
+        return None
+    return saved_bits / extra_time / 1e9
+
+
+def time_powersgd_hooks(rank: int = 2, steps: int = 20, rounds: int = 7, hidden: int = 256) -> list[dict]:
+    """On each rank: seconds for ``steps`` DDP steps with our PowerSGD hook and with torch's, per
+    round, alternating (``python -m lesson_lib bench compression``).
+
+    The model (142k parameters, 570 KB) fits DDP's first 1 MB bucket: one bucket per step. With
+    several buckets on Gloo, torch's hook chains all-reduces from callbacks while the next bucket's
+    starts; two ranks then crashed in Gloo with mismatched message sizes on this machine.
+    """
+    import time
+
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    x, y = teacher_classification(64, 32, 10)
+    models = {}
+    for name in ("ours", "torch"):
+        ddp = DDP(mlp(32, hidden, 3, 10, seed=0))
+        if name == "ours":
+            ddp.register_comm_hook(None, compression.ddp_hook(compression.PowerSGD(rank=rank, start_iter=2)))
+        else:
+            ddp.register_comm_hook(psgd.PowerSGDState(None, matrix_approximation_rank=rank,
+                                                      start_powerSGD_iter=2), psgd.powerSGD_hook)
+        models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
+
+    def go(name: str) -> float:
+        ddp, opt = models[name]
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        return time.perf_counter() - t0
+
+    for name in models:  # past start_iter and the bucket rebuild, outside the timing
+        go(name)
+    return [{name: go(name) for name in models} for _ in range(rounds)]

@@ -1,0 +1,69 @@
+"""Chapter 6's figures: loss against steps and bytes, counted bytes per compressor, time per step
+against an EMULATED link's bandwidth with the α-β prediction beside it."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import _with_note
+
+COMP_COLORS = {"none": "#4C78A8", "fp16": "#72B7B2", "bf16": "#B279A2", "topk": "#F58518",
+               "randomk": "#9D755D", "qsgd": "#EECA3B", "sign": "#E45756", "powersgd": "#54A24B"}
+
+
+def _style(label: str) -> dict:
+    name = label.split(",")[0].split(" ")[0]
+    return {"color": COMP_COLORS.get(name), "dash": "dot" if "no error feedback" in label else "solid"}
+
+
+def loss_curves(runs: dict, note: str | None = None) -> go.Figure:
+    """Training loss per step and against the gradient bytes a rank has sent, one line per run."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
+        "training loss vs step", "training loss vs gradient bytes sent (busiest rank, counted)"))
+    for label, r in runs.items():
+        style = _style(label)
+        fig.add_scatter(x=list(range(len(r.losses))), y=r.losses, name=label, line=style, row=1, col=1)
+        fig.add_scatter(x=[max(b, 1) for b in r["grad_bytes_cumulative"]], y=r.losses, name=label,
+                        showlegend=False, line=style, row=1, col=2)
+    fig.update_yaxes(type="log", title_text="loss")
+    fig.update_xaxes(title_text="step", row=1, col=1)
+    fig.update_xaxes(type="log", title_text="bytes sent (log)", row=1, col=2)
+    fig.update_layout(height=440, title=_with_note("Compressed vs uncompressed gradients (dotted: "
+                                                   "without error feedback)", note),
+                      legend={"orientation": "h", "y": -0.3}, margin={"t": 90})
+    return fig
+
+
+def wire_bytes(rows: list[dict]) -> go.Figure:
+    """Counted gradient bytes per step and rank for each compressor, against the uncompressed ring."""
+    fig = go.Figure()
+    labels = [r["label"] for r in rows]
+    fig.add_bar(x=labels, y=[r["wire_bytes_per_step"] for r in rows], name="counted on the wire",
+                marker_color=[COMP_COLORS.get(r["compressor"]) for r in rows],
+                text=[f"{r['compression_ratio']:.1f}×" for r in rows], textposition="outside")
+    fig.add_scatter(x=labels, y=[r["uncompressed_bytes_per_step"] for r in rows], mode="lines",
+                    name="uncompressed ring 2(N−1)/N·S", line={"color": "black", "dash": "dash"})
+    fig.update_yaxes(type="log", title_text="bytes per step, busiest rank (log)")
+    fig.update_layout(height=400, title="Bytes that really crossed per step (label: compression ratio)",
+                      margin={"t": 60}, legend={"orientation": "h", "y": -0.3})
+    return fig
+
+
+def bandwidth_sweep(rows: list[dict], predicted: dict, latency_us: float, world_size: int,
+                    note: str | None = None) -> go.Figure:
+    """Measured time per step (markers) and the α-β prediction (lines) vs emulated bandwidth."""
+    fig = go.Figure()
+    for name, (xs, ys) in predicted.items():
+        fig.add_scatter(x=xs, y=[1e3 * y for y in ys], mode="lines", name=f"{name}: α-β prediction",
+                        line={"color": COMP_COLORS.get(name), "dash": "dot"})
+        mine = sorted((r for r in rows if r["compressor"] == name), key=lambda r: r["gbps"])
+        fig.add_scatter(x=[r["gbps"] for r in mine], y=[1e3 * r["step_s"] for r in mine],
+                        mode="markers", name=f"{name}: measured", marker={"size": 10,
+                                                                          "color": COMP_COLORS.get(name)})
+    fig.update_xaxes(type="log", title_text="EMULATED link bandwidth (Gbit/s, log)")
+    fig.update_yaxes(type="log", title_text="time per step, slowest rank (ms, log)")
+    fig.update_layout(height=440, margin={"t": 90}, legend={"orientation": "h", "y": -0.3},
+                      title=_with_note(f"Time per step on an emulated link ({latency_us:g} µs per "
+                                       f"message, {world_size} ranks): when compression pays", note))
+    return fig

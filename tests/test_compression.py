@@ -1,0 +1,447 @@
+"""Chapter 6: the compressors' properties, DDP hooks against torch's, counted bytes, the link
+emulator, the compression experiment (bad inputs, CLI) and every exercise with wrong answers."""
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from conftest import worker_children
+
+from lesson_lib import comm, compression, run
+from lesson_lib.chapters import ch06
+from lesson_lib.chapters.ch06_exercises import (
+    CROSSOVER_CASE,
+    TOPK_CASE,
+    _check_crossover,
+    exercises,
+)
+from lesson_lib.data import teacher_classification
+from lesson_lib.milestones import compression as cm
+from lesson_lib.models import mlp
+
+pytestmark = pytest.mark.ch6
+
+SHAPES = [(64, 16), (64,), (10, 64), (10,)]
+S = sum(math.prod(s) for s in SHAPES)
+
+
+# --------------------------------------------------------------------------- properties, one process
+
+
+@pytest.mark.numerics
+def test_qsgd_is_unbiased_and_uses_2s_plus_1_levels():
+    x = torch.randn(2000, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    draws, s = 2000, 3
+    outs = torch.stack([compression.qsgd_dequantize(*compression.qsgd_quantize(x, s, gen), s, x.numel())
+                        for _ in range(draws)])
+    norms = compression._blocks(x).norm(dim=1).repeat_interleave(compression.BLOCK)[:x.numel()]
+    levels = outs * s / norms
+    assert torch.allclose(levels, levels.round(), atol=1e-4) and levels.round().abs().max() <= s
+    # A level is a Bernoulli step of ‖block‖/s: variance ≤ ‖block‖²/(4s²); 6 standard errors of the
+    # mean of 2000 draws bound every one of the 2000 elements (a fair quantizer fails ~1e-6 of the time).
+    bound = 6 * norms / (2 * s * math.sqrt(draws))
+    assert ((outs.mean(0) - x).abs() <= bound).all()
+
+
+def test_qsgd_deterministic_rounding_would_be_caught():
+    x = torch.randn(2000, generator=torch.Generator().manual_seed(0))
+    b = compression._blocks(x)
+    norms = b.norm(dim=1, keepdim=True)
+    rounded = (norms * (b / norms * 3).round() / 3).view(-1)[:x.numel()]
+    bound = 6 * norms.repeat_interleave(compression.BLOCK)[:x.numel()] / (2 * 3 * math.sqrt(2000))
+    assert ((rounded - x).abs() > bound).any()  # the bound above has the power to see a bias
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("name", ["topk", "randomk", "sign", "powersgd"])
+def test_error_feedback_sent_plus_residual_is_the_sum_of_the_gradients(name):
+    c = compression.make(name, ratio=0.05, rank=1)
+    grads = [torch.randn(S, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    sent = torch.zeros(S)
+    for g in grads:
+        sent += c.reduce(g.clone(), SHAPES)  # one rank: the average is what this rank sent
+    # Exact up to float32 additions of O(1) numbers over 6 steps.
+    assert torch.allclose(sent + c.residual[0], torch.stack(grads).sum(0), atol=1e-5)
+    assert c.residual[0].abs().sum() > 0  # something was held back
+
+
+def test_without_error_feedback_nothing_is_kept():
+    c = compression.make("topk", ratio=0.05, error_feedback=False)
+    c.reduce(torch.randn(S), SHAPES)
+    assert c.residual == {}
+
+
+def test_topk_keeps_exactly_the_k_largest_magnitudes():
+    g = torch.randn(S, generator=torch.Generator().manual_seed(3))
+    k = round(0.02 * S)
+    out = compression.make("topk", ratio=0.02, error_feedback=False).reduce(g.clone(), SHAPES)
+    kept = out.nonzero().view(-1)
+    assert len(kept) == k
+    assert set(kept.tolist()) == set(g.abs().topk(k).indices.tolist())
+    assert torch.equal(out[kept], g[kept])
+
+
+def test_bit_packing_round_trips():
+    for width in (1, 2, 4, 8):
+        codes = torch.randint(0, 2**width, (1001,))
+        packed = compression.pack_bits(codes, width)
+        assert packed.numel() == math.ceil(1001 * width / 8)
+        assert torch.equal(compression.unpack_bits(packed, width, 1001), codes.to(torch.int32))
+
+
+def test_unknown_compressor():
+    with pytest.raises(ValueError, match="compressor"):
+        compression.make("zip")
+
+
+# --------------------------------------------------------------------------- DDP hooks
+
+
+def ddp_train(kind: str, steps: int = 6, rank: int = 2, start: int = 2, min_rate: float = 2.0):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as D
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
+
+    model = mlp(16, 32, 2, 10, 0)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    if kind == "torch-powersgd":
+        state = P.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=start,
+                                min_compression_rate=min_rate)
+        ddp.register_comm_hook(state, P.powerSGD_hook)
+    elif kind == "powersgd":
+        ddp.register_comm_hook(None, compression.ddp_hook(compression.PowerSGD(
+            rank=rank, start_iter=start, min_compression_rate=min_rate)))
+    elif kind == "torch-fp16":
+        ddp.register_comm_hook(None, D.fp16_compress_hook)
+    elif kind != "plain":
+        ddp.register_comm_hook(None, compression.ddp_hook(compression.make(kind, ratio=1.0)))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x, y = teacher_classification(256, 16, 10)
+    r, n = dist.get_rank(), dist.get_world_size()
+    for s in range(steps):
+        idx = (torch.arange(64) + 64 * (s % 4))[r::n]
+        opt.zero_grad()
+        F.cross_entropy(ddp(x[idx]), y[idx]).backward()
+        opt.step()
+    return torch.cat([p.detach().view(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_hooks_against_plain_ddp_and_torchs_hooks(clusters, world):
+    c = clusters(world)
+    got = {k: c.run(ddp_train, k)[0] for k in ("plain", "none", "topk", "randomk", "fp16", "torch-fp16",
+                                               "powersgd", "torch-powersgd")}
+    assert torch.equal(got["none"], got["plain"])
+    # k = S (ratio 1) sends everything: top-k and random-k are then plain all-reduces.
+    assert torch.equal(got["topk"], got["plain"]) and torch.equal(got["randomk"], got["plain"])
+    # fp16: the same casts and division as torch's fp16_compress_hook; on 2 ranks a sum has two
+    # terms, so Gloo's and our ring's additions agree exactly too.
+    assert torch.equal(got["fp16"], got["torch-fp16"])
+    assert not torch.equal(got["fp16"], got["plain"])
+    # PowerSGD: same selection of matrices, same seeding of Q (numpy RandomState → torch.manual_seed),
+    # Gram–Schmidt for rank ≤ 2, error feedback over the whole bucket: equal bit for bit.
+    assert torch.equal(got["powersgd"], got["torch-powersgd"])
+    assert not torch.equal(got["powersgd"], got["plain"])
+
+
+@pytest.mark.numerics
+def test_powersgd_differences_from_torch_are_the_documented_ones(clusters):
+    c = clusters(2)
+    # rank 4 > 2: torch orthogonalizes with QR, we with Gram–Schmidt — the same subspace, other rounding.
+    ours, theirs = (c.run(ddp_train, k, 6, 4)[0] for k in ("powersgd", "torch-powersgd"))
+    assert not torch.equal(ours, theirs)
+    # lr 0.1 × 6 steps of gradients of O(1): float32 rounding stays far below 1e-4
+    assert torch.allclose(ours, theirs, atol=1e-4)
+    # min_compression_rate < 1: torch compresses the biases as k×1 matrices; we never compress 1-D
+    # tensors (a rank-1 factorisation of a vector is the vector plus a scalar): different updates.
+    ours, theirs = (c.run(ddp_train, k, 6, 1, 2, 0.5)[0] for k in ("powersgd", "torch-powersgd"))
+    assert not torch.allclose(ours, theirs, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- counted bytes on real ranks
+
+
+def reduce_on_ranks(name: str, numel: int, **kw):
+    comm_counters = __import__("lesson_lib.metrics", fromlist=["counters"]).counters()
+    comm_counters.reset()
+    g = torch.randn(numel, generator=torch.Generator().manual_seed(dist.get_rank()))
+    out = compression.make(name, **kw).reduce(g.clone(), [(numel,)])
+    return out, comm_counters.ops["grad"].bytes_sent
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_counted_bytes_per_compressor(clusters, world):
+    numel, n = 3000, world
+    k, blocks = 60, math.ceil(3000 / compression.BLOCK)
+    expected = {
+        "none": [comm.ring_bytes_sent(numel, 4, n, r) for r in range(n)],
+        "fp16": [comm.ring_bytes_sent(numel, 2, n, r) for r in range(n)],
+        "topk": [(n - 1) * 8 * k] * n,
+        "randomk": [comm.ring_bytes_sent(k, 4, n, r) for r in range(n)],
+        "qsgd": [(n - 1) * (4 * blocks + numel // 2)] * n,  # bits=2: 4-bit codes
+        "sign": [(n - 1) * (4 * blocks + math.ceil(numel / 8))] * n,
+    }
+    for name, want in expected.items():
+        outs = clusters(world).run(reduce_on_ranks, name, numel, ratio=k / numel, bits=2)
+        assert [b for _, b in outs] == want, name
+        assert all(torch.equal(o, outs[0][0]) for o, _ in outs), name  # every rank, the same average
+    mean = sum(torch.randn(numel, generator=torch.Generator().manual_seed(r)) for r in range(n)) / n
+    got = clusters(world).run(reduce_on_ranks, "none", numel)[0][0]
+    assert torch.allclose(got, mean, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- the link emulator
+
+
+def exchange_with_link(gbps, latency_s, nbytes):
+    comm.set_link(gbps, latency_s)
+    try:
+        t = torch.zeros(nbytes // 4)
+        peer = 1 - dist.get_rank()
+        t0 = time.perf_counter()
+        comm.exchange(t, peer, torch.empty_like(t), peer).wait()
+        return time.perf_counter() - t0
+    finally:
+        comm.set_link(None)
+
+
+def link_state():
+    return comm.link()
+
+
+def test_emulated_link_makes_a_transfer_take_at_least_latency_plus_bytes_over_bandwidth(clusters):
+    c = clusters(2)
+    # 100 KB at 0.1 Gbit/s (12.5 MB/s) + 5 ms: at least 13 ms, whatever the machine (a lower bound).
+    took = c.run(exchange_with_link, 0.1, 5e-3, 100_000)
+    assert all(t >= 5e-3 + 100_000 / 12.5e6 for t in took), took
+    assert c.run(link_state) == [None, None]
+    run("compression", cluster=c, world_size=2, steps=2, link_gbps=1.0)
+    assert c.run(link_state) == [None, None]  # the experiment leaves warm workers as it found them
+
+
+def test_set_link_rejects_bad_values():
+    for bad in (0, -1, float("inf"), "fast"):
+        with pytest.raises(ValueError, match="gbps"):
+            comm.set_link(bad)
+    with pytest.raises(ValueError, match="latency_s"):
+        comm.set_link(1.0, -1e-3)
+    assert comm.link() is None
+
+
+# --------------------------------------------------------------------------- the experiment
+
+SMALL = dict(world_size=2, steps=8, hidden=32, depth=2, samples=512)
+
+
+@pytest.mark.numerics
+def test_uncompressed_two_ranks_equal_the_single_process_reference(clusters):
+    cfg = cm.Config(compressor="none", **SMALL)
+    r = run("compression", cfg, cluster=clusters(2))
+    ref = cm.reference(cfg)["losses"]
+    # Only the order of two float32 additions differs: far below 1e-5 of O(1) losses over 8 steps.
+    assert all(abs(a - b) <= 1e-5 for a, b in zip(r.losses, ref)) and len(ref) == 8
+    assert r["wire_bytes_per_step"] == r["uncompressed_bytes_per_step"] and r["compression_ratio"] == 1
+    assert r["link_gbps"] is None
+
+
+def test_experiment_counts_and_predicts(clusters):
+    c = clusters(2)
+    none = run("compression", cluster=c, compressor="none", **SMALL)
+    psgd = run("compression", cluster=c, compressor="powersgd", rank=1, **SMALL)
+    assert psgd["compression_ratio"] > 3 and psgd["messages_per_step"] == 2 + 3 * 2
+    assert none["messages_per_step"] == 2 + 2
+    assert psgd["grad_bytes_cumulative"][-1] == 8 * psgd["wire_bytes_per_step"]
+    p = cm.predicted_step_s(1e-3, 4, 125_000, 1.0, 1e-4)
+    assert p == pytest.approx(1e-3 + 4e-4 + 1e-3)
+    a = {"compute_s_per_step": 1e-3, "messages_per_step": 4, "wire_bytes_per_step": 300_000}
+    b = {"compute_s_per_step": 2e-3, "messages_per_step": 8, "wire_bytes_per_step": 10_000}
+    g = cm.crossover_gbps(a, b, 1e-4)
+    same = cm.predicted_step_s(2e-3, 8, 10_000, g, 1e-4)
+    assert cm.predicted_step_s(1e-3, 4, 300_000, g, 1e-4) == pytest.approx(same)
+    assert cm.crossover_gbps(b, a, 1e-4) is None
+
+
+def test_measured_crossover_interpolates_between_sweep_points():
+    rows = [{"compressor": c, "gbps": g, "step_s": t} for c, g, t in (
+        ("none", 1, 10), ("none", 10, 1), ("powersgd", 1, 2), ("powersgd", 10, 2))]
+    x = ch06.measured_crossover(rows, "powersgd")
+    assert 1 < x < 10
+    assert ch06.measured_crossover([{**r, "step_s": 0.5} if r["compressor"] == "powersgd" else r
+                                    for r in rows], "powersgd") is None
+
+
+@pytest.mark.parametrize("options, name", [
+    (dict(ratio=0.0), "ratio"), (dict(ratio=1.5), "ratio"), (dict(ratio=float("nan")), "ratio"),
+    (dict(bits=0), "bits"), (dict(bits=8), "bits"), (dict(rank=0), "rank"),
+    (dict(link_gbps=-1.0), "link_gbps"), (dict(link_gbps=float("inf")), "link_gbps"),
+    (dict(compressor="zip"), "compressor"), (dict(error_feedback="yes"), "error_feedback"),
+    (dict(link_latency_us=-5.0), "link_latency_us"),
+])
+def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
+    before = len(worker_children())
+    with pytest.raises(ValueError, match=name):
+        run("compression", **{**SMALL, **options})
+    assert len(worker_children()) == before
+
+
+def test_cli_writes_the_chapter_keys(tmp_path):
+    out = tmp_path / "c.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lesson_lib", "run", "compression", "--compressor", "topk", "--ratio", "0.05",
+         "--no-error-feedback", "--link-gbps", "5", "--steps", "3", "--hidden", "16", "--world-size", "2",
+         "--json", str(out), "--quiet"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(out.read_text())
+    assert d["config"]["error_feedback"] is False and d["link_gbps"] == 5.0
+    for key in ("wire_bytes_per_step", "uncompressed_bytes_per_step", "compression_ratio"):
+        assert d[key] > 0, key
+    bad = subprocess.run([sys.executable, "-m", "lesson_lib", "run", "compression", "--ratio", "2"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "ratio" in bad.stderr
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return exercises()
+
+
+def test_topk_bytes_exercise(ex):
+    assert ex["topk_bytes"].submit(ex["topk_bytes"].reference())
+    n, k, s = TOPK_CASE["world"], TOPK_CASE["k"], TOPK_CASE["params"]
+    right_bytes = (n - 1) * 8 * k
+    for wrong in ((4 * (n - 1) * k, s // n), (8 * k, s // n), (right_bytes, s), (right_bytes, s // 2),
+                  (2 * (n - 1) / n * 8 * k, s // n), 240000, ("a", "b")):
+        verdict = ex["topk_bytes"].submit(wrong)
+        assert not verdict and f"{s // n:,}" not in verdict.message, (wrong, verdict)
+
+
+def _qsgd_round(x, s):
+    norm = x.norm()
+    return norm * torch.sign(x) * (x.abs() / norm * s).round() / s
+
+
+def _qsgd_floor(x, s):
+    norm = x.norm()
+    return norm * torch.sign(x) * ((x.abs() / norm * s) + torch.rand_like(x) * 0).floor() / s
+
+
+def _qsgd_maxnorm(x, s):
+    norm = x.abs().max()
+    scaled = x.abs() / norm * s
+    low = scaled.floor()
+    return norm * torch.sign(x) * (low + (torch.rand_like(x) < scaled - low)) / s
+
+
+def _qsgd_half_chance(x, s):  # rounds up half the time, whatever the fraction
+    norm = x.norm()
+    low = (x.abs() / norm * s).floor()
+    return norm * torch.sign(x) * (low + (torch.rand_like(x) < 0.5)) / s
+
+
+def test_qsgd_exercise(ex):
+    assert ex["qsgd"].submit(ex["qsgd"].reference())
+    for wrong in (_qsgd_round, _qsgd_floor, _qsgd_maxnorm, _qsgd_half_chance, lambda x, s: x):
+        verdict = ex["qsgd"].submit(wrong)
+        assert not verdict, wrong
+
+
+def test_crossover_exercise_without_the_run():
+    c = CROSSOVER_CASE
+    want = ex_ref = exercises()["crossover"].reference()
+    assert _check_crossover(ex_ref, c, run_check=False)
+    saved_bits = 8 * (c["bytes_none"] - c["bytes_powersgd"])
+    no_latency = saved_bits / (c["compute_powersgd_s"] - c["compute_none_s"]) / 1e9
+    for wrong, says in ((want / 8, "bits"), (want * 8, "bits"), (no_latency, "latency"), (want * 2, "solve"),
+                        ("fast", "one number")):
+        verdict = _check_crossover(wrong, c, run_check=False)
+        assert not verdict and says in verdict.message, (wrong, verdict)
+
+
+def test_crossover_exercise_runs_the_emulator(ex):
+    verdict = ex["crossover"].submit(ex["crossover"].reference())
+    assert verdict and "emulated" in verdict.message
+
+
+def _randomk_rank_indices(grad, residual, k, step):  # each rank picks its own: they do not add up
+    acc = grad + residual
+    idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step + dist.get_rank()))[:k]
+    vals = acc[idx]
+    comm.all_reduce(vals)
+    avg = torch.zeros_like(acc)
+    avg[idx] = vals / dist.get_world_size()
+    residual = acc.clone()
+    residual[idx] = 0
+    return avg, residual
+
+
+def _randomk_no_feedback(grad, residual, k, step):
+    idx = torch.randperm(grad.numel(), generator=torch.Generator().manual_seed(step))[:k]
+    vals = grad[idx]
+    comm.all_reduce(vals)
+    avg = torch.zeros_like(grad)
+    avg[idx] = vals / dist.get_world_size()
+    return avg, torch.zeros_like(grad)
+
+
+def _randomk_dense(grad, residual, k, step):  # right numbers, but the whole vector crosses
+    acc = grad + residual
+    idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step))[:k]
+    sparse = torch.zeros_like(acc)
+    sparse[idx] = acc[idx]
+    comm.all_reduce(sparse)
+    residual = acc.clone()
+    residual[idx] = 0
+    return sparse / dist.get_world_size(), residual
+
+
+def _randomk_uncounted(grad, residual, k, step):  # right numbers, sent around lesson_lib.comm
+    acc = grad + residual
+    idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step))[:k]
+    vals = acc[idx]
+    dist.all_reduce(vals)
+    avg = torch.zeros_like(acc)
+    avg[idx] = vals / dist.get_world_size()
+    residual = acc.clone()
+    residual[idx] = 0
+    return avg, residual
+
+
+def _randomk_no_mean(grad, residual, k, step):
+    acc = grad + residual
+    idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step))[:k]
+    vals = acc[idx]
+    comm.all_reduce(vals)
+    avg = torch.zeros_like(acc)
+    avg[idx] = vals
+    residual = acc.clone()
+    residual[idx] = 0
+    return avg, residual
+
+
+def _randomk_deadlock(grad, residual, k, step):
+    vals = grad[:k].clone()
+    if dist.get_rank() == 0:
+        comm.all_reduce(vals)
+    return torch.zeros_like(grad), residual
+
+
+def test_randomk_exercise_on_real_ranks(ex):
+    assert ex["randomk"].submit(ex["randomk"].reference())
+    for wrong, says in ((_randomk_rank_indices, "same indices"), (_randomk_no_feedback, "residual"),
+                        (_randomk_dense, "only the k values"), (_randomk_uncounted, "counted"),
+                        (_randomk_no_mean, "divided")):
+        wrong.__module__ = "__main__"  # as a learner's cell function: sent by value
+        verdict = ex["randomk"].submit(wrong)
+        assert not verdict and says in verdict.message, (wrong.__name__, verdict.message)
+    _randomk_deadlock.__module__ = "__main__"
+    verdict = ex["randomk"].submit(_randomk_deadlock)
+    assert not verdict and "timeout_s=15" in verdict.message, verdict.message
