@@ -132,11 +132,12 @@ def ddp_train(kind: str, steps: int = 6, rank: int = 2, start: int = 2, min_rate
     return torch.cat([p.detach().view(-1) for p in model.parameters()])
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("world", [1, 2])
 def test_hooks_against_plain_ddp_and_torchs_hooks(clusters, world):
     c = clusters(world)
     got = {k: c.run(ddp_train, k)[0] for k in ("plain", "none", "topk", "randomk", "fp16", "torch-fp16",
-                                               "powersgd", "torch-powersgd")}
+                                               "bf16", "powersgd", "torch-powersgd")}
     assert torch.equal(got["none"], got["plain"])
     # k = S (ratio 1) sends everything: top-k and random-k are then plain all-reduces.
     assert torch.equal(got["topk"], got["plain"]) and torch.equal(got["randomk"], got["plain"])
@@ -144,6 +145,11 @@ def test_hooks_against_plain_ddp_and_torchs_hooks(clusters, world):
     # terms, so Gloo's and our ring's additions agree exactly too.
     assert torch.equal(got["fp16"], got["torch-fp16"])
     assert not torch.equal(got["fp16"], got["plain"])
+    # bf16 runs on Gloo (torch's bf16_compress_hook wants NCCL). It keeps 8 bits of mantissa: each
+    # averaged gradient is off by at most ~2⁻⁸ of itself; 6 steps at lr 0.1 of gradients below 1 move
+    # a parameter by at most 6·0.1·2⁻⁸ ≈ 2.3e-3 more than plain DDP (twice that, for the cast of the sum).
+    bf16_gap = float((got["bf16"] - got["plain"]).abs().max())
+    assert 0 < bf16_gap <= 2 * 6 * 0.1 * 2**-8, bf16_gap
     # PowerSGD: same selection of matrices, same seeding of Q (numpy RandomState → torch.manual_seed),
     # Gram–Schmidt for rank ≤ 2, error feedback over the whole bucket: equal bit for bit.
     assert torch.equal(got["powersgd"], got["torch-powersgd"])
