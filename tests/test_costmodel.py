@@ -190,3 +190,17 @@ def test_cli_bad_input_is_one_line_naming_the_parameter(args, name):
     proc = subprocess.run([sys.executable, "-m", "lesson_lib", "estimate", *base, *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and f"error: {name}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_what_if_follows_its_controls_and_says_when_it_cannot_model():
+    from lesson_lib.chapters import ch07
+
+    box = ch07.what_if()
+    params, tokens, count, device, link, overlap, chosen, out = box.children
+    assert "does not fit" in out.value and "zero-3" in out.value  # GPT-3 on 1,024 A100s
+    count.value = 16384  # 1,536 sequences per step cannot feed 16,384 data-parallel replicas
+    assert "cannot model this" in out.value and "batch_tokens" in out.value
+    count.value, params.value, chosen.value = 8, 1e8, ("ring",)
+    assert "does not fit" not in out.value and "ring" in out.value and "zero-3" not in out.value
+    assert list(device.options) == list(cm.devices())
+    assert not any(k.startswith("nvlink") for k in link.options)  # within a node only

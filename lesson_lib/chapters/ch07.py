@@ -32,7 +32,9 @@ def talk_chart(names=costmodel.MILESTONES, **overrides) -> list[dict]:
     dev = costmodel.devices()[job["device"]]["name"]
     title = (f"{job['params']:.3g} parameters, {job['tokens']:.3g} tokens on {job['devices']:,} × {dev}: "
              "modelled time and memory per device, milestone by milestone")
-    notes = costmodel.assumptions(rows[-1]["plan"])
+    base = costmodel.assumptions(rows[0]["plan"])  # what every bar shares, then what the last adds
+    notes = base + [a for a in costmodel.assumptions(rows[-1]["plan"])
+                    if a not in base and "tokens per step" not in a]
     notes.append("pipeline: the fewest stages (dividing the devices) at which the model fits; "
                  "lamb and compression build on ZeRO-3")
     display(ip.talk_chart(rows, title, notes))

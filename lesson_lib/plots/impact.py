@@ -3,6 +3,8 @@ model's predicted step times beside the measured ones."""
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -27,12 +29,17 @@ def talk_chart(rows: list[dict], title: str, assumptions: list[str]) -> go.Figur
                 showlegend=False, row=1, col=2,
                 text=[f"{r['memory']['total'] / 1e9:.3g}" for r in rows], textposition="outside")
     cap = rows[0]["memory"]["device"] / 1e9
-    fig.add_hline(y=cap, line_dash="dash", annotation_text=f"device memory {cap:g} GB", row=1, col=2)
-    fig.update_yaxes(type="log", title_text="days", row=1, col=1)
-    fig.update_yaxes(type="log", title_text="GB", row=1, col=2)
+    fig.add_hline(y=cap, line_dash="dash", annotation_text=f"device memory {cap:g} GB",
+                  annotation_position="bottom right", row=1, col=2)
+    # log axes with labels above the bars: plotly's autorange runs away, so give the range
+    gb = [r["memory"]["total"] / 1e9 for r in rows]
+    for col, values in ((1, [r["days"] for r in rows]), (2, gb + [cap])):
+        lo, hi = math.log10(min(values)), math.log10(max(values))
+        fig.update_yaxes(type="log", range=[lo - 0.3, hi + 0.5], title_text="days" if col == 1 else "GB",
+                         row=1, col=col)
     notes = "<br>".join(wrap("• " + a, 150) for a in assumptions)
     fig.update_layout(height=520 + 15 * notes.count("<br>"), title=wrap(title, 100),
-                      margin={"t": 80, "b": 140 + 15 * notes.count("<br>")})
+                      margin={"t": 110, "b": 140 + 15 * notes.count("<br>")})
     fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=-0.22, showarrow=False,
                        align="left", xanchor="left", yanchor="top", font={"size": 10})
     return fig
@@ -58,7 +65,7 @@ def dashboard(records: list[dict], target: float, note: str | None = None) -> go
                     row=1, col=3)
     fig.update_layout(barmode="stack", height=480, title=_with_note(
         "One model, one data set, every milestone — measured here", note),
-                      legend={"orientation": "h", "y": -0.45}, margin={"t": 90})
+                      legend={"orientation": "h", "y": -0.45}, margin={"t": 130})
     fig.update_xaxes(tickangle=-35)
     return fig
 
