@@ -451,3 +451,9 @@ def test_randomk_exercise_on_real_ranks(ex):
     _randomk_deadlock.__module__ = "__main__"
     verdict = ex["randomk"].submit(_randomk_deadlock)
     assert not verdict and "timeout_s=15" in verdict.message, verdict.message
+
+
+def test_steps_to_target_uses_a_running_mean():
+    losses = [2.0] * 5 + [0.5] * 10
+    assert ch06.steps_to_target(losses, 1.0, window=4) == 8  # the mean of steps 5–8 is the first ≤ 1
+    assert ch06.steps_to_target(losses, 0.1, window=4) is None

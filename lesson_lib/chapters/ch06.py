@@ -108,6 +108,27 @@ def bandwidth_sweep(compressors=("none", "fp16", "topk", "powersgd"), gbps=GBPS,
             "latency_s": latency_us * 1e-6}
 
 
+SWEEP_LABELS = {"none": "none", "fp16": "fp16", "topk": "topk 1%", "powersgd": "powersgd, rank 2"}
+
+
+def steps_to_target(losses: list[float], target: float, window: int = 10) -> int | None:
+    """First step count after which the mean loss of the last ``window`` steps is at most ``target``."""
+    for i in range(window, len(losses) + 1):
+        if sum(losses[i - window:i]) / window <= target:
+            return i
+    return None
+
+
+def time_to_target(runs: dict, sweep: dict, target: float = 0.9) -> list[dict]:
+    """Steps to ``target`` (from the accuracy runs) × measured time per step on each emulated link."""
+    rows = []
+    for r in sweep["rows"]:
+        steps = steps_to_target(runs[SWEEP_LABELS[r["compressor"]]].losses, target)
+        rows.append({**r, "steps": steps, "time_s": None if steps is None else steps * r["step_s"]})
+    display(cp.time_to_target(rows, target, sweep["latency_s"] * 1e6, PRESET["world_size"]))
+    return rows
+
+
 def measured_crossover(rows: list[dict], compressor: str) -> float | None:
     """Where ``compressor`` stops beating ``none`` as the bandwidth grows (log-interpolated), or
     None when the order never changes within the sweep."""

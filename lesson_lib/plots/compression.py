@@ -67,3 +67,20 @@ def bandwidth_sweep(rows: list[dict], predicted: dict, latency_us: float, world_
                       title=_with_note(f"Time per step on an emulated link ({latency_us:g} µs per "
                                        f"message, {world_size} ranks): when compression pays", note))
     return fig
+
+
+def time_to_target(rows: list[dict], target: float, latency_us: float, world_size: int) -> go.Figure:
+    """Steps to reach a loss × the measured time per step, against the EMULATED bandwidth."""
+    fig = go.Figure()
+    for name in dict.fromkeys(r["compressor"] for r in rows):
+        mine = sorted((r for r in rows if r["compressor"] == name and r["time_s"] is not None),
+                      key=lambda r: r["gbps"])
+        steps = mine[0]["steps"] if mine else "—"
+        fig.add_scatter(x=[r["gbps"] for r in mine], y=[r["time_s"] for r in mine], mode="lines+markers",
+                        name=f"{name} ({steps} steps)", line={"color": COMP_COLORS.get(name)})
+    fig.update_xaxes(type="log", title_text="EMULATED link bandwidth (Gbit/s, log)")
+    fig.update_yaxes(type="log", title_text="seconds to reach the loss (log)")
+    fig.update_layout(height=420, margin={"t": 80}, legend={"orientation": "h", "y": -0.3},
+                      title=f"Time to a training loss of {target:g}: steps it took (section 3) × time per "
+                            f"step measured on the emulated link ({latency_us:g} µs, {world_size} ranks)")
+    return fig
