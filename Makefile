@@ -43,7 +43,7 @@ test: install
 	$(MAKE) --no-print-directory test-numerics
 
 NUMERIC_NOTEBOOKS := notebooks/00_why_distributed.ipynb notebooks/03_pipeline_parallelism.ipynb \
-	notebooks/04_zero.ipynb notebooks/05_large_batch.ipynb
+	notebooks/04_zero.ipynb notebooks/05_large_batch.ipynb notebooks/06_compression.ipynb
 test-numerics: install
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m numerics tests
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest $(NUMERIC_NOTEBOOKS)
