@@ -41,7 +41,7 @@ def print_startup(rows: list[dict]) -> None:
 # --------------------------------------------------------------------------- all-reduce (chapter 2)
 
 ALLREDUCE_SIZES = tuple(4096 * 4**k for k in range(8))  # 4 KiB … 64 MiB
-ALLREDUCE_ALGORITHMS = ("ring", "library", "naive", "halving-doubling")
+ALLREDUCE_ALGORITHMS = ("ring", "pipelined-ring", "library", "naive", "halving-doubling")
 
 
 def allreduce(sizes=ALLREDUCE_SIZES, world_sizes=(2, 4), algorithms=ALLREDUCE_ALGORITHMS,
@@ -89,17 +89,20 @@ def print_allreduce(rows: list[dict]) -> None:
 
     algs = list(dict.fromkeys(r["algorithm"] for r in rows))
     by = {(r["world_size"], r["size_bytes"], r["algorithm"]): r for r in rows}
+    ours = [a for a in ("ring", "pipelined-ring") if a in algs]
     print("algorithm bandwidth, GB/s (S / time of the slowest rank, median); "
-          "ring/library = library time / ring time")
-    print(f"{'ranks':>5} {'size':>9} " + " ".join(f"{a:>16}" for a in algs) + f" {'ring/library':>13}")
+          "X/library = library time / X's time (median of paired ratios; > 1: X is faster)")
+    print(f"{'ranks':>5} {'size':>9} " + " ".join(f"{a:>16}" for a in algs)
+          + "".join(f" {a + '/library':>22}" for a in ours))
     for n, s in dict.fromkeys((r["world_size"], r["size_bytes"]) for r in rows):
         cells = " ".join(f"{by[n, s, a]['algbw_GBps']:>16.3f}" for a in algs)
-        ratio = by[n, s, "ring"]["vs_library"] if (n, s, "ring") in by else None
-        print(f"{n:>5} {_size(s):>9} {cells} {'' if ratio is None else f'{ratio:.2f}':>13}")
+        ratios = "".join(f" {by[n, s, a]['vs_library']:>22.2f}" if by[n, s, a]["vs_library"] else f" {'':>22}"
+                         for a in ours)
+        print(f"{n:>5} {_size(s):>9} {cells}{ratios}")
     # The same model fitted to the library's times (it is a ring too): α and β side by side say
     # whether a gap is per-step latency or bandwidth.
     for n in dict.fromkeys(r["world_size"] for r in rows):
-        for alg in ("ring", "library"):
+        for alg in ("ring", "pipelined-ring", "library"):
             mine = [r for r in rows if r["algorithm"] == alg and r["world_size"] == n]
             if len(mine) >= 2:
                 fit = fit_alpha_beta(mine, "ring")

@@ -37,11 +37,12 @@ def library_all_reduce(numel: int) -> float:
     return float(t[0])
 
 
-def ring(values: list[list[float]], dtype: str = "float32") -> tuple[list[float], dict]:
-    """Ring all-reduce of ``values[rank]``; returns the result and the rank's counters."""
+def ring(values: list[list[float]], dtype: str = "float32", algorithm: str = "ring",
+         ) -> tuple[list[float], dict]:
+    """All-reduce of ``values[rank]`` by one of ours; returns the result and the rank's counters."""
     counters().reset()
     t = torch.tensor(values[context().rank], dtype=getattr(torch, dtype))
-    comm.ring_all_reduce(t)
+    comm.all_reduce(t, algorithm, op="ring_all_reduce")
     return t.float().tolist(), counters().as_dict()
 
 

@@ -13,11 +13,11 @@ pytestmark = pytest.mark.ch0
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 4), length=st.integers(0, 37), dtype=st.sampled_from(["float32", "float64"]),
-       seed=st.integers(0, 2**16))
-def test_ring_equals_the_sum_for_any_length_and_world_size(clusters, n, length, dtype, seed):
+       seed=st.integers(0, 2**16), algorithm=st.sampled_from(["ring", "pipelined-ring"]))
+def test_ring_equals_the_sum_for_any_length_and_world_size(clusters, n, length, dtype, seed, algorithm):
     g = torch.Generator().manual_seed(seed)
     values = [torch.randint(-50, 50, (length,), generator=g).tolist() for _ in range(n)]
-    out = clusters(n).run(probes.ring, values, dtype)
+    out = clusters(n).run(probes.ring, values, dtype, algorithm)
     expected = torch.tensor(values, dtype=torch.float64).sum(0).tolist() if length else []
     for rank, (result, ops) in enumerate(out):
         assert result == expected  # small integers: exact in any order of summation
@@ -25,17 +25,19 @@ def test_ring_equals_the_sum_for_any_length_and_world_size(clusters, n, length, 
         assert sent == ring_bytes_sent(length, 8 if dtype == "float64" else 4, n, rank)
 
 
-def test_ring_matches_dist_all_reduce_on_random_floats(clusters):
+@pytest.mark.parametrize("algorithm", ["ring", "pipelined-ring"])
+def test_ring_matches_dist_all_reduce_on_random_floats(clusters, algorithm):
     n, length = 3, 1001
     values = [torch.randn(length, generator=torch.Generator().manual_seed(r)).tolist() for r in range(n)]
-    ours = clusters(n).run(probes.ring, values, "float32")
+    ours = clusters(n).run(probes.ring, values, "float32", algorithm)
     theirs = clusters(n).run(probes.library_all_reduce_values, values)
     for (a, _), b in zip(ours, theirs):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-6, atol=1e-5)
 
 
-def test_ring_bfloat16(clusters):
-    out = clusters(2).run(probes.ring, [[1.0, 2.5, -3.0], [0.5, 0.5, 1.0]], "bfloat16")
+@pytest.mark.parametrize("algorithm", ["ring", "pipelined-ring"])
+def test_ring_bfloat16(clusters, algorithm):
+    out = clusters(2).run(probes.ring, [[1.0, 2.5, -3.0], [0.5, 0.5, 1.0]], "bfloat16", algorithm)
     assert out[0][0] == out[1][0] == [1.5, 3.0, -2.0]
 
 

@@ -30,8 +30,8 @@ MAX_SIZE_MB = 1024.0
 class Config(CommonConfig):
     steps: int = opt(10, "timed all-reduces (after one untimed warm-up)")
     size_mb: float = opt(4.0, "tensor size in MiB (2^20 bytes) per rank")
-    algorithm: str = opt("ring", "ring | halving-doubling | naive (reduce to rank 0 + broadcast) | "
-                                 "library (the backend's dist.all_reduce)")
+    algorithm: str = opt("ring", "ring | pipelined-ring | halving-doubling | naive (reduce to rank 0 + "
+                                 "broadcast) | library (the backend's dist.all_reduce)")
     dtype: str = opt("float32", "float32 | float64 | bfloat16")
     global_batch: int = opt(64, "not used: no training here", cli=False)
     lr: float = opt(0.01, "not used: no training here", cli=False)
