@@ -53,12 +53,19 @@ def _add_config_args(parser: argparse.ArgumentParser, config_cls) -> None:
 class _Progress:
     def __init__(self, steps: int, stream=sys.stderr):
         self.steps, self.stream, self.done = steps, stream, 0
+        self.offset: dict = {}  # per rank: steps of the milestones it has finished (impact)
 
     def __call__(self, ev: dict) -> None:
-        # The first rank to finish a step moves the bar (rank 0 may be a server that has no steps).
-        if ev.get("kind") != "step" or ev["step"] + 1 <= self.done:
+        if ev.get("kind") == "milestone" and "total" in ev:  # one bar over every milestone's steps
+            self.offset[ev["rank"]], self.steps = ev["offset"], ev["total"]
             return
-        done = self.done = ev["step"] + 1
+        if ev.get("kind") != "step":
+            return
+        done = self.offset.get(ev.get("rank"), 0) + ev["step"] + 1
+        # The first rank to finish a step moves the bar (rank 0 may be a server that has no steps).
+        if done <= self.done:
+            return
+        self.done = done
         bar = "#" * (30 * done // self.steps)
         loss = f" loss {ev['loss']:.4f}" if "loss" in ev else ""
         self.stream.write(f"\r[{bar:<30}] step {done}/{self.steps}{loss}")

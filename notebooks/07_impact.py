@@ -143,12 +143,19 @@ ch07.what_if()
 #
 # The model of chapters 0–4 (a 3-layer MLP, 38.5k parameters) on their data set, 3 ranks, the same
 # seed and the same global batch of 96 — through a synchronous parameter server (2 workers, 1
-# server), data parallelism with our ring, a 3-stage 1F1B pipeline, ZeRO-1/2/3, and LAMB at 8× the
-# batch on ZeRO's data-parallel path. Each trains until the end of its budget; we record when the
+# server), data parallelism with our ring, a 3-stage 1F1B pipeline, ZeRO-1/2/3, LAMB at 8× the
+# batch on ZeRO's data-parallel path, and chapter 6's PowerSGD (rank 2, error feedback; Vogels et al.,
+# NeurIPS 2019) twice: on the real link and on an **emulated** 10 Mbit/s link with 100 µs per message
+# (`comm.set_link`: each transfer is held until latency + bytes/bandwidth have passed — a sleep, not a
+# network; the record's `link_gbps` says so and its bar is hatched). PowerSGD is the compressor here
+# because on this model it reached the target at 19× fewer gradient bytes, where chapter 6's other
+# strong candidate, top-k at 1 %, did not reach it within the budget in our runs (the numbers are in
+# `lesson_lib/milestones/impact.py`). Each trains until the end of its budget; we record when the
 # loss, averaged over 5 steps, first reaches 1.0. The optimizers differ because the milestones do:
-# the parameter server and the pipeline train with SGD (momentum 0.9), ZeRO with Adam, the large
-# batch with LAMB; within each family the steps are the same computation (chapters 1, 3 and 4 check
-# that), so they need the same number of steps.
+# the parameter server, the pipeline and PowerSGD train with SGD (momentum 0.9), ZeRO with Adam, the
+# large batch with LAMB; within each family the steps are the same computation (chapters 1, 3 and 4
+# check that), so they need the same number of steps — except PowerSGD, which sends an approximation
+# of the gradient and needs a few more.
 
 # %%
 result = ch07.measured("quick")
@@ -160,7 +167,9 @@ records = {r["milestone"]: r for r in result["milestones"]}
 # between runs. What holds in every run is checked here: every milestone reaches the target; the
 # same computation needs the same steps; the large batch needs the fewest steps; the parameter
 # server's link carries 2·N·S per step and the ring's 2·2(N−1)/N·S (sent and received); ZeRO-3 moves
-# 1.5× ZeRO-1's bytes; each ZeRO stage holds less model state than the one before it.
+# 1.5× ZeRO-1's bytes; each ZeRO stage holds less model state than the one before it. (PowerSGD's
+# memory counts the model and optimizer; its error-feedback residual, one more gradient-sized
+# buffer, is not in chapter 6's memory report.)
 
 # %%
 n, psi = 3, records["ring"]["param_count"]
@@ -179,14 +188,43 @@ states = [max(m["params"] + m["grads"] + m["optimizer"] for m in records[f"zero-
 assert states[0] > states[1] > states[2], states
 
 # %% [markdown]
+# PowerSGD's bytes follow from its shapes: per step three ring all-reduces — the biases it leaves
+# uncompressed, P (rows × 2 per weight matrix) and Q (columns × 2) — instead of one of all Ψ
+# gradients. The emulated link changes the time of a step, never what is computed or sent: the two
+# PowerSGD runs have the same losses and the same counted bytes, and each emulated step lasts at
+# least its messages' latency plus its bytes over the bandwidth (the link holds every transfer that
+# long).
+
+# %%
+from lesson_lib.milestones import impact
+
+real, slow = records["compression"], records["compression-slow-link"]
+sizes = impact.powersgd_sizes(impact.plans(impact.Config(preset="quick"))["compression"][1])
+print("elements per all-reduce (biases, P, Q):", sizes, "— of Ψ =", psi)
+powersgd_bytes = max(sum(comm.ring_bytes_sent(m, 4, n, r) + comm.ring_bytes_sent(m, 4, n, r - 1)
+                         for m in sizes + [1]) for r in range(n))  # sent + received, the loss's 1 float
+assert real["bytes_per_step_busiest"] == slow["bytes_per_step_busiest"] == powersgd_bytes
+assert real["losses"] == slow["losses"] and real["link_gbps"] is None and slow["link_gbps"] == 0.01
+messages = 4 * 2 * (n - 1)  # three all-reduces for the gradient, one for the loss: 2(N−1) messages each
+sent = max(sum(comm.ring_bytes_sent(m, 4, n, r) for m in sizes) for r in range(n))
+floor = messages * 100e-6 + sent * 8 / 0.01e9
+assert slow["median_step_s"] >= floor, (slow["median_step_s"], floor)
+print(f"emulated link: at least {1e3 * floor:.1f} ms of every step is the link; the uncompressed ring "
+      f"on it would take {1e3 * slow['predicted_uncompressed_step_s']:.0f} ms per step (cost model), "
+      f"PowerSGD measured {1e3 * slow['median_step_s']:.0f} ms")
+
+# %% [markdown]
 # ## 5. The cost model against these measurements
 #
 # Before the milestones ran, the ranks measured this machine, all at once so that they share the
 # cores as in training: α and β fitted to our ring all-reduce at four sizes (chapter 2's method),
 # and each rank's FLOP/s on one local step of the model (forward, backward, update). Fed to the same
 # formulas — compute 6·Ψ per sample, the parameter server's 2·N·S/K, the ring's 2(N−1) steps, the
-# pipeline's M + P − 1 slots, ZeRO's per-layer collectives — the model predicts each milestone's
-# step (the parameter server's "communication" is a worker's wait for the server):
+# pipeline's M + P − 1 slots, ZeRO's per-layer collectives, PowerSGD's three small all-reduces, and on
+# the emulated link chapter 6's messages·latency + bytes/bandwidth (the slower of that and the real
+# link counts) — the model predicts each milestone's step (the parameter server's "communication" is
+# a worker's wait for the server). On the emulated link's row most of the step is the held
+# transfers the model describes.
 
 # %%
 from lesson_lib.plots import impact as impact_plots
@@ -261,6 +299,6 @@ exercises["pingpong"].submit(ping_pong)
 # | [3](03_pipeline_parallelism.ipynb) | pipeline (1F1B) | **memory per device** divided by the stages; the **bubble** (P−1)/(M+P−1) added |
 # | [4](04_zero.ipynb) | ZeRO-1/2/3 | **memory per device** from 16Ψ to 16Ψ/N; ZeRO-3 pays 1.5× the **bandwidth** |
 # | [5](05_large_batch.ipynb) | LAMB, large batch | fewer **steps** for the same tokens: communication per token falls, the bubble shrinks |
-# | [6](06_compression.ipynb) | compression | fewer **bytes** per gradient exchange |
+# | [6](06_compression.ipynb) | compression | fewer **bytes** per gradient exchange (PowerSGD's bar in the dashboard), for a few more steps; on a slow (emulated) link that buys time |
 #
 # Back to the [table of contents](README.md).

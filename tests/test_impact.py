@@ -20,7 +20,7 @@ pytestmark = pytest.mark.ch7
 # A 3-rank run in seconds: a 16-wide MLP, 12 small-batch steps, 6 at 8× the batch.
 SMALL = dict(preset="quick", hidden=16, samples=1024, steps=12, large_batch_steps=6, target_loss=2.25)
 KEYS = {"time_to_target_s", "reached_target", "steps", "bytes_per_step_busiest", "peak_memory_per_rank",
-        "predicted_step_s", "median_step_s", "milestone"}
+        "predicted_step_s", "median_step_s", "milestone", "link_gbps"}
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,48 @@ def test_counted_bytes_follow_each_chapters_formula(small):
     # LAMB's batch is 8× larger but each step moves the same gradients: 8× fewer bytes per sample
     assert rec["lamb"]["bytes_per_step_busiest"] == rec["zero-1"]["bytes_per_step_busiest"]
     assert rec["lamb"]["global_batch"] == 8 * rec["ring"]["global_batch"]
+
+
+# PowerSGD rank 2 on SMALL's MLP (32 → 16 → 16 → 16 → 10): every weight matrix is compressed
+# ((n + m)·2·2 < n·m), the biases travel whole: 16 + 16 + 16 + 10 = 58 elements; P has rows·2 =
+# (16 + 16 + 16 + 10)·2 = 116; Q has columns·2 = (32 + 16 + 16 + 16)·2 = 160.
+POWERSGD_SIZES = [58, 116, 160]
+
+
+def test_powersgd_sizes_by_hand():
+    subs = impact.plans(impact.Config(**SMALL).validate())
+    assert impact.powersgd_sizes(subs["compression"][1]) == POWERSGD_SIZES
+    assert impact.powersgd_sizes(subs["compression"][1].replace(compressor="none")) == \
+        [mlp_param_count(32, 16, 3, 10)]
+
+
+def test_powersgd_bytes_follow_its_three_all_reduces(small):
+    rec = {r["milestone"]: r for r in small["milestones"]}
+    n = 3
+    # per rank: sent + received over the three all-reduces and the loss's (1 float), exactly
+    per_rank = [sum(comm.ring_bytes_sent(m, 4, n, r) + comm.ring_bytes_sent(m, 4, n, r - 1)
+                    for m in POWERSGD_SIZES + [1]) for r in range(n)]
+    for name in ("compression", "compression-slow-link"):
+        assert rec[name]["bytes_per_step_per_rank"] == per_rank, name
+        assert rec[name]["bytes_per_step_busiest"] == max(per_rank)
+    psi = mlp_param_count(32, 16, 3, 10)
+    assert rec["compression"]["compression_ratio"] == pytest.approx(
+        max(comm.ring_bytes_sent(psi, 4, n, r) for r in range(n))
+        / max(sum(comm.ring_bytes_sent(m, 4, n, r) for m in POWERSGD_SIZES) for r in range(n)))
+
+
+def test_the_emulated_link_changes_time_only(small):
+    rec = {r["milestone"]: r for r in small["milestones"]}
+    real, slow = rec["compression"], rec["compression-slow-link"]
+    assert real["link_gbps"] is None and slow["link_gbps"] == impact.Config().link_gbps == 0.01
+    assert all(r["link_gbps"] is None for r in small["milestones"] if r is not slow)
+    assert real["losses"] == slow["losses"]  # the link only sleeps: the same computation, bit for bit
+    # every transfer is held at least latency + bytes/bandwidth: 4 ring all-reduces of 2(N−1)
+    # messages each, and the bytes this rank sends — a lower bound that holds on any machine
+    sent = max(sum(comm.ring_bytes_sent(m, 4, 3, r) for m in POWERSGD_SIZES) for r in range(3))
+    assert slow["median_step_s"] >= 4 * 2 * 2 * 100e-6 + sent * 8 / 0.01e9
+    assert slow["predicted_uncompressed_step_s"] > slow["predicted_step_s"]
+    assert "predicted_uncompressed_step_s" not in real
 
 
 def test_memory_per_rank_falls_with_each_zero_stage(small):
@@ -104,6 +146,15 @@ def test_predictions_follow_the_formulas_by_hand():
     z1, z3 = (impact.predict(m, subs[m][1], probe)["comm"] for m in ("zero-1", "zero-3"))
     loss = costmodel.ring_time(4, n, 1e-3, 1e-9)
     assert math.isclose((z3 - loss) / (z1 - loss), 1.5)
+    psgd = impact.predict("compression", subs["compression"][1], probe)
+    assert math.isclose(psgd["compute"], ring["compute"])
+    assert math.isclose(psgd["comm"], sum(costmodel.ring_time(4 * m, n, 1e-3, 1e-9) for m in POWERSGD_SIZES)
+                        + loss)
+    # on the emulated 0.01 Gbit/s link with a fast real one: 16 messages of 100 µs + the bytes sent
+    fast = {**probe, "alpha_s": 1e-7}
+    slow = impact.predict("compression-slow-link", subs["compression-slow-link"][1], fast)
+    sent = max(sum(comm.ring_bytes_sent(m, 4, n, r) for m in POWERSGD_SIZES) for r in range(n))
+    assert math.isclose(slow["comm"], 16 * 100e-6 + sent * 8 / 0.01e9)
 
 
 @pytest.mark.parametrize("options, name", [
@@ -114,6 +165,8 @@ def test_predictions_follow_the_formulas_by_hand():
     (dict(target_loss=-1.0), "target_loss"),
     (dict(sgd_lr=0.0), "sgd_lr"),
     (dict(window=0), "window"),
+    (dict(link_gbps=0.0), "link_gbps"),
+    (dict(link_latency_us=-1.0), "link_latency_us"),
     (dict(global_batch=95), "global_batch"),  # not divisible by 3 ranks
     (dict(world_size=6, global_batch=60), "stages"),  # a 6-stage pipeline of a 4-layer model
 ])
@@ -129,12 +182,32 @@ def test_cli_writes_one_record_per_milestone(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "lesson_lib", "run", "impact", "--preset", "quick", "--hidden", "16",
          "--samples", "1024", "--steps", "6", "--large-batch-steps", "4", "--target-loss", "2.3",
-         "--milestones", "parameter-server,ring,zero-3", "--quiet", "--json", str(out)],
+         "--milestones", "parameter-server,ring,zero-3", "--json", str(out)],
         capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
+    assert "step 18/18" in proc.stderr  # one progress bar over the three milestones' 6 steps
     records = json.loads(out.read_text())["milestones"]
     assert [r["milestone"] for r in records] == ["parameter-server", "ring", "zero-3"]
     assert all(KEYS <= set(r) for r in records)
+
+
+def test_progress_bar_runs_over_every_milestone():
+    import io
+
+    from lesson_lib.__main__ import _Progress
+
+    out = io.StringIO()
+    bar = _Progress(steps=3, stream=out)
+    step = lambda rank, i: bar({"kind": "step", "rank": rank, "step": i, "loss": 1.0})  # noqa: E731
+    for rank in (0, 1):
+        bar({"kind": "milestone", "rank": rank, "name": "a", "steps": 3, "offset": 0, "total": 5})
+    step(0, 0), step(0, 1), step(0, 2)
+    bar({"kind": "milestone", "rank": 0, "name": "b", "steps": 2, "offset": 3, "total": 5})
+    step(0, 0)
+    step(1, 2)  # a slower rank still finishing the first milestone: the bar does not move back
+    assert out.getvalue().split("\r")[-1] == f"[{'#' * 24:<30}] step 4/5 loss 1.0000"
+    step(0, 1)
+    assert out.getvalue().endswith("step 5/5 loss 1.0000\n")
 
 
 # --------------------------------------------------------------------------- exercises

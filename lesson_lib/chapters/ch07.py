@@ -118,13 +118,14 @@ def measured(preset: str = "quick", **options) -> Result:
 
 def table(records: list[dict]) -> str:
     lines = [f"{'milestone':<24} {'optimizer':>9} {'batch':>6} {'reached':>8} {'steps':>6} "
-             f"{'s to target':>12} {'bytes/step':>11} {'KB, fullest rank':>17}"]
+             f"{'s to target':>12} {'bytes/step':>11} {'KB, fullest rank':>17}  link"]
     for r in records:
         mem = max(sum(m.values()) for m in r["peak_memory_per_rank"]) / 1e3
         t = f"{r['time_to_target_s']:.2f}" if r["reached_target"] else "-"
+        link = f"  emulated {r['link_gbps']:g} Gbit/s" if r.get("link_gbps") else "  real"
         lines.append(f"{r['label']:<24} {r['optimizer']:>9} {r['global_batch']:>6} "
                      f"{'yes' if r['reached_target'] else 'NO':>8} {r['steps']:>6} {t:>12} "
-                     f"{r['bytes_per_step_busiest']:>11,.0f} {mem:>17,.1f}")
+                     f"{r['bytes_per_step_busiest']:>11,.0f} {mem:>17,.1f}{link}")
     return "\n".join(lines)
 
 
@@ -134,11 +135,11 @@ def validation_table(result: Result) -> str:
     lines = [f"measured here: α = {p['alpha_s'] * 1e6:.0f} µs, 1/β = {p['bandwidth_GBps']:.2f} GB/s "
              f"(fitted to our ring all-reduce, all ranks), {p['flops'] / 1e9:.1f} GFLOP/s per rank "
              "(slowest rank)",
-             f"{'milestone':<24} {'measured ms':>12} {'predicted ms':>13} {'error':>7} "
+             f"{'milestone':<36} {'measured ms':>12} {'predicted ms':>13} {'error':>7} "
              f"{'comm measured':>14} {'comm predicted':>15}"]
     for r in result["milestones"]:
         err = r["predicted_step_s"] / r["median_step_s"] - 1
-        lines.append(f"{r['label']:<24} {1e3 * r['median_step_s']:>12.2f} "
+        lines.append(f"{ip.label(r):<36} {1e3 * r['median_step_s']:>12.2f} "
                      f"{1e3 * r['predicted_step_s']:>13.2f} {err:>+7.0%} "
                      f"{1e3 * r['median_comm_s']:>14.2f} {1e3 * r['predicted_comm_s']:>15.2f}")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """The impact (chapter 7): one model and one data set trained through the milestones of chapters
-1–5 on the same ranks — sync parameter server, ring data parallel, 1F1B pipeline, ZeRO-1/2/3, LAMB
-at a large batch — same seed, same target loss.
+1–6 on the same ranks — sync parameter server, ring data parallel, 1F1B pipeline, ZeRO-1/2/3, LAMB
+at a large batch, PowerSGD compression on the real link and on an EMULATED slow one
+(:func:`comm.set_link`) — same seed, same target loss.
 
 Each milestone is its own experiment, run unchanged: its ``Config`` (built by :func:`plans`) and
 its ``worker`` on every rank, its ``summarize`` afterwards. For each we record the time to reach
@@ -14,6 +15,7 @@ chapter 7 can predict each milestone's step time from the same α-β formulas (:
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -31,10 +33,19 @@ from ..models import mlp, mlp_param_count
 from ..runtime import context
 
 NAME = "impact"
-MILESTONES = ("parameter-server", "ring", "pipeline", "zero-1", "zero-2", "zero-3", "lamb")
+MILESTONES = ("parameter-server", "ring", "pipeline", "zero-1", "zero-2", "zero-3", "lamb",
+              "compression", "compression-slow-link")
 LABELS = {"parameter-server": "parameter server (sync)", "ring": "ring all-reduce",
           "pipeline": "pipeline (1F1B)", "zero-1": "ZeRO-1", "zero-2": "ZeRO-2", "zero-3": "ZeRO-3",
-          "lamb": "LAMB, large batch"}
+          "lamb": "LAMB, large batch", "compression": "PowerSGD (ring)",
+          "compression-slow-link": "PowerSGD, emulated link"}
+# Chapter 6's compressor for this model: PowerSGD (Vogels et al., NeurIPS 2019) at rank 2, error
+# feedback on. Chapter 6 finds top-k 1% and PowerSGD rank 2 both within 1.5× of the uncompressed
+# steps and both over 3× faster per step on its slowest emulated link; on THIS model (SGD with
+# momentum 0.9, as the ring milestone) top-k 1% did not reach the quick target in 100 steps, top-k
+# 10% did but compresses only 3.3×, and PowerSGD rank 2 did (86 steps) at 19× fewer gradient bytes.
+# It is also the compressor torch ships as a DDP hook, which chapter 6 checks ours against.
+COMPRESSOR = {"compressor": "powersgd", "rank": 2, "error_feedback": True}
 # quick: under nbval on 2 cores; workshop: a longer run for a room of laptops with 4+ cores.
 PRESETS = {
     "quick": {"world_size": 3, "hidden": 128, "samples": 4096, "steps": 100, "large_batch_steps": 30,
@@ -60,6 +71,11 @@ class Config(TrainConfig):
     adam_lr: float = opt(0.003, "Adam rate: ZeRO-1/2/3")
     lamb_lr: float = opt(0.05, "LAMB rate at the large batch")
     microbatches: int = opt(4, "pipeline micro-batches per step")
+    # 10 Mbit/s makes this 38k-parameter model's uncompressed ring exchange (~150 KB) take ~100× its
+    # compute, the regime of a large model on a real cluster link; faster, Gloo's own per-message cost
+    # on 2 shared cores (~0.2 ms) hides the emulated one.
+    link_gbps: float = opt(0.01, "the compression-slow-link milestone's EMULATED bandwidth, Gbit/s")
+    link_latency_us: float = opt(100.0, "its emulated latency per message, µs (chapter 6's)")
     milestones: str = opt("all", "comma-separated subset of: " + ", ".join(MILESTONES))
     lr: float = opt(0.01, "unused: each optimizer has its own rate", cli=False)
 
@@ -76,7 +92,7 @@ class Config(TrainConfig):
             raise ValueError(f"world_size must be at least 2 (a server and a worker), got {self.world_size}")
         for name in ("window", "large_batch_scale", "large_batch_steps", "microbatches"):
             positive_int(self, name)
-        for name in ("target_loss", "sgd_lr", "adam_lr", "lamb_lr"):
+        for name in ("target_loss", "sgd_lr", "adam_lr", "lamb_lr", "link_gbps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
@@ -101,7 +117,7 @@ class Config(TrainConfig):
 
 def plans(cfg: Config) -> dict[str, tuple[str, object]]:
     """Each chosen milestone's experiment and ``Config``: one task (model, data, seed), one world."""
-    from . import data_parallel, parameter_server, pipeline, zero
+    from . import compression, data_parallel, parameter_server, pipeline, zero
 
     task = {"hidden": cfg.hidden, "depth": cfg.depth, "d_in": cfg.d_in, "classes": cfg.classes,
             "samples": cfg.samples, "seed": cfg.seed, "global_batch": cfg.global_batch, "steps": cfg.steps,
@@ -120,12 +136,18 @@ def plans(cfg: Config) -> dict[str, tuple[str, object]]:
             world_size=n, stage=0, optimizer="lamb", lr=cfg.lamb_lr, **{
                 **task, "global_batch": cfg.large_batch_scale * cfg.global_batch,
                 "steps": cfg.large_batch_steps})),
+        "compression": ("compression", lambda: compression.Config(
+            world_size=n, lr=cfg.sgd_lr, momentum=0.9, **COMPRESSOR, **task)),
+        "compression-slow-link": ("compression", lambda: compression.Config(
+            world_size=n, lr=cfg.sgd_lr, momentum=0.9, link_gbps=cfg.link_gbps,
+            link_latency_us=cfg.link_latency_us, **COMPRESSOR, **task)),
     }
     return {name: (all_[name][0], all_[name][1]()) for name in cfg.chosen()}
 
 
 OPTIMIZER = {"parameter-server": "SGD", "ring": "SGD", "pipeline": "SGD", "zero-1": "Adam",
-             "zero-2": "Adam", "zero-3": "Adam", "lamb": "LAMB"}
+             "zero-2": "Adam", "zero-3": "Adam", "lamb": "LAMB", "compression": "SGD",
+             "compression-slow-link": "SGD"}
 
 
 # --------------------------------------------------------------------------- this machine, measured
@@ -172,9 +194,13 @@ def worker(cfg: Config) -> dict:
     ctx = context()
     probe = measure_machine(cfg)
     outs = {}
-    for name, (experiment, sub) in plans(cfg).items():
-        ctx.emit("milestone", name=name, steps=sub.steps)
+    subs = plans(cfg)
+    total, offset = sum(sub.steps for _, sub in subs.values()), 0
+    for name, (experiment, sub) in subs.items():
+        # offset/total: the CLI's progress bar runs once over every milestone's steps
+        ctx.emit("milestone", name=name, steps=sub.steps, offset=offset, total=total)
         outs[name] = load(experiment).worker(sub)
+        offset += sub.steps
     last = outs[list(outs)[-1]]["per_rank"]
     return {"milestones": outs, "probe": probe, "losses": [],
             "per_rank": {**last, "steps": []}}  # the last milestone's counters stand for the job
@@ -226,6 +252,9 @@ def record(name: str, experiment: str, sub, outs: list[dict], cfg: Config) -> di
         "peak_memory_per_rank": [{k: p["memory"][k] for k in MEMORY_CATEGORIES} for p in r.per_rank],
         "losses": r.losses, "step_times": walls,
         "param_count": mlp_param_count(sub.d_in, sub.hidden, sub.depth, sub.classes),
+        # None: the real link (here, memory copies between processes); a number: EMULATED Gbit/s
+        "link_gbps": getattr(sub, "link_gbps", 0.0) or None,
+        "compression_ratio": extra.get("compression_ratio"),
     }
 
 
@@ -236,6 +265,9 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
         rec = record(name, experiment, sub, [o["milestones"][name] for o in outs], cfg)
         p = predict(name, sub, probe)
         rec.update(predicted_step_s=p["step"], predicted_compute_s=p["compute"], predicted_comm_s=p["comm"])
+        if rec["link_gbps"]:  # what compression saves there: the uncompressed ring on the same link
+            rec["predicted_uncompressed_step_s"] = predict_compression(sub.replace(compressor="none"),
+                                                                       probe)["step"]
         records.append(rec)
     return {"milestones": records, "target_loss": cfg.target_loss, "window": cfg.window,
             "probe": probe, "losses": records[0]["losses"]}
@@ -250,6 +282,8 @@ def predict(name: str, sub, probe: dict) -> dict:
     chapters' formulas; float32 gradients: 4 bytes per parameter)."""
     a, b, x = probe["alpha_s"], probe["beta_s_per_byte"], probe["flops"]
     n, batch = sub.world_size, sub.global_batch
+    if name.startswith("compression"):
+        return predict_compression(sub, probe)
     psi = mlp_param_count(sub.d_in, sub.hidden, sub.depth, sub.classes)
     layers = sub.depth + 1
     loss_reduce = costmodel.ring_time(4, n, a, b)
@@ -266,4 +300,37 @@ def predict(name: str, sub, probe: dict) -> dict:
         per_layer = 3 if name == "zero-3" else 2
         compute = 6 * psi * batch / n / x
         talk = per_layer * (layers * (n - 1) * a + (n - 1) / n * 4 * psi * b) + loss_reduce
+    return {"compute": compute, "comm": talk, "step": compute + talk}
+
+
+def powersgd_sizes(sub) -> list[int]:
+    """Elements of each ring all-reduce PowerSGD posts per step: the tensors it leaves uncompressed
+    (here the biases), P (rows·r per matrix) and Q (columns·r per matrix); compressor "none": Ψ."""
+    shapes = [p.shape for p in mlp(sub.d_in, sub.hidden, sub.depth, sub.classes, sub.seed).parameters()]
+    if sub.compressor == "none":
+        return [sum(math.prod(s) for s in shapes)]
+    mats, plain = sub.make_compressor().split(torch.empty(sum(math.prod(s) for s in shapes)), shapes)
+    r = [min(*m.shape, sub.rank) for m in mats]
+    return [n for n in (sum(v.numel() for v in plain), sum(m.shape[0] * k for m, k in zip(mats, r)),
+                        sum(m.shape[1] * k for m, k in zip(mats, r))) if n]
+
+
+def predict_compression(sub, probe: dict) -> dict:
+    """PowerSGD: compute as the ring's (its own matrix products are left out: r ≪ the layer widths);
+    communication one ring all-reduce per :func:`powersgd_sizes` entry plus the loss's. On the
+    emulated link every message takes at least latency + bytes/bandwidth (chapter 6's model,
+    :func:`compression.predicted_step_s`); the slower of that and the real link's α-β counts."""
+    from . import compression
+
+    a, b, x = probe["alpha_s"], probe["beta_s_per_byte"], probe["flops"]
+    n, psi = sub.world_size, mlp_param_count(sub.d_in, sub.hidden, sub.depth, sub.classes)
+    sizes = powersgd_sizes(sub)
+    compute = 6 * psi * sub.global_batch / n / x
+    talk = sum(costmodel.ring_time(4 * m, n, a, b) for m in sizes) + costmodel.ring_time(4, n, a, b)
+    if sub.link_gbps:
+        shapes = [p.shape for p in mlp(sub.d_in, sub.hidden, sub.depth, sub.classes, sub.seed).parameters()]
+        sent = max(sum(comm.ring_bytes_sent(m, 4, n, r) for m in sizes) for r in range(n))
+        emulated = compression.predicted_step_s(0.0, compression.messages_per_step(sub, shapes), sent,
+                                                sub.link_gbps, sub.link_latency_us * 1e-6)
+        talk = max(talk, emulated)
     return {"compute": compute, "comm": talk, "step": compute + talk}

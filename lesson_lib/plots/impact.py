@@ -14,6 +14,15 @@ NO_FIT = "#BAB0AC"
 FITS = "#4C78A8"
 
 
+EMULATED = "/"  # bar pattern of a record measured on an emulated link
+
+
+def label(record: dict) -> str:
+    """The record's label, with the bandwidth of its emulated link (its label says "emulated link")."""
+    gbps = record.get("link_gbps")
+    return record["label"] + (f" ({gbps:g} Gbit/s)" if gbps else "")
+
+
 def talk_chart(rows: list[dict], title: str, assumptions: list[str]) -> go.Figure:
     """Modelled days to train and memory per device, one bar per milestone in the talk's order;
     grey bars with "does not fit" where the model's states and activations exceed the device."""
@@ -48,21 +57,25 @@ def talk_chart(rows: list[dict], title: str, assumptions: list[str]) -> go.Figur
 def dashboard(records: list[dict], target: float, note: str | None = None) -> go.Figure:
     """Measured on this machine: time to the target loss, bytes per step of the busiest rank,
     and the peak memory of the rank that holds most, by category."""
-    names = [r["label"] for r in records]
+    names = [label(r) for r in records]
+    hatch = [EMULATED if r.get("link_gbps") else "" for r in records]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
         f"seconds to loss {target:g}", "bytes per step, busiest rank", "memory of the fullest rank, KB"))
     reached = [r["reached_target"] for r in records]
     seconds = [r["time_to_target_s"] if ok else r["time_run_s"] for r, ok in zip(records, reached)]
     fig.add_bar(x=names, y=seconds,
-                marker_color=[FITS if ok else NO_FIT for ok in reached], showlegend=False, row=1, col=1,
+                marker_color=[FITS if ok else NO_FIT for ok in reached], marker_pattern_shape=hatch,
+                showlegend=False, row=1, col=1,
                 text=[f"{r['steps']} steps" if ok else "not reached" for r, ok in zip(records, reached)],
                 textposition="outside")
     fig.add_bar(x=names, y=[r["bytes_per_step_busiest"] for r in records], marker_color=COLORS["comm"],
-                showlegend=False, row=1, col=2)
+                marker_pattern_shape=hatch, showlegend=False, row=1, col=2)
     fullest = [max(r["peak_memory_per_rank"], key=lambda m: sum(m.values())) for r in records]
     for cat in ("params", "grads", "optimizer", "activations", "buffers"):
         fig.add_bar(x=names, y=[m[cat] / 1e3 for m in fullest], name=cat, marker_color=COLORS[cat],
                     row=1, col=3)
+    if any(hatch):
+        note = "; ".join(filter(None, [note, "hatched: an EMULATED link (comm.set_link), not a network"]))
     fig.update_layout(barmode="stack", height=480, title=_with_note(
         "One model, one data set, every milestone — measured here", note),
                       legend={"orientation": "h", "y": -0.45}, margin={"t": 130})
@@ -72,7 +85,7 @@ def dashboard(records: list[dict], target: float, note: str | None = None) -> go
 
 def predicted_vs_measured(records: list[dict], note: str | None = None) -> go.Figure:
     """Median step time measured beside the cost model's prediction from measured α, β, FLOP/s."""
-    names = [r["label"] for r in records]
+    names = [label(r) for r in records]
     fig = go.Figure()
     fig.add_bar(x=names, y=[1e3 * r["median_step_s"] for r in records], name="measured (median step)")
     fig.add_bar(x=names, y=[1e3 * r["predicted_step_s"] for r in records], name="cost model",
