@@ -110,6 +110,10 @@ class Compressor:
     def forget(self, key) -> None:
         self.residual.pop(key, None)
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What the compressor keeps between steps (error feedback's residuals), for memory reports."""
+        return list(self.residual.values())
+
     def _reduce(self, flat, shapes, key, op):
         """Average in place; return what this rank's own message decodes to (for error feedback)."""
         n = _world()[1]
@@ -272,6 +276,9 @@ class PowerSGD(Compressor):
         self.rng = np.random.RandomState(self.seed)
         self.q: dict = {}
 
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return super().state_tensors() + [q for qs in self.q.values() for q in qs]
     def forget(self, key) -> None:
         super().forget(key)
         self.q.pop(key, None)

@@ -179,7 +179,8 @@ by = {r["label"]: r for r in wire}
 # %%
 n, S = 2, by["none"]["param_count"]
 k = round(0.01 * S)
-assert by["none"]["wire_bytes_per_step"] == by["none"]["uncompressed_bytes_per_step"] == 2 * (n - 1) / n * 4 * S
+ring = 2 * (n - 1) / n * 4 * S  # the uncompressed ring's bytes per rank per step
+assert by["none"]["wire_bytes_per_step"] == by["none"]["uncompressed_bytes_per_step"] == ring
 assert by["fp16"]["wire_bytes_per_step"] == by["none"]["wire_bytes_per_step"] / 2
 assert by["topk 1%"]["wire_bytes_per_step"] == (n - 1) * 8 * k  # an all-gather of (index, value)
 assert by["randomk 1%"]["wire_bytes_per_step"] == 4 * k  # shared indices: a ring of k values only

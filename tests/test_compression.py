@@ -457,3 +457,14 @@ def test_steps_to_target_uses_a_running_mean():
     losses = [2.0] * 5 + [0.5] * 10
     assert ch06.steps_to_target(losses, 1.0, window=4) == 8  # the mean of steps 5–8 is the first ≤ 1
     assert ch06.steps_to_target(losses, 0.1, window=4) is None
+
+
+def test_the_compressors_state_is_counted_as_memory(clusters):
+    """Error feedback keeps a gradient-sized residual (PowerSGD also its Q): the report shows it."""
+    from lesson_lib import run as run_experiment
+
+    plain = run_experiment("compression", compressor="none", world_size=2, steps=3, cluster=clusters(2))
+    psgd = run_experiment("compression", compressor="powersgd", world_size=2, steps=3, cluster=clusters(2))
+    grads = plain.per_rank[0]["memory"]["grads"]
+    extra = psgd.per_rank[0]["memory"]["buffers"] - plain.per_rank[0]["memory"]["buffers"]
+    assert extra >= grads, (extra, grads)  # the residual, plus Q, beside the same ring scratch

@@ -97,7 +97,8 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
         sent.append(counters().ops["grad"].bytes_sent if "grad" in counters().ops else 0)
         if not math.isfinite(r["loss"]):  # every rank sees the same all-reduced loss: all stop
             break
-    memory = memory_report(model, optimizer, 0, device=device)
+    # the compressor's state (residuals, PowerSGD's Q) is memory too: counted under buffers
+    memory = memory_report(model, optimizer, 0, buffers=compressor.state_tensors(), device=device)
     return {"losses": losses, "grad_bytes_cumulative": sent, "param_count": bucket.numel(),
             "shapes": [list(s) for s in shapes], "per_rank": per_rank_summary(rank, rec, memory)}
 
