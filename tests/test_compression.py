@@ -466,5 +466,5 @@ def test_the_compressors_state_is_counted_as_memory(clusters):
     plain = run_experiment("compression", compressor="none", world_size=2, steps=3, cluster=clusters(2))
     psgd = run_experiment("compression", compressor="powersgd", world_size=2, steps=3, cluster=clusters(2))
     grads = plain.per_rank[0]["memory"]["grads"]
-    extra = psgd.per_rank[0]["memory"]["buffers"] - plain.per_rank[0]["memory"]["buffers"]
-    assert extra >= grads, (extra, grads)  # the residual, plus Q, beside the same ring scratch
+    assert plain.per_rank[0]["memory"]["buffers"] < grads  # the ring's scratch: about one chunk
+    assert psgd.per_rank[0]["memory"]["buffers"] >= grads  # the residual alone is gradient-sized
