@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 # default torch wheel bundles several GB of CUDA libraries; with no NVIDIA GPU (no nvidia-smi) we
 # take PyTorch's CPU-only build from its own index instead. Override: `make install TORCH_INDEX=URL`,
 # or `TORCH_INDEX=` (empty) for pip's default. Where that index cannot be reached, pip warns, retries
-# for a few seconds and carries on with the indexes it has.
+# for a few seconds and carries on with the indexes it has. torch alone comes from there (--no-deps):
+# its dependencies come with the project's, from the usual index.
 TORCH_VERSION := 2.13.0
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 ifeq ($(origin TORCH_INDEX), undefined)
@@ -27,7 +28,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	@echo "make install: torch $(TORCH_VERSION) from $(if $(TORCH_INDEX),$(TORCH_INDEX) (CPU-only build: no NVIDIA GPU found) or PyPI,PyPI (pip's default build))"
-	$(BIN)/pip install "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(BIN)/pip install --no-deps "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/pip install -e ".[dev]"
 	touch $@
 
