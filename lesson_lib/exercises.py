@@ -77,6 +77,26 @@ class Exercise:
         display(self.widget())
 
 
+def solution_text(fn: Callable) -> str:
+    """The source of a reference answer, shown as the folded solution (one source: no pasted copy).
+
+    Nested definitions are dedented and a docstring is left out.
+    """
+    import ast
+    import inspect
+    import textwrap
+
+    text = textwrap.dedent(inspect.getsource(fn))
+    node = ast.parse(text).body[0]
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+            and isinstance(first.value.value, str):
+        lines = text.splitlines()
+        del lines[first.lineno - 1:first.end_lineno]
+        text = "\n".join(lines)
+    return text.rstrip()
+
+
 def _stub():
     ...
 

@@ -88,3 +88,16 @@ def test_memory_bill_bad_input(kw, name):
 def test_model_rejects_bad_sizes():
     with pytest.raises(ValueError, match="hidden"):
         mlp(4, 0, 2, 3, seed=0)
+
+
+def test_solution_text_is_the_reference_source_without_its_docstring():
+    from lesson_lib.exercises import solution_text
+
+    def outer():
+        def answer(x):
+            """Not shown to the learner."""
+            return x + 1  # shown
+
+        return answer
+
+    assert solution_text(outer()) == "def answer(x):\n    return x + 1  # shown"

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import batch_indices, shard, teacher_classification
-from ..exercises import Exercise, Verdict
+from ..exercises import Exercise, Verdict, solution_text
 from ..milestones import data_parallel as dp
 from ..models import mlp
 from ..runtime import WorkerError, WorkerTimeout, warm_cluster
@@ -116,10 +116,6 @@ def exercises() -> dict[str, Exercise]:
             check_average_gradients,
             "Each rank's loss is the mean over its slice; the whole batch's loss is the mean of those N "
             "means. <code>dist.all_reduce(t)</code> sums <code>t</code> over the ranks, in place.",
-            "def average_gradients(model):\n"
-            "    world = dist.get_world_size()\n"
-            "    for p in model.parameters():\n"
-            "        dist.all_reduce(p.grad)\n"
-            "        p.grad /= world",
+            solution_text(_reference_average_gradients()),
             _reference_average_gradients),
     }

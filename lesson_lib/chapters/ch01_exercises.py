@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..comm import chunk_bounds
 from ..data import batch_indices, shard, teacher_classification
-from ..exercises import Exercise, Verdict
+from ..exercises import Exercise, Verdict, solution_text
 from ..milestones import parameter_server as ps
 from ..models import flat_views, mlp
 from ..runtime import WorkerError, WorkerTimeout, warm_cluster
@@ -123,9 +123,5 @@ def worker_step_exercise() -> Exercise:
         check_worker_step,
         "A slice of a flat tensor, <code>t[lo:hi]</code>, is a view: receiving into it writes into the "
         "tensor. Every server expects one message from each worker per step, in the order push, then pull.",
-        "def worker_step(grads, params, bounds):\n"
-        "    for k, (lo, hi) in enumerate(bounds):\n"
-        "        dist.send(grads[lo:hi], dst=k)\n"
-        "    for k, (lo, hi) in enumerate(bounds):\n"
-        "        dist.recv(params[lo:hi], src=k)",
+        solution_text(_reference_worker_step()),
         _reference_worker_step)

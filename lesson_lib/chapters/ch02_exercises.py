@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..costmodel import latency_crossover_bytes
-from ..exercises import Exercise, Verdict, close_to
+from ..exercises import Exercise, Verdict, close_to, solution_text
 from ..metrics import counters
 from ..runtime import WorkerError, WorkerTimeout, warm_cluster
 from ..schedules import chunk_bounds
@@ -142,14 +142,7 @@ def exercises(alpha: float, beta: float, world_size: int = 2) -> dict[str, Exerc
             check_reduce_scatter,
             "At step s, rank r sends chunk (r − s) mod N. What arrives from the left is the chunk the left "
             "neighbour sent, so the chunk you add it into is the one you send at the next step.",
-            "def my_reduce_scatter(chunks):\n"
-            "    rank, n = dist.get_rank(), dist.get_world_size()\n"
-            "    right, left = (rank + 1) % n, (rank - 1) % n\n"
-            "    for s in range(n - 1):\n"
-            "        send_i, into_i = (rank - s) % n, (rank - s - 1) % n\n"
-            "        incoming = torch.empty_like(chunks[into_i])\n"
-            "        comm.exchange(chunks[send_i], right, incoming, left).wait()\n"
-            "        chunks[into_i] += incoming",
+            solution_text(_reference_reduce_scatter()),
             _reference_reduce_scatter),
         "bytes": Exercise(
             "bytes", "bytes per rank",

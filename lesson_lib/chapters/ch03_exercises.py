@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import batch_indices, teacher_classification
-from ..exercises import Exercise, Verdict, close_to
+from ..exercises import Exercise, Verdict, close_to, solution_text
 from ..milestones import pipeline as pp
 from ..milestones.pp_schedules import bubble_formula, max_in_flight, partition, replay, stage_actions
 from ..models import mlp
@@ -205,26 +205,7 @@ def check_count(want: int, what: str):
     return check
 
 
-GPIPE_SOLUTION = """def my_gpipe_stage(stage, xs, ys):
-    k, P = dist.get_rank(), dist.get_world_size()
-    M, outs = len(xs), []
-    for i in range(M):                      # all forwards
-        if k > 0:
-            dist.recv(xs[i], k - 1)
-            xs[i].requires_grad_()
-        out = stage(xs[i])
-        if k < P - 1:
-            dist.send(out.detach(), k + 1)
-        outs.append(out)
-    for i in range(M):                      # then all backwards
-        if k == P - 1:
-            (F.cross_entropy(outs[i], ys[i]) / M).backward()
-        else:
-            g = torch.empty_like(outs[i])
-            dist.recv(g, k + 1)
-            outs[i].backward(g)
-        if k > 0:
-            dist.send(xs[i].grad, k - 1)"""
+GPIPE_SOLUTION = solution_text(my_gpipe_stage)
 
 
 def exercises(stages: int = 4, run_it: Callable[[int], str] | None = None) -> dict[str, Exercise]:

@@ -8,11 +8,10 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..exercises import Exercise, Verdict
+from ..exercises import Exercise, Verdict, solution_text
 from ..optim import LAMB
 from ..runtime import warm_cluster
 from ..schedules import chunk_bounds
-from ..source import source
 
 # Printed in the notebook for the by-hand trust ratio.
 LARS_CASE = {"eta": 0.001, "w_norm": 12.0, "g_norm": 0.05, "beta": 5e-4}
@@ -179,7 +178,7 @@ def exercises() -> dict[str, Exercise]:
             "steps against <code>lesson_lib.optim.LAMB</code>.",
             _check_lamb, "Follow Algorithm 2 of You et al. (2020) line by line; the weight decay is "
                          "added to r before the norm of u is taken.",
-            source(lamb_step).text, lambda: lamb_step),
+            solution_text(lamb_step), lambda: lamb_step),
         "scaling": Exercise(
             "scaling", "the linear scaling rule, then a run",
             "SGD with momentum was tuned at B₀ = 64 with lr = 0.1. Pick the learning rate and the "
@@ -204,5 +203,5 @@ def exercises() -> dict[str, Exercise]:
             "whole layer's ‖w‖/‖u‖ on every rank, using <code>dist.all_reduce</code>. The check runs "
             "it on 2 and 3 real ranks (10 s timeout).",
             _check_sharded, "Norms do not add up; squares do. One all-reduce can carry both sums.",
-            source(sharded_trust_ratio).text, lambda: sharded_trust_ratio),
+            solution_text(sharded_trust_ratio), lambda: sharded_trust_ratio),
     }
