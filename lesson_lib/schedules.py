@@ -196,8 +196,8 @@ def naive_bytes_sent(numel: int, element_size: int, world_size: int, rank: int, 
     return (world_size - 1) * s if rank == root else s
 
 
-BYTES_SENT = {"ring": ring_bytes_sent, "halving-doubling": halving_doubling_bytes_sent,
-              "naive": naive_bytes_sent}
+BYTES_SENT = {"ring": ring_bytes_sent, "pipelined-ring": ring_bytes_sent,  # the same chunks, in segments
+              "halving-doubling": halving_doubling_bytes_sent, "naive": naive_bytes_sent}
 
 
 def formula_bytes_sent(algorithm: str, nbytes: float, world_size: int, rank: int, root: int = 0) -> float:
