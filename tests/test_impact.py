@@ -97,7 +97,13 @@ def test_the_emulated_link_changes_time_only(small):
     # messages each, and the bytes this rank sends — a lower bound that holds on any machine
     sent = max(sum(comm.ring_bytes_sent(m, 4, 3, r) for m in POWERSGD_SIZES) for r in range(3))
     assert slow["median_step_s"] >= 4 * 2 * 2 * 100e-6 + sent * 8 / 0.01e9
-    assert slow["predicted_uncompressed_step_s"] > slow["predicted_step_s"]
+    # the uncompressed ring's prediction on that link carries at least its own bytes' time (which of
+    # the two is faster depends on the model's size: on this tiny model PowerSGD's extra messages
+    # can cost more latency than its bytes save)
+    c = impact.Config(**SMALL)
+    psi = mlp_param_count(c.d_in, c.hidden, c.depth, c.classes)
+    plain = max(comm.ring_bytes_sent(psi, 4, 3, r) for r in range(3))
+    assert slow["predicted_uncompressed_step_s"] >= plain * 8 / 0.01e9
     assert "predicted_uncompressed_step_s" not in real
 
 
