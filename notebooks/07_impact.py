@@ -168,8 +168,8 @@ records = {r["milestone"]: r for r in result["milestones"]}
 # same computation needs the same steps; the large batch needs the fewest steps; the parameter
 # server's link carries 2·N·S per step and the ring's 2·2(N−1)/N·S (sent and received); ZeRO-3 moves
 # 1.5× ZeRO-1's bytes; each ZeRO stage holds less model state than the one before it. (PowerSGD's
-# memory counts the model and optimizer; its error-feedback residual, one more gradient-sized
-# buffer, is not in chapter 6's memory report.)
+# memory includes its error-feedback residual — one more gradient-sized buffer — and its Q matrices,
+# under "buffers": compression saves bytes on the wire, not in memory.)
 
 # %%
 n, psi = 3, records["ring"]["param_count"]

@@ -122,7 +122,7 @@ def table(records: list[dict]) -> str:
     for r in records:
         mem = max(sum(m.values()) for m in r["peak_memory_per_rank"]) / 1e3
         t = f"{r['time_to_target_s']:.2f}" if r["reached_target"] else "-"
-        link = f"  emulated {r['link_gbps']:g} Gbit/s" if r.get("link_gbps") else "  real"
+        link = f"  emulated, {r['link_gbps']:g} Gb/s" if r.get("link_gbps") else "  real"
         lines.append(f"{r['label']:<24} {r['optimizer']:>9} {r['global_batch']:>6} "
                      f"{'yes' if r['reached_target'] else 'NO':>8} {r['steps']:>6} {t:>12} "
                      f"{r['bytes_per_step_busiest']:>11,.0f} {mem:>17,.1f}{link}")
