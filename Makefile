@@ -64,6 +64,7 @@ bench: install
 	$(BIN)/python -m lesson_lib bench startup
 	$(BIN)/python -m lesson_lib bench allreduce
 	$(BIN)/python -m lesson_lib bench compression
+	$(BIN)/python -m lesson_lib bench ddp
 
 # Strip outputs, execution counts, execution timings and saved widget state so
 # notebooks are stored clean (checked by tests/test_packaging.py). Standard library

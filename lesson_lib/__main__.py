@@ -19,7 +19,8 @@ usage: python -m lesson_lib COMMAND [options]
 commands:
   list                       the experiments, one line each
   run EXPERIMENT [options]   run one on real ranks (`run EXPERIMENT --help` lists its options)
-  bench startup|allreduce|compression   benchmarks: ratios measured in one run
+  bench WHAT                 benchmarks, ratios measured in one run: startup | allreduce |
+                             compression (PowerSGD vs torch's) | ddp (our data parallel vs DDP)
   estimate [options]         the cost model: time and memory per milestone at cluster scale
   doctor                     torch version, backend per world size, cores, threads per rank
 
@@ -153,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         if what == "compression":
             bench.print_powersgd(bench.powersgd())
             return 0
-        print(f"unknown benchmark {what!r}; available: startup, allreduce, compression", file=sys.stderr)
+        if what == "ddp":
+            bench.print_ddp(bench.ddp())
+            return 0
+        print(f"unknown benchmark {what!r}; available: startup, allreduce, compression, ddp", file=sys.stderr)
         return 2
     print(f"unknown command {cmd!r}; use list, run, estimate, bench or doctor", file=sys.stderr)
     return 2

@@ -143,3 +143,35 @@ def print_powersgd(r: dict) -> None:
     print(f"  ours / torch's = {r['ratio']:.2f} (median over rounds)")
     if r["oversubscribed"]:
         print("note: more ranks than cores on this machine; times include time-sharing")
+
+
+# --------------------------------------------------------------------------- data parallel vs DDP (issue 13)
+
+
+def ddp(hidden_sizes=(512, 1536), world_size: int = 2, steps: int = 12) -> list[dict]:
+    """Our data-parallel step against torch DDP's on the same 2-rank cluster (about 0.55M and 4.8M
+    parameters, Adam, global batch 256), interleaved. Per size and per all-reduce of ours: the median
+    step of the slowest rank, and the median over steps of ours / DDP's (a paired ratio; > 1: slower).
+    """
+    from .milestones.data_parallel import time_against_ddp
+
+    with Cluster(world_size, quiet=True) as cluster:
+        outs = cluster.run(time_against_ddp, list(hidden_sizes), steps)
+    rows = []
+    for h in hidden_sizes:
+        slowest = {k: [max(o[h][k][i] for o in outs) for i in range(steps)]
+                   for k in ("ring", "library", "ddp")}
+        for k in ("ring", "library"):
+            rows.append({"hidden": h, "params": outs[0][h]["params"], "allreduce": k,
+                         "ours_s": statistics.median(slowest[k]), "ddp_s": statistics.median(slowest["ddp"]),
+                         "ratio": statistics.median(a / b for a, b in zip(slowest[k], slowest["ddp"])),
+                         "oversubscribed": cluster.oversubscribed})
+    return rows
+
+
+def print_ddp(rows: list[dict]) -> None:
+    print("data-parallel step, ours (one bucket after backward) vs torch DDP (buckets during backward)")
+    print(f"{'params':>9} {'ours via':>9} {'ours ms':>8} {'DDP ms':>8} {'ours/DDP':>9}")
+    for r in rows:
+        print(f"{r['params']:>9,} {r['allreduce']:>9} {1e3 * r['ours_s']:>8.2f} {1e3 * r['ddp_s']:>8.2f} "
+              f"{r['ratio']:>9.2f}")

@@ -104,3 +104,13 @@ def test_run_rejects_a_config_of_another_experiment_or_mixed_arguments():
         run("data-parallel", dp.Config(world_size=1), steps=3)
     with pytest.raises(TypeError, match="cfg must be a lesson_lib.milestones.data_parallel.Config"):
         run("data-parallel", zero.Config(world_size=1))
+
+
+def test_the_ddp_benchmark_times_both_steps_on_the_same_model():
+    from lesson_lib import bench
+    from lesson_lib.models import mlp_param_count
+
+    rows = bench.ddp(hidden_sizes=(16,), steps=2)
+    assert [r["allreduce"] for r in rows] == ["ring", "library"]
+    assert all(r["params"] == mlp_param_count(32, 16, 3, 10) for r in rows)
+    assert all(r["ours_s"] > 0 and r["ddp_s"] > 0 and r["ratio"] > 0 for r in rows)

@@ -12,6 +12,7 @@ the mean of the ranks' mean losses over equal slices is the mean over the whole 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from .. import comm
 from ..config import TrainConfig, opt, parse_stragglers
 from ..data import batch_indices, shard, teacher_classification
-from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary
+from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary, sync
 from ..models import flat_views, mlp
 from ..runtime import context
 
@@ -139,3 +140,48 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
     return {"param_count": psi, "param_bytes": 4 * psi,
             "grad_bytes_formula": 2 * (n - 1) * 4 * psi / n,  # per rank, per step (ring)
             "stragglers": parse_stragglers(cfg.straggler, n)}
+
+
+def time_against_ddp(hidden_sizes: list[int], steps: int = 12, global_batch: int = 256) -> dict:
+    """On every rank: seconds of our data-parallel step (one flat bucket, all-reduced after the
+    whole backward, by our ring or the library) and of ``DistributedDataParallel``'s (buckets
+    all-reduced during the backward), on the same model, data and Adam, interleaved step by step.
+
+    Issue 13's yardstick (``python -m lesson_lib bench ddp``): DDP overlaps its bucketed all-reduce
+    with the backward, which ours does not yet. The first step of each is a warm-up and dropped.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ctx = context()
+    rank, n, device = ctx.rank, ctx.world_size, ctx.device
+    out = {}
+    for hidden in hidden_sizes:
+        cfg = Config(world_size=n, hidden=hidden, global_batch=global_batch, steps=1,
+                     samples=max(4096, global_batch)).validate()
+        ours = {a: build(cfg, device) for a in ("ring", "library")}
+        ddp = DDP(mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(device))
+        ddp_opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
+        x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+        times: dict = {"ring": [], "library": [], "ddp": []}
+        names = list(times)
+        for step in range(steps + 1):
+            idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, n)
+            x, y = x_all[idx].to(device), y_all[idx].to(device)
+            for name in names[step % 3:] + names[:step % 3]:  # take turns: load falls on all alike
+                torch.distributed.barrier()
+                t0 = time.perf_counter()
+                if name == "ddp":
+                    ddp_opt.zero_grad()
+                    F.cross_entropy(ddp(x), y).backward()  # DDP all-reduces its buckets in here
+                    ddp_opt.step()
+                else:  # the library's train() step, without its meters and recorders
+                    model, bucket, optimizer = ours[name]
+                    optimizer.zero_grad(set_to_none=False)
+                    F.cross_entropy(model(x), y).backward()
+                    comm.all_reduce(bucket, name, op="bench")
+                    bucket.div_(n)
+                    optimizer.step()
+                sync(device)
+                times[name].append(time.perf_counter() - t0)
+        out[hidden] = {"params": ours["ring"][1].numel(), **{k: v[1:] for k, v in times.items()}}
+    return out
