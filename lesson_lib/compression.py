@@ -134,18 +134,27 @@ class Cast(Compressor):
         flat.copy_(half)
 
 
-class TopK(Compressor):
-    """The k = ratio·S largest magnitudes; (int32 index, float32 value) pairs all-gathered."""
+class _Sparse(Compressor):
+    """What top-k and random-k share: they send k = ratio·S coordinates (at least one)."""
 
-    name, biased = "topk", True
+    biased = True
 
     def __init__(self, ratio: float = 0.01, **kw):
         super().__init__(**kw)
         self.ratio = ratio
 
+    def k(self, flat: torch.Tensor) -> int:
+        return max(1, round(self.ratio * flat.numel()))
+
+
+class TopK(_Sparse):
+    """The k = ratio·S largest magnitudes; (int32 index, float32 value) pairs all-gathered."""
+
+    name = "topk"
+
     def _reduce(self, flat, shapes, key, op):
         n = _world()[1]
-        k = max(1, round(self.ratio * flat.numel()))
+        k = self.k(flat)
         idx = flat.abs().topk(k, sorted=False).indices
         vals = flat[idx]
         rows = all_gather_bytes(torch.cat([idx.to(torch.int32).view(torch.uint8),
@@ -158,18 +167,14 @@ class TopK(Compressor):
         return sent
 
 
-class RandomK(Compressor):
+class RandomK(_Sparse):
     """k random coordinates chosen alike on every rank (shared seed): they add in place."""
 
-    name, biased = "randomk", True
-
-    def __init__(self, ratio: float = 0.01, **kw):
-        super().__init__(**kw)
-        self.ratio = ratio
+    name = "randomk"
 
     def _reduce(self, flat, shapes, key, op):
         n = _world()[1]
-        k = max(1, round(self.ratio * flat.numel()))
+        k = self.k(flat)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls[key])
         idx = torch.randperm(flat.numel(), generator=g)[:k]
         vals = flat[idx]

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from .. import comm
 from ..costmodel import zero_memory
 from ..data import batch_indices, shard, teacher_classification
-from ..exercises import Exercise, Verdict
+from ..exercises import Exercise, Verdict, solution_text
 from ..models import mlp
 from ..runtime import WorkerError, warm_cluster
 
@@ -216,19 +216,6 @@ def check_fit(answer) -> Verdict:
     return Verdict(ok, f"you said stage {int(answer)}" + ("" if ok else "; compute 16Ψ, 4Ψ+12Ψ/N, … in GB"))
 
 
-ZERO1_TEMPLATE = """def _chunk(t: torch.Tensor, k: int, size: int) -> torch.Tensor:
-    return t[k * size:(k + 1) * size]
-
-
-def my_zero1_step(params, grad, step):
-    rank, n = dist.get_rank(), dist.get_world_size()
-    my_grad = comm.ring_reduce_scatter(grad).div_(n)
-    size = params.numel() // n
-    step(params[rank * size:(rank + 1) * size], my_grad)
-    comm.ring_all_gather(params)
-    return params"""
-
-
 def exercises() -> dict[str, Exercise]:
     return {
         "zero1": Exercise(
@@ -246,7 +233,7 @@ def exercises() -> dict[str, Exercise]:
             "comm.ring_reduce_scatter(t) works in place and returns this rank's summed slice (a view); "
             "comm.ring_all_gather(t) fills every slice of t from its owner. "
             "Every rank must call both.",
-            ZERO1_TEMPLATE, lambda: my_zero1_step),
+            solution_text(my_zero1_step), lambda: my_zero1_step),
         "stage2": Exercise(
             "stage2", "the stage-2 formula",
             "Mixed-precision Adam keeps 2 bytes of fp16 parameters, 2 bytes of gradients and K = 12 bytes "
