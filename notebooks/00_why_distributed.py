@@ -256,7 +256,9 @@ slow = ch00.straggler(factor=3.0, rank=1)
 # %%
 # The straggler really works more; the fast rank's step lasts at least as long as the straggler's
 # work, and the fast rank idles more.
-assert slow["straggler_busy_ms"] > 1.5 * slow["fast_busy_ms"], slow
+# (3× the forward and backward, but the same all-reduce and update: between 1× and 3× the busy time;
+# runs here gave 1.4× to 2.2×)
+assert slow["straggler_busy_ms"] > 1.1 * slow["fast_busy_ms"], slow
 assert slow["fast_rank_step_ms"] >= slow["straggler_busy_ms"], slow
 assert slow["idle_share"][0] > slow["idle_share"][1], slow
 

@@ -203,11 +203,14 @@ for p in (2, 4):
     rows = [r for r in sweep if r["stages"] == p]
     busy = [r["busy"] for r in rows]
     assert all(a > b for a, b in zip(busy, busy[1:])), busy             # shrinks as M grows
-    assert all(abs(r["busy"] - r["formula"]) < 0.1 for r in rows), rows  # and follows (P−1)/(M+P−1)
+    # the formula is the floor (equal stages, free messages); how far above it a run lands varies
+    assert all(r["busy"] >= r["formula"] - 0.02 for r in rows), rows
     assert abs(rows[0]["busy"] - rows[0]["formula"]) < 1e-9             # M = 1: exactly (P−1)/P
 
 # %% [markdown]
-# The measurement stays above the formula, for reasons worth knowing. The formula assumes every
+# The measurement stays above the formula — by how much varies from run to run and from machine to
+# machine, which is why the cell above checks only that the formula is the floor — for reasons worth
+# knowing. The formula assumes every
 # forward and every backward takes the same time. The stages are not equal: the first stage computes
 # no gradient for its input, so it is lighter, and the slowest stage sets the pace. Actions vary from
 # one micro-batch to the next, and a stage that waits for a slower neighbour turns that variation
