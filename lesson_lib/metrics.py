@@ -10,6 +10,7 @@ current and peak bytes; on CPU, the process RSS for context (it also holds torch
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +39,22 @@ class OpStats:
     bytes_sent: int = 0
     bytes_recv: int = 0
     seconds: float = 0.0
+    overlapped: bool = False  # recorded by a background thread while the rank computed
+
+
+_THREAD = threading.local()
+
+
+@contextmanager
+def in_background() -> Iterator[None]:
+    """Calls recorded inside run beside the rank's computation (a communication thread): their
+    seconds are kept per op but left out of the step's communication time, which counts only what
+    the rank's main thread waited for (chapter 0's overlapped buckets)."""
+    _THREAD.background = True
+    try:
+        yield
+    finally:
+        _THREAD.background = False
 
 
 @dataclass
@@ -49,7 +66,7 @@ class CommCounters:
     scratch_peak: int = 0
 
     def record(self, op: str, sent: int, recv: int, seconds: float) -> None:
-        s = self.ops.setdefault(op, OpStats())
+        s = self.ops.setdefault(op, OpStats(overlapped=getattr(_THREAD, "background", False)))
         s.calls += 1
         s.bytes_sent += int(sent)
         s.bytes_recv += int(recv)
@@ -70,7 +87,8 @@ class CommCounters:
 
     @property
     def seconds(self) -> float:
-        return sum(s.seconds for s in self.ops.values())
+        """Seconds the rank's main thread spent communicating (overlapped calls left out)."""
+        return sum(s.seconds for s in self.ops.values() if not s.overlapped)
 
     def reset(self) -> None:
         self.ops.clear()

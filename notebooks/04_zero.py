@@ -50,8 +50,8 @@ from lesson_lib.milestones import zero
 # multiple of N; rank r owns slice r of each. The bars are what rank 0 actually holds between steps; the black marks are
 # the paper's formulas for fp32 Adam (16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N). The purple part is the
 # peak of the *transient* buffers: the full gradient a stage-2 rank builds during backward before
-# scattering it (real ZeRO-2 scatters it bucket by bucket), one layer's full parameters and gradient
-# that a stage-3 rank fetches just before using them and frees right after, and the ring's receive
+# scattering it (section 3 scatters it in buckets during the backward instead), one layer's full
+# parameters and gradient that a stage-3 rank fetches just before using them and frees right after, and the ring's receive
 # buffer. On a model this small the transients are a visible share; the model states — the part
 # that grows with Ψ — are what the formulas count.
 
@@ -152,6 +152,26 @@ show_source(zero.sharded_step)
 
 # %%
 show_source(zero.fetch_layer_by_layer)
+
+# %% [markdown]
+# Our stage 2 above still builds the whole gradient before scattering it, so for a moment it holds as
+# much gradient as plain data parallelism. Real ZeRO-2 (Rajbhandari et al., 2020) reduce-scatters the
+# gradients in **buckets during the backward**, as they are computed, and frees each bucket once
+# scattered. With `bucket_mb=` the library does that on a communication thread, and bounds the memory:
+# before a layer's gradient is allocated, the backward waits until the gradients not yet scattered fit
+# in one bucket — so a rank never holds more than one bucket plus one layer of full gradients.
+
+# %%
+show_source(zero.scatter_during_backward)
+
+# %%
+buckets2 = ch04.stage2_buckets(world_size=4, stage2=results[2])
+
+# %%
+# The same training bit for bit, and never more than one bucket + one layer of full gradients.
+assert all(buckets2["same_training"]), buckets2
+assert all(r["peak"] <= r["bound"] for r in buckets2["rows"]), buckets2
+assert all(r["peak"] < buckets2["whole"] for r in buckets2["rows"][1:3]), buckets2  # smaller buckets
 
 # %% [markdown]
 # ## 4. What it costs on the wire

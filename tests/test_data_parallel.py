@@ -110,7 +110,7 @@ def test_the_ddp_benchmark_times_both_steps_on_the_same_model():
     from lesson_lib import bench
     from lesson_lib.models import mlp_param_count
 
-    rows = bench.ddp(hidden_sizes=(16,), steps=2)
-    assert [r["allreduce"] for r in rows] == ["ring", "library"]
+    rows = bench.ddp(hidden_sizes=(16,), steps=2, bucket_mb=0.001)
+    assert [r["variant"] for r in rows] == ["ring", "ring+buckets", "library", "library+buckets"]
     assert all(r["params"] == mlp_param_count(32, 16, 3, 10) for r in rows)
     assert all(r["ours_s"] > 0 and r["ddp_s"] > 0 and r["ratio"] > 0 for r in rows)

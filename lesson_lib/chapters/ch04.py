@@ -53,6 +53,27 @@ def stages(world_size: int = 4, precision: str = "fp32") -> dict[int, Result]:
     return results
 
 
+def stage2_buckets(world_size: int = 4, bucket_layers=(0.5, 1.0, 2.0), stage2: Result | None = None) -> dict:
+    """Stage 2 with buckets reduce-scattered during the backward, at bucket sizes given in units of
+    the largest layer's gradient: the peak of full gradients each rank held, against one bucket +
+    one layer and the whole gradient; and whether training stayed the same as ``stage2``'s."""
+    base = stage2 or _run(2, world_size)
+    largest, whole = max(base["layer_bytes"]), sum(base["layer_bytes"])
+    rows, same = [{"label": "no buckets", "peak": max(base["full_grads_peak"]), "bound": whole}], []
+    for k in bucket_layers:
+        mb = k * largest / 2**20
+        r = _run(2, world_size, bucket_mb=mb)
+        rows.append({"label": f"{k:g} × largest layer", "peak": max(r["full_grads_peak"]),
+                     "bound": int(mb * 2**20) + largest})
+        same.append(r.losses == base.losses and r["final_params"] == base["final_params"])
+    display(plots.gradient_peaks(rows, whole, f"ZeRO-2 on {world_size} ranks: full gradients held at "
+                                              "once, by bucket size (measured)"))
+    for row in rows:
+        print(f"{row['label']}: at most {row['peak']:,} bytes of full gradients at once "
+              f"(bound {row['bound']:,})")
+    return {"rows": rows, "whole": whole, "same_training": same}
+
+
 def memory_ratios(results: dict[int, Result]) -> dict[int, dict[str, float]]:
     """Measured / formula for each model-state category, per stage (rank 0)."""
     out = {}

@@ -3,8 +3,11 @@
 Every rank holds the whole model, trains on its slice of the
 global batch, and the gradients are summed across ranks before every update.
 
-The gradients of all layers live in one flat bucket (``p.grad`` are views into it), so one
-all-reduce per step moves them, and the measured grads memory is exactly that bucket.
+The gradients of all layers live in one flat buffer (``p.grad`` are views into it), so one
+all-reduce per step moves them, and the measured grads memory is exactly that buffer. With
+``bucket_mb > 0`` the buffer is cut into buckets of that size, each all-reduced on a communication
+thread as soon as the backward has written it, while the backward goes on (as DDP does;
+:mod:`lesson_lib.buckets`).
 With a fixed ``global_batch`` and ``seed`` the losses do not depend on the world size:
 the mean of the ranks' mean losses over equal slices is the mean over the whole batch.
 """
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import comm
+from .. import buckets, comm
 from ..config import TrainConfig, opt, parse_stragglers
 from ..data import batch_indices, shard, teacher_classification
 from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary, sync
@@ -33,6 +36,8 @@ class Config(TrainConfig):
     optimizer: str = opt("adam", "adam | sgd")
     allreduce: str = opt("ring", "ring (ours, counted exactly) | library (the backend's all_reduce)")
     straggler: str = opt("", "RANK:FACTOR[,RANK:FACTOR] — that rank does FACTOR times the work")
+    bucket_mb: float = opt(0.0, "0: one all-reduce after the backward | > 0: buckets of this many MiB, "
+                                "each all-reduced during the backward as soon as it is ready (as DDP)")
 
     def validate(self) -> "Config":
         super().validate()
@@ -43,6 +48,10 @@ class Config(TrainConfig):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
         if self.allreduce not in ("ring", "library"):
             raise ValueError(f"allreduce must be 'ring' or 'library', got {self.allreduce!r}")
+        if isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, (int, float)) \
+                or not 0 <= self.bucket_mb < 1e6:
+            raise ValueError(f"bucket_mb must be a number of MiB >= 0 (0: one bucket after the "
+                             f"backward), got {self.bucket_mb!r}")
         parse_stragglers(self.straggler, self.world_size)
         return self
 
@@ -57,6 +66,22 @@ def build(cfg: Config, device: torch.device):
     else:
         optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
     return model, bucket, optimizer
+
+
+def overlapped(model, flat: torch.Tensor, bucket_mb: float, allreduce: str, n: int) -> buckets.Overlap:
+    """Cut the flat gradient buffer into buckets of ``bucket_mb`` MiB (last layers first) and
+    all-reduce and average each on the communication thread as soon as the backward has written it."""
+    params = list(model.parameters())
+    ends = torch.tensor([p.numel() for p in params]).cumsum(0).tolist()  # p's slice of flat ends here
+    plan = buckets.plan([p.numel() * p.element_size() for p in params], int(bucket_mb * 2**20))
+    spans = [(ends[min(b)] - params[min(b)].numel(), ends[max(b)]) for b in plan]
+
+    def reduce(i: int) -> None:
+        grads = flat[spans[i][0]:spans[i][1]]
+        comm.all_reduce(grads, allreduce, op="grad_all_reduce")
+        grads.div_(n)
+
+    return buckets.Overlap([[params[j] for j in b] for b in plan], reduce)
 
 
 def extra_work(model, x, y, factor: float) -> None:
@@ -91,30 +116,48 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
     factor = parse_stragglers(cfg.straggler, world_size).get(rank, 1.0)
     meter = ActivationMeter(exclude=model.parameters())
     rec = StepRecorder(device, emit)
-    losses = []
-    for step in range(cfg.steps):
-        idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world_size)
-        x, y = x_all[idx], y_all[idx]
-        with rec.step(step) as r:
-            queued = runqueue_s()
-            optimizer.zero_grad(set_to_none=False)
-            with meter.measure():
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            extra_work(model, x, y, factor)
-            loss = loss.detach().reshape(1)
-            if world_size > 1:
-                comm.all_reduce(bucket, cfg.allreduce, op="grad_all_reduce")
-                bucket.div_(world_size)
-                comm.all_reduce(loss, cfg.allreduce, op="loss_all_reduce")
-                loss.div_(world_size)
-            optimizer.step()
-            r["loss"] = float(loss)
-            r["runqueue_s"] = runqueue_s() - queued
-        losses.append(r["loss"])
+    overlap = overlapped(model, bucket, cfg.bucket_mb, cfg.allreduce, world_size) \
+        if world_size > 1 and cfg.bucket_mb > 0 else None
+    losses, timeline = [], {}
+    try:
+        for step in range(cfg.steps):
+            idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world_size)
+            x, y = x_all[idx], y_all[idx]
+            with rec.step(step) as r:
+                queued = runqueue_s()
+                optimizer.zero_grad(set_to_none=False)
+                with meter.measure():
+                    loss = F.cross_entropy(model(x), y)
+                if overlap is not None:
+                    overlap.start()
+                t0 = time.perf_counter()
+                loss.backward()  # with buckets: they are all-reduced in here, as they fill
+                t1 = time.perf_counter()
+                extra_work(model, x, y, factor)
+                loss = loss.detach().reshape(1)
+                if overlap is not None:
+                    overlap.wait()
+                    events = overlap.events
+                elif world_size > 1:
+                    events = [{"bucket": 0, "launched": time.perf_counter()}]
+                    events[0]["start"] = events[0]["launched"]
+                    comm.all_reduce(bucket, cfg.allreduce, op="grad_all_reduce")
+                    bucket.div_(world_size)
+                    events[0]["end"] = time.perf_counter()
+                timeline = {"backward": (t0, t1), "buckets": events if world_size > 1 else []}
+                if world_size > 1:
+                    comm.all_reduce(loss, cfg.allreduce, op="loss_all_reduce")
+                    loss.div_(world_size)
+                optimizer.step()
+                r["loss"] = float(loss)
+                r["runqueue_s"] = runqueue_s() - queued
+            losses.append(r["loss"])
+    finally:
+        if overlap is not None:
+            overlap.close()
     memory = memory_report(model, optimizer, meter.peak, device=device)
     return {"losses": losses, "per_rank": per_rank_summary(rank, rec, memory),
-            "param_count": bucket.numel()}
+            "param_count": bucket.numel(), "timeline": timeline}
 
 
 def worker(cfg: Config) -> dict:
@@ -139,16 +182,18 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
     n, psi = cfg.world_size, outs[0]["param_count"]
     return {"param_count": psi, "param_bytes": 4 * psi,
             "grad_bytes_formula": 2 * (n - 1) * 4 * psi / n,  # per rank, per step (ring)
-            "stragglers": parse_stragglers(cfg.straggler, n)}
+            "stragglers": parse_stragglers(cfg.straggler, n),
+            # the last step's backward and each bucket's all-reduce, per rank (perf_counter seconds)
+            "timeline": [o["timeline"] for o in outs]}
 
 
-def time_against_ddp(hidden_sizes: list[int], steps: int = 12, global_batch: int = 256) -> dict:
-    """On every rank: seconds of our data-parallel step (one flat bucket, all-reduced after the
-    whole backward, by our ring or the library) and of ``DistributedDataParallel``'s (buckets
-    all-reduced during the backward), on the same model, data and Adam, interleaved step by step.
-
-    Issue 13's yardstick (``python -m lesson_lib bench ddp``): DDP overlaps its bucketed all-reduce
-    with the backward, which ours does not yet. The first step of each is a warm-up and dropped.
+def time_against_ddp(hidden_sizes: list[int], steps: int = 12, global_batch: int = 256,
+                     bucket_mb: float = 4.0) -> dict:
+    """On every rank: seconds of our data-parallel step and of ``DistributedDataParallel``'s, on
+    the same model, data and Adam, interleaved step by step (issue 13's yardstick,
+    ``python -m lesson_lib bench ddp``). Ours four ways: one flat all-reduce after the backward or
+    buckets of ``bucket_mb`` MiB during it, by our ring or the library's all_reduce. DDP gets the
+    same bucket size. The first step of each is a warm-up and dropped.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -158,16 +203,23 @@ def time_against_ddp(hidden_sizes: list[int], steps: int = 12, global_batch: int
     for hidden in hidden_sizes:
         cfg = Config(world_size=n, hidden=hidden, global_batch=global_batch, steps=1,
                      samples=max(4096, global_batch)).validate()
-        ours = {a: build(cfg, device) for a in ("ring", "library")}
-        ddp = DDP(mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(device))
+        ours = {}
+        for allreduce in ("ring", "library"):
+            for mb in (0, bucket_mb):
+                model, flat, optimizer = build(cfg, device)
+                overlap = overlapped(model, flat, mb, allreduce, n) if mb else None
+                ours[allreduce + ("+buckets" if mb else "")] = (model, flat, optimizer, allreduce, overlap)
+        ddp = DDP(mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(device),
+                  bucket_cap_mb=bucket_mb)
         ddp_opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
         x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
-        times: dict = {"ring": [], "library": [], "ddp": []}
-        names = list(times)
+        names = [*ours, "ddp"]
+        times: dict = {k: [] for k in names}
         for step in range(steps + 1):
             idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, n)
             x, y = x_all[idx].to(device), y_all[idx].to(device)
-            for name in names[step % 3:] + names[:step % 3]:  # take turns: load falls on all alike
+            k = step % len(names)
+            for name in names[k:] + names[:k]:  # take turns: load falls on all alike
                 torch.distributed.barrier()
                 t0 = time.perf_counter()
                 if name == "ddp":
@@ -175,13 +227,21 @@ def time_against_ddp(hidden_sizes: list[int], steps: int = 12, global_batch: int
                     F.cross_entropy(ddp(x), y).backward()  # DDP all-reduces its buckets in here
                     ddp_opt.step()
                 else:  # the library's train() step, without its meters and recorders
-                    model, bucket, optimizer = ours[name]
+                    model, flat, optimizer, allreduce, overlap = ours[name]
                     optimizer.zero_grad(set_to_none=False)
+                    if overlap is not None:
+                        overlap.start()
                     F.cross_entropy(model(x), y).backward()
-                    comm.all_reduce(bucket, name, op="bench")
-                    bucket.div_(n)
+                    if overlap is not None:
+                        overlap.wait()
+                    else:
+                        comm.all_reduce(flat, allreduce, op="bench")
+                        flat.div_(n)
                     optimizer.step()
                 sync(device)
                 times[name].append(time.perf_counter() - t0)
+        for *_, overlap in ours.values():
+            if overlap is not None:
+                overlap.close()
         out[hidden] = {"params": ours["ring"][1].numel(), **{k: v[1:] for k, v in times.items()}}
     return out

@@ -17,20 +17,24 @@ Per step, per rank (Ψ parameters):
   gather them again before its backward; reduce-scatter its gradient as soon as it is
   complete and free both; Adam on my shard                                              — 3Ψ
 So a stage-3 rank holds one layer's full parameters and gradient at a time (module hooks do it).
-Our stage 2 builds the whole gradient before scattering it; real ZeRO-2 scatters it in buckets
-during backward. Mixed precision keeps bf16 parameters and gradients (CPU has no fast fp16) and
-an fp32 master copy with Adam's moments: K = 12 bytes per parameter.
+Stage 2 builds the whole gradient before scattering it, unless ``bucket_mb > 0``: then, as in real
+ZeRO-2, layers' gradients are grouped into buckets reduce-scattered during the backward on a
+communication thread and freed, and a layer's gradient is allocated only once the gradients not yet
+scattered fit in one bucket — so at most one bucket plus one layer of full gradients exist at a
+time (:func:`scatter_during_backward`). Mixed precision keeps bf16 parameters and gradients (CPU
+has no fast fp16) and an fp32 master copy with Adam's moments: K = 12 bytes per parameter.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .. import comm, optim
+from .. import buckets, comm, optim
 from ..config import TrainConfig, opt
 from ..costmodel import zero_memory, zero_traffic
 from ..data import batch_indices, shard, teacher_classification
@@ -58,6 +62,8 @@ class Config(TrainConfig):
     optimizer: str = opt("adam", "adam | lamb | lars (layer-wise: their layer norms are all-reduced "
                                  "from the shards, chapter 5)")
     weight_decay: float = opt(0.0, "lamb/lars weight decay of the weight matrices (biases excluded)")
+    bucket_mb: float = opt(0.0, "stage 2: 0 scatter the gradients after the backward | > 0 in buckets of "
+                                "this many MiB during the backward, each freed once scattered (as ZeRO-2)")
 
     def validate(self) -> "Config":
         super().validate()
@@ -67,6 +73,12 @@ class Config(TrainConfig):
             raise ValueError(f"optimizer must be 'adam', 'lamb' or 'lars', got {self.optimizer!r}")
         if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1):
             raise ValueError(f"weight_decay must be in [0, 1), got {self.weight_decay!r}")
+        if isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, (int, float)) \
+                or not 0 <= self.bucket_mb < 1e6:
+            raise ValueError(f"bucket_mb must be a number of MiB >= 0, got {self.bucket_mb!r}")
+        if self.bucket_mb and self.stage != 2:
+            raise ValueError(f"bucket_mb={self.bucket_mb} applies to stage 2 only (stage={self.stage}): "
+                             "stage 3 already scatters layer by layer")
         if self.precision not in ("fp32", "mixed"):
             raise ValueError(f"precision must be 'fp32' or 'mixed', got {self.precision!r}")
         if self.global_batch % self.world_size:
@@ -118,14 +130,20 @@ class Flat:
 
 
 class Transients:
-    """Live bytes of the buffers a rank allocates only for a moment, and their peak."""
+    """Live bytes of the buffers a rank allocates only for a moment, and their peak; also of the
+    full (unsharded) gradients among them."""
 
     def __init__(self):
-        self.live = self.peak = 0
+        self.live = self.peak = self.grads_live = self.grads_peak = 0
+        self.lock = threading.Lock()  # stage 2 with buckets frees them on the communication thread
 
-    def add(self, nbytes: int) -> None:
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
+    def add(self, nbytes: int, grads: bool = False) -> None:
+        with self.lock:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            if grads:
+                self.grads_live += nbytes
+                self.grads_peak = max(self.grads_peak, self.grads_live)
 
 
 def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Transients) -> None:
@@ -144,7 +162,7 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
     def before_backward(u):
         gather(u)
         u.bucket = torch.zeros(u.padded, dtype=u.full.dtype, device=u.full.device)
-        transient.add(u.bucket.untyped_storage().nbytes())
+        transient.add(u.bucket.untyped_storage().nbytes(), grads=True)
         u.point_grads(u.bucket)
         u.pending = len(u.params)
 
@@ -154,7 +172,7 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
             return
         u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
         u.point_grads(None)
-        transient.add(-u.bucket.untyped_storage().nbytes())
+        transient.add(-u.bucket.untyped_storage().nbytes(), grads=True)
         u.bucket = None
         free(u)
 
@@ -166,16 +184,48 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
             p.register_post_accumulate_grad_hook(lambda p, u=u: grad_ready(u))
 
 
+def scatter_during_backward(units: list[Flat], modules: list, n: int, bucket_bytes: int,
+                            transient: Transients) -> buckets.Overlap:
+    """Stage 2 with buckets: reduce-scatter the gradients during the backward, a bucket at a time.
+
+    Just before a layer's backward, wait until the gradients not yet scattered fit in one bucket,
+    then allocate the layer's full gradient. When a bucket's layers are all written, the
+    communication thread reduce-scatters them, keeps this rank's slice and frees the rest.
+    """
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    plan = buckets.plan([u.padded * u.full.element_size() for u in units], bucket_bytes)
+
+    def allocate(u):
+        while transient.grads_live > bucket_bytes and overlap.wait_oldest():
+            pass  # the backward waits for the network: the price of a bounded memory
+        u.bucket = torch.zeros(u.padded, dtype=u.full.dtype, device=u.full.device)
+        transient.add(u.bucket.untyped_storage().nbytes(), grads=True)
+        u.point_grads(u.bucket)
+
+    def reduce(i):  # on the communication thread
+        for u in (units[j] for j in plan[i]):
+            u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
+            u.point_grads(None)
+            transient.add(-u.bucket.untyped_storage().nbytes(), grads=True)
+            u.bucket = None
+
+    overlap = buckets.Overlap([[p for j in b for p in units[j].params] for b in plan], reduce)
+    for u, m in zip(units, modules):
+        m.register_full_backward_pre_hook(lambda mod, grad, u=u: allocate(u))
+    return overlap
+
+
 def sharded_step(units: list[Flat], masters: list, owned: list, optimizer, stage: int, n: int,
-                 mixed: bool, transient: Transients) -> None:
+                 mixed: bool, transient: Transients, scattered: bool = False) -> None:
     """One ZeRO step after backward (shown in chapter 4): average the gradients, update, share.
 
     Stages 0-2: reduce-scatter each layer's gradient so rank r holds the sum of slice r; stage 0
     all-gathers it back (an all-reduce) and updates everything, stages 1-2 update only slice r
-    and all-gather the parameters. Stage 3's gradients were scattered during backward.
+    and all-gather the parameters. Stage 3's gradients were scattered during backward, and so
+    were stage 2's when it uses buckets (``scattered``).
     """
     grads = []
-    for u in units if stage < 3 else ():
+    for u in units if stage < 3 and not scattered else ():
         mine = comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter").div_(n)
         if stage == 0:
             grads.append(comm.ring_all_gather(u.bucket, op="grad_all_gather"))
@@ -184,7 +234,7 @@ def sharded_step(units: list[Flat], masters: list, owned: list, optimizer, stage
         else:
             u.grad_shard.copy_(mine)
             u.point_grads(None)
-            transient.add(-u.bucket.untyped_storage().nbytes())
+            transient.add(-u.bucket.untyped_storage().nbytes(), grads=True)
             del mine
             u.bucket = None  # the full gradient buffer is freed here
     if stage >= 2:
@@ -220,6 +270,9 @@ def worker(cfg: Config) -> dict:
             u.shard = u.full[u.lo:u.hi].clone()
             u.free()
         fetch_layer_by_layer(units, layers, n, transient)
+    overlap = None
+    if stage == 2 and cfg.bucket_mb > 0:
+        overlap = scatter_during_backward(units, layers, n, int(cfg.bucket_mb * 2**20), transient)
     owned = [u.full if stage == 0 else (u.shard if stage == 3 else u.full[u.lo:u.hi]) for u in units]
     masters = [o.float().clone() if mixed else o for o in owned]  # Adam updates these (fp32)
     for u in units:
@@ -237,24 +290,33 @@ def worker(cfg: Config) -> dict:
     x_all, y_all = x_all.to(dev, dtype), y_all.to(dev)
     meter, rec = ActivationMeter(exclude=model.parameters()), StepRecorder(dev, ctx.emit)
     losses = []
-    for step in range(cfg.steps):
-        idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), r, n)
-        with rec.step(step) as rs:
-            for u in units if stage < 3 else ():
-                if stage == 2:  # built during backward, freed once scattered (a transient)
-                    u.bucket = torch.zeros(u.padded, dtype=dtype, device=dev)
-                    transient.add(u.bucket.untyped_storage().nbytes())
-                    u.point_grads(u.bucket)
-                else:
-                    u.bucket.zero_()
-            with meter.measure():
-                loss = F.cross_entropy(model(x_all[idx]).float(), y_all[idx])
-            loss.backward()  # stage 3: the hooks gather, free and reduce-scatter layer by layer
-            sharded_step(units, masters, owned, optimizer, stage, n, mixed, transient)
-            lt = loss.detach().reshape(1)
-            comm.ring_all_reduce(lt, op="loss_all_reduce")
-            rs["loss"] = float(lt) / n
-        losses.append(rs["loss"])
+    try:
+        for step in range(cfg.steps):
+            idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), r, n)
+            with rec.step(step) as rs:
+                for u in units if stage < 3 and overlap is None else ():
+                    if stage == 2:  # built during backward, freed once scattered (a transient)
+                        u.bucket = torch.zeros(u.padded, dtype=dtype, device=dev)
+                        transient.add(u.bucket.untyped_storage().nbytes(), grads=True)
+                        u.point_grads(u.bucket)
+                    else:
+                        u.bucket.zero_()
+                with meter.measure():
+                    loss = F.cross_entropy(model(x_all[idx]).float(), y_all[idx])
+                if overlap is not None:
+                    overlap.start()
+                loss.backward()  # stage 3: the hooks gather, free and reduce-scatter layer by layer
+                if overlap is not None:
+                    overlap.wait()  # stage 2 with buckets: scattered during the backward
+                sharded_step(units, masters, owned, optimizer, stage, n, mixed, transient,
+                             scattered=overlap is not None)
+                lt = loss.detach().reshape(1)
+                comm.ring_all_reduce(lt, op="loss_all_reduce")
+                rs["loss"] = float(lt) / n
+            losses.append(rs["loss"])
+    finally:
+        if overlap is not None:
+            overlap.close()
     params_kept = [u.shard if stage == 3 else u.full for u in units]
     grads_kept = [u.grad_shard if stage >= 2 else u.bucket for u in units]
     memory = {"params": storage_bytes(params_kept), "grads": storage_bytes(grads_kept),
@@ -267,7 +329,8 @@ def worker(cfg: Config) -> dict:
             u.gather(op="final_check_gather")
         final += u.full[: u.numel].float().tolist()
     return {"losses": losses, "params": final, "padded": sum(u.padded for u in units),
-            "per_rank": per_rank_summary(r, rec, memory)}
+            "layer_bytes": [u.padded * u.full.element_size() for u in units],
+            "grads_peak": transient.grads_peak, "per_rank": per_rank_summary(r, rec, memory)}
 
 
 def summarize(cfg: Config, outs: list[dict]) -> dict:
@@ -287,7 +350,9 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
             "traffic_per_step": traffic, "traffic_formula": zero_traffic(psi, n, cfg.stage, esize),
             "traffic_formula_padded": zero_traffic(padded, n, cfg.stage, esize),
             "norm_traffic_per_step": norms, "norm_traffic_formula": norm_formula,
-            "final_params": outs[0]["params"]}
+            "final_params": outs[0]["params"],
+            # the most bytes of full (unsharded) gradients a rank held at once, and each layer's
+            "full_grads_peak": [o["grads_peak"] for o in outs], "layer_bytes": outs[0]["layer_bytes"]}
 
 
 def reference(cfg: Config) -> list[float]:

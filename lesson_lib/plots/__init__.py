@@ -21,6 +21,7 @@ from .common import (  # noqa: F401
 )
 from .memory import (  # noqa: F401
     fits_table,
+    gradient_peaks,
     memory_vs_formula,
     stage_traffic,
 )
@@ -40,6 +41,7 @@ from .training import (  # noqa: F401
     loss_curves,
     memory_by_category,
     model_growth,
+    overlap_timeline,
     staleness_histogram,
     step_times,
     time_split,

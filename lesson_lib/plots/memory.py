@@ -40,3 +40,19 @@ def fits_table(rows: list[dict], columns: list[str], title: str) -> go.Figure:
                              cells={"values": [[r[c] for r in rows] for c in columns], "align": "left"}))
     fig.update_layout(title=title, height=80 + 28 * len(rows), margin={"t": 40, "b": 10})
     return fig
+
+
+def gradient_peaks(rows: list[dict], whole: int, title: str) -> go.Figure:
+    """Stage 2 with buckets: the most bytes of full gradients a rank held at once (bars, the largest
+    over ranks), the bound one bucket + one layer (marks) and the whole gradient (line) (chapter 4)."""
+    fig = go.Figure()
+    labels = [r["label"] for r in rows]
+    fig.add_bar(x=labels, y=[r["peak"] / 1e3 for r in rows], name="measured peak of full gradients",
+                marker_color=COLORS["comm"])
+    fig.add_scatter(x=labels, y=[r["bound"] / 1e3 for r in rows], mode="markers",
+                    name="one bucket + one layer",
+                    marker={"symbol": "line-ew-open", "size": 28, "line": {"width": 3}, "color": "black"})
+    fig.add_hline(y=whole / 1e3, line_dash="dot", annotation_text="the whole gradient")
+    fig.update_layout(title=wrap(title), yaxis_title="kB", height=380,
+                      legend={"orientation": "h", "y": -0.2})
+    return fig

@@ -195,3 +195,31 @@ def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str, note: 
     fig.update_layout(title=title, height=360)
     _annotate(fig, note)
     return fig
+
+
+def overlap_timeline(runs: dict, title: str, note: str | None = None) -> go.Figure:
+    """One step per run and rank: the backward, and each gradient bucket's all-reduce (chapter 0).
+
+    ``runs`` maps a label to the run's ``timeline`` (one dict per rank: ``backward`` as
+    (start, end) and ``buckets`` with ``start``/``end``), in ``time.perf_counter`` seconds; each
+    rank's bars start at its own backward.
+    """
+    fig = make_subplots(rows=len(runs), cols=1, shared_xaxes=True, subplot_titles=list(runs),
+                        vertical_spacing=0.18)
+    legend = set()
+    for row, per_rank in enumerate(runs.values(), start=1):
+        for rank, t in enumerate(per_rank):
+            t0, t1 = t["backward"]
+            bars = [("backward (compute)", f"rank {rank} compute", t0, t1, COLORS["compute"], "")]
+            bars += [("all-reduce (communication)", f"rank {rank} comm", b["start"], b["end"], COLORS["comm"],
+                      f"bucket {b['bucket']}") for b in t["buckets"]]
+            for name, y, start, end, color, text in bars:
+                fig.add_bar(y=[y], x=[1e3 * (end - start)], base=[1e3 * (start - t0)], orientation="h",
+                            name=name, marker_color=color, text=[text], textposition="inside",
+                            showlegend=name not in legend, legendgroup=name, row=row, col=1)
+                legend.add(name)
+    fig.update_xaxes(title_text="ms since the rank's backward began", row=len(runs), col=1)
+    fig.update_layout(title=title, barmode="overlay", height=200 + 150 * len(runs),
+                      legend={"orientation": "h", "y": -0.25})
+    _annotate(fig, note)
+    return fig

@@ -1,0 +1,148 @@
+"""Gradient buckets reduced during the backward (issue 13): the plan, the order, the errors, and
+data parallel and ZeRO-2 with buckets equal to their one-bucket versions."""
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lesson_lib import buckets, run
+from lesson_lib.comm import ring_bytes_sent
+from lesson_lib.milestones import data_parallel as dp
+from lesson_lib.milestones import zero
+from lesson_lib.models import mlp
+
+pytestmark = pytest.mark.ch0
+
+SMALL = dict(steps=6, global_batch=24, hidden=32, depth=2, samples=512)
+LAYER_MB = 4 * 33 * 32 / 2**20  # one 32x32 layer with its bias, fp32
+
+
+def test_plan_groups_in_backward_order_up_to_the_cap():
+    assert buckets.plan([4, 4, 4, 4], 8) == [[3, 2], [1, 0]]
+    assert buckets.plan([4, 4, 4, 4], 7) == [[3], [2], [1], [0]]
+    assert buckets.plan([2, 20, 2, 2], 8) == [[3, 2], [1], [0]]  # too big: a bucket of its own
+    assert buckets.plan([1, 2, 3], 0) == [[2, 1, 0]]  # cap 0: one bucket
+    assert sum(buckets.plan(list(range(1, 30)), 17), []) == list(reversed(range(29)))
+
+
+def overlap_on(model, cap, reduce=None):
+    params = list(model.parameters())
+    plan = buckets.plan([p.numel() * 4 for p in params], cap)
+    calls = []
+    ov = buckets.Overlap([[params[j] for j in b] for b in plan],
+                         reduce or (lambda i: calls.append((i, threading.current_thread().name))))
+    return ov, plan, calls
+
+
+def test_buckets_launch_in_order_during_the_backward_on_the_comm_thread():
+    model = mlp(8, 16, 3, 4, 0)
+    ov, plan, calls = overlap_on(model, 4 * 16 * 17)
+    x = torch.randn(5, 8)
+    launched_before_end = []
+    for _ in range(2):  # reusable step after step
+        ov.start()
+        loss = F.cross_entropy(model(x), torch.zeros(5, dtype=torch.long))
+        loss.backward()
+        end = __import__("time").perf_counter()
+        ov.wait()
+        launched_before_end.append(all(e["launched"] < end for e in ov.events))
+    ov.close()
+    assert len(plan) > 2
+    assert [i for i, _ in calls] == list(range(len(plan))) * 2
+    assert all(name.startswith("comm") for _, name in calls)
+    assert launched_before_end == [True, True]
+    # the last layer's bucket is launched before the first layer's gradient exists
+    assert [e["bucket"] for e in ov.events] == list(range(len(plan)))
+
+
+def test_a_parameter_without_gradient_is_named_not_waited_for():
+    model = mlp(8, 16, 2, 4, 0)
+    ov, plan, _ = overlap_on(model, 1)
+    ov.start()
+    F.cross_entropy(model[2:](torch.randn(3, 16)), torch.zeros(3, dtype=torch.long)).backward()
+    with pytest.raises(RuntimeError, match="never became ready: 2 parameter"):
+        ov.wait()
+    ov.close()
+
+
+def test_an_error_in_a_collective_surfaces_on_the_main_thread():
+    def reduce(i):
+        if i == 1:
+            raise ConnectionError("peer 1 closed the connection")
+
+    model = mlp(8, 16, 2, 4, 0)
+    ov, _, _ = overlap_on(model, 1, reduce)
+    ov.start()
+    F.cross_entropy(model(torch.randn(3, 8)), torch.zeros(3, dtype=torch.long)).backward()
+    with pytest.raises(ConnectionError, match="peer 1"):
+        ov.wait()
+    ov.close()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("allreduce", ["ring", "library"])
+def test_data_parallel_with_buckets_equals_single_process_training(clusters, n, allreduce):
+    ref = dp.reference(dp.Config(world_size=1, **SMALL))
+    r = run("data-parallel", dp.Config(world_size=n, allreduce=allreduce, bucket_mb=LAYER_MB, **SMALL),
+            cluster=clusters(n))
+    torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(ref), rtol=1e-5, atol=1e-6)
+    for t in r["timeline"]:
+        assert len(t["buckets"]) == 3  # last layer + hidden layer, hidden layer, first layer
+        assert t["buckets"][0]["launched"] < t["backward"][1]  # launched while the backward ran
+
+
+def test_bucketed_traffic_is_the_ring_formula_per_bucket(clusters):
+    n = 3
+    r = run("data-parallel", dp.Config(world_size=n, bucket_mb=LAYER_MB, **SMALL), cluster=clusters(n))
+    model = mlp(32, 32, 2, 10, 0)
+    params = list(model.parameters())
+    plan = buckets.plan([4 * p.numel() for p in params], int(LAYER_MB * 2**20))
+    sizes = [sum(params[j].numel() for j in b) for b in plan]
+    for rank, pr in enumerate(r.per_rank):
+        grads = pr["ops"]["grad_all_reduce"]
+        assert grads["calls"] == SMALL["steps"] * len(plan)
+        assert grads["bytes_sent"] == SMALL["steps"] * sum(ring_bytes_sent(s, 4, n, rank) for s in sizes)
+        assert grads["overlapped"] and not pr["ops"]["loss_all_reduce"]["overlapped"]
+        for s in pr["steps"]:  # comm time is what the main thread waited for
+            assert s["compute_s"] + s["comm_s"] == pytest.approx(s["wall_s"], abs=1e-6)
+
+
+@pytest.mark.parametrize("options, name", [(dict(bucket_mb=-1), "bucket_mb"),
+                                           (dict(bucket_mb="4"), "bucket_mb"),
+                                           (dict(bucket_mb=True), "bucket_mb")])
+def test_bad_bucket_size_names_the_parameter(options, name):
+    with pytest.raises(ValueError, match=name):
+        dp.Config(world_size=2, **options).validate()
+    with pytest.raises(ValueError, match=name):
+        zero.Config(world_size=2, stage=2, **options).validate()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_zero_buckets_apply_to_stage_2_only(stage):
+    with pytest.raises(ValueError, match="bucket_mb=1 applies to stage 2 only"):
+        zero.Config(world_size=2, stage=stage, bucket_mb=1).validate()
+
+
+ZSMALL = dict(steps=4, global_batch=24, hidden=48, depth=2, samples=512)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "mixed"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_zero2_with_buckets_is_the_same_training_holding_one_bucket_and_a_layer(clusters, precision, n):
+    base = run("zero", zero.Config(stage=2, world_size=n, precision=precision, **ZSMALL), cluster=clusters(n))
+    whole = sum(base["layer_bytes"])
+    assert base["full_grads_peak"] == [whole] * n  # without buckets: the whole gradient at once
+    for cap_layers in (0.5, 1.2, 2.5):
+        mb = cap_layers * max(base["layer_bytes"]) / 2**20
+        r = run("zero", zero.Config(stage=2, world_size=n, precision=precision, bucket_mb=mb, **ZSMALL),
+                cluster=clusters(n))
+        assert r.losses == base.losses and r["final_params"] == base["final_params"]  # bit for bit
+        assert r["traffic_per_step"] == base["traffic_per_step"]
+        bound = int(mb * 2**20) + max(r["layer_bytes"])
+        assert all(p <= bound for p in r["full_grads_peak"]), (r["full_grads_peak"], bound)
+        if cap_layers < 2:  # a bucket smaller than the model: never the whole gradient at once
+            assert all(p < whole for p in r["full_grads_peak"])
+        for pr in r.per_rank:
+            assert pr["ops"]["grad_reduce_scatter"]["overlapped"]
