@@ -103,4 +103,6 @@ class Overlap:
         counters().record("grad_wait", 0, 0, time.perf_counter() - t0)
 
     def close(self) -> None:
-        self.thread.shutdown(wait=True)
+        """Stop the thread once its current collective ends (after a failure it may be blocked in
+        one until the peers' connection closes or the collective times out: it is not waited for)."""
+        self.thread.shutdown(wait=False, cancel_futures=True)

@@ -156,3 +156,32 @@ def test_zero2_with_buckets_equals_single_process_adam(clusters):
     r = run("zero", cfg, cluster=clusters(3))
     ref, tol = zero.reference(cfg), ch04.tolerances(cfg)  # why this tolerance: its docstring
     assert ch04.max_gap(r.losses, ref) <= tol["loss_rel"] * max(ref)
+
+
+def fail_in_backward(bucket_mb):
+    """Data parallel with buckets, where rank 1 raises in the middle of its backward."""
+    import torch.distributed as dist
+
+    from lesson_lib.runtime import context
+
+    model = mlp(32, 64, 3, 10, 0)
+    flat = dp.flat_views(model)[1]
+    overlap = dp.overlapped(model, flat, bucket_mb, "ring", dist.get_world_size())
+    if context().rank == 1:
+        model[2].weight.register_post_accumulate_grad_hook(lambda p: 1 / 0)
+    try:
+        overlap.start()
+        F.cross_entropy(model(torch.randn(8, 32)), torch.zeros(8, dtype=torch.long)).backward()
+        overlap.wait()
+    finally:
+        overlap.close()
+
+
+def test_a_rank_failing_mid_backward_surfaces_with_its_rank_and_the_cluster_recovers(clusters):
+    from lesson_lib import WorkerError
+
+    c = clusters(2)
+    with pytest.raises(WorkerError, match="rank 1") as e:
+        c.run(fail_in_backward, 0.001, timeout_s=20)
+    assert "ZeroDivisionError" in str(e.value)
+    assert c.run(lambda: 1 + 1) == [2, 2]
