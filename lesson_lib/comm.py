@@ -28,6 +28,7 @@ from .runtime import context
 from .schedules import (
     chunk_bounds,
     halving_doubling_schedule,
+    pipelined_ring_schedule,
     power_of_two_below,
     ring_bytes_sent,  # noqa: F401  (re-exported: chapter 0 and the tests use it here)
     ring_schedule,
@@ -237,42 +238,47 @@ def _ring_steps(flat: torch.Tensor, phase: str | None, group, op: str, shift: in
     return _nbytes(scratch)
 
 
-def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segments: int = 4,
-                               op: str = "pipelined_ring_all_reduce") -> torch.Tensor:
-    """The ring of :func:`ring_all_reduce` with each chunk cut into ``segments`` pieces (chapter 2).
+SEGMENT_BYTES = 1 << 20  # chosen by measurement on 2-4 ranks, 4-64 MiB (chapter 2; bench allreduce)
 
-    All pieces of a step are in flight at once, and the addition of a piece that has arrived
-    overlaps the transfer of the next one — the way the library's own ring hides its additions.
-    The receive buffer is the same scratch as the plain ring's, reused from call to call. Same
-    schedule, same chunks, same bytes (2(N−1)/N·S); only the messages are smaller and overlapped.
+
+def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = SEGMENT_BYTES,
+                               op: str = "pipelined_ring_all_reduce") -> torch.Tensor:
+    """The ring of :func:`ring_all_reduce` with each chunk sent in segments of ``segment_bytes``
+    at most (chapter 2): a chunk up to that size goes whole, as in the plain ring.
+
+    All segments of a step are posted at once, and the addition of one that has arrived overlaps
+    the transfer of the next — the way the library's own ring hides its additions. Same schedule,
+    chunks and bytes (2(N−1)/N·S), and the same scratch, reused from call to call; only the
+    messages are smaller and more numerous. The steps come from
+    :func:`lesson_lib.schedules.pipelined_ring_schedule`, the schedule the chapter animates.
     """
+    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1:
+        raise ValueError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
     rank, n = _rank_world(group)
     if n == 1:
         return tensor
-    if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
-        raise ValueError(f"segments must be a positive int, got {segments!r}")
     flat = _flat(tensor)
     bounds = chunk_bounds(flat.numel(), n)
-    chunk = lambda i: flat[bounds[i % n][0]:bounds[i % n][1]]  # noqa: E731
+    chunk = lambda i: flat[bounds[i][0]:bounds[i][1]]  # noqa: E731
+    segments = max(1, -(-_nbytes(chunk(0)) // segment_bytes))  # chunk 0 is the largest, on every rank
+    mine = [x for x in pipelined_ring_schedule(n, segments) if x.rank == rank]
     scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
     counters().scratch(_nbytes(scratch))
-    for st in ring_schedule(n):
-        if st.rank != rank:
-            continue
-        # the chunk rank r sends at a step is the chunk its right neighbour receives: equal splits
-        outgoing = chunk(st.send_chunk).tensor_split(segments)
-        incoming = chunk(st.recv_chunk)
-        if st.phase == "reduce-scatter":
-            bufs = scratch[: incoming.numel()].tensor_split(segments)
-            pending = [exchange(o, st.send_to, b, st.recv_from, group, op + ".step")
-                       for o, b in zip(outgoing, bufs)]
-            for p, target, b in zip(pending, incoming.tensor_split(segments), bufs):
-                p.wait()
-                target.add_(b)  # while the next pieces are still on the wire
-        else:
-            for p in [exchange(o, st.send_to, t, st.recv_from, group, op + ".step")
-                      for o, t in zip(outgoing, incoming.tensor_split(segments))]:
-                p.wait()
+    for i in range(0, len(mine), segments):  # one ring step: the pieces of one chunk, in order
+        step = mine[i:i + segments]
+        out, inc = chunk(step[0].send_chunk), chunk(step[0].recv_chunk)
+        add = step[0].phase == "reduce-scatter"
+        into = scratch[: inc.numel()] if add else inc  # reduce-scatter lands in scratch, then adds
+        pieces = zip(step, *(t.tensor_split(segments) for t in (out, into, inc)))
+        # One timer and one count per step, not per piece: a few µs of Python per piece add up.
+        with _Timed(op + ".step", sent=_nbytes(out), recv=_nbytes(inc)):
+            posted = [(exchange(o, x.send_to, b, x.recv_from, group), b, t) for x, o, b, t in pieces]
+            for p, b, t in posted:
+                for w in p.works:
+                    w.wait()
+                if add:
+                    t.add_(b)  # while the next pieces are still on the wire
+        _RECENT.append([w for p, _, _ in posted for w in p.works])  # Gloo: linger, see Pending.wait
     return _finish(tensor, flat, op, _nbytes(scratch))
 
 

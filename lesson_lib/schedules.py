@@ -109,6 +109,92 @@ def ring_bytes_sent(numel: int, element_size: int, world_size: int, rank: int) -
     return element_size * (2 * numel - size(rank + 1) - size(rank + 2))
 
 
+# --------------------------------------------------------------------------- pipelined ring
+
+
+class SegmentStep(NamedTuple):
+    """One segment of one :class:`RingStep`: the ring's chunk cut into ``segments`` pieces.
+
+    ``slot`` is when it crosses the link in the ideal pipeline — one segment per link per slot;
+    in a reduce-scatter the receiver adds segment k at slot + 1, while segment k+1 crosses.
+    """
+
+    phase: str
+    step: int
+    segment: int  # 0 … segments−1, a contiguous piece of the chunk (``chunk_bounds(len, segments)``)
+    slot: int  # global time slot of the transfer (see :func:`pipelined_ring_slots`)
+    rank: int
+    send_to: int
+    send_chunk: int
+    recv_from: int
+    recv_chunk: int
+
+
+def check_segments(segments) -> int:
+    if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
+        raise ValueError(f"segments must be a positive int, got {segments!r}")
+    return segments
+
+
+@lru_cache(maxsize=64, typed=True)  # typed: True (== 1) must still be refused, not found in the cache
+def pipelined_ring_schedule(n: int, segments: int) -> tuple[SegmentStep, ...]:
+    """The ring's steps (:func:`ring_schedule`) with each chunk sent as ``segments`` pieces.
+
+    Same chunks, same neighbours, same bytes; only the messages are smaller, and the receiver can
+    add one piece while the next is on the wire (Gloo's ring, ``gloo/allreduce.cc``, works on
+    segments the same way). A reduce-scatter step takes ``segments + 1`` slots (the last add is not hidden), an
+    all-gather step ``segments`` (the pieces land in place, nothing to add). Ordered by phase, step,
+    segment, rank — the order :func:`lesson_lib.comm.pipelined_ring_all_reduce` posts them in.
+    """
+    check_segments(segments)
+    out, start = [], 0
+    for phase in PHASES:
+        for s in range(n - 1):
+            here = [st for st in ring_schedule(n) if st.phase == phase and st.step == s]
+            for k in range(segments):
+                out += [SegmentStep(phase, s, k, start + k, st.rank, st.send_to, st.send_chunk,
+                                    st.recv_from, st.recv_chunk) for st in here]
+            start += segments + (phase == "reduce-scatter")
+    return tuple(out)
+
+
+def pipelined_ring_slots(n: int, segments: int) -> list[dict]:
+    """Replay :func:`pipelined_ring_schedule` slot by slot on sets of contributions.
+
+    One dict per slot (plus the start): ``phase``, ``step``, ``slot``, ``moves`` (src, dst, chunk,
+    segment) on the wire in this slot, ``adding`` (rank, chunk, segment) being added in this slot,
+    and ``state[rank][chunk][segment]`` = sorted contributing ranks after the slot. The animation
+    draws these frames; the tests check that an add always overlaps the next segment's transfer.
+    """
+    state = [[[{r} for _ in range(segments)] for _ in range(n)] for r in range(n)]
+    frames = [{"phase": "start", "step": -1, "slot": -1, "moves": [], "adding": [], "state": _freeze2(state)}]
+    sched = pipelined_ring_schedule(n, segments)
+    landed: list = []  # reduce-scatter segments that arrived last slot: added in this one
+    # the slot after a reduce-scatter step's last transfer only adds; all-gather slots follow it
+    for t in range(max((x.slot for x in sched), default=-1) + 1):
+        here = [x for x in sched if x.slot == t]
+        before = [[[set(c) for c in ch] for ch in row] for row in state]
+        adding = [(x.rank, x.recv_chunk, x.segment, inc) for x, inc in landed]
+        for r, c, k, inc in adding:
+            state[r][c][k] |= inc
+        landed = []
+        for x in here:
+            incoming = before[x.recv_from][x.recv_chunk][x.segment]
+            if x.phase == "reduce-scatter":
+                landed.append((x, incoming))  # added next slot, while the next segment crosses
+            else:
+                state[x.rank][x.recv_chunk][x.segment] = set(incoming)
+        ref = here[0] if here else max((x for x in sched if x.slot < t), key=lambda x: x.slot)
+        frames.append({"phase": ref.phase, "step": ref.step, "slot": t, "state": _freeze2(state),
+                       "moves": [(x.rank, x.send_to, x.send_chunk, x.segment) for x in here],
+                       "adding": [(r, c, k) for r, c, k, _ in adding]})
+    return frames
+
+
+def _freeze2(state):
+    return [[[sorted(s) for s in c] for c in row] for row in state]
+
+
 # --------------------------------------------------------------------------- halving-doubling
 
 

@@ -33,7 +33,7 @@
 import torch
 import torch.distributed as dist
 
-from lesson_lib import comm, show_source, warm_cluster
+from lesson_lib import comm, schedules, show_source, warm_cluster
 from lesson_lib.chapters import ch02
 
 # %% [markdown]
@@ -125,9 +125,10 @@ show_source(comm.ring_all_reduce, comm._ring_steps)
 # ## 4. Is it right?
 #
 # `comm.ring_all_reduce(t)` has the contract of `torch.distributed.all_reduce(t)` (in-place SUM). Below,
-# our ring, recursive halving-doubling (Thakur, Rabenseifner & Gropp, 2005: log₂N steps instead of N−1)
-# and the naive pattern are each compared with `dist.all_reduce` on the same random inputs on 1–4 ranks:
-# lengths 0, 1, 3, 5 (shorter than the ring, or not divisible by it), 1000 and 1001, in float32,
+# our ring, recursive halving-doubling (Thakur, Rabenseifner & Gropp, 2005: log₂N steps instead of N−1),
+# the naive pattern and the pipelined ring of section 7 are each compared with `dist.all_reduce` on the
+# same random inputs on 1–4 ranks: lengths 0, 1, 3, 5 (shorter than the ring, or not divisible by it),
+# 1000 and 1001, in float32,
 # float64 and bfloat16. Floats may differ in the last bits — the additions happen in another order.
 
 # %%
@@ -143,7 +144,8 @@ assert all(r["bytes_sent"] == r["exact_bytes_sent"] for rows in checks.values() 
 # Bytes each rank sent in one all-reduce of 1 MiB, as counted on the wire, against the exact count
 # for the chunk sizes used and the textbook formula: 2(N−1)/N·S for the ring (and halving-doubling
 # when N is a power of two), S for a naive non-root rank and (N−1)·S for its root. They differ only by
-# the rounding of chunks that do not divide evenly.
+# the rounding of chunks that do not divide evenly. (The pipelined ring of section 7 sends the ring's
+# chunks in pieces: its rows match the ring's byte for byte.)
 
 # %%
 table = ch02.traffic_table(world_sizes=(2, 3, 4), size_mb=1.0)
@@ -151,17 +153,20 @@ table = ch02.traffic_table(world_sizes=(2, 3, 4), size_mb=1.0)
 # %%
 assert all(r["counted"] == r["exact"] for r in table)
 assert all(abs(r["counted"] - r["formula"]) <= 4 * r["ranks"] for r in table)   # a few elements at most
+sent = {(r["algorithm"], r["ranks"], r["rank"]): r["counted"] for r in table}
+assert all(sent["pipelined-ring", n, i] == sent["ring", n, i] for _, n, i in sent)  # same bytes, in pieces
 
 # %% [markdown]
 # ## 6. Bandwidth: ours against Gloo's
 #
-# The **algorithm bandwidth** of an all-reduce is S / time. Below, measured in one run: our ring,
-# Gloo's own C++ `dist.all_reduce`, and the naive pattern, from 4 KiB to 16 MiB on 2 and 4 ranks
+# The **algorithm bandwidth** of an all-reduce is S / time. Below, measured in one run: our ring (and
+# the pipelined ring of section 7), Gloo's own C++ `dist.all_reduce`, and the naive pattern, from 4 KiB
+# to 16 MiB on 2 and 4 ranks
 # (`python -m lesson_lib bench allreduce` goes to 64 MiB). Algorithms take turns within each repeat,
 # so load from other programs falls on all of them alike; the ratio ring / Gloo is a median of paired
 # ratios.
 #
-# The dashed line is the **α-β model** fitted to the ring's times: a message costs a latency α plus
+# The dashed lines are the **α-β model** fitted to each ring's times: a message costs a latency α plus
 # its bytes times β (Hockney, 1994), so a ring all-reduce costs **T = 2(N−1)·α + 2(N−1)/N·S·β**.
 # Small messages are latency-bound (the flat left part), large ones bandwidth-bound.
 
@@ -186,17 +191,108 @@ assert bw["fits"][2]["rms_rel_error"] < 0.5       # the two-parameter model desc
 # structural difference: our ring adds a chunk only after receiving all of
 # it, while Gloo's C++ loop cuts each chunk into segments and keeps two in flight, so reducing one
 # overlaps receiving the next, and its per-step cost is C++ rather than a few Python calls and a
-# wake-up — which matters most when cores are scarce. (One fix made here: dropping each
+# wake-up — which matters most when cores are scarce (section 7 builds the pipelined ring and measures
+# what it changes). (One fix made here: dropping each
 # step's Gloo request object right after waiting for it put an extra thread hand-off on the critical
 # path and made 4 ranks much slower; `comm.Pending` now keeps the last few alive.)
 #
 # Notice also that the naive pattern keeps up on this laptop. Summed over all ranks, it copies the same
 # 2(N−1)·S bytes as the ring; on one machine every "link" is a memory copy made by the same 2 cores, so
 # the total — not the busiest link — is the limit. On a real cluster each rank has its own link, and
-# the root's 2(N−1)·S through one of them is what stalls (section 7).
+# the root's 2(N−1)·S through one of them is what stalls (section 8).
 
 # %% [markdown]
-# ## 7. What the model predicts beyond this laptop
+# ## 7. The next step: a pipelined ring
+#
+# Our ring adds a chunk only once all of it has arrived: during a reduce-scatter step the rank first
+# waits for the link, then the link waits for the rank's addition. Gloo's ring (`gloo/allreduce.cc`)
+# does not wait: it cuts each chunk into at least two **segments** and keeps two on the wire, so that
+# the addition of one segment happens while the next one is still crossing. Below, the same ring with each
+# chunk in 2 segments (the rows of each rank's grid), slot by slot: in a reduce-scatter step segment 0
+# crosses, then segment 1 crosses *while segment 0 is added* (orange outline), then segment 1 is added.
+# The last addition of a step has nothing left to hide behind; in the all-gather the segments land in
+# place and nothing is added. Like section 2's, this animation replays a schedule,
+# `schedules.pipelined_ring_schedule(4, 2)` — the ring's chunks, steps and neighbours, each chunk split
+# into segments — the very list that `comm.pipelined_ring_all_reduce` follows.
+
+# %%
+pframes = ch02.pipelined_animation(world_size=4, segments=2)
+
+# %%
+assert all(s == [0, 1, 2, 3] for rank in pframes[-1]["state"] for c in rank for s in c)  # everyone has all
+overlapped = [f for f in pframes if f["adding"] and f["moves"]]  # an add while the next segment crosses
+assert overlapped and all({k for *_, k in f["moves"]} == {k + 1 for *_, k in f["adding"]} for f in overlapped)
+
+# %% [markdown]
+# The library's code: the plain ring's loop, except that each step posts all the pieces of its chunk at
+# once and adds each piece as soon as it has landed, while the later ones are still in flight. The
+# scratch buffer for the incoming pieces is the ring's, reused from call to call. Segments have a size
+# in bytes (`segment_bytes`, 1 MiB by default) rather than a count: a chunk of up to 1 MiB goes whole,
+# exactly as in the plain ring, and a 32 MiB chunk goes as 32 segments. (Gloo cuts every chunk in at
+# least two, of at most a configurable size; below we measure why ours leaves small chunks whole.)
+
+# %%
+show_source(comm.pipelined_ring_all_reduce, schedules.pipelined_ring_schedule.__wrapped__)  # (its cache unwrapped)
+
+# %% [markdown]
+# Run on 4 real ranks against `dist.all_reduce`, with segments of 2 bytes (half a float: some pieces are
+# left empty), 4 bytes (one float), 12 bytes and the default 1 MiB:
+
+
+# %%
+def pipelined_and_the_library(length, segment_bytes):
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randint(-9, 10, (length,), generator=g).float()  # small integers: exact in any order
+    library = x.clone()
+    dist.all_reduce(library)
+    return torch.equal(comm.pipelined_ring_all_reduce(x.clone(), segment_bytes=segment_bytes), library)
+
+
+cases = [(length, b) for length in (1, 10, 1001) for b in (2, 4, 12, 2**20)]
+same_pipelined = {c: warm_cluster(4).run(pipelined_and_the_library, *c, timeout_s=20) for c in cases}
+print(same_pipelined)  # per (length, segment bytes): True on every rank when ours equals the library
+
+# %%
+assert all(all(ranks) for ranks in same_pipelined.values()), same_pipelined
+
+# %% [markdown]
+# **What pipelining changes, and what it does not.**
+#
+# * The **bytes** do not change: the same chunks go to the same neighbours, only in pieces (section 5's
+#   table counts them equal, rank by rank), so the bandwidth term keeps its 2(N−1)/N·S.
+# * The **messages** do: a chunk goes as one message per segment, and every message pays its own fixed
+#   cost — its calls, its wake-ups. Below, one all-reduce of 4 MiB on 2 ranks with ever smaller
+#   segments, from one per chunk (the plain ring's single message) to 128, taking turns with the plain
+#   ring and Gloo; the dashed line is a least-squares fit, and its slope the price of one more segment.
+
+# %%
+sweep = ch02.segment_sweep(world_size=2, size_mb=4.0)
+
+# %%
+assert sweep["slope_s"] > 0                                           # more messages, more fixed costs
+assert sweep["rows"][-1]["time_s"] > sweep["rows"][0]["time_s"]     # 128 segments cost more than one
+
+# %% [markdown]
+# That fixed cost is why segments are sized in bytes and not too small: below 1 MiB per chunk the
+# pipelined ring sends exactly the plain ring's messages.
+#
+# * What pipelining can buy is time per **byte**: the addition, whose time grows with the bytes, hides
+#   behind the transfer of the next segment — *if* a core is free to add while the data arrive. On a
+#   cluster the network card moves the bytes while the core adds. On this laptop the "transfer" is itself
+#   a memory copy made by the same 2 cores that add, so there is little to hide behind, and how much of
+#   the addition disappears changes from run to run. Section 6's run timed both rings, so we can fit the
+#   same model to each — T = 2(N−1)·α + 2(N−1)/N·S·β, α the fixed cost of one ring *step*, β the cost of
+#   one byte. The table shows this run's fitted α and 1/β side by side, and the line under it which way
+#   they moved in this run (rerun section 6 and this cell to see them move).
+
+# %%
+pipelining = ch02.pipelining_fit(bw)
+
+# %%
+assert all(f["rms_rel_error"] < 0.5 for o in pipelining.values() for f in (o["ring"], o["pipelined"]))
+
+# %% [markdown]
+# ## 8. What the model predicts beyond this laptop
 #
 # With α and β fitted on 2 ranks, the time of an all-reduce of 100 MB (25 million fp32 gradients) as
 # the cluster grows. The ring's bandwidth term barely moves (2(N−1)/N → 2), so its time grows only
@@ -213,7 +309,7 @@ assert t["ring", 128] < t["naive", 128] / 5
 assert t["halving-doubling", 128] <= t["ring", 128]     # fewer latencies, same bytes
 
 # %% [markdown]
-# ## 8. Training: the ring against the parameter server
+# ## 9. Training: the ring against the parameter server
 #
 # The same data-parallel training as chapter 0 (a 2.1M-parameter MLP, 8.4 MB of gradients) with our
 # ring, against chapter 1's synchronous parameter server with one server, as the number of workers N
@@ -236,9 +332,9 @@ for r in scale:
 # %% [markdown]
 # On one laptop the "network" is memory copies made by the same 2 cores, so the server's single link
 # is not a separate bottleneck the way it is on a real cluster, and step times are noisy; the counted
-# bytes show the structural difference, and section 7 what it means at scale.
+# bytes show the structural difference, and section 8 what it means at scale.
 #
-# ## 9. Try it yourself
+# ## 10. Try it yourself
 #
 # World size, tensor size and algorithm; each click runs real processes and shows counted bytes per
 # rank against the formula, the time and the bandwidth.

@@ -126,6 +126,64 @@ def test_byte_formulas():
     assert schedules.formula_bytes_sent("halving-doubling", 100.0, 3, 0) == 100.0  # folds into rank 1
 
 
+@pytest.mark.parametrize("n", range(1, 6))
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_pipelined_schedule_is_the_ring_in_segments(n, k):
+    ring = schedules.ring_schedule(n)
+    sched = schedules.pipelined_ring_schedule(n, k)
+    assert len(sched) == k * len(ring)
+    for rs in ring:  # every ring step's chunk goes as k segments, between the same ranks
+        mine = [x for x in sched if (x.phase, x.step, x.rank) == (rs.phase, rs.step, rs.rank)]
+        assert [x.segment for x in mine] == list(range(k))
+        assert {(x.send_to, x.send_chunk, x.recv_from, x.recv_chunk) for x in mine} == \
+            {(rs.send_to, rs.send_chunk, rs.recv_from, rs.recv_chunk)}
+    for numel in (0, 1, 7, 1001):  # the segments' bytes add up to the ring's exact count
+        bounds = schedules.chunk_bounds(numel, n)
+        size = [hi - lo for lo, hi in bounds]
+        for r in range(n):
+            sent = sum(hi - lo for x in sched if x.rank == r
+                       for lo, hi in [schedules.chunk_bounds(size[x.send_chunk], k)[x.segment]])
+            assert 4 * sent == schedules.ring_bytes_sent(numel, 4, n, r)
+
+
+@pytest.mark.parametrize("n", range(1, 6))
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_pipelined_slots_overlap_each_add_with_the_next_transfer(n, k):
+    frames = schedules.pipelined_ring_slots(n, k)
+    assert len(frames) == 1 + (n - 1) * (k + 1) + (n - 1) * k  # a reduce-scatter step: k transfers + 1 add
+    full = list(range(n))
+    assert all(s == full for row in frames[-1]["state"] for c in row for s in c)
+    for f in frames[1:]:
+        assert len({src for src, *_ in f["moves"]}) == len(f["moves"]) <= n  # one segment per link per slot
+        assert all(d == (s + 1) % n for s, d, *_ in f["moves"])
+        if f["phase"] == "all-gather":
+            assert not f["adding"]  # copied in place
+        elif f["adding"] and f["moves"]:  # segment j is added while segment j+1 crosses
+            assert {j for *_, j in f["moves"]} == {j + 1 for *_, j in f["adding"]}
+        else:  # a step's first slot (nothing landed yet) or its last add (nothing left to cross)
+            assert {j for *_, j in f["moves"]} <= {0} and {j for *_, j in f["adding"]} <= {k - 1}
+    if n > 1:  # after the reduce-scatter each rank holds one chunk summed over everyone, in every segment
+        after = frames[(n - 1) * (k + 1)]["state"]
+        assert all([c for c in range(n) if all(s == full for s in after[r][c])] == [(r + 1) % n]
+                   for r in range(n))
+
+
+@pytest.mark.parametrize("k", [0, -2, 1.5, True])
+def test_pipelined_schedule_rejects_a_bad_segment_count(k):
+    with pytest.raises(ValueError, match="segments"):
+        schedules.pipelined_ring_schedule(3, k)
+
+
+def test_pipelined_animation_is_built_from_the_slots():
+    from lesson_lib.plots.collectives import pipelined_ring_animation
+
+    frames = schedules.pipelined_ring_slots(4, 2)
+    fig = pipelined_ring_animation(frames)
+    assert len(fig.frames) == len(frames)
+    added = [fr for fr, f in zip(fig.frames, frames) if f["adding"] and f["moves"]]
+    assert added and all("added</b> meanwhile" in fr.layout.title.text for fr in added)
+
+
 def test_animation_is_built_from_the_schedule():
     fig = plots.ring_animation(schedules.ring_states(4))
     assert len(fig.frames) == 1 + 2 * 2 * 3  # start, then (sending, landed) for each of 6 steps

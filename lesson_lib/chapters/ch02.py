@@ -7,6 +7,7 @@ notebook can assert its claims.
 
 from __future__ import annotations
 
+import statistics
 from types import SimpleNamespace
 
 from IPython.display import display
@@ -15,12 +16,14 @@ from .. import bench, costmodel, experiments, plots, schedules, widgets
 from ..experiments import Result, run
 from ..milestones import data_parallel as dp
 from ..milestones import ring_allreduce as ra
+from ..plots.collectives import pipelined_ring_animation, segments_plot
 from ..runtime import warm_cluster
 from .ch02_exercises import exercises  # noqa: F401  (the notebook calls it here)
 
 # The laptop preset: sizes up to 16 MiB and 3 repeats keep the bandwidth cell under a minute.
 SIZES = tuple(4096 * 4**k for k in range(7))  # 4 KiB … 16 MiB
 OURS = ("ring", "halving-doubling", "naive")
+PIPELINED = "pipelined-ring"  # the ring with each chunk in segments (section 7)
 
 
 def _run(world_size: int, size_mb: float, algorithm: str, steps: int = 3, **options) -> Result:
@@ -53,8 +56,16 @@ def ring_animation(world_size: int = 4) -> list[dict]:
     return frames
 
 
+def pipelined_animation(world_size: int = 4, segments: int = 2) -> list[dict]:
+    """Animate the pipelined ring slot by slot (``schedules.pipelined_ring_slots``), from the schedule
+    ``comm.pipelined_ring_all_reduce`` runs (``schedules.pipelined_ring_schedule``)."""
+    frames = schedules.pipelined_ring_slots(world_size, segments)
+    display(pipelined_ring_animation(frames))
+    return frames
+
+
 def check_against_library(world_sizes=(1, 2, 3, 4), lengths=(0, 1, 3, 5, 1000, 1001),
-                          dtypes=("float32", "float64", "bfloat16"), algorithms=OURS) -> dict:
+                          dtypes=("float32", "float64", "bfloat16"), algorithms=(*OURS, PIPELINED)) -> dict:
     """Each of our all-reduces against ``dist.all_reduce`` on the same random inputs."""
     out = {}
     for n in world_sizes:
@@ -69,7 +80,7 @@ def check_against_library(world_sizes=(1, 2, 3, 4), lengths=(0, 1, 3, 5, 1000, 1
     return out
 
 
-def traffic_table(world_sizes=(2, 3, 4), size_mb: float = 1.0, algorithms=OURS) -> list[dict]:
+def traffic_table(world_sizes=(2, 3, 4), size_mb: float = 1.0, algorithms=(*OURS, PIPELINED)) -> list[dict]:
     """Counted bytes per rank against the exact count and the textbook formula, asserted in the notebook."""
     rows = []
     for n in world_sizes:
@@ -88,21 +99,106 @@ def traffic_table(world_sizes=(2, 3, 4), size_mb: float = 1.0, algorithms=OURS) 
 
 
 def bandwidth(sizes=SIZES, world_sizes=(2, 4), repeats: int = 3,
-              algorithms=("ring", "library", "naive")) -> dict:
-    """Measure the algorithm bandwidth of ours and Gloo's in one run; fit α-β to the ring."""
+              algorithms=("ring", PIPELINED, "library", "naive")) -> dict:
+    """Measure the algorithm bandwidth of ours and Gloo's in one run; fit α-β to both rings.
+
+    Both are fitted with the ring's model, T = 2(N−1)·α + 2(N−1)/N·S·β, so α is the cost of one
+    ring step (for the pipelined ring, a step of several messages) and β the cost of a byte.
+    """
     rows = bench.allreduce(sizes, world_sizes, algorithms, repeats, cluster_for=warm_cluster)
-    fits, models = {}, {}
-    for n in world_sizes:
-        fits[n] = costmodel.fit_alpha_beta([r for r in rows
-                                            if r["algorithm"] == "ring" and r["world_size"] == n])
-        xs = [sizes[0] * 2 ** (k / 4) for k in range(4 * (len(sizes) - 1) * 2 + 1)]
-        models[n] = (xs, [s / costmodel.allreduce_time("ring", n, s, fits[n]["alpha_s"],
-                                                        fits[n]["beta_s_per_byte"]) / 1e9 for s in xs])
+    rings = [a for a in ("ring", PIPELINED) if a in algorithms]
+    fits = {a: {} for a in rings}
+    models = {n: {} for n in world_sizes}
+    xs = [sizes[0] * 2 ** (k / 4) for k in range(4 * (len(sizes) - 1) * 2 + 1)]
+    for a in rings:
+        for n in world_sizes:
+            f = fits[a][n] = costmodel.fit_alpha_beta([r for r in rows if r["algorithm"] == a
+                                                       and r["world_size"] == n])
+            models[n][a] = (xs, [s / costmodel.allreduce_time("ring", n, s, f["alpha_s"],
+                                                             f["beta_s_per_byte"]) / 1e9 for s in xs])
     note = plots.oversubscription_note([SimpleNamespace(**r) for r in rows])
     display(plots.allreduce_bandwidth(rows, models, note))
-    ratios = {(r["world_size"], r["size_bytes"]): r["vs_library"] for r in rows if r["algorithm"] == "ring"}
+    ratios = {a: {(r["world_size"], r["size_bytes"]): r["vs_library"] for r in rows if r["algorithm"] == a}
+              for a in rings}
     bench.print_allreduce(rows)
-    return {"rows": rows, "fits": fits, "ratios": ratios}
+    return {"rows": rows, "fits": fits.get("ring"), "ratios": ratios.get("ring"),
+            "pipelined_fits": fits.get(PIPELINED), "pipelined_ratios": ratios.get(PIPELINED)}
+
+
+def pipelining_fit(bw: dict) -> dict:
+    """The α-β fits of the ring and the pipelined ring from one run (``bandwidth``), side by side,
+    with which way each moved in this run. Returns, per world size, both fits."""
+    out, table = {}, []
+    for n, ring in bw["fits"].items():
+        pipe = bw["pipelined_fits"][n]
+        out[n] = {"ring": ring, "pipelined": pipe}
+        for name, f in (("ring", ring), (PIPELINED, pipe)):
+            table.append({"ranks": n, "algorithm": name, "α (µs per step)": f"{1e6 * f['alpha_s']:.1f}",
+                          "1/β (GB/s)": f"{f['bandwidth_GBps']:.2f}",
+                          "fit error (rms)": f"{100 * f['rms_rel_error']:.0f} %"})
+    display(plots.fits_table(table, list(table[0]), "α-β fitted to each ring, same run: "
+                                                    "T = 2(N−1)·α + 2(N−1)/N·S·β"))
+    for n, o in out.items():
+        (ar, br), (ap, bp) = ((f["alpha_s"], f["bandwidth_GBps"]) for f in (o["ring"], o["pipelined"]))
+        print(f"{n} ranks, this run: α {1e6 * ar:.0f} → {1e6 * ap:.0f} µs per step, "
+              f"1/β {br:.2f} → {bp:.2f} GB/s: the pipelined ring came out "
+              f"{'faster' if bp > br else 'no faster'} per byte than the plain ring.")
+    return out
+
+
+def time_segments(nbytes: int, segment_sizes: list[int], repeats: int = 5) -> dict:
+    """On every rank: seconds of each call, {variant: [per repeat]}, for the library, the plain ring
+    and the pipelined ring with each segment size; variants take turns (rotating) within a repeat.
+    The first round is a warm-up and is dropped."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from .. import comm
+
+    x = torch.zeros(nbytes // 4)
+    names = ["library", "ring", *segment_sizes]
+    times = {k: [] for k in names}
+    for i in range(repeats + 1):
+        for k in names[i % len(names):] + names[:i % len(names)]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            if k == "library":
+                dist.all_reduce(x)
+            elif k == "ring":
+                comm.ring_all_reduce(x)
+            else:
+                comm.pipelined_ring_all_reduce(x, segment_bytes=k)
+            if i:
+                times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def segment_sweep(world_size: int = 2, size_mb: float = 4.0, repeats: int = 5,
+                  segment_sizes=tuple(2**k for k in (21, 20, 19, 18, 17, 16, 15, 14))) -> dict:
+    """One all-reduce of ``size_mb`` with the pipelined ring cut into ever smaller segments, beside the
+    plain ring and the library, interleaved; the cost of one more segment fitted by least squares."""
+    import numpy as np
+
+    nbytes = int(size_mb * 2**20)
+    outs = warm_cluster(world_size).run(time_segments, nbytes, list(segment_sizes), repeats)
+    median = {k: statistics.median(max(o[k][i] for o in outs) for i in range(repeats)) for k in outs[0]}
+    chunk = -(-nbytes // world_size)
+    rows = [{"segment_bytes": b, "segments": max(1, -(-chunk // b)), "time_s": median[b]}
+            for b in segment_sizes]
+    k = np.array([r["segments"] for r in rows], dtype=float)
+    t = np.array([r["time_s"] for r in rows])
+    slope, base = np.polyfit(k, t, 1)
+    per_message = slope / (2 * (world_size - 1))  # each of the 2(N−1) steps sends one more message
+    display(segments_plot(rows, {"ring": median["ring"], "library": median["library"]}, (base, slope),
+                          f"Pipelined ring, one all-reduce of {size_mb:g} MiB on {world_size} ranks: "
+                          "time against the number of segments per chunk"))
+    print(f"each extra segment per chunk costs {1e6 * slope:.0f} µs per all-reduce here, about "
+          f"{1e6 * per_message:.0f} µs per message ({2 * (world_size - 1)} steps); plain ring "
+          f"{1e3 * median['ring']:.2f} ms, Gloo {1e3 * median['library']:.2f} ms")
+    return {"rows": rows, "ring_s": median["ring"], "library_s": median["library"],
+            "slope_s": float(slope), "base_s": float(base), "per_message_s": float(per_message)}
 
 
 def model_scaling(fit: dict, nbytes: float = 100e6, world_sizes=(2, 4, 8, 16, 32, 64, 128)) -> list[dict]:

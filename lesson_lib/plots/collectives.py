@@ -7,8 +7,8 @@ from plotly.subplots import make_subplots
 
 from .common import _with_note
 
-ALG_COLORS = {"ring": "#4C78A8", "library": "#54A24B", "naive": "#E45756", "halving-doubling": "#B279A2",
-              "parameter server": "#E45756"}
+ALG_COLORS = {"ring": "#4C78A8", "pipelined-ring": "#72B7B2", "library": "#54A24B", "naive": "#E45756",
+              "halving-doubling": "#B279A2", "parameter server": "#E45756"}
 
 
 def ring_animation(frames: list[dict], title: str = "Ring all-reduce: chunks travel round the ring"):
@@ -78,6 +78,84 @@ def ring_animation(frames: list[dict], title: str = "Ring all-reduce: chunks tra
     return fig
 
 
+def pipelined_ring_animation(frames: list[dict], title: str = "Pipelined ring: each chunk in segments"):
+    """Play ``schedules.pipelined_ring_slots(n, k)``: each rank holds N chunks (columns) of k segments
+    (rows), labelled with the ranks whose values they hold; one frame per slot of the pipeline."""
+    import math
+
+    n, k = len(frames[0]["state"]), len(frames[0]["state"][0][0])
+    pos = [(math.cos(math.pi / 2 - 2 * math.pi * r / n), math.sin(math.pi / 2 - 2 * math.pi * r / n))
+           for r in range(n)]
+    w, h = 1.2 / n, 0.3 / max(k, 2)  # a rank's grid is 1.2 wide and about 0.3 tall
+
+    def xy(r, c, s):
+        return pos[r][0] + (c - (n - 1) / 2) * w, pos[r][1] + ((k - 1) / 2 - s) * h
+
+    cells = [(r, c, s) for r in range(n) for c in range(n) for s in range(k)]
+
+    def segs(state):
+        held = [len(state[r][c][s]) for r, c, s in cells]
+        return go.Scatter(
+            x=[xy(*x)[0] for x in cells], y=[xy(*x)[1] for x in cells], mode="markers+text",
+            text=["".join(map(str, state[r][c][s])) for r, c, s in cells],
+            marker={"symbol": "square", "size": 26, "color": held, "cmin": 0, "cmax": n,
+                    "colorscale": "Blues", "line": {"width": 1, "color": "#333"}},
+            textfont={"size": 8, "color": ["white" if 2 * m > n else "#222" for m in held]},
+            hoverinfo="skip", showlegend=False)
+
+    def flight(f):  # segments on the wire this slot, drawn part-way along their edge
+        mv, t = f["moves"], 0.5
+        return go.Scatter(x=[(1 - t) * pos[a][0] + t * pos[b][0] for a, b, _, _ in mv] or [None],
+                          y=[(1 - t) * pos[a][1] + t * pos[b][1] for a, b, _, _ in mv] or [None],
+                          mode="markers+text", text=[f"c{c}.{s}" for _, _, c, s in mv],
+                          marker={"symbol": "diamond", "size": 26, "color": "#F58518"},
+                          textfont={"color": "white", "size": 8}, showlegend=False, hoverinfo="skip")
+
+    def adding(f):  # segments being added this slot: outlined, while the next one crosses
+        at = [xy(*a) for a in f["adding"]]
+        return go.Scatter(x=[p[0] for p in at] or [None], y=[p[1] for p in at] or [None],
+                          mode="markers", marker={"symbol": "square-open", "size": 30, "color": "#F58518",
+                                                  "line": {"width": 3}}, showlegend=False, hoverinfo="skip")
+
+    ring_xy = pos + pos[:1]
+    base = [go.Scatter(x=[p[0] for p in ring_xy], y=[p[1] for p in ring_xy], mode="lines",
+                       line={"color": "#ccc", "width": 12}, hoverinfo="skip", showlegend=False),
+            go.Scatter(x=[p[0] for p in pos], y=[p[1] + 0.1 + k * h / 2 for p in pos], mode="text",
+                       text=[f"<b>rank {r}</b>" for r in range(n)], hoverinfo="skip", showlegend=False)]
+    names, figs = [], []
+    for f in frames:
+        if f["slot"] < 0:
+            label, caption = "start", (f"each rank's gradient: {n} chunks (columns) of {k} segments (rows); "
+                                       "a diamond cX.Y on the wire is chunk X, segment Y")
+        else:
+            label = f"slot {f['slot'] + 1}: {f['phase']} {f['step'] + 1}/{n - 1}"
+            wire = sorted({s for *_, s in f["moves"]})
+            added = sorted({s for *_, s in f["adding"]})
+            caption = "; ".join(
+                ([f"segment {wire[0]} of a chunk on each link"] if wire else [])
+                + ([f"segment {added[0]} <b>added</b> "
+                    + ("meanwhile" if wire else "(the last add: nothing left to hide it)")] if added else [])
+                + (["it lands in place (a copy, nothing to add)"] if f["phase"] == "all-gather" else []))
+        names.append(label)
+        figs.append(go.Frame(name=label, data=[segs(f["state"]), flight(f), adding(f)], traces=[2, 3, 4],
+                             layout={"title": {"text": f"{title}<br><sup>{label}: {caption}</sup>"}}))
+    first = frames[0]
+    fig = go.Figure(data=[*base, segs(first["state"]), flight(first), adding(first)], frames=figs)
+    step = {"frame": {"duration": 900, "redraw": True}, "transition": {"duration": 300}}
+    fig.update_layout(
+        title={"text": f"{title}<br><sup>press ▶; orange diamonds: segments on the wire; orange outline: "
+                       "a segment being added while the next one crosses</sup>"},
+        height=620, plot_bgcolor="white", xaxis={"visible": False, "range": [-1.8, 1.8]},
+        yaxis={"visible": False, "range": [-1.4, 1.5], "scaleanchor": "x"},
+        updatemenus=[{"type": "buttons", "x": 0, "y": 0, "xanchor": "left", "buttons": [
+            {"label": "▶", "method": "animate", "args": [None, {**step, "fromcurrent": True}]},
+            {"label": "❚❚", "method": "animate", "args": [[None], {"mode": "immediate"}]}]}],
+        sliders=[{"x": 0.12, "len": 0.88, "y": 0, "currentvalue": {"prefix": ""},
+                  "steps": [{"label": nm, "method": "animate", "args": [[nm], {**step, "mode": "immediate"}]}
+                            for nm in names]}])
+    return fig
+
+
 def bytes_per_rank(rows: list[dict], title: str) -> go.Figure:
     """rows: {algorithm, rank, sent, recv} — bytes through each rank's link, per algorithm."""
     fig = go.Figure()
@@ -91,7 +169,8 @@ def bytes_per_rank(rows: list[dict], title: str) -> go.Figure:
 
 def allreduce_bandwidth(rows: list[dict], models: dict, note: str | None = None,
                         title: str = "All-reduce algorithm bandwidth (S / time), measured in one run"):
-    """rows: bench.allreduce rows; models: {world_size: (sizes, predicted algbw GB/s)} drawn dashed."""
+    """rows: bench.allreduce rows; models: {world_size: {algorithm: (sizes, predicted algbw GB/s)}},
+    each drawn dashed."""
     ns = sorted({r["world_size"] for r in rows})
     fig = make_subplots(rows=1, cols=len(ns), subplot_titles=[f"{n} ranks" for n in ns], shared_yaxes=True)
     for i, n in enumerate(ns, start=1):
@@ -100,14 +179,33 @@ def allreduce_bandwidth(rows: list[dict], models: dict, note: str | None = None,
             fig.add_scatter(x=[r["size_bytes"] for r in rs], y=[r["algbw_GBps"] for r in rs], name=alg,
                             mode="lines+markers", line={"color": ALG_COLORS.get(alg)}, legendgroup=alg,
                             showlegend=i == 1, row=1, col=i)
-        if n in models:
-            xs, ys = models[n]
-            fig.add_scatter(x=xs, y=ys, name="α-β model of the ring (fit)", mode="lines", legendgroup="model",
-                            line={"color": "black", "dash": "dash"}, showlegend=i == 1, row=1, col=i)
+        for alg, (xs, ys) in models.get(n, {}).items():
+            fig.add_scatter(x=xs, y=ys, name=f"α-β fit of the {alg}", mode="lines", legendgroup=f"fit {alg}",
+                            line={"color": "black" if alg == "ring" else ALG_COLORS.get(alg), "dash": "dash"},
+                            showlegend=i == 1, row=1, col=i)
     fig.update_xaxes(type="log", title_text="message size S (bytes)")
     fig.update_yaxes(type="log", showticklabels=True)  # every panel log scale, each with its labels
     fig.update_yaxes(title_text="GB/s", col=1)
     fig.update_layout(title=_with_note(title, note), height=440)
+    return fig
+
+
+def segments_plot(rows: list[dict], refs: dict, fit: tuple[float, float], title: str) -> go.Figure:
+    """rows: {segments, segment_bytes, time_s}; refs: {name: seconds} drawn flat; fit: (base, slope)."""
+    fig = go.Figure()
+    ks = [r["segments"] for r in rows]
+    fig.add_scatter(x=ks, y=[1e3 * r["time_s"] for r in rows], mode="lines+markers", name="pipelined ring",
+                    text=[f"{r['segment_bytes'] / 1024:g} KiB segments" for r in rows],
+                    line={"color": ALG_COLORS["pipelined-ring"]})
+    base, slope = fit
+    fig.add_scatter(x=ks, y=[1e3 * (base + slope * k) for k in ks], mode="lines", name="least-squares line",
+                    line={"color": "black", "dash": "dash"})
+    for name, t in refs.items():
+        fig.add_scatter(x=[min(ks), max(ks)], y=[1e3 * t] * 2, mode="lines", name=name,
+                        line={"color": ALG_COLORS.get(name), "dash": "dot"})
+    fig.update_xaxes(type="log", title="segments per chunk (1 = the plain ring's single message)")
+    fig.update_yaxes(title="ms per all-reduce (median, slowest rank)")
+    fig.update_layout(title=title, height=400)
     return fig
 
 
