@@ -246,11 +246,12 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: i
     """The ring of :func:`ring_all_reduce` with each chunk sent in segments of ``segment_bytes``
     at most (chapter 2): a chunk up to that size goes whole, as in the plain ring.
 
-    All segments of a step are posted at once, and the addition of one that has arrived overlaps
-    the transfer of the next — the way the library's own ring hides its additions. Same schedule,
-    chunks and bytes (2(N−1)/N·S), and the same scratch, reused from call to call; only the
-    messages are smaller and more numerous. The steps come from
-    :func:`lesson_lib.schedules.pipelined_ring_schedule`, the schedule the chapter animates.
+    A segment does not wait for the rest of its step: as soon as segment k has landed (and, in
+    the reduce-scatter, been added), segment k of the next step leaves, while the other segments
+    are still on the wire — the addition of one overlaps the transfer of the others, the way the
+    library's own ring hides its additions. Same chunks and bytes (2(N−1)/N·S), and the same
+    scratch, reused from call to call; only the messages are smaller and more numerous. The order
+    comes from :func:`lesson_lib.schedules.pipelined_ring_schedule`, the schedule the chapter animates.
     """
     if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1:
         raise ValueError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
@@ -260,25 +261,35 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: i
     flat = _flat(tensor)
     bounds = chunk_bounds(flat.numel(), n)
     chunk = lambda i: flat[bounds[i][0]:bounds[i][1]]  # noqa: E731
-    segments = max(1, -(-_nbytes(chunk(0)) // segment_bytes))  # chunk 0 is the largest, on every rank
-    mine = [x for x in pipelined_ring_schedule(n, segments) if x.rank == rank]
+    k = max(1, -(-_nbytes(chunk(0)) // segment_bytes))  # chunk 0 is the largest, on every rank
+    mine = [x for x in pipelined_ring_schedule(n, k) if x.rank == rank]  # in the order they cross
     scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
     counters().scratch(_nbytes(scratch))
-    for i in range(0, len(mine), segments):  # one ring step: the pieces of one chunk, in order
-        step = mine[i:i + segments]
-        out, inc = chunk(step[0].send_chunk), chunk(step[0].recv_chunk)
-        add = step[0].phase == "reduce-scatter"
-        into = scratch[: inc.numel()] if add else inc  # reduce-scatter lands in scratch, then adds
-        pieces = zip(step, *(t.tensor_split(segments) for t in (out, into, inc)))
-        # One timer and one count per step, not per piece: a few µs of Python per piece add up.
-        with _Timed(op + ".step", sent=_nbytes(out), recv=_nbytes(inc)):
-            posted = [(exchange(o, x.send_to, b, x.recv_from, group), b, t) for x, o, b, t in pieces]
-            for p, b, t in posted:
-                for w in p.works:
-                    w.wait()
-                if add:
-                    t.add_(b)  # while the next pieces are still on the wire
-        _RECENT.append([w for p, _, _ in posted for w in p.works])  # Gloo: linger, see Pending.wait
+    pieces = [chunk(c).tensor_split(k) for c in range(n)]  # views, made once per call
+    # Segment j of any chunk lands in scratch at the offset of segment j of the largest chunk, so
+    # segments of different steps in flight at once never share scratch.
+    at = [lo for lo, _ in chunk_bounds(scratch.numel(), k)]
+
+    def post(x):
+        out, inc = pieces[x.send_chunk][x.segment], pieces[x.recv_chunk][x.segment]
+        buf = scratch[at[x.segment]:at[x.segment] + inc.numel()] if x.phase == "reduce-scatter" else inc
+        return x, exchange(out, x.send_to, buf, x.recv_from, group).works, buf, inc
+
+    sent = sum(pieces[x.send_chunk][x.segment].numel() for x in mine) * flat.element_size()
+    recv = sum(pieces[x.recv_chunk][x.segment].numel() for x in mine) * flat.element_size()
+    with _Timed(op + ".step", sent=sent, recv=recv):
+        flight = collections.deque(post(x) for x in mine[:k])  # the first step: all segments at once
+        works = []
+        for i in range(len(mine)):
+            x, w, buf, target = flight.popleft()
+            for one in w:
+                one.wait()
+            works += w
+            if x.phase == "reduce-scatter":
+                target.add_(buf)  # while the other segments are still on the wire
+            if i + k < len(mine):
+                flight.append(post(mine[i + k]))  # the same segment, next step: its data is ready
+    _RECENT.append(works)  # Gloo: let the works outlive the call (see Pending.wait)
     return _finish(tensor, flat, op, _nbytes(scratch))
 
 

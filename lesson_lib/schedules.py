@@ -115,14 +115,13 @@ def ring_bytes_sent(numel: int, element_size: int, world_size: int, rank: int) -
 class SegmentStep(NamedTuple):
     """One segment of one :class:`RingStep`: the ring's chunk cut into ``segments`` pieces.
 
-    ``slot`` is when it crosses the link in the ideal pipeline — one segment per link per slot;
-    in a reduce-scatter the receiver adds segment k at slot + 1, while segment k+1 crosses.
+    ``slot`` is when it crosses the link in the ideal pipeline (see :func:`pipelined_ring_schedule`).
     """
 
     phase: str
     step: int
     segment: int  # 0 … segments−1, a contiguous piece of the chunk (``chunk_bounds(len, segments)``)
-    slot: int  # global time slot of the transfer (see :func:`pipelined_ring_slots`)
+    slot: int  # time slot of the transfer: one segment per link per slot
     rank: int
     send_to: int
     send_chunk: int
@@ -140,38 +139,41 @@ def check_segments(segments) -> int:
 def pipelined_ring_schedule(n: int, segments: int) -> tuple[SegmentStep, ...]:
     """The ring's steps (:func:`ring_schedule`) with each chunk sent as ``segments`` pieces.
 
-    Same chunks, same neighbours, same bytes; only the messages are smaller, and the receiver can
-    add one piece while the next is on the wire (Gloo's ring, ``gloo/allreduce.cc``, works on
-    segments the same way). A reduce-scatter step takes ``segments + 1`` slots (the last add is not hidden), an
-    all-gather step ``segments`` (the pieces land in place, nothing to add). Ordered by phase, step,
-    segment, rank — the order :func:`lesson_lib.comm.pipelined_ring_all_reduce` posts them in.
+    Same chunks, same neighbours, same bytes; only the messages are smaller, and a piece need not
+    wait for the rest of its step: segment k of the next step leaves as soon as segment k of this
+    step has landed — and, in the reduce-scatter, been added (one slot later). Meanwhile the link
+    carries the other segments, so every addition overlaps a transfer. Slots: each link carries one
+    segment per slot, in this order (phase, step, segment, rank), the order in which
+    :func:`lesson_lib.comm.pipelined_ring_all_reduce` posts them.
     """
     check_segments(segments)
-    out, start = [], 0
+    out, link = [], -1
+    ready = [0] * segments  # the first slot segment k of the next step may cross
     for phase in PHASES:
         for s in range(n - 1):
             here = [st for st in ring_schedule(n) if st.phase == phase and st.step == s]
             for k in range(segments):
-                out += [SegmentStep(phase, s, k, start + k, st.rank, st.send_to, st.send_chunk,
+                link = max(link + 1, ready[k])
+                ready[k] = link + (2 if phase == "reduce-scatter" else 1)  # land (+ add), then forward
+                out += [SegmentStep(phase, s, k, link, st.rank, st.send_to, st.send_chunk,
                                     st.recv_from, st.recv_chunk) for st in here]
-            start += segments + (phase == "reduce-scatter")
     return tuple(out)
 
 
 def pipelined_ring_slots(n: int, segments: int) -> list[dict]:
     """Replay :func:`pipelined_ring_schedule` slot by slot on sets of contributions.
 
-    One dict per slot (plus the start): ``phase``, ``step``, ``slot``, ``moves`` (src, dst, chunk,
-    segment) on the wire in this slot, ``adding`` (rank, chunk, segment) being added in this slot,
-    and ``state[rank][chunk][segment]`` = sorted contributing ranks after the slot. The animation
-    draws these frames; the tests check that an add always overlaps the next segment's transfer.
+    One dict per slot (plus the start): ``phase``, ``step`` (of the latest transfer), ``slot``,
+    ``moves`` (src, dst, chunk, segment) on the wire in this slot, ``adding`` (rank, chunk, segment)
+    being added in this slot (a reduce-scatter segment that landed in the previous one), and
+    ``state[rank][chunk][segment]`` = sorted contributing ranks after the slot. The animation draws
+    these frames; the tests check that what is sent was complete, and that adds overlap transfers.
     """
     state = [[[{r} for _ in range(segments)] for _ in range(n)] for r in range(n)]
     frames = [{"phase": "start", "step": -1, "slot": -1, "moves": [], "adding": [], "state": _freeze2(state)}]
     sched = pipelined_ring_schedule(n, segments)
     landed: list = []  # reduce-scatter segments that arrived last slot: added in this one
-    # the slot after a reduce-scatter step's last transfer only adds; all-gather slots follow it
-    for t in range(max((x.slot for x in sched), default=-1) + 1):
+    for t in range(max((x.slot for x in sched), default=-2) + 2):  # + 1: the last add (K = 1)
         here = [x for x in sched if x.slot == t]
         before = [[[set(c) for c in ch] for ch in row] for row in state]
         adding = [(x.rank, x.recv_chunk, x.segment, inc) for x, inc in landed]
@@ -184,7 +186,9 @@ def pipelined_ring_slots(n: int, segments: int) -> list[dict]:
                 landed.append((x, incoming))  # added next slot, while the next segment crosses
             else:
                 state[x.rank][x.recv_chunk][x.segment] = set(incoming)
-        ref = here[0] if here else max((x for x in sched if x.slot < t), key=lambda x: x.slot)
+        if not here and not adding:
+            continue
+        ref = max((x for x in sched if x.slot <= t), key=lambda x: x.slot)
         frames.append({"phase": ref.phase, "step": ref.step, "slot": t, "state": _freeze2(state),
                        "moves": [(x.rank, x.send_to, x.send_chunk, x.segment) for x in here],
                        "adding": [(r, c, k) for r, c, k, _ in adding]})
