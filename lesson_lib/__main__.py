@@ -20,7 +20,8 @@ commands:
   list                       the experiments, one line each
   run EXPERIMENT [options]   run one on real ranks (`run EXPERIMENT --help` lists its options)
   bench WHAT                 benchmarks, ratios measured in one run: startup | allreduce |
-                             compression (PowerSGD vs torch's) | ddp (our data parallel vs DDP)
+                             compression (PowerSGD vs torch's) | ddp (our data parallel vs DDP) |
+                             bubble (the pipeline bubble vs its formula)
   estimate [options]         the cost model: time and memory per milestone at cluster scale
   doctor                     torch version, backend per world size, cores, threads per rank
 
@@ -157,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         if what == "ddp":
             bench.print_ddp(bench.ddp())
             return 0
-        print(f"unknown benchmark {what!r}; available: startup, allreduce, compression, ddp", file=sys.stderr)
+        if what == "bubble":
+            bench.print_bubble(bench.bubble())
+            return 0
+        print(f"unknown benchmark {what!r}; available: startup, allreduce, compression, ddp, bubble",
+              file=sys.stderr)
         return 2
     print(f"unknown command {cmd!r}; use list, run, estimate, bench or doctor", file=sys.stderr)
     return 2

@@ -181,3 +181,57 @@ def print_ddp(rows: list[dict]) -> None:
               f"{r['ratio']:>9.2f}")
     if rows[0]["oversubscribed"]:
         print("note: more ranks than cores on this machine; times include time-sharing")
+
+
+# --------------------------------------------------------------------------- pipeline bubble (chapter 3)
+
+
+def bubble(schedules=("gpipe", "1f1b"), microbatches=(4, 8), repeats: int = 3,
+           steps: int | None = None) -> list[dict]:
+    """The pipeline bubble at P = 2 on the compute-dominated preset, against (P−1)/(M+P−1).
+
+    ``repeats`` runs of every (schedule, M), interleaved on one warm 2-rank cluster. Per run, the
+    medians over its steps (step 0 skipped) of the bubble replayed from busy time, measured on the
+    wall clock, and the rungs of :func:`~lesson_lib.milestones.pp_schedules.bubble_breakdown`.
+    One row per (schedule, M, run); ``busy_ratio`` and ``wall_ratio`` are bubble / formula.
+    """
+    from .experiments import run
+    from .milestones import pipeline as pp
+
+    preset = {**pp.BUBBLE_PRESET, **({"steps": steps} if steps else {})}
+    rows = []
+    with Cluster(2, quiet=True) as cluster:
+        for rep in range(repeats):
+            for schedule in schedules:
+                for m in microbatches:
+                    cfg = pp.Config(stages=2, microbatches=m, schedule=schedule, **preset)
+                    r = run("pipeline", cfg, cluster=cluster)
+                    f, busy, wall = r["bubble_formula"], r["bubble_busy"], r["bubble_fraction"]
+                    rows.append({"schedule": schedule, "microbatches": m, "run": rep, "formula": f,
+                                 "stages": r["bubble_breakdown"]["stages"], "busy": busy, "wall": wall,
+                                 "busy_ratio": busy / f, "wall_ratio": wall / f,
+                                 "per_stage": r["bubble_breakdown"]["per_stage"],
+                                 "step_s": r.median_step_time(), "oversubscribed": cluster.oversubscribed})
+    return rows
+
+
+def print_bubble(rows: list[dict]) -> None:
+    print("pipeline bubble, 2 stages, compute-dominated preset (pipeline.BUBBLE_PRESET), median over steps;\n"
+          "  stages: replayed with each stage's mean forward and backward; busy: with each action's busy "
+          "time;\n  wall: measured; per stage, shares of the step's window: off-core time inside compute, "
+          "waiting in recv, between actions")
+    print(f"{'schedule':>8} {'M':>2} {'run':>3} {'formula':>7} {'stages':>7} {'busy':>7} {'wall':>7} "
+          f"{'busy/f':>7} {'wall/f':>7} {'step ms':>8}   stage 0 / stage 1: off-core recv between")
+    for r in rows:
+        shares = " / ".join(f"{s['off_core']:.2f} {s['recv']:.2f} {s['between']:.2f}" for s in r["per_stage"])
+        print(f"{r['schedule']:>8} {r['microbatches']:>2} {r['run']:>3} {r['formula']:>7.3f} "
+              f"{r['stages']:>7.3f} {r['busy']:>7.3f} {r['wall']:>7.3f} {r['busy_ratio']:>7.2f} "
+              f"{r['wall_ratio']:>7.2f} {1e3 * r['step_s']:>8.0f}   {shares}")
+    for key in dict.fromkeys((r["schedule"], r["microbatches"]) for r in rows):
+        mine = [r for r in rows if (r["schedule"], r["microbatches"]) == key]
+        lo_hi = {k: f"{min(r[k] for r in mine):.2f}–{max(r[k] for r in mine):.2f}"
+                 for k in ("busy_ratio", "wall_ratio")}
+        print(f"{key[0]:>8} M={key[1]}: busy/formula {lo_hi['busy_ratio']}, "
+              f"wall/formula {lo_hi['wall_ratio']} over {len(mine)} runs")
+    if rows and rows[0]["oversubscribed"]:
+        print("note: more ranks than cores on this machine; wall-clock times include time-sharing")

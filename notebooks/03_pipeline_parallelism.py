@@ -31,7 +31,7 @@
 #   forward and one backward, so it holds far fewer micro-batches' activations at once.
 #
 # Everything below is measured from real processes: one rank per stage, activations and gradients
-# sent point-to-point with `torch.distributed`. The model is a 9-layer MLP (a *layer* here is one
+# sent point-to-point with `torch.distributed`. The model is a 10-layer MLP (a *layer* here is one
 # `Linear` with the `ReLU` after it); stages get consecutive layers, balanced by parameter count.
 
 # %%
@@ -153,8 +153,10 @@ for schedule in mine:
 
 # %% [markdown]
 # The library's stage, which every figure of this chapter runs, is the same loop plus what the
-# figures need: it times every action, measures the activations it holds, posts each receive one
-# micro-batch early (`pp_comm.StageLink`) and can balance the stages by measured time.
+# figures need: it times every action, measures the activations it holds, sends and receives on
+# threads of its own so that the stage never stalls handing a message to Gloo, with each receive
+# posted as soon as the previous one has arrived (`pp_comm.StageLink`), and it can balance the
+# stages by measured time.
 
 # %%
 show_source(pp.train_stage, stage_actions)
@@ -208,15 +210,55 @@ for p in (2, 4):
     assert abs(rows[0]["busy"] - rows[0]["formula"]) < 1e-9             # M = 1: exactly (P−1)/P
 
 # %% [markdown]
-# The measurement stays above the formula — by how much varies from run to run and from machine to
-# machine, which is why the cell above checks only that the formula is the floor — for reasons worth
-# knowing. The formula assumes every
-# forward and every backward takes the same time. The stages are not equal: the first stage computes
-# no gradient for its input, so it is lighter, and the slowest stage sets the pace. Actions vary from
-# one micro-batch to the next, and a stage that waits for a slower neighbour turns that variation
-# into idle time. And micro-batches are not free: each one re-reads the weights and adds into the
-# gradients, so the work per sample grows as micro-batches shrink (look at the step times printed
-# above). That is why real systems do not simply take M = 1000.
+# ### Where the extra idle time goes
+#
+# The formula assumes every forward and every backward takes the same time and that messages are
+# free. A real run breaks both, and each cause can be measured on its own in the same run. Rebuild
+# the bubble one cause at a time, replaying the run's own schedule with:
+#
+# 1. each stage's *mean* forward and backward (busy time) — what **unequal stages** cost: the
+#    slowest stage sets the pace of the whole line;
+# 2. each action's own busy time — adds the **variation between micro-batches**: a stage that
+#    waits for a slower neighbour turns that variation into idle time;
+# 3. then the wall clock itself — adds what a real machine adds: **messages**, the stage's own
+#    work **between actions**, and **cores shared** with other threads and processes (a stage that
+#    is off its core for a while makes its neighbour wait).
+#
+# Below: GPipe on 2 stages (as many ranks as this laptop has cores, or fewer), on a model whose
+# stages do equal work, with 64–128 samples per micro-batch so that a forward takes milliseconds
+# and a message a fraction of one. Then the same model with a full-width first layer: that layer
+# computes no gradient for its input (there is no earlier stage to send it to), so stage 0 gets
+# less backward work than stage 1.
+
+# %%
+causes = ch03.bubble_causes(microbatches=(4, 8), schedule="gpipe")
+
+# %%
+for r in causes:
+    if r["model"] == "balanced":
+        # Replayed from busy time, the balanced pipeline sits within ±20 % of the formula.
+        assert 0.8 * r["formula"] <= r["busy"] <= 1.2 * r["formula"], r
+    # The stages' mean times alone already reproduce the formula or exceed it (up to float rounding).
+    assert r["stages"] >= r["formula"] - 1e-9, r
+uneven = {r["microbatches"]: r for r in causes if r["model"] != "balanced"}
+even = {r["microbatches"]: r for r in causes if r["model"] == "balanced"}
+assert uneven[8]["stages"] > even[8]["stages"]  # unequal stages cost idle time
+
+# %% [markdown]
+# What the bars say, and what varies. Replayed from busy time, the balanced pipeline lands close
+# to the formula; with the full-width first layer, the stages' unequal mean times alone put it well
+# above — balancing stages by *time*, not by parameter count, is what `balance="time"` and real
+# systems do (the layer-by-layer split at a coarse grain limits how well they can). The wall clock
+# is where runs differ: it adds the cost of every message (each one also needs a few moments of a
+# core for Gloo's I/O thread to move it), and on a laptop the stages share their cores with this
+# notebook, the browser and anything else running — the printed *off its core* shares show how
+# much, run by run. That part is not a property of the pipeline, which is why the cell above
+# checks only the replayed bubble; `python -m lesson_lib bench bubble` repeats these runs (GPipe
+# and 1F1B) and prints each one.
+#
+# The sweep above shows one more cost: micro-batches are not free. Each one re-reads the stage's weights and adds into its gradients,
+# so the work per sample grows as micro-batches shrink (compare the step times printed by the
+# sweep). That is why real systems do not simply take M = 1000.
 #
 # ## 6. Memory: GPipe against 1F1B
 #

@@ -18,6 +18,7 @@ from lesson_lib.milestones import pp_torch
 from lesson_lib.milestones.pp_schedules import (
     SCHEDULES,
     all_actions,
+    bubble_breakdown,
     bubble_formula,
     idle_share,
     max_in_flight,
@@ -255,3 +256,35 @@ def test_cli_writes_the_chapter_keys_and_stages_1_is_the_unsplit_model(tmp_path)
 def test_cli_bad_input_fails_fast_naming_the_parameter(args, name):
     out = cli("run", "pipeline", *args, timeout=60)
     assert out.returncode != 0 and name in out.stderr
+
+
+# --------------------------------------------------------------------------- bench bubble (no timing)
+
+
+def test_bench_bubble_runs_and_prints_every_run(capsys):
+    from lesson_lib import bench
+
+    rows = bench.bubble(schedules=("gpipe",), microbatches=(2,), repeats=2, steps=2)
+    assert [(r["schedule"], r["microbatches"], r["run"]) for r in rows] == [("gpipe", 2, 0), ("gpipe", 2, 1)]
+    for r in rows:
+        assert r["formula"] == bubble_formula(2, 2)
+        assert 0 <= r["busy"] < 1 and 0 <= r["wall"] < 1 and r["busy_ratio"] == r["busy"] / r["formula"]
+        assert [s["stage"] for s in r["per_stage"]] == [0, 1]
+        assert all(0 <= s[k] <= 1 for s in r["per_stage"] for k in ("off_core", "recv", "between"))
+    bench.print_bubble(rows)
+    out = capsys.readouterr().out
+    assert "gpipe M=2: busy/formula" in out and out.count("\n") >= len(rows) + 4
+
+
+def test_bubble_breakdown_of_a_synthetic_step():
+    acts = all_actions("gpipe", 2, 2)
+    # stage 1's forwards and backwards take twice as long as stage 0's
+    durations = {(k, x, i): (1 + k) * (1.0 if x == "F" else 2.0) for k in range(2) for x, i in acts[k]}
+    events = [{"rank": k, "step": 0, "kind": "forward" if x == "F" else "backward", "microbatch": i,
+               "start": s, "end": e, "busy": durations[k, x, i]}
+              for (k, x, i), (s, e) in replay(acts, durations).items()]
+    b = bubble_breakdown(acts, events, 0)
+    assert b["busy"] == pytest.approx(b["wall"]) == pytest.approx(b["stages"])  # no variation, no overhead
+    # stage 1 sets the pace: makespan = F of stage 0 + M·(F+B) of stage 1 + B of stage 0 = 15, work 6 + 12
+    assert b["stages"] == pytest.approx(1 - 18 / (2 * 15)) and b["stages"] > bubble_formula(2, 2)
+    assert all(s["off_core"] == pytest.approx(0) and s["recv"] == 0 for s in b["per_stage"])

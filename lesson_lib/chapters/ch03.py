@@ -19,13 +19,16 @@ from ..milestones.pp_schedules import (
     all_actions,
     replayed_events,
 )
+from ..plots.pipeline import bubble_causes as plot_bubble_causes
 from ..runtime import warm_cluster
 from .ch03_exercises import exercises as _exercises
 from .ch03_exercises import microbatch_indices, stage_setup  # noqa: F401  (the notebook's cells use them)
 
-# The laptop preset: 9 layers of width 1024 (8.4M parameters), so that one micro-batch's forward
-# on a stage takes milliseconds and dwarfs the cost of a message; about a second per run.
-PRESET = {"steps": 5, "global_batch": 128, "hidden": 1024, "d_in": 1024, "depth": 8, "samples": 1024}
+# The laptop preset: 8 hidden layers of width 1024 (8.4M parameters) between a thin first layer
+# and a thin head, so that one micro-batch's forward on a stage takes milliseconds and dwarfs the
+# cost of a message, and 2 or 4 stages get equal work (a full-width first layer, which computes
+# no input gradient, made stage 0 lighter); about a second per run.
+PRESET = {"steps": 5, "global_batch": 128, "hidden": 1024, "d_in": 32, "depth": 9, "samples": 1024}
 # For checks of exact equality: a small model, any number of stages up to 8.
 SMALL = {"steps": 4, "global_batch": 24, "hidden": 32, "d_in": 16, "depth": 7, "samples": 512}
 
@@ -133,6 +136,31 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
                   f"(wall clock), {rows[-1]['busy']:.0%} (busy time); step {rows[-1]['step_ms']:.0f} ms")
     display(plots.bubble_vs_microbatches(rows, f"The bubble shrinks as micro-batches grow ({schedule})",
                                          plots.oversubscription_note(runs)))
+    return rows
+
+
+def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
+    """Where the idle time goes at P = 2 on the compute-dominated preset (``pp.BUBBLE_PRESET``):
+    the bubble rebuilt one cause at a time, every rung measured in the same run
+    (:func:`~lesson_lib.milestones.pp_schedules.bubble_breakdown`); then the same model with a
+    full-width first layer, whose stages are unequal."""
+    rows, runs = [], []
+    models = {"balanced": {}, "full-width first layer": {"d_in": pp.BUBBLE_PRESET["hidden"]}}
+    for model, change in models.items():
+        for m in microbatches:
+            r = _run(_cfg(2, m, schedule, pp.BUBBLE_PRESET, **change))
+            runs.append(r)
+            b, f = r["bubble_breakdown"], r["bubble_formula"]
+            rows.append({"label": f"{model}, M={m}", "model": model, "microbatches": m, "formula": f,
+                         **{k: b[k] for k in ("stages", "busy", "wall", "per_stage")}})
+            print(f"{model}, M={m}: formula {f:.1%}; + unequal stages {b['stages']:.1%} "
+                  f"({b['stages'] / f:.2f}× the formula); + variation between micro-batches {b['busy']:.1%} "
+                  f"({b['busy'] / f:.2f}×); on the wall clock {b['wall']:.1%} ({b['wall'] / f:.2f}×)")
+            for s in b["per_stage"]:
+                print(f"    stage {s['stage']}: off its core while computing {s['off_core']:.1%} of the "
+                      f"step, waiting for a message {s['recv']:.1%}, between actions {s['between']:.1%}")
+    display(plot_bubble_causes(rows, f"{schedule}, 2 stages: the bubble rebuilt one cause at a time",
+                               plots.oversubscription_note(runs)))
     return rows
 
 

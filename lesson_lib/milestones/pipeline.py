@@ -36,6 +36,7 @@ from .pp_comm import StageLink, Timeline
 from .pp_schedules import (
     SCHEDULES,
     all_actions,
+    bubble_breakdown,
     bubble_formula,
     microbatches_run,
     partition,
@@ -45,6 +46,14 @@ from .pp_schedules import (
 
 NAME = "pipeline"
 BALANCES = ("params", "time")
+
+# A compute-dominated model for measuring the bubble against its formula (chapter 3, ``python -m
+# lesson_lib bench bubble``): 8 hidden layers of width 1024, which 2 stages cut 4 + 4, between a
+# thin first layer and a thin head. With a full-width first layer (d_in = hidden) stage 0 was 12 %
+# lighter in its backwards (its first layer computes no input gradient) and that alone put the
+# replayed bubble 25-38 % above the formula at M = 8. 64-128 samples per micro-batch make one
+# forward take milliseconds and a message (256-512 KB) a fraction of one.
+BUBBLE_PRESET = {"steps": 6, "global_batch": 512, "hidden": 1024, "d_in": 32, "depth": 9, "samples": 2048}
 
 
 @dataclass
@@ -246,12 +255,14 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
     measured = list(range(1, cfg.steps)) or [0]  # step 0 pays one-off costs
     actions = all_actions(cfg.schedule, cfg.stages, cfg.m)
     bubbles = [step_bubbles(actions, events, s) for s in range(cfg.steps)]
+    causes = [bubble_breakdown(actions, events, s) for s in measured]
     B, H = cfg.global_batch, cfg.hidden
     return {
         "losses": outs[-1]["losses"], "events": events,
         "bubble_fraction": statistics.median(bubbles[s]["wall"] for s in measured),
         "bubble_busy": statistics.median(bubbles[s]["busy"] for s in measured),
         "bubble_formula": bubble_formula(cfg.stages, cfg.m), "bubble_per_step": bubbles,
+        "bubble_breakdown": _median_breakdown(causes),
         "microbatches_run": cfg.m, "partition": [list(b) for b in outs[0]["bounds"]],
         "layer_costs": outs[0]["costs"],
         "stage_memory": [{"stage": o["stage"], "layers": list(o["bounds"][o["stage"]]),
@@ -263,6 +274,15 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
         # per step, each stage boundary carries the whole batch's activations one way, grads the other
         "bytes_per_step_formula": {"send_activation": 4 * B * H, "send_grad": 4 * B * H},
     }
+
+
+def _median_breakdown(causes: list[dict]) -> dict:
+    """Each rung of :func:`bubble_breakdown` and each per-stage share: its median over steps."""
+    med = {k: statistics.median(c[k] for c in causes) for k in ("stages", "busy", "wall")}
+    med["per_stage"] = [{"stage": s["stage"], **{k: statistics.median(c["per_stage"][i][k] for c in causes)
+                                                 for k in ("off_core", "recv", "between")}}
+                        for i, s in enumerate(causes[0]["per_stage"])]
+    return med
 
 
 def reference(cfg: Config) -> dict:

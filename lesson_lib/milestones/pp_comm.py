@@ -3,16 +3,21 @@
 Every message goes through :mod:`lesson_lib.comm`, so its bytes are counted exactly under the op
 names ``send_activation`` / ``recv_activation`` / ``send_grad`` / ``recv_grad``.
 
-Receives are posted one micro-batch ahead and waited for when the input is needed: a stage
-cannot compute before its input arrives, and the time it waits is the bubble. Sends are posted
-and left to complete on their own (Gloo's send completes only once the receiver has posted its
-receive, so two neighbours sending to each other with blocking sends would deadlock — the reason
-Megatron-LM pairs them into one batched exchange). A small thread per direction waits for each
-posted send, so its recorded end is when it really completed.
+Each direction of each link has a thread of its own that posts the messages and waits for them;
+the stage's main thread only hands a tensor over (send) or takes one that has arrived (recv).
+Posting from the main thread cost the stage milliseconds of wall clock: in 4-step runs of GPipe on
+``pipeline.BUBBLE_PRESET`` (2 stages, 8 micro-batches, 2 cores), 17 to 41 of a stage's 64 posts
+took 1–28 ms each, of which 0.1–0.2 ms on the CPU — blocked inside Gloo, most likely until its
+I/O thread got a core, which the two stages were holding. Receives are posted as soon as the
+previous one has arrived, so a micro-batch lands while the stage computes and the stage waits only
+when its input really is not there yet: the time it waits is the bubble. Sends complete on their
+own (Gloo's send completes once the receiver has posted its receive; two neighbours sending to
+each other with blocking sends would deadlock — the reason Megatron-LM pairs them into one
+batched exchange).
 
 :class:`Timeline` records every action of a rank: forward, backward, send, recv, with its
 micro-batch, wall-clock start and end (``time.time()``, comparable across processes on one
-machine) and busy time (the main thread's CPU time, ``time.thread_time()``; on a GPU, the
+machine) and busy time (the thread's CPU time, ``time.thread_time()``; on a GPU, the
 synchronized wall time, since there the device does the work).
 """
 
@@ -41,7 +46,7 @@ class Timeline:
                step: int | None = None) -> dict:
         ev = {"rank": self.rank, "step": self.step if step is None else step, "kind": kind,
               "microbatch": microbatch, "start": start, "end": end, "busy": busy}
-        self.events.append(ev)  # list.append is atomic: the send watchers append too
+        self.events.append(ev)  # list.append is atomic: the link's threads append too
         return ev
 
     @contextmanager
@@ -57,105 +62,109 @@ class Timeline:
         return [e for e in self.events if e["step"] == step]
 
 
-class _SendWatcher:
-    """Waits, in order, for the sends posted in one direction and records when each completed.
+def _post_and_wait(send_t, dst, recv_t, src, op: str) -> comm.Pending:
+    pending = comm.exchange(send_t, dst, recv_t, src, op=op)
+    for w in pending.works:
+        w.wait()  # releases the GIL: the stage computes meanwhile
+    pending.works = []  # a Gloo work can be waited for once; the main thread only counts the bytes
+    return pending
 
-    Sends in one direction complete in the order they were posted (the receiver takes them in that
-    order), so waiting in order records each completion at the right moment.
-    """
 
-    def __init__(self, timeline: Timeline):
-        self.timeline = timeline
-        self.q: queue.Queue = queue.Queue()
-        threading.Thread(target=self._loop, daemon=True).start()
+class _Channel:
+    """One direction of one link, served by its own thread, which posts each message and waits
+    for it, in order (each direction carries micro-batches 0, 1, … in order)."""
+
+    def __init__(self, timeline: Timeline, op: str, peer: int, shape=None):
+        self.timeline, self.op, self.peer, self.shape = timeline, op, peer, shape
+        self.todo: queue.Queue = queue.Queue()  # sends to post, or a number of receives to post
+        self.done: queue.Queue = queue.Queue()  # (microbatch, tensor, Pending) or an exception
+        self.thread = threading.Thread(target=self._loop, daemon=True, name=f"pp-{op}")
+        self.thread.start()
 
     def _loop(self) -> None:
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            pending, microbatch, start, busy, step = item
+        while (item := self.todo.get()) is not None:
             try:
-                for w in pending.works:
-                    w.wait()  # releases the GIL: the stage computes meanwhile
-                # A Gloo send can be waited for only once: the main thread's Pending.wait()
-                # must now just count the bytes.
-                pending.works = []
-                self.timeline.record("send", microbatch, start, time.time(), busy, step)
-            except Exception:  # the job is failing: flush() waits again and raises it there
-                pass
-            finally:
-                self.q.task_done()
+                if self.shape is None:  # a send: (tensor, microbatch, step, handed-over time)
+                    tensor, microbatch, step, start = item
+                    b0 = time.thread_time()
+                    pending = _post_and_wait(tensor, self.peer, None, None, self.op)
+                    busy = time.thread_time() - b0
+                    self.timeline.record("send", microbatch, start, time.time(), busy, step)
+                    self.done.put((microbatch, tensor, pending))
+                else:  # receives: this step's micro-batches, in order
+                    for microbatch in range(item):
+                        # a fresh buffer per micro-batch: the stage keeps it for the backward
+                        buf = torch.empty(self.shape, device=self.timeline.device)
+                        self.done.put((microbatch, buf, _post_and_wait(None, None, buf, self.peer, self.op)))
+            except Exception as e:  # the job is failing (a peer died, a timeout): the stage raises it
+                self.done.put(e)
+                return
+
+    def take(self) -> tuple[int, torch.Tensor, comm.Pending]:
+        while True:
+            try:
+                item = self.done.get(timeout=1.0)
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    raise RuntimeError(f"{self.op}: the link's thread stopped") from None
+                continue
+            if isinstance(item, Exception):
+                raise item
+            return item
 
 
 class StageLink:
-    """Stage ``stage``'s links to its neighbours in a pipeline of ``stages`` ranks (rank = stage).
-
-    Both directions carry micro-batches 0, 1, … in order, so the receive of micro-batch i+1 is
-    posted as soon as i has arrived: it lands while the stage computes, and the stage waits only
-    when its input really is not there yet.
-    """
+    """Stage ``stage``'s links to its neighbours in a pipeline of ``stages`` ranks (rank = stage)."""
 
     def __init__(self, stage: int, stages: int, microbatches: int, act_shape, grad_shape, timeline: Timeline):
-        self.prev = stage - 1 if stage > 0 else None
-        self.next = stage + 1 if stage < stages - 1 else None
+        prev = stage - 1 if stage > 0 else None
+        nxt = stage + 1 if stage < stages - 1 else None
         self.microbatches, self.timeline = microbatches, timeline
-        self._shapes = {"recv_activation": (act_shape, self.prev), "recv_grad": (grad_shape, self.next)}
-        self._early: dict[str, tuple[int, torch.Tensor, comm.Pending]] = {}
-        self._watchers = {"send_activation": _SendWatcher(timeline), "send_grad": _SendWatcher(timeline)}
-        self._posted: list[tuple[comm.Pending, torch.Tensor]] = []
-
-    def _post_recv(self, op: str, microbatch: int) -> None:
-        shape, src = self._shapes[op]
-        # a fresh buffer per micro-batch: it is kept for the backward
-        buf = torch.empty(shape, device=self.timeline.device)
-        self._early[op] = (microbatch, buf, comm.exchange(None, None, buf, src, op=op))
+        specs = {"recv_activation": (prev, act_shape), "send_grad": (prev, None),
+                 "recv_grad": (nxt, grad_shape), "send_activation": (nxt, None)}
+        self._ch = {op: _Channel(timeline, op, peer, shape) for op, (peer, shape) in specs.items()
+                    if peer is not None}
+        self._unsent = {op: 0 for op in self._ch if op.startswith("send")}
 
     def begin_step(self) -> None:
-        for op, (_, peer) in self._shapes.items():
-            if peer is not None:
-                self._post_recv(op, 0)
+        for op in ("recv_activation", "recv_grad"):
+            if op in self._ch:
+                self._ch[op].todo.put(self.microbatches)
 
     def _recv(self, op: str, microbatch: int) -> torch.Tensor:
-        posted, buf, pending = self._early.pop(op)
-        if posted != microbatch:
-            raise RuntimeError(f"{op}: expected micro-batch {posted}, the schedule asked for {microbatch}")
+        t0 = time.perf_counter()
         with self.timeline.event("recv", microbatch):
-            pending.wait()
-        if microbatch + 1 < self.microbatches:
-            self._post_recv(op, microbatch + 1)
+            got, buf, pending = self._ch[op].take()
+        if got != microbatch:
+            raise RuntimeError(f"{op}: expected micro-batch {got}, the schedule asked for {microbatch}")
+        counters().record(op, 0, pending.recv, time.perf_counter() - t0)
         return buf
 
-    def _send(self, tensor: torch.Tensor, dst: int, microbatch: int, op: str) -> None:
-        start, b0 = time.time(), time.thread_time()
-        pending = comm.exchange(tensor, dst, None, None, op=op)
-        self._posted.append((pending, tensor))  # keep the tensor alive until the send is done
-        self._watchers[op].q.put((pending, microbatch, start, time.thread_time() - b0,
-                                  self.timeline.step))
+    def _send(self, tensor: torch.Tensor, microbatch: int, op: str) -> None:
+        self._ch[op].todo.put((tensor, microbatch, self.timeline.step, time.time()))
+        self._unsent[op] += 1
 
     def recv_activation(self, microbatch: int) -> torch.Tensor:
         return self._recv("recv_activation", microbatch)
 
     def send_activation(self, tensor: torch.Tensor, microbatch: int) -> None:
-        self._send(tensor, self.next, microbatch, "send_activation")
+        self._send(tensor, microbatch, "send_activation")
 
     def recv_grad(self, microbatch: int) -> torch.Tensor:
         return self._recv("recv_grad", microbatch)
 
     def send_grad(self, tensor: torch.Tensor, microbatch: int) -> None:
-        self._send(tensor, self.prev, microbatch, "send_grad")
+        self._send(tensor, microbatch, "send_grad")
 
     def flush(self) -> None:
-        """End of a step: wait until every posted send has been taken, and count the bytes."""
+        """End of a step: wait until every send has been taken, and count the bytes."""
         t0 = time.perf_counter()
-        for w in self._watchers.values():
-            w.q.join()
-        waited = time.perf_counter() - t0
-        for pending, _ in self._posted:
-            pending.wait()  # done: counts its bytes (if its watcher failed, the error surfaces here)
-        self._posted.clear()
-        counters().record("send_wait", 0, 0, waited)
+        for op, n in self._unsent.items():
+            for _ in range(n):
+                self._ch[op].take()[2].wait()  # already waited for: counts its bytes
+        self._unsent = dict.fromkeys(self._unsent, 0)
+        counters().record("send_wait", 0, 0, time.perf_counter() - t0)
 
     def close(self) -> None:
-        for w in self._watchers.values():
-            w.q.put(None)
+        for ch in self._ch.values():
+            ch.todo.put(None)

@@ -170,3 +170,45 @@ def replayed_events(actions: list[list[Action]], events: list[dict], step: int) 
     spans = replay_busy(actions, events, step)
     return [{**e, "start": spans[span_key(e)][0], "end": spans[span_key(e)][1]}
             for e in _compute(events, step)]
+
+
+# --------------------------------------------------------------------------- where the idle goes
+
+
+def _replay_with(actions: list[list[Action]], comp: list[dict], duration) -> float:
+    return idle_share(replay(actions, {span_key(e): duration(e) for e in comp}))
+
+
+def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int) -> dict:
+    """One step's bubble rebuilt one cause at a time, each rung measured in the same step.
+
+    * ``stages``: the schedule replayed with each stage's mean forward and mean backward (busy
+      time): what unequal stages cost over the formula, which assumes equal ones;
+    * ``busy``: replayed with each action's own busy time: adds the variation between
+      micro-batches (a stage that waits for a slower neighbour turns it into idle time);
+    * ``wall``: measured on the wall clock: adds what a real machine adds — messages, the stage's
+      own work between actions, and cores shared with other threads and processes.
+
+    Beside them, per stage, as shares of the step's window (first forward to last backward):
+    ``off_core`` — wall minus busy time inside its forwards and backwards (its core ran something
+    else meanwhile); between its own first and last action, ``recv`` — waiting for a neighbour's
+    message, and ``between`` — neither computing nor waiting (handing messages over, bookkeeping).
+    """
+    comp = _compute(events, step)
+    by: dict[tuple[int, str], list[float]] = {}
+    for e in comp:
+        by.setdefault((e["rank"], e["kind"]), []).append(e["busy"])
+    mean = {k: sum(v) / len(v) for k, v in by.items()}
+    window = max(max(e["end"] for e in comp) - min(e["start"] for e in comp), 1e-12)
+    stages = []
+    for k in sorted({e["rank"] for e in comp}):
+        mine = [e for e in comp if e["rank"] == k]
+        t0, t1 = min(e["start"] for e in mine), max(e["end"] for e in mine)
+        wall = sum(e["end"] - e["start"] for e in mine)
+        recv = sum(max(0.0, min(e["end"], t1) - max(e["start"], t0)) for e in events
+                   if e["step"] == step and e["rank"] == k and e["kind"] == "recv")
+        stages.append({"stage": k, "off_core": (wall - sum(e["busy"] for e in mine)) / window,
+                       "recv": recv / window, "between": max(0.0, t1 - t0 - wall - recv) / window})
+    return {"step": step, "stages": _replay_with(actions, comp, lambda e: mean[e["rank"], e["kind"]]),
+            "busy": _replay_with(actions, comp, lambda e: e["busy"]),
+            "wall": idle_share(measured_spans(events, step)), "per_stage": stages}

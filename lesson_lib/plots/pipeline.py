@@ -132,6 +132,23 @@ def bubble_vs_microbatches(rows: list[dict], title: str, note: str | None = None
     return fig
 
 
+def bubble_causes(rows: list[dict], title: str, note: str | None = None) -> go.Figure:
+    """rows: {label, formula, stages, busy, wall} — one group of bars per run, the bubble rebuilt one
+    cause at a time (:func:`lesson_lib.milestones.pp_schedules.bubble_breakdown`)."""
+    rungs = [("formula", "formula (P−1)/(M+P−1): equal actions, free messages", "#BAB0AC"),
+             ("stages", "replayed: each stage's mean forward and backward", "#72B7B2"),
+             ("busy", "replayed: each action's busy time", "#4C78A8"),
+             ("wall", "measured on the wall clock", "#E45756")]
+    fig = go.Figure()
+    for key, name, color in rungs:
+        fig.add_bar(x=[r["label"] for r in rows], y=[r[key] for r in rows], name=name, marker_color=color,
+                    text=[f"{r[key]:.1%}" for r in rows], textposition="outside")
+    fig.update_yaxes(title="bubble: idle share of each stage's time", tickformat=".0%", rangemode="tozero")
+    fig.update_layout(title=title, barmode="group", height=480, legend={"orientation": "h", "y": -0.15})
+    _annotate(fig, note)
+    return fig
+
+
 def activation_peaks(rows: list[dict], title: str) -> go.Figure:
     """rows: {schedule, microbatches, stage, peak, per_microbatch} — measured peak activation
     memory per stage against M, one line per schedule and stage (chapter 3)."""
