@@ -208,7 +208,8 @@ def bubble(schedules=("gpipe", "1f1b"), microbatches=(4, 8), repeats: int = 3,
                     r = run("pipeline", cfg, cluster=cluster)
                     f, busy, wall = r["bubble_formula"], r["bubble_busy"], r["bubble_fraction"]
                     rows.append({"schedule": schedule, "microbatches": m, "run": rep, "formula": f,
-                                 "stages": r["bubble_breakdown"]["stages"], "busy": busy, "wall": wall,
+                                 "stages": r["bubble_breakdown"]["stages"], "busy": busy,
+                                 "messages": r["bubble_breakdown"]["messages"], "wall": wall,
                                  "busy_ratio": busy / f, "wall_ratio": wall / f,
                                  "per_stage": r["bubble_breakdown"]["per_stage"],
                                  "step_s": r.median_step_time(), "oversubscribed": cluster.oversubscribed})
@@ -216,17 +217,18 @@ def bubble(schedules=("gpipe", "1f1b"), microbatches=(4, 8), repeats: int = 3,
 
 
 def print_bubble(rows: list[dict]) -> None:
-    print("pipeline bubble, 2 stages, compute-dominated preset (pipeline.BUBBLE_PRESET), median over steps;\n"
-          "  stages: replayed with each stage's mean forward and backward; busy: with each action's busy "
-          "time;\n  wall: measured; per stage, shares of the step's window: off-core time inside compute, "
-          "waiting in recv, between actions")
-    print(f"{'schedule':>8} {'M':>2} {'run':>3} {'formula':>7} {'stages':>7} {'busy':>7} {'wall':>7} "
-          f"{'busy/f':>7} {'wall/f':>7} {'step ms':>8}   stage 0 / stage 1: off-core recv between")
+    print("pipeline bubble, 2 stages, compute-dominated preset (pipeline.BUBBLE_PRESET), median over steps.\n"
+          "  stages: replayed with each stage's mean forward and backward; busy: each action's busy time;\n"
+          "  msgs: busy + each message's measured delay; wall: measured on the wall clock;\n"
+          "  per stage, as shares of the step's window: off its core while computing, waiting in recv, "
+          "between actions")
+    print(f"{'schedule':>8} {'M':>2} {'run':>3} {'formula':>7} {'stages':>7} {'busy':>7} {'msgs':>7} "
+          f"{'wall':>7} {'busy/f':>7} {'wall/f':>7} {'step ms':>8}  stage 0 / stage 1: off-core recv between")
     for r in rows:
         shares = " / ".join(f"{s['off_core']:.2f} {s['recv']:.2f} {s['between']:.2f}" for s in r["per_stage"])
         print(f"{r['schedule']:>8} {r['microbatches']:>2} {r['run']:>3} {r['formula']:>7.3f} "
-              f"{r['stages']:>7.3f} {r['busy']:>7.3f} {r['wall']:>7.3f} {r['busy_ratio']:>7.2f} "
-              f"{r['wall_ratio']:>7.2f} {1e3 * r['step_s']:>8.0f}   {shares}")
+              f"{r['stages']:>7.3f} {r['busy']:>7.3f} {r['messages']:>7.3f} {r['wall']:>7.3f} "
+              f"{r['busy_ratio']:>7.2f} {r['wall_ratio']:>7.2f} {1e3 * r['step_s']:>8.0f}   {shares}")
     for key in dict.fromkeys((r["schedule"], r["microbatches"]) for r in rows):
         mine = [r for r in rows if (r["schedule"], r["microbatches"]) == key]
         lo_hi = {k: f"{min(r[k] for r in mine):.2f}–{max(r[k] for r in mine):.2f}"

@@ -220,9 +220,11 @@ for p in (2, 4):
 #    slowest stage sets the pace of the whole line;
 # 2. each action's own busy time — adds the **variation between micro-batches**: a stage that
 #    waits for a slower neighbour turns that variation into idle time;
-# 3. then the wall clock itself — adds what a real machine adds: **messages**, the stage's own
-#    work **between actions**, and **cores shared** with other threads and processes (a stage that
-#    is off its core for a while makes its neighbour wait).
+# 3. plus each message's measured delay (from the neighbour finishing to the message landing) —
+#    adds what **messages** cost where a stage has to wait for one;
+# 4. then the wall clock itself — adds the rest: the stage's own work **between actions**, and
+#    **cores shared** with other threads and processes (a stage that is off its core for a while
+#    makes its neighbour wait).
 #
 # Below: GPipe on 2 stages (as many ranks as this laptop has cores, or fewer), on a model whose
 # stages do equal work, with 64–128 samples per micro-batch so that a forward takes milliseconds
@@ -248,13 +250,16 @@ assert uneven[8]["stages"] > even[8]["stages"]  # unequal stages cost idle time
 # What the bars say, and what varies. Replayed from busy time, the balanced pipeline lands close
 # to the formula; with the full-width first layer, the stages' unequal mean times alone put it well
 # above — balancing stages by *time*, not by parameter count, is what `balance="time"` and real
-# systems do (the layer-by-layer split at a coarse grain limits how well they can). The wall clock
-# is where runs differ: it adds the cost of every message (each one also needs a few moments of a
-# core for Gloo's I/O thread to move it), and on a laptop the stages share their cores with this
-# notebook, the browser and anything else running — the printed *off its core* shares show how
-# much, run by run. That part is not a property of the pipeline, which is why the cell above
-# checks only the replayed bubble; `python -m lesson_lib bench bubble` repeats these runs (GPipe
-# and 1F1B) and prints each one.
+# systems do (cutting between whole layers limits how well they can). Messages cost more than their
+# bytes suggest: most land within a fraction of a millisecond, but each needs a few moments of a
+# core (for Gloo's I/O thread and the link's threads) while both stages are computing, and now and
+# then that takes milliseconds. In GPipe, messages matter mostly where the line fills and turns
+# around; in 1F1B's steady state with 2 stages, each stage's next action depends on a message that
+# went there and back, so the delays add up every micro-batch. On a laptop the stages also share
+# their cores with this notebook, the browser and anything else running — the printed *off its
+# core* shares show how much, run by run. Those last two rungs are properties of the machine and
+# its load, not of the schedule, which is why the cell above checks only the replayed bubble;
+# `python -m lesson_lib bench bubble` repeats these runs for GPipe and 1F1B and prints each one.
 #
 # The sweep above shows one more cost: micro-batches are not free. Each one re-reads the stage's weights and adds into its gradients,
 # so the work per sample grows as micro-batches shrink (compare the step times printed by the

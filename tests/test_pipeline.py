@@ -269,6 +269,7 @@ def test_bench_bubble_runs_and_prints_every_run(capsys):
     for r in rows:
         assert r["formula"] == bubble_formula(2, 2)
         assert 0 <= r["busy"] < 1 and 0 <= r["wall"] < 1 and r["busy_ratio"] == r["busy"] / r["formula"]
+        assert r["messages"] >= r["busy"] - 1e-12  # a message delay can only postpone an action
         assert [s["stage"] for s in r["per_stage"]] == [0, 1]
         assert all(0 <= s[k] <= 1 for s in r["per_stage"] for k in ("off_core", "recv", "between"))
     bench.print_bubble(rows)
@@ -284,7 +285,13 @@ def test_bubble_breakdown_of_a_synthetic_step():
                "start": s, "end": e, "busy": durations[k, x, i]}
               for (k, x, i), (s, e) in replay(acts, durations).items()]
     b = bubble_breakdown(acts, events, 0)
-    assert b["busy"] == pytest.approx(b["wall"]) == pytest.approx(b["stages"])  # no variation, no overhead
+    # no variation, free messages, no overhead: every rung is the replay itself
+    assert b["busy"] == pytest.approx(b["wall"]) == pytest.approx(b["stages"]) == pytest.approx(b["messages"])
     # stage 1 sets the pace: makespan = F of stage 0 + M·(F+B) of stage 1 + B of stage 0 = 15, work 6 + 12
     assert b["stages"] == pytest.approx(1 - 18 / (2 * 15)) and b["stages"] > bubble_formula(2, 2)
     assert all(s["off_core"] == pytest.approx(0) and s["recv"] == 0 for s in b["per_stage"])
+    # stage 1's first forward gets its activation 0.5 after stage 0's ends: everything after it moves
+    arrive = {"rank": 1, "step": 0, "kind": "arrive_activation", "microbatch": 0, "start": 0.0, "end": 1.5,
+              "busy": 0.0}
+    late = bubble_breakdown(acts, events + [arrive], 0)
+    assert late["busy"] == b["busy"] and late["messages"] == pytest.approx(1 - 18 / (2 * 15.5))

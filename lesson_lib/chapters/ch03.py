@@ -152,10 +152,11 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
             runs.append(r)
             b, f = r["bubble_breakdown"], r["bubble_formula"]
             rows.append({"label": f"{model}, M={m}", "model": model, "microbatches": m, "formula": f,
-                         **{k: b[k] for k in ("stages", "busy", "wall", "per_stage")}})
+                         **{k: b[k] for k in ("stages", "busy", "messages", "wall", "per_stage")}})
             print(f"{model}, M={m}: formula {f:.1%}; + unequal stages {b['stages']:.1%} "
                   f"({b['stages'] / f:.2f}× the formula); + variation between micro-batches {b['busy']:.1%} "
-                  f"({b['busy'] / f:.2f}×); on the wall clock {b['wall']:.1%} ({b['wall'] / f:.2f}×)")
+                  f"({b['busy'] / f:.2f}×); + messages {b['messages']:.1%} ({b['messages'] / f:.2f}×); "
+                  f"on the wall clock {b['wall']:.1%} ({b['wall'] / f:.2f}×)")
             for s in b["per_stage"]:
                 print(f"    stage {s['stage']}: off its core while computing {s['off_core']:.1%} of the "
                       f"step, waiting for a message {s['recv']:.1%}, between actions {s['between']:.1%}")

@@ -278,7 +278,7 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
 
 def _median_breakdown(causes: list[dict]) -> dict:
     """Each rung of :func:`bubble_breakdown` and each per-stage share: its median over steps."""
-    med = {k: statistics.median(c[k] for c in causes) for k in ("stages", "busy", "wall")}
+    med = {k: statistics.median(c[k] for c in causes) for k in ("stages", "busy", "messages", "wall")}
     med["per_stage"] = [{"stage": s["stage"], **{k: statistics.median(c["per_stage"][i][k] for c in causes)
                                                  for k in ("off_core", "recv", "between")}}
                         for i, s in enumerate(causes[0]["per_stage"])]

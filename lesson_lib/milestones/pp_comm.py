@@ -15,10 +15,11 @@ own (Gloo's send completes once the receiver has posted its receive; two neighbo
 each other with blocking sends would deadlock — the reason Megatron-LM pairs them into one
 batched exchange).
 
-:class:`Timeline` records every action of a rank: forward, backward, send, recv, with its
-micro-batch, wall-clock start and end (``time.time()``, comparable across processes on one
-machine) and busy time (the thread's CPU time, ``time.thread_time()``; on a GPU, the
-synchronized wall time, since there the device does the work).
+:class:`Timeline` records every action of a rank: forward, backward, send, recv (the stage
+waiting for a message) and arrive_activation / arrive_grad (the message landing, waited for or
+not), with its micro-batch, wall-clock start and end (``time.time()``, comparable across
+processes on one machine) and busy time (the thread's CPU time, ``time.thread_time()``; on a GPU,
+the synchronized wall time, since there the device does the work).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class _Channel:
 
     def __init__(self, timeline: Timeline, op: str, peer: int, shape=None):
         self.timeline, self.op, self.peer, self.shape = timeline, op, peer, shape
+        self.arrive = op.replace("recv", "arrive")  # arrive_activation, arrive_grad
         self.todo: queue.Queue = queue.Queue()  # sends to post, or a number of receives to post
         self.done: queue.Queue = queue.Queue()  # (microbatch, tensor, Pending) or an exception
         self.thread = threading.Thread(target=self._loop, daemon=True, name=f"pp-{op}")
@@ -91,11 +93,16 @@ class _Channel:
                     busy = time.thread_time() - b0
                     self.timeline.record("send", microbatch, start, time.time(), busy, step)
                     self.done.put((microbatch, tensor, pending))
-                else:  # receives: this step's micro-batches, in order
-                    for microbatch in range(item):
+                else:  # receives: (this step's micro-batches, the step), in order
+                    count, step = item
+                    for microbatch in range(count):
                         # a fresh buffer per micro-batch: the stage keeps it for the backward
                         buf = torch.empty(self.shape, device=self.timeline.device)
-                        self.done.put((microbatch, buf, _post_and_wait(None, None, buf, self.peer, self.op)))
+                        posted = time.time()
+                        pending = _post_and_wait(None, None, buf, self.peer, self.op)
+                        # when the message landed, whether or not the stage was waiting for it yet
+                        self.timeline.record(self.arrive, microbatch, posted, time.time(), 0.0, step)
+                        self.done.put((microbatch, buf, pending))
             except Exception as e:  # the job is failing (a peer died, a timeout): the stage raises it
                 self.done.put(e)
                 return
@@ -129,7 +136,7 @@ class StageLink:
     def begin_step(self) -> None:
         for op in ("recv_activation", "recv_grad"):
             if op in self._ch:
-                self._ch[op].todo.put(self.microbatches)
+                self._ch[op].todo.put((self.microbatches, self.timeline.step))
 
     def _recv(self, op: str, microbatch: int) -> torch.Tensor:
         t0 = time.perf_counter()

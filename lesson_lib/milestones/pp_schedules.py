@@ -96,11 +96,13 @@ def partition(costs: list[float], stages: int) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------- time
 
 
-def replay(actions: list[list[Action]], durations: dict) -> dict:
+def replay(actions: list[list[Action]], durations: dict, latency: dict | None = None) -> dict:
     """Run a schedule on an ideal machine: each stage its own core, communication free. Stage k's
     F(i) waits for stage k−1's F(i); its B(i) for its own F(i) and for stage k+1's B(i).
 
-    ``durations[(stage, kind, i)]`` are seconds (e.g. the busy time measured for each action).
+    ``durations[(stage, kind, i)]`` are seconds (e.g. the busy time measured for each action);
+    ``latency[(stage, kind, i)]``, if given, the seconds the action's message from the neighbour
+    takes after the neighbour's action ends (missing: free).
     Returns ``{(stage, kind, i): (start, end)}``; raises ``ValueError`` if the schedule deadlocks
     (some stage waits for an action that can never happen).
     """
@@ -116,7 +118,8 @@ def replay(actions: list[list[Action]], durations: dict) -> dict:
                 deps = [d for d in deps if 0 <= d[0] < n]
                 if any(d not in done for d in deps):
                     break
-                start = max([free[k]] + [done[d][1] for d in deps])
+                lag = (latency or {}).get((k, kind, i), 0.0)
+                start = max([free[k]] + [done[d][1] + (lag if d[0] != k else 0.0) for d in deps])
                 done[(k, kind, i)] = (start, start + durations[(k, kind, i)])
                 free[k] = start + durations[(k, kind, i)]
                 pos[k] += 1
@@ -179,6 +182,21 @@ def _replay_with(actions: list[list[Action]], comp: list[dict], duration) -> flo
     return idle_share(replay(actions, {span_key(e): duration(e) for e in comp}))
 
 
+def message_delays(events: list[dict], step: int) -> dict:
+    """Per action, how long its input message took: from the neighbour's action ending to the
+    message landing (the ``arrive_*`` events), keyed like :func:`replay`'s ``latency``."""
+    ends = {span_key(e): e["end"] for e in _compute(events, step)}
+    out = {}
+    for e in events:
+        if e["step"] == step and e["kind"] in ("arrive_activation", "arrive_grad"):
+            k, i = e["rank"], e["microbatch"]
+            mine, theirs = ((k, "F", i), (k - 1, "F", i)) if e["kind"] == "arrive_activation" else \
+                ((k, "B", i), (k + 1, "B", i))
+            if theirs in ends:
+                out[mine] = max(0.0, e["end"] - ends[theirs])
+    return out
+
+
 def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int) -> dict:
     """One step's bubble rebuilt one cause at a time, each rung measured in the same step.
 
@@ -186,8 +204,10 @@ def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int)
       time): what unequal stages cost over the formula, which assumes equal ones;
     * ``busy``: replayed with each action's own busy time: adds the variation between
       micro-batches (a stage that waits for a slower neighbour turns it into idle time);
-    * ``wall``: measured on the wall clock: adds what a real machine adds — messages, the stage's
-      own work between actions, and cores shared with other threads and processes.
+    * ``messages``: replayed with each action's busy time and each message's measured delay
+      (:func:`message_delays`): adds what messages cost where a stage waits for them;
+    * ``wall``: measured on the wall clock: adds the rest — the stage's own work between actions
+      and cores shared with other threads and processes.
 
     Beside them, per stage, as shares of the step's window (first forward to last backward):
     ``off_core`` — wall minus busy time inside its forwards and backwards (its core ran something
@@ -209,6 +229,8 @@ def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int)
                    if e["step"] == step and e["rank"] == k and e["kind"] == "recv")
         stages.append({"stage": k, "off_core": (wall - sum(e["busy"] for e in mine)) / window,
                        "recv": recv / window, "between": max(0.0, t1 - t0 - wall - recv) / window})
+    delays = message_delays(events, step)
     return {"step": step, "stages": _replay_with(actions, comp, lambda e: mean[e["rank"], e["kind"]]),
             "busy": _replay_with(actions, comp, lambda e: e["busy"]),
+            "messages": idle_share(replay(actions, {span_key(e): e["busy"] for e in comp}, delays)),
             "wall": idle_share(measured_spans(events, step)), "per_stage": stages}
