@@ -8,11 +8,14 @@ notebook can assert its claims.
 from __future__ import annotations
 
 import statistics
+import time
 from types import SimpleNamespace
 
+import torch
+import torch.distributed as dist
 from IPython.display import display
 
-from .. import bench, costmodel, experiments, plots, schedules, widgets
+from .. import bench, comm, costmodel, experiments, plots, schedules, widgets
 from ..experiments import Result, run
 from ..milestones import data_parallel as dp
 from ..milestones import ring_allreduce as ra
@@ -103,7 +106,8 @@ def bandwidth(sizes=SIZES, world_sizes=(2, 4), repeats: int = 3,
     """Measure the algorithm bandwidth of ours and Gloo's in one run; fit α-β to both rings.
 
     Both are fitted with the ring's model, T = 2(N−1)·α + 2(N−1)/N·S·β, so α is the cost of one
-    ring step (for the pipelined ring, a step of several messages) and β the cost of a byte.
+    ring step and β the cost of a byte (the pipelined ring's extra messages, one per segment, grow
+    with the bytes: their cost lands in β).
     """
     rows = bench.allreduce(sizes, world_sizes, algorithms, repeats, cluster_for=warm_cluster)
     rings = [a for a in ("ring", PIPELINED) if a in algorithms]
@@ -150,13 +154,6 @@ def time_segments(nbytes: int, segment_sizes: list[int], repeats: int = 5) -> di
     """On every rank: seconds of each call, {variant: [per repeat]}, for the library, the plain ring
     and the pipelined ring with each segment size; variants take turns (rotating) within a repeat.
     The first round is a warm-up and is dropped."""
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    from .. import comm
-
     x = torch.zeros(nbytes // 4)
     names = ["library", "ring", *segment_sizes]
     times = {k: [] for k in names}
