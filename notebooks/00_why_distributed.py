@@ -393,6 +393,24 @@ def average_gradients(model):
 exercises["average_gradients"].submit(average_gradients)
 
 # %% [markdown]
+# ### Exercise: overlap the all-reduce with the backward
+#
+# Now start each gradient's all-reduce *during* the backward, as section 4 did, without looking back
+# at it if you can. The check also records, on every rank, whether your `all_reduce` calls came while
+# autograd was running and whether they blocked it.
+
+# %%
+exercises["start_overlap"]
+
+
+# %%
+def start_overlap(model):
+    ...  # your code here: register hooks, and return finish()
+
+
+exercises["start_overlap"].submit(start_overlap)
+
+# %% [markdown]
 # ## What comes next
 #
 # Data parallelism replicates everything and talks a lot. The history of the field is a series of

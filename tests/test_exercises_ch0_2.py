@@ -110,6 +110,90 @@ def test_ch0_template_is_not_answered_yet(ch0, capsys):
     assert "not answered yet" in capsys.readouterr().out
 
 
+# the overlap exercise: wrong answers a learner plausibly writes
+
+
+def _blocks_in_the_hook(model):  # right sums, but each hook stops the backward until they arrive
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: dist.all_reduce(p.grad))
+
+    def finish():
+        for p in model.parameters():
+            p.grad /= dist.get_world_size()
+
+    return finish
+
+
+def _all_after_the_backward(model):  # right sums, nothing overlaps
+    def finish():
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+    return finish
+
+
+def _overlap(model, wait=True, divide=True, skip_bias=False):
+    in_flight = []
+    for p in model.parameters():
+        if not (skip_bias and p.dim() == 1):
+            p.register_post_accumulate_grad_hook(
+                lambda p: in_flight.append(dist.all_reduce(p.grad, async_op=True)))
+
+    def finish():
+        for w in in_flight if wait else ():
+            w.wait()
+        in_flight.clear()
+        for p in model.parameters() if divide else ():
+            p.grad /= dist.get_world_size()
+
+    return finish
+
+
+@pytest.fixture(scope="module")
+def ch0_overlap():
+    return ch00_exercises.exercises()["start_overlap"]
+
+
+@pytest.mark.numerics
+@pytest.mark.ch0
+def test_ch0_overlap_reference_is_accepted(ch0_overlap):
+    v = ch0_overlap.check(ch0_overlap.reference())
+    assert v.ok, v.message
+
+
+@pytest.mark.numerics
+@pytest.mark.ch0
+@pytest.mark.parametrize("wrong, words", [
+    (_blocks_in_the_hook, "blocked"),
+    (_all_after_the_backward, "after the backward"),
+    (lambda m: _overlap(m, divide=False), "averaged"),
+    (lambda m: _overlap(m, skip_bias=True), "drifted apart"),
+])
+def test_ch0_overlap_wrong_answers_are_rejected(ch0_overlap, wrong, words):
+    v = ch0_overlap.check(wrong)
+    assert not v.ok and words in v.message, v.message
+    assert "async_op=True)" not in v.message
+
+
+@pytest.mark.ch0
+def test_ch0_overlap_deadlock_and_template(ch0_overlap, monkeypatch, capsys):
+    def everyone_receives(model):  # finish() waits for bytes nobody sends
+        def finish():
+            for p in model.parameters():
+                dist.recv(p.grad, src=(dist.get_rank() + 1) % dist.get_world_size())
+        return finish
+
+    monkeypatch.setattr(ch00_exercises, "TIMEOUT_S", 3.0)
+    v = ch0_overlap.check(everyone_receives)
+    assert not v.ok and "did not finish within timeout_s=3 s" in v.message, v.message
+
+    def start_overlap(model):
+        ...  # your code here
+
+    assert ch0_overlap.submit(start_overlap).message == "not answered yet"
+
+
 # --------------------------------------------------------------------------- chapter 1
 
 

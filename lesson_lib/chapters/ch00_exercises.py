@@ -1,8 +1,11 @@
-"""Chapter 0's exercise, checked on real ranks (notebooks/00_why_distributed.ipynb).
+"""Chapter 0's exercises, checked on real ranks (notebooks/00_why_distributed.ipynb).
 
 The learner writes ``average_gradients(model)``; :func:`train_with` runs it on every rank of a
 warm cluster between ``backward()`` and ``optimizer.step()``, and the check compares the ranks'
 losses with single-process training on the whole batch (``data_parallel.reference``).
+The second, ``start_overlap(model)``, starts each all-reduce from a hook during the backward;
+:func:`train_overlapped_with` also records whether each ``all_reduce`` call came during the
+backward and without blocking.
 """
 
 from __future__ import annotations
@@ -102,6 +105,100 @@ def _reference_average_gradients():
     return average_gradients
 
 
+def train_overlapped_with(start_overlap: Callable, task: dict) -> dict:
+    """On every rank: ``finish = start_overlap(model)`` once, then SGD steps calling ``finish()``
+    after each ``backward()``. Every ``dist.all_reduce`` the learner makes is recorded: was
+    autograd running (a hook during the backward) and was it non-blocking (``async_op=True``)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = dp.Config(world_size=world, optimizer="sgd", **task)
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    original, calls = dist.all_reduce, []
+
+    def recorded(tensor, *args, **kwargs):
+        calls.append({"in_backward": torch._C._current_graph_task_id() != -1,
+                      "async": bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))})
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = recorded
+    try:
+        finish = start_overlap(model)
+        losses = []
+        for step in range(cfg.steps):
+            idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world)
+            optimizer.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+            loss.backward()
+            finish()
+            optimizer.step()
+            total = loss.detach().reshape(1)
+            original(total)
+            losses.append(float(total) / world)
+    finally:
+        dist.all_reduce = original
+    return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()], "calls": calls}
+
+
+def check_start_overlap(fn: Callable) -> Verdict:
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. ex.submit(start_overlap)")
+    ref = reference_losses()
+    tol = tolerance(ref)
+    for n in WORLD_SIZES:
+        try:
+            outs = warm_cluster(n).run(train_overlapped_with, fn, TASK, timeout_s=TIMEOUT_S)
+        except WorkerTimeout as e:
+            return Verdict(False, f"on {n} ranks the training did not finish: {e}")
+        except WorkerError as e:
+            return Verdict(False, f"on {n} ranks your function failed — {e}")
+        calls = [c for o in outs for c in o["calls"]]
+        if any(c["in_backward"] and not c["async"] for c in calls):
+            return Verdict(False, "an all_reduce inside a hook blocked: the backward stopped until its bytes "
+                                  "had arrived, so nothing overlapped. Start it with async_op=True, keep the "
+                                  "handle, and wait for it in finish().")
+        if not any(c["in_backward"] for c in calls):
+            return Verdict(False, "your all-reduces all started after the backward had finished, so "
+                                  "the communication overlapped nothing. Start each one from a hook that "
+                                  "autograd calls as soon as that gradient is complete.")
+        if any(not torch.equal(a, b) for o in outs[1:] for a, b in zip(outs[0]["params"], o["params"])):
+            return Verdict(False, f"on {n} ranks the model copies drifted apart: every rank must apply the "
+                                  "same, completely summed gradient. Are all the all-reduces finished before "
+                                  "finish() returns?")
+        losses = outs[0]["losses"]
+        gaps = [abs(a - b) for a, b in zip(losses, ref)]
+        if max(gaps) > tol:
+            s = next(i for i, g in enumerate(gaps) if g > tol)
+            return Verdict(False, f"on {n} ranks training is not the single-process training on the whole "
+                                  f"batch: at step {s} the loss is {losses[s]:.6f}, expected {ref[s]:.6f}. "
+                                  "Is each gradient completely summed, and averaged, before the step?")
+    return Verdict(True, f"on {' and '.join(map(str, WORLD_SIZES))} ranks your all-reduces started "
+                         "during the backward and training equals single-process training "
+                         f"(within {tol:.1e})")
+
+
+def _reference_start_overlap():
+    def start_overlap(model):
+        world, in_flight = dist.get_world_size(), []
+
+        def all_reduce_now(p):
+            in_flight.append(dist.all_reduce(p.grad, async_op=True))
+
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(all_reduce_now)
+
+        def finish():
+            for work in in_flight:
+                work.wait()
+            in_flight.clear()
+            for p in model.parameters():
+                p.grad /= world
+
+        return finish
+
+    return start_overlap
+
+
 def exercises() -> dict[str, Exercise]:
     return {
         "average_gradients": Exercise(
@@ -118,4 +215,22 @@ def exercises() -> dict[str, Exercise]:
             "means. <code>dist.all_reduce(t)</code> sums <code>t</code> over the ranks, in place.",
             solution_text(_reference_average_gradients()),
             _reference_average_gradients),
+        "start_overlap": Exercise(
+            "start_overlap", "overlap the all-reduce with the backward",
+            "Complete <code>start_overlap(model)</code>. It is called once on every rank, before "
+            "training. Make each gradient's all-reduce <i>start</i> as soon as autograd has written that "
+            "gradient, while the backward goes on with earlier layers, and return a function "
+            "<code>finish()</code> that the training loop calls after each "
+            "<code>loss.backward()</code>: when it returns, every <code>p.grad</code> must hold the whole "
+            "batch's gradient. The check trains a "
+            f"few SGD steps on {' and '.join(map(str, WORLD_SIZES))} real ranks, compares the losses with "
+            "single-process training, and records whether your all-reduces ran during the backward "
+            "without blocking it.",
+            check_start_overlap,
+            "<code>p.register_post_accumulate_grad_hook(hook)</code> calls <code>hook(p)</code> right after "
+            "<code>p.grad</code> is complete (the hook must return nothing). "
+            "<code>dist.all_reduce(t, async_op=True)</code> returns at once with a handle; "
+            "<code>handle.wait()</code> blocks until the sum is in <code>t</code>.",
+            solution_text(_reference_start_overlap()),
+            _reference_start_overlap),
     }
