@@ -213,18 +213,17 @@ for p in (2, 4):
 # ### Where the extra idle time goes
 #
 # The formula assumes every forward and every backward takes the same time and that messages are
-# free. A real run breaks both, and each cause can be measured on its own in the same run. Rebuild
-# the bubble one cause at a time, replaying the run's own schedule with:
+# free. A real run breaks both, and each cause can be measured in the same run. Rebuild the bubble
+# one cause at a time, replaying the run's own schedule with:
 #
 # 1. each stage's *mean* forward and backward (busy time) — what **unequal stages** cost: the
 #    slowest stage sets the pace of the whole line;
 # 2. each action's own busy time — adds the **variation between micro-batches**: a stage that
 #    waits for a slower neighbour turns that variation into idle time;
-# 3. plus each message's measured delay (from the neighbour finishing to the message landing) —
-#    adds what **messages** cost where a stage has to wait for one;
-# 4. then the wall clock itself — adds the rest: the stage's own work **between actions**, and
-#    **cores shared** with other threads and processes (a stage that is off its core for a while
-#    makes its neighbour wait).
+# 3. then the wall clock itself — adds what a real machine adds: **messages** (printed: how long
+#    each took from the neighbour finishing to the message landing), the stage's own work
+#    **between actions**, and **cores shared** with other threads and processes (a stage that is
+#    off its core for a while makes its neighbour wait).
 #
 # Below: GPipe on 2 stages (as many ranks as this laptop has cores, or fewer), on a model whose
 # stages do equal work, with 64–128 samples per micro-batch so that a forward takes milliseconds
@@ -257,8 +256,8 @@ assert uneven[8]["stages"] > even[8]["stages"]  # unequal stages cost idle time
 # around; in 1F1B's steady state with 2 stages, each stage's next action depends on a message that
 # went there and back, so the delays add up every micro-batch. On a laptop the stages also share
 # their cores with this notebook, the browser and anything else running — the printed *off its
-# core* shares show how much, run by run. Those last two rungs are properties of the machine and
-# its load, not of the schedule, which is why the cell above checks only the replayed bubble;
+# core* shares show how much, run by run. What the wall clock adds depends on the machine and its
+# load, not on the schedule alone, which is why the cell above checks only the replayed bubble;
 # `python -m lesson_lib bench bubble` repeats these runs for GPipe and 1F1B and prints each one.
 #
 # The sweep above shows one more cost: micro-batches are not free. Each one re-reads the stage's weights and adds into its gradients,

@@ -164,6 +164,8 @@ def test_events_bubble_and_parameter_memory(clusters):
             assert all(e["end"] >= e["start"] for e in mine)
     assert r["bubble_formula"] == bubble_formula(2, 4) and 0 <= r["bubble_fraction"] < 1
     assert 0 <= r["bubble_busy"] < 1 and len(r["bubble_per_step"]) == cfg.steps
+    # every message of the measured steps (step 0 skipped) was timed: 4 activations and 4 gradients
+    assert len(r["message_delays_s"]) == 8 * (cfg.steps - 1) and min(r["message_delays_s"]) >= 0
     params = [s["param_bytes"] for s in r["stage_memory"]]
     assert sum(params) == r["unsplit_param_bytes"] and max(params) < r["unsplit_param_bytes"]
 

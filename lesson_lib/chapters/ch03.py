@@ -6,6 +6,8 @@ clusters, displays its figures and returns what the notebook asserts.
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 from IPython.display import display
 
@@ -152,11 +154,15 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
             runs.append(r)
             b, f = r["bubble_breakdown"], r["bubble_formula"]
             rows.append({"label": f"{model}, M={m}", "model": model, "microbatches": m, "formula": f,
-                         **{k: b[k] for k in ("stages", "busy", "messages", "wall", "per_stage")}})
+                         **{k: b[k] for k in ("stages", "busy", "wall", "per_stage")}})
             print(f"{model}, M={m}: formula {f:.1%}; + unequal stages {b['stages']:.1%} "
                   f"({b['stages'] / f:.2f}× the formula); + variation between micro-batches {b['busy']:.1%} "
-                  f"({b['busy'] / f:.2f}×); + messages {b['messages']:.1%} ({b['messages'] / f:.2f}×); "
-                  f"on the wall clock {b['wall']:.1%} ({b['wall'] / f:.2f}×)")
+                  f"({b['busy'] / f:.2f}×); on the wall clock {b['wall']:.1%} ({b['wall'] / f:.2f}×)")
+            d = [1e3 * x for x in r["message_delays_s"]]  # sorted
+            fwd = statistics.median(e["busy"] for e in r["events"] if e["kind"] == "forward" and e["step"])
+            print(f"    messages, from the neighbour finishing to the message landing: median "
+                  f"{statistics.median(d):.2f} ms, 90th percentile {d[int(0.9 * (len(d) - 1))]:.2f} ms, "
+                  f"longest {d[-1]:.2f} ms (one forward takes {1e3 * fwd:.1f} ms of busy time)")
             for s in b["per_stage"]:
                 print(f"    stage {s['stage']}: off its core while computing {s['off_core']:.1%} of the "
                       f"step, waiting for a message {s['recv']:.1%}, between actions {s['between']:.1%}")

@@ -205,7 +205,9 @@ def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int)
     * ``busy``: replayed with each action's own busy time: adds the variation between
       micro-batches (a stage that waits for a slower neighbour turns it into idle time);
     * ``messages``: replayed with each action's busy time and each message's measured delay
-      (:func:`message_delays`): adds what messages cost where a stage waits for them;
+      (:func:`message_delays`): adds what messages cost where a stage waits for them. The delays
+      are wall-clock times, so on a loaded machine (stages often off their cores) they include
+      waiting for a core and this rung can exceed the measured ``wall``;
     * ``wall``: measured on the wall clock: adds the rest — the stage's own work between actions
       and cores shared with other threads and processes.
 

@@ -133,12 +133,11 @@ def bubble_vs_microbatches(rows: list[dict], title: str, note: str | None = None
 
 
 def bubble_causes(rows: list[dict], title: str, note: str | None = None) -> go.Figure:
-    """rows: {label, formula, stages, busy, messages, wall} — one group of bars per run, the bubble
+    """rows: {label, formula, stages, busy, wall} — one group of bars per run, the bubble
     rebuilt one cause at a time (:func:`lesson_lib.milestones.pp_schedules.bubble_breakdown`)."""
     rungs = [("formula", "formula (P−1)/(M+P−1): equal actions, free messages", "#BAB0AC"),
              ("stages", "replayed: each stage's mean forward and backward", "#72B7B2"),
              ("busy", "replayed: each action's busy time", "#4C78A8"),
-             ("messages", "replayed: busy time and each message's measured delay", "#F58518"),
              ("wall", "measured on the wall clock", "#E45756")]
     fig = go.Figure()
     for key, name, color in rungs:
