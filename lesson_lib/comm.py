@@ -273,33 +273,23 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: i
     def post(x):
         out, inc = pieces[x.send_chunk][x.segment], pieces[x.recv_chunk][x.segment]
         buf = scratch[at[x.segment]:at[x.segment] + inc.numel()] if x.phase == "reduce-scatter" else inc
-        works = exchange(out, x.send_to, buf, x.recv_from, group).works
-        # Gloo: the send is works[0], apart; it need not finish before we use what arrived (NCCL's
-        # pair is one group: wait for all of it)
-        sends = works[:1] if out.numel() and context().backend != "nccl" else []
-        return x, works[len(sends):], sends, buf, inc
+        return x, exchange(out, x.send_to, buf, x.recv_from, group).works, buf, inc
 
     sent = sum(pieces[x.send_chunk][x.segment].numel() for x in mine) * flat.element_size()
     recv = sum(pieces[x.recv_chunk][x.segment].numel() for x in mine) * flat.element_size()
     with _Timed(op + ".step", sent=sent, recv=recv):
         flight = collections.deque(post(x) for x in mine[:k])  # the first step: all segments at once
-        sent_works, works = [], []
+        works = []
         for i in range(len(mine)):
-            x, recvs, sends, buf, target = flight.popleft()
-            for w in recvs:
-                w.wait()
-            sent_works += sends
-            works += recvs
+            x, w, buf, target = flight.popleft()
+            for one in w:
+                one.wait()
+            works += w
             if x.phase == "reduce-scatter":
                 target.add_(buf)  # while the other segments are still on the wire
             if i + k < len(mine):
                 flight.append(post(mine[i + k]))  # the same segment, next step: its data is ready
-        # A sent chunk is written into again only in the all-gather, by data that left after the
-        # neighbour had received all of it — so waiting for sends can wait until here, before the
-        # caller may touch the tensor.
-        for w in sent_works:
-            w.wait()
-    _RECENT.append(works + sent_works)  # Gloo: let the works outlive the call (see Pending.wait)
+    _RECENT.append(works)  # Gloo: let the works outlive the call (see Pending.wait)
     return _finish(tensor, flat, op, _nbytes(scratch))
 
 
