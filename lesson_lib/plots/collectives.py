@@ -131,11 +131,13 @@ def pipelined_ring_animation(frames: list[dict], title: str = "Pipelined ring: e
             label = f"slot {f['slot'] + 1}: {f['phase']} {f['step'] + 1}/{n - 1}"
             wire = sorted({s for *_, s in f["moves"]})
             added = sorted({s for *_, s in f["adding"]})
+            same = wire and added and added[0] < wire[0]  # else it landed in the previous step
             caption = "; ".join(
                 ([f"segment {wire[0]} of a chunk on each link"] if wire else [])
-                + ([f"segment {added[0]} <b>added</b> "
+                + ([f"segment {added[0]}{'' if same else ' of the previous step'} <b>added</b> "
                     + ("meanwhile" if wire else "(the last add: nothing left to hide it)")] if added else [])
-                + (["it lands in place (a copy, nothing to add)"] if f["phase"] == "all-gather" else []))
+                + (["all-gather segments land in place (a copy, nothing to add)"]
+                   if f["phase"] == "all-gather" else []))
         names.append(label)
         figs.append(go.Frame(name=label, data=[segs(f["state"]), flight(f), adding(f)], traces=[2, 3, 4],
                              layout={"title": {"text": f"{title}<br><sup>{label}: {caption}</sup>"}}))
