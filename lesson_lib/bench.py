@@ -106,7 +106,7 @@ def print_allreduce(rows: list[dict]) -> None:
             mine = [r for r in rows if r["algorithm"] == alg and r["world_size"] == n]
             if len(mine) >= 2:
                 fit = fit_alpha_beta(mine, "ring")
-                print(f"{alg:>7}, {n} ranks: alpha = {1e6 * fit['alpha_s']:6.1f} µs, beta = 1/"
+                print(f"{alg:>14}, {n} ranks: alpha = {1e6 * fit['alpha_s']:6.1f} µs, beta = 1/"
                       f"({fit['bandwidth_GBps']:.2f} GB/s), fit error {100 * fit['rms_rel_error']:.0f}% rms")
     if any(r["oversubscribed"] for r in rows):
         print("note: some world sizes put more ranks than cores on this machine; "

@@ -52,7 +52,10 @@ class Source:
 
 
 def source(obj: Any) -> Source:
-    """The :class:`Source` of a function, class or module (raises TypeError for built-ins)."""
+    """The :class:`Source` of a function, class or module (raises TypeError for built-ins).
+
+    A decorated function (a cache, ``functools.wraps``) shows the function it wraps."""
+    obj = inspect.unwrap(obj) if callable(obj) and not inspect.isclass(obj) else obj
     try:
         lines, first = inspect.getsourcelines(obj)
         path = inspect.getsourcefile(obj) or "?"

@@ -234,7 +234,7 @@ assert len(pframes) - 1 == 2 * 3 * 2                        # ... one slot per s
 # least two, of at most a configurable size; below we measure why ours leaves small chunks whole.)
 
 # %%
-show_source(comm.pipelined_ring_all_reduce, schedules.pipelined_ring_schedule.__wrapped__)  # (its cache unwrapped)
+show_source(comm.pipelined_ring_all_reduce, schedules.pipelined_ring_schedule)
 
 # %% [markdown]
 # Run on 4 real ranks against `dist.all_reduce`, with segments of 2 bytes (half a float: some pieces are
