@@ -39,6 +39,46 @@ def _close(a, b):
 # --------------------------------------------------------------------------- equal to one process
 
 
+def _relay(ahead, count=6):
+    """Rank 0 sends ``count`` distinct tensors over a StageLink; rank 1, posting at most ``ahead``
+    receives it has not taken, takes them slowly. Returns rank 1's tensors and events."""
+    import time as _time
+
+    from lesson_lib.milestones.pp_comm import StageLink, Timeline
+    from lesson_lib.runtime import context
+
+    rank = context().rank
+    tl = Timeline(rank, torch.device("cpu"))
+    link = StageLink(rank, 2, count, (3,), (3,), tl, ahead=ahead)
+    try:
+        if rank == 0:
+            for i in range(count):
+                link.send_activation(torch.full((3,), float(i)), i)
+            link.flush()
+            return None
+        link.begin_step()
+        got = []
+        for i in range(count):
+            _time.sleep(0.02)  # the stage is busy: the sender's messages pile up
+            got.append(link.recv_activation(i).tolist())
+        return {"got": got, "events": tl.events}
+    finally:
+        link.close()
+
+
+@pytest.mark.parametrize("ahead", [1, 2, None])
+def test_receives_posted_ahead_arrive_in_order_and_respect_the_bound(clusters, ahead):
+    out = clusters(2).run(_relay, ahead, timeout_s=20)[1]
+    assert out["got"] == [[float(i)] * 3 for i in range(6)]
+    posted = {e["microbatch"]: e["start"] for e in out["events"] if e["kind"] == "arrive_activation"}
+    taken = {e["microbatch"]: e["end"] for e in out["events"] if e["kind"] == "recv"}
+    later = [i for i in range(6 - (ahead or 6)) if posted[i + ahead] < taken[i]]
+    if ahead:  # receive i + ahead is posted only once the stage has taken receive i
+        assert not later, later
+    else:  # all posted at once, before the slow stage took the first
+        assert max(posted.values()) < taken[0]
+
+
 @pytest.mark.parametrize("stages", [1, 2, 4])
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_schedule_equals_single_process_training(clusters, stages, schedule):
