@@ -154,9 +154,9 @@ for schedule in mine:
 # %% [markdown]
 # The library's stage, which every figure of this chapter runs, is the same loop plus what the
 # figures need: it times every action, measures the activations it holds, sends and receives on
-# threads of its own so that the stage never stalls handing a message to Gloo, with each receive
-# posted as soon as the previous one has arrived (`pp_comm.StageLink`), and it can balance the
-# stages by measured time.
+# threads of its own so that the stage never stalls handing a message to Gloo, with receives
+# posted ahead — all of a step's for GPipe, two for 1F1B — so that a neighbour's message can leave
+# the moment it is computed (`pp_comm.StageLink`), and it can balance the stages by measured time.
 
 # %%
 show_source(pp.train_stage, stage_actions)

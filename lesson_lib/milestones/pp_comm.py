@@ -12,9 +12,10 @@ I/O thread got a core, which the two stages were holding. A receive thread posts
 receives ahead (all of them unless ``ahead`` bounds how many wait untaken), so each message can
 leave the moment its sender has it: Gloo writes a message only once the receiver has posted its
 receive, and posting each receive only after the previous one had arrived put that round of
-notice on the path of every message. In paired runs on a quiet 2-core machine (GPipe and 1F1B,
-M = 8, 5 pairs each) posting ahead took the wall-clock bubble from 1.28–1.44× the formula to
-1.27–1.36× (GPipe) and 1.41–1.62× to 1.40–1.52× (1F1B). Letting the stage wait on Gloo's work
+notice on the path of every message. In three sets of paired runs on a quiet 2-core machine (M = 8,
+5 pairs each, interleaved on one cluster, every stage off its core < 5 % of the step) posting
+ahead lowered GPipe's wall-clock bubble in 13 of 15 pairs, from 1.28–1.57× the formula to
+1.23–1.49×, and 1F1B's from 1.41–1.66× to 1.37–1.54×. Letting the stage wait on Gloo's work
 itself (one thread wake-up fewer per message) gave no further clear gain and would lose the landing
 time of a message that came before the stage asked; posting sends from the main thread neither
 (and under load made some messages 40–120 ms late). The stage waits only when its input really is
