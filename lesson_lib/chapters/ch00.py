@@ -10,7 +10,7 @@ from __future__ import annotations
 from IPython.display import display
 
 from .. import plots, widgets
-from ..comm import ring_bytes_sent
+from ..comm import ring_bytes_sent, set_link
 from ..costmodel import fits, memory_bill
 from ..data import read_csv
 from ..experiments import Result, run
@@ -99,19 +99,28 @@ def comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size: int = 2, result
 
 
 def overlap(bucket_mb: float = 2.0, world_size: int = 2, hidden: int = 1024, global_batch: int = 256,
-            steps: int = 6) -> dict:
+            steps: int = 6, link_gbps: float | None = None) -> dict:
     """The same training with one all-reduce after the backward, then with buckets of ``bucket_mb``
     MiB all-reduced during it; a timeline of one step of each, per rank.
 
-    What is certain by construction, and checked: every bucket but the first layer's is launched
-    before the backward ends, and the losses are the same. How much of the communication the
-    backward hides is measured and varies: on 2 cores the communication thread competes with the
-    backward for the same cores.
+    What is certain by construction, and checked: every bucket is launched before the backward
+    returns, and the losses are the same. How much of the communication the backward hides is
+    measured and varies: on 2 cores the communication thread competes with the backward for the
+    same cores. With ``link_gbps`` every transfer takes at least bytes / bandwidth on an *emulated*
+    link (chapter 6's :func:`lesson_lib.comm.set_link`: the rank sleeps out the rest of that time,
+    leaving its core free, as waiting on a network card would).
     """
     opts = {"hidden": hidden, "global_batch": global_batch, "steps": steps}
-    runs = {"one all-reduce after the backward": _run(world_size, **opts),
-            f"buckets of {bucket_mb:g} MiB during the backward": _run(world_size, bucket_mb=bucket_mb,
-                                                                      **opts)}
+    cluster = warm_cluster(world_size)
+    if link_gbps is not None:
+        cluster.run(set_link, link_gbps)
+    try:
+        runs = {"one all-reduce after the backward": _run(world_size, **opts),
+                f"buckets of {bucket_mb:g} MiB during the backward": _run(world_size, bucket_mb=bucket_mb,
+                                                                          **opts)}
+    finally:
+        if link_gbps is not None:
+            cluster.run(set_link, None)  # warm workers serve other cells next: never leave it slowed
     flat, bucketed = runs.values()
     hidden_share = []
     for t in bucketed["timeline"]:
@@ -119,9 +128,12 @@ def overlap(bucket_mb: float = 2.0, world_size: int = 2, hidden: int = 1024, glo
         comm = sum(b["end"] - b["start"] for b in t["buckets"])
         inside = sum(max(0.0, min(b["end"], t1) - max(b["start"], t0)) for b in t["buckets"])
         hidden_share.append(inside / comm if comm else 0.0)
-    note = oversubscription_note([bucketed])
-    title = f"One step of a {flat['param_count']:,}-parameter model on {world_size} ranks"
-    display(plots.overlap_timeline({k: r["timeline"] for k, r in runs.items()}, title, note))
+    notes = [n for n in (oversubscription_note([bucketed]),
+                         f"emulated link: {link_gbps:g} Gbit/s" if link_gbps is not None else None) if n]
+    link = f", emulated {link_gbps:g} Gbit/s link" if link_gbps is not None else ""
+    title = f"One step of a {flat['param_count']:,}-parameter model on {world_size} ranks{link}"
+    display(plots.overlap_timeline({k: r["timeline"] for k, r in runs.items()}, title,
+                                   "; ".join(notes) or None))
     claims = {"launched_during_backward": [sum(b["launched"] < t["backward"][1] for b in t["buckets"])
                                            for t in bucketed["timeline"]],
               "buckets": len(bucketed["timeline"][0]["buckets"]),
@@ -130,7 +142,7 @@ def overlap(bucket_mb: float = 2.0, world_size: int = 2, hidden: int = 1024, glo
               "step_ms": {k: 1e3 * r.median_step_time() for k, r in runs.items()},
               "exposed_comm_ms": {k: 1e3 * max(r.median_step("comm_s")) for k, r in runs.items()}}
     for k in runs:
-        print(f"{k}: median step {claims['step_ms'][k]:.1f} ms, of which waiting for communication "
+        print(f"{k}{link}: median step {claims['step_ms'][k]:.1f} ms, of which waiting for communication "
               f"{claims['exposed_comm_ms'][k]:.1f} ms (slowest rank)")
     print("share of the buckets' communication that ran while the backward computed, per rank: "
           + ", ".join(f"{h:.0%}" for h in hidden_share))
