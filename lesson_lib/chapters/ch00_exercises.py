@@ -64,35 +64,43 @@ def tolerance(ref: list[float]) -> float:
     return 10 * len(ref) * torch.finfo(torch.float32).eps * max(abs(x) for x in ref)
 
 
-def check_average_gradients(fn: Callable) -> Verdict:
-    if not callable(fn):
-        return Verdict(False, "submit your function, e.g. ex.submit(average_gradients)")
+def _judge(fn: Callable, worker: Callable, drift_hint: str, gap_hint: str,
+           check_calls: Callable | None = None) -> Verdict:
+    """Run ``worker(fn, TASK)`` on every rank of each world size; judge the ranks' models (equal
+    bit for bit) and losses (single-process training within :func:`tolerance`)."""
     ref = reference_losses()
     tol = tolerance(ref)
     names = [f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}" for i in range(2 * (TASK["depth"] + 1))]
     for n in WORLD_SIZES:
         try:
-            outs = warm_cluster(n).run(train_with, fn, TASK, timeout_s=TIMEOUT_S)
+            outs = warm_cluster(n).run(worker, fn, TASK, timeout_s=TIMEOUT_S)
         except WorkerTimeout as e:
             return Verdict(False, f"on {n} ranks the training did not finish: {e}")
         except WorkerError as e:
             return Verdict(False, f"on {n} ranks your function failed — {e}")
+        if check_calls is not None and (v := check_calls(outs)) is not None:
+            return v
         for r, out in enumerate(outs[1:], start=1):
             for i, (a, b) in enumerate(zip(outs[0]["params"], out["params"])):
                 if not torch.equal(a, b):
                     return Verdict(False, f"on {n} ranks, after {TASK['steps']} steps rank {r}'s {names[i]} "
-                                          "differs from rank 0's: the copies drifted apart. Every rank must "
-                                          "apply the same gradient to every parameter.")
+                                          f"differs from rank 0's: the copies drifted apart. {drift_hint}")
         losses = outs[0]["losses"]
         gaps = [abs(a - b) for a, b in zip(losses, ref)]
         if max(gaps) > tol:
             s = next(i for i, g in enumerate(gaps) if g > tol)
             return Verdict(False, f"on {n} ranks the ranks agree with each other, but training is not the "
                                   f"single-process training on the whole batch: at step {s} the loss is "
-                                  f"{losses[s]:.6f}, expected {ref[s]:.6f}. Is each rank's gradient "
-                                  "that of the whole batch — its size included?")
+                                  f"{losses[s]:.6f}, expected {ref[s]:.6f}. {gap_hint}")
     return Verdict(True, f"on {' and '.join(map(str, WORLD_SIZES))} ranks the losses equal single-process "
                          f"training (within {tol:.1e}) and every rank holds the same model")
+
+
+def check_average_gradients(fn: Callable) -> Verdict:
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. ex.submit(average_gradients)")
+    return _judge(fn, train_with, "Every rank must apply the same gradient to every parameter.",
+                  "Is each rank's gradient that of the whole batch — its size included?")
 
 
 def _reference_average_gradients():
@@ -143,15 +151,8 @@ def train_overlapped_with(start_overlap: Callable, task: dict) -> dict:
 def check_start_overlap(fn: Callable) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(start_overlap)")
-    ref = reference_losses()
-    tol = tolerance(ref)
-    for n in WORLD_SIZES:
-        try:
-            outs = warm_cluster(n).run(train_overlapped_with, fn, TASK, timeout_s=TIMEOUT_S)
-        except WorkerTimeout as e:
-            return Verdict(False, f"on {n} ranks the training did not finish: {e}")
-        except WorkerError as e:
-            return Verdict(False, f"on {n} ranks your function failed — {e}")
+
+    def check_calls(outs):
         calls = [c for o in outs for c in o["calls"]]
         if any(c["in_backward"] and not c["async"] for c in calls):
             return Verdict(False, "an all_reduce inside a hook blocked: the backward stopped until its bytes "
@@ -161,20 +162,11 @@ def check_start_overlap(fn: Callable) -> Verdict:
             return Verdict(False, "your all-reduces all started after the backward had finished, so "
                                   "the communication overlapped nothing. Start each one from a hook that "
                                   "autograd calls as soon as that gradient is complete.")
-        if any(not torch.equal(a, b) for o in outs[1:] for a, b in zip(outs[0]["params"], o["params"])):
-            return Verdict(False, f"on {n} ranks the model copies drifted apart: every rank must apply the "
-                                  "same, completely summed gradient. Are all the all-reduces finished before "
-                                  "finish() returns?")
-        losses = outs[0]["losses"]
-        gaps = [abs(a - b) for a, b in zip(losses, ref)]
-        if max(gaps) > tol:
-            s = next(i for i, g in enumerate(gaps) if g > tol)
-            return Verdict(False, f"on {n} ranks training is not the single-process training on the whole "
-                                  f"batch: at step {s} the loss is {losses[s]:.6f}, expected {ref[s]:.6f}. "
-                                  "Is each gradient completely summed, and averaged, before the step?")
-    return Verdict(True, f"on {' and '.join(map(str, WORLD_SIZES))} ranks your all-reduces started "
-                         "during the backward and training equals single-process training "
-                         f"(within {tol:.1e})")
+
+    v = _judge(fn, train_overlapped_with, "Every rank must apply the same, completely summed gradient: are "
+               "all the all-reduces finished before finish() returns?",
+               "Is each gradient completely summed, and averaged, before the step?", check_calls)
+    return Verdict(True, v.message + "; your all-reduces started during the backward") if v else v
 
 
 def _reference_start_overlap():
