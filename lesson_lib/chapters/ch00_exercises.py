@@ -30,9 +30,10 @@ WORLD_SIZES = (2, 4)
 TIMEOUT_S = 15.0  # a learner's deadlock ends here, with the runtime saying where each rank waits
 
 
-def train_with(average_gradients: Callable, task: dict) -> dict:
-    """On every rank: SGD on this rank's shard of each global batch, calling the learner's
-    ``average_gradients(model)`` between backward and the optimizer step.
+def _train(setup: Callable, task: dict, all_reduce: Callable | None = None) -> dict:
+    """On every rank: SGD on this rank's shard of each global batch. ``after = setup(model)`` is
+    called once, and ``after()`` between every backward and optimizer step. The loss is summed
+    over the ranks with ``all_reduce`` (``dist.all_reduce`` unless given).
 
     The model is a plain ``nn.Sequential`` (no flat bucket), so ``p.grad`` are ordinary tensors.
     """
@@ -41,18 +42,24 @@ def train_with(average_gradients: Callable, task: dict) -> dict:
     model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    after = setup(model)
     losses = []
     for step in range(cfg.steps):
         idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world)
         optimizer.zero_grad(set_to_none=False)
         loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
         loss.backward()
-        average_gradients(model)
+        after()
         optimizer.step()
         total = loss.detach().reshape(1)
-        dist.all_reduce(total)
+        (all_reduce or dist.all_reduce)(total)
         losses.append(float(total) / world)
     return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def train_with(average_gradients: Callable, task: dict) -> dict:
+    """:func:`_train` calling the learner's ``average_gradients(model)`` after each backward."""
+    return _train(lambda model: lambda: average_gradients(model), task)
 
 
 def reference_losses() -> list[float]:
@@ -114,14 +121,9 @@ def _reference_average_gradients():
 
 
 def train_overlapped_with(start_overlap: Callable, task: dict) -> dict:
-    """On every rank: ``finish = start_overlap(model)`` once, then SGD steps calling ``finish()``
-    after each ``backward()``. Every ``dist.all_reduce`` the learner makes is recorded: was
-    autograd running (a hook during the backward) and was it non-blocking (``async_op=True``)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = dp.Config(world_size=world, optimizer="sgd", **task)
-    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    """:func:`_train` with ``finish = start_overlap(model)`` called after each backward. Every
+    ``dist.all_reduce`` the learner makes is recorded: was autograd running (a hook during the
+    backward) and was it non-blocking (``async_op=True``)."""
     original, calls = dist.all_reduce, []
 
     def recorded(tensor, *args, **kwargs):
@@ -131,21 +133,10 @@ def train_overlapped_with(start_overlap: Callable, task: dict) -> dict:
 
     dist.all_reduce = recorded
     try:
-        finish = start_overlap(model)
-        losses = []
-        for step in range(cfg.steps):
-            idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world)
-            optimizer.zero_grad(set_to_none=False)
-            loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
-            loss.backward()
-            finish()
-            optimizer.step()
-            total = loss.detach().reshape(1)
-            original(total)
-            losses.append(float(total) / world)
+        out = _train(start_overlap, task, all_reduce=original)
     finally:
         dist.all_reduce = original
-    return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()], "calls": calls}
+    return {**out, "calls": calls}
 
 
 def check_start_overlap(fn: Callable) -> Verdict:

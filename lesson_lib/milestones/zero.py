@@ -120,6 +120,19 @@ class Flat:
             p.grad = None if bucket is None else bucket[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
 
+    def new_grad(self, transient: "Transients | None" = None) -> None:
+        """Allocate this layer's full gradient (zeros) and make the parameters' grads views of it."""
+        self.bucket = torch.zeros(self.padded, dtype=self.full.dtype, device=self.full.device)
+        if transient is not None:  # stages 2-3: it lives only until scattered
+            transient.add(self.bucket.untyped_storage().nbytes(), grads=True)
+        self.point_grads(self.bucket)
+
+    def drop_grad(self, transient: "Transients") -> None:
+        """Free the full gradient once this rank's shard of it is kept."""
+        self.point_grads(None)
+        transient.add(-self.bucket.untyped_storage().nbytes(), grads=True)
+        self.bucket = None
+
     def free(self) -> None:  # the views stay valid; their storage is given back
         self.full.untyped_storage().resize_(0)
 
@@ -161,9 +174,7 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
 
     def before_backward(u):
         gather(u)
-        u.bucket = torch.zeros(u.padded, dtype=u.full.dtype, device=u.full.device)
-        transient.add(u.bucket.untyped_storage().nbytes(), grads=True)
-        u.point_grads(u.bucket)
+        u.new_grad(transient)
         u.pending = len(u.params)
 
     def grad_ready(u):
@@ -171,9 +182,7 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
         if u.pending:
             return
         u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
-        u.point_grads(None)
-        transient.add(-u.bucket.untyped_storage().nbytes(), grads=True)
-        u.bucket = None
+        u.drop_grad(transient)
         free(u)
 
     for u, m in zip(units, modules):
@@ -198,16 +207,12 @@ def scatter_during_backward(units: list[Flat], modules: list, n: int, bucket_byt
     def allocate(u):
         while transient.grads_live > bucket_bytes and overlap.wait_oldest():
             pass  # the backward waits for the network: the price of a bounded memory
-        u.bucket = torch.zeros(u.padded, dtype=u.full.dtype, device=u.full.device)
-        transient.add(u.bucket.untyped_storage().nbytes(), grads=True)
-        u.point_grads(u.bucket)
+        u.new_grad(transient)
 
     def reduce(i):  # on the communication thread
         for u in (units[j] for j in plan[i]):
             u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
-            u.point_grads(None)
-            transient.add(-u.bucket.untyped_storage().nbytes(), grads=True)
-            u.bucket = None
+            u.drop_grad(transient)
 
     overlap = buckets.Overlap([[p for j in b for p in units[j].params] for b in plan], reduce)
     for u, m in zip(units, modules):
@@ -233,10 +238,8 @@ def sharded_step(units: list[Flat], masters: list, owned: list, optimizer, stage
             grads.append(mine)
         else:
             u.grad_shard.copy_(mine)
-            u.point_grads(None)
-            transient.add(-u.bucket.untyped_storage().nbytes(), grads=True)
             del mine
-            u.bucket = None  # the full gradient buffer is freed here
+            u.drop_grad(transient)  # the full gradient buffer is freed here
     if stage >= 2:
         grads = [u.grad_shard for u in units]
     for m, g in zip(masters, grads):
@@ -278,8 +281,7 @@ def worker(cfg: Config) -> dict:
     for u in units:
         u.grad_shard = torch.zeros(u.hi - u.lo, dtype=dtype, device=dev) if stage >= 2 else None
         if stage < 2:  # the full gradient stays allocated between steps
-            u.bucket = torch.zeros(u.padded, dtype=dtype, device=dev)
-            u.point_grads(u.bucket)
+            u.new_grad()
     if cfg.optimizer == "adam":
         optimizer = torch.optim.Adam(masters, lr=cfg.lr)
     else:  # chapter 5: per-layer norms over the shards
@@ -296,9 +298,7 @@ def worker(cfg: Config) -> dict:
             with rec.step(step) as rs:
                 for u in units if stage < 3 and overlap is None else ():
                     if stage == 2:  # built during backward, freed once scattered (a transient)
-                        u.bucket = torch.zeros(u.padded, dtype=dtype, device=dev)
-                        transient.add(u.bucket.untyped_storage().nbytes(), grads=True)
-                        u.point_grads(u.bucket)
+                        u.new_grad(transient)
                     else:
                         u.bucket.zero_()
                 with meter.measure():
