@@ -226,10 +226,10 @@ for p in (2, 4):
 #    off its core for a while makes its neighbour wait).
 #
 # Below: GPipe on 2 stages (as many ranks as this laptop has cores, or fewer), on a model whose
-# stages do equal work, with 64–128 samples per micro-batch so that a forward takes milliseconds
-# and a message a fraction of one. Then the same model with a full-width first layer: that layer
-# computes no gradient for its input (there is no earlier stage to send it to), so stage 0 gets
-# less backward work than stage 1.
+# stages do equal work, with 128–256 samples per micro-batch so that a forward takes several
+# milliseconds and a message a small fraction of one. Then the same model with a full-width first
+# layer: that layer computes no gradient for its input (there is no earlier stage to send it to), so
+# stage 0 gets less backward work than stage 1.
 
 # %%
 causes = ch03.bubble_causes(microbatches=(4, 8), schedule="gpipe")

@@ -49,12 +49,16 @@ NAME = "pipeline"
 BALANCES = ("params", "time")
 
 # A compute-dominated model for measuring the bubble against its formula (chapter 3, ``python -m
-# lesson_lib bench bubble``): 8 hidden layers of width 1024, which 2 stages cut 4 + 4, between a
-# thin first layer and a thin head. With a full-width first layer (d_in = hidden) stage 0 was 12 %
-# lighter in its backwards (its first layer computes no input gradient) and that alone put the
-# replayed bubble 25-38 % above the formula at M = 8. 64-128 samples per micro-batch make one
-# forward take milliseconds and a message (256-512 KB) a fraction of one.
-BUBBLE_PRESET = {"steps": 6, "global_batch": 512, "hidden": 1024, "d_in": 32, "depth": 9, "samples": 2048}
+# lesson_lib bench bubble``): 16 hidden layers of width 1024, which 2 stages cut 8 + 8, between a
+# thin first layer and a thin head. With a full-width first layer (d_in = hidden) stage 0 is lighter
+# in its backwards (its first layer computes no input gradient): on the earlier preset (8 layers,
+# 512 samples) 12 % lighter, which alone put the replayed bubble 25-38 % above the formula at M = 8.
+# 128-256 samples per micro-batch make one forward take several milliseconds and a message (0.5-1 MB)
+# a small fraction of one. What each message costs beyond its bytes (a core for Gloo's I/O thread
+# and the link's threads while both stages compute) does not grow with the work per micro-batch:
+# on the earlier preset the wall-clock bubble at M = 8 was 1.25-1.55x the formula, on this one
+# 1.07-1.21x (bench bubble, quiet 2-core machine, 2 runs of 3).
+BUBBLE_PRESET = {"steps": 6, "global_batch": 1024, "hidden": 1024, "d_in": 32, "depth": 17, "samples": 4096}
 
 
 @dataclass
@@ -188,8 +192,8 @@ def train_stage(cfg: Config, k: int, device: torch.device, emit=None) -> dict:
     actions = stage_actions(cfg.schedule, P, M, k)
     tl = Timeline(k, device)
     # Receives are posted ahead so that a neighbour's message leaves as soon as it is computed; 1F1B,
-    # whose point is to bound what a stage holds, gets two buffers ahead (on a quiet 2-core machine,
-    # M = 8: 1.30-1.72x the formula over 10 runs, against 1.37-1.54x with all M posted at once).
+    # whose point is to bound what a stage holds, gets two buffers ahead (earlier preset, quiet 2-core
+    # machine, M = 8: 1.30-1.72x the formula over 10 runs, against 1.37-1.54x with all M posted at once).
     link = StageLink(k, P, M, (rows, linears[0].in_features), (rows, linears[-1].out_features), tl,
                      ahead=2 if cfg.schedule == "1f1b" else None)
     rec = StepRecorder(device, emit)
