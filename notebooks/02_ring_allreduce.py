@@ -228,9 +228,9 @@ assert len(pframes) - 1 == 2 * 3 * 2                        # ... one slot per s
 # %% [markdown]
 # The library's code: the first step's segments go out at once; each time a segment lands it is added
 # (in the reduce-scatter), and the same segment of the next step is posted, while the others are still
-# in flight. The scratch buffer for the incoming segments is the ring's, reused from call to call. Segments have a size
-# in bytes (`segment_bytes`, 1 MiB by default) rather than a count: a chunk of up to 1 MiB goes whole,
-# exactly as in the plain ring, and a 32 MiB chunk goes as 32 segments. (Gloo cuts every chunk in at
+# in flight. The scratch buffer for the incoming segments is the ring's, reused from call to call.
+# Segments have a size in bytes (`segment_bytes`, 2 MiB by default) rather than a count: a chunk of up
+# to 2 MiB goes whole, exactly as in the plain ring, and a 32 MiB chunk goes as 16 segments. (Gloo cuts every chunk in at
 # least two, of at most a configurable size; below we measure why ours leaves small chunks whole.)
 
 # %%
@@ -238,7 +238,7 @@ show_source(comm.pipelined_ring_all_reduce, schedules.pipelined_ring_schedule)
 
 # %% [markdown]
 # Run on 4 real ranks against `dist.all_reduce`, with segments of 2 bytes (half a float: some pieces are
-# left empty), 4 bytes (one float), 12 bytes and the default 1 MiB:
+# left empty), 4 bytes (one float), 12 bytes and the default (`comm.SEGMENT_BYTES`):
 
 
 # %%
@@ -250,7 +250,7 @@ def pipelined_and_the_library(length, segment_bytes):
     return torch.equal(comm.pipelined_ring_all_reduce(x.clone(), segment_bytes=segment_bytes), library)
 
 
-cases = [(length, b) for length in (1, 10, 1001) for b in (2, 4, 12, 2**20)]
+cases = [(length, b) for length in (1, 10, 1001) for b in (2, 4, 12, comm.SEGMENT_BYTES)]
 same_pipelined = {c: warm_cluster(4).run(pipelined_and_the_library, *c, timeout_s=20) for c in cases}
 print(same_pipelined)  # per (length, segment bytes): True on every rank when ours equals the library
 
@@ -275,7 +275,7 @@ assert sweep["slope_s"] > 0                                           # more mes
 assert sweep["rows"][-1]["time_s"] > sweep["rows"][0]["time_s"]     # 128 segments cost more than one
 
 # %% [markdown]
-# That fixed cost is why segments are sized in bytes and not too small: below 1 MiB per chunk the
+# That fixed cost is why segments are sized in bytes and not too small: up to 2 MiB per chunk the
 # pipelined ring sends exactly the plain ring's messages.
 #
 # * What pipelining can buy is time per **byte**: the addition, whose time grows with the bytes, hides
