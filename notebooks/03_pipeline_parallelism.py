@@ -227,9 +227,8 @@ for p in (2, 4):
 #
 # Below: GPipe on 2 stages (as many ranks as this laptop has cores, or fewer), on a model whose
 # stages do equal work, with 128–256 samples per micro-batch so that a forward takes several
-# milliseconds and a message a small fraction of one. Then the same model with a full-width first
-# layer: that layer computes no gradient for its input (there is no earlier stage to send it to), so
-# stage 0 gets less backward work than stage 1.
+# milliseconds and a message a small fraction of one: 16 hidden layers, 8 per stage. Then the same
+# model with one hidden layer fewer: 15 do not split evenly, so stage 0 gets 7 and stage 1 gets 8.
 
 # %%
 causes = ch03.bubble_causes(microbatches=(4, 8), schedule="gpipe")
@@ -251,9 +250,10 @@ assert uneven[8]["stages"] > even[8]["stages"]  # unequal stages cost idle time
 # What the bars say, and what varies. Replayed from busy time, the balanced pipeline lands close
 # to the formula — how close depends on the machine: its stages do the same arithmetic, but the
 # CPU's kernels do not treat every operation alike, and a stage a few percent slower than the other
-# already shows; with the full-width first layer, the stages' unequal mean times alone put it well
-# above — balancing stages by *time*, not by parameter count, is what `balance="time"` and real
-# systems do (cutting between whole layers limits how well they can). Messages cost more than their
+# already shows; with 7 + 8 layers, the stages' unequal mean times alone put it well above: the
+# slower stage sets the pace, and the faster one waits for it every micro-batch. Balancing stages by
+# *time*, not by parameter count, is what `balance="time"` and real systems do, but a cut between
+# whole layers can only be so even — with 15 equal layers on 2 stages, one stage always gets 8. Messages cost more than their
 # bytes suggest: most land within a fraction of a millisecond, but each needs a few moments of a
 # core (for Gloo's I/O thread and the link's threads) while both stages are computing, and now and
 # then that takes milliseconds. In GPipe, messages matter mostly where the line fills and turns

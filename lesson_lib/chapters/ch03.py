@@ -144,10 +144,10 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
 def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
     """Where the idle time goes at P = 2 on the compute-dominated preset (``pp.BUBBLE_PRESET``):
     the bubble rebuilt one cause at a time, every rung measured in the same run
-    (:func:`~lesson_lib.milestones.pp_schedules.bubble_breakdown`); then the same model with a
-    full-width first layer, whose stages are unequal."""
+    (:func:`~lesson_lib.milestones.pp_schedules.bubble_breakdown`); then the same model with one
+    hidden layer fewer, which 2 stages can only cut 7 + 8: unequal stages."""
     rows, runs = [], []
-    models = {"balanced": {}, "full-width first layer": {"d_in": pp.BUBBLE_PRESET["hidden"]}}
+    models = {"balanced": {}, "7 + 8 layers": {"depth": pp.BUBBLE_PRESET["depth"] - 1}}
     for model, change in models.items():
         for m in microbatches:
             r = _run(_cfg(2, m, schedule, pp.BUBBLE_PRESET, **change))
