@@ -1,306 +1,43 @@
-"""Formulas used to reason beyond this laptop: the memory bill of training, and (from chapter 2 on)
-the alpha-beta model of communication. Formulas live here; measurements live in ``metrics``.
+"""The cost model of chapter 7: one training step of a transformer on n devices under each milestone
+of the talk — memory per device, seconds per step term by term, days to train — its printed
+assumptions, and ``python -m lesson_lib estimate``.
+
+The formulas it combines (the memory bill of chapter 0, alpha-beta of chapter 2, ZeRO of chapter 4,
+the device and link tables) are in :mod:`lesson_lib.costterms`; the :class:`Plan` it takes, and
+what each milestone changes in it, in :mod:`lesson_lib.costplan`. Both are imported here under their
+old names, so ``costmodel.memory_bill`` and ``costmodel.Plan`` still work.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from .data import read_csv
-
-# Bytes per parameter for each part of the model state (Rajbhandari et al., ZeRO, 2020, §3.1):
-# mixed-precision Adam keeps fp16 params and grads (2 + 2 bytes) plus an fp32 master copy,
-# momentum and variance (4 + 4 + 4 bytes): K = 12 bytes of optimizer state, 16 bytes in all.
-PRECISIONS = {
-    "fp32 Adam": {"params": 4, "grads": 4, "optimizer": 8},
-    "mixed-precision Adam": {"params": 2, "grads": 2, "optimizer": 12},
-    "fp32 SGD + momentum": {"params": 4, "grads": 4, "optimizer": 4},
-}
-
-
-def memory_bill(params: float, precision: str = "mixed-precision Adam") -> dict:
-    """Bytes of model state (params, grads, optimizer) to train ``params`` parameters on one device.
-
-    Activations come on top and depend on batch and sequence length, so they are not included.
-    Used by chapter 0 (the memory calculator) and chapter 4 (ZeRO divides these by N).
-    """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if not params >= 0:
-        raise ValueError(f"params must be a non-negative number, got {params!r}")
-    per = PRECISIONS[precision]
-    bill = {k: v * params for k, v in per.items()}
-    bill["total"] = sum(bill.values())
-    bill["bytes_per_param"] = sum(per.values())
-    return bill
-
-
-def accelerators() -> list[dict]:
-    """Devices from data/accelerators.csv (checksum-verified) with their memory in bytes."""
-    return [{"device": r["device"], "bytes": float(r["memory_gb"]) * 1e9, "source": r["source"]}
-            for r in read_csv("accelerators.csv")]
-
-
-def fits(total_bytes: float) -> dict[str, bool]:
-    """Which devices hold ``total_bytes`` of model state (ignoring activations and fragmentation)."""
-    return {d["device"]: total_bytes <= d["bytes"] for d in accelerators()}
-
-
-def devices_needed(total_bytes: float, device_bytes: float) -> int:
-    """How many devices of ``device_bytes`` the state needs if it could be split perfectly."""
-    return max(1, -(-int(total_bytes) // int(device_bytes)))
-
-
-# --------------------------------------------------------------------------- alpha-beta (chapter 2)
-# A message of m bytes costs α + m·β: a fixed latency plus the bytes over the link's bandwidth
-# (Hockney, 1994). An all-reduce is a sequence of such messages (Thakur, Rabenseifner & Gropp, 2005).
-
-
-def allreduce_terms(algorithm: str, world_size: int, nbytes: float) -> tuple[float, float]:
-    """(a, b) such that an all-reduce of ``nbytes`` on ``world_size`` ranks takes a·α + b·β.
-
-    ring (and the library's): 2(N−1) steps of S/N → 2(N−1)α + 2(N−1)/N·S·β;
-    halving-doubling: 2·log₂N steps, same bytes; naive: the root's link carries N−1 messages in
-    and N−1 out, one after another → 2(N−1)α + 2(N−1)·S·β.
-    """
-    n = world_size
-    if n < 1:
-        raise ValueError(f"world_size must be at least 1, got {n}")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be non-negative, got {nbytes}")
-    if algorithm in ("ring", "library"):
-        return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes
-    if algorithm == "halving-doubling":
-        return 2.0 * (n.bit_length() - 1), 2.0 * (n - 1) / n * nbytes
-    if algorithm == "naive":
-        return 2.0 * (n - 1), 2.0 * (n - 1) * nbytes
-    raise ValueError(f"algorithm must be ring, library, halving-doubling or naive, got {algorithm!r}")
-
-
-def allreduce_time(algorithm: str, world_size: int, nbytes: float, alpha: float, beta: float) -> float:
-    a, b = allreduce_terms(algorithm, world_size, nbytes)
-    return a * alpha + b * beta
-
-
-def fit_alpha_beta(rows: list[dict], algorithm: str = "ring") -> dict:
-    """Least-squares α (s) and β (s/byte) from measured ``rows`` ({world_size, size_bytes, time_s}).
-
-    Errors are weighed relative to each time, so 4 KB messages (latency) count as much as 64 MB
-    ones (bandwidth); α and β are kept non-negative. Returns α, β, the bandwidth 1/β and the
-    root-mean-square relative error of the fit.
-    """
-    import numpy as np
-
-    rows = [r for r in rows if r["time_s"] > 0 and r["world_size"] > 1]
-    if len(rows) < 2:
-        raise ValueError("need at least two measurements on two or more ranks to fit α and β")
-    a = np.array([allreduce_terms(algorithm, r["world_size"], r["size_bytes"]) for r in rows])
-    t = np.array([r["time_s"] for r in rows])
-    w = a / t[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(w, np.ones(len(t)), rcond=None)
-    one = lambda col: float(np.linalg.lstsq(w[:, col:col + 1], np.ones(len(t)), rcond=None)[0][0])
-    if alpha < 0:  # the data say "no latency": keep α at zero and fit β alone
-        alpha, beta = 0.0, one(1)
-    elif beta <= 0:
-        alpha, beta = one(0), 1e-15
-    model = a @ np.array([alpha, beta])
-    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta), "bandwidth_GBps": 1e-9 / beta,
-            "rms_rel_error": float(np.sqrt(np.mean((model / t - 1) ** 2))), "points": len(rows),
-            "algorithm": algorithm}
-
-
-def latency_crossover_bytes(world_size: int, alpha: float, beta: float) -> float:
-    """Message size S* at which a ring all-reduce's latency term equals its bandwidth term:
-    2(N−1)α = 2(N−1)/N·S*·β, so S* = N·α/β. Below S*, latency dominates."""
-    if beta <= 0:
-        raise ValueError(f"beta must be positive, got {beta}")
-    return world_size * alpha / beta
-
-
-# Bytes per parameter of model states by ZeRO stage (Rajbhandari et al., 2020, §5, Figure 1):
-# params / grads / optimizer, each either replicated (×1) or sharded over N ranks (×1/N).
-_ZERO_SHARDED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}
-_ZERO_BYTES = {"fp32": {"params": 4, "grads": 4, "optimizer": 8},     # Adam: momentum + variance
-               "mixed": {"params": 2, "grads": 2, "optimizer": 12}}   # + fp32 master: K = 12
-
-
-def zero_memory(params: float, world_size: int, stage: int, precision: str = "mixed") -> dict:
-    """Model-state bytes per rank under ZeRO ``stage`` (the paper's formulas; chapter 4).
-
-    fp32 Adam: 16Ψ, 8Ψ+8Ψ/N, 4Ψ+12Ψ/N, 16Ψ/N. Mixed precision (K=12): 16Ψ, 4Ψ+12Ψ/N,
-    2Ψ+14Ψ/N, 16Ψ/N. Activations and transient buffers come on top.
-    """
-    if stage not in _ZERO_SHARDED:
-        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
-    if precision not in _ZERO_BYTES:
-        raise ValueError(f"precision must be 'fp32' or 'mixed', got {precision!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not params >= 0:
-        raise ValueError(f"params must be a non-negative number, got {params!r}")
-    out = {k: b * params / (world_size if k in _ZERO_SHARDED[stage] else 1)
-           for k, b in _ZERO_BYTES[precision].items()}
-    out["total"] = sum(out.values())
-    return out
-
-
-def zero_traffic(params: float, world_size: int, stage: int, element_size: int = 4) -> float:
-    """Bytes each rank sends per step with ring collectives: 2(N−1)/N·Ψ elements for stages
-    0–2 (reduce-scatter + all-gather), 3(N−1)/N·Ψ for stage 3 (one more all-gather)."""
-    factor = 3 if stage == 3 else 2
-    return factor * (world_size - 1) / world_size * params * element_size
-
-
-# =========================================================================== one training step at scale
-# Chapter 7: the formulas above, combined into one step of a transformer on n devices, per milestone.
-# Inputs come from data/devices.csv and data/links.csv (a source per row); every other number is an
-# assumption of the Plan, printed by ``assumptions()``.
-
-MILESTONES = ("parameter-server", "ring", "pipeline", "zero-1", "zero-2", "zero-3", "lamb", "compression")
-# What each milestone of the talk changes, on top of plain data parallelism with a ring.
-MILESTONE_PLANS = {
-    "parameter-server": {"comm": "ps"},
-    "ring": {},
-    "pipeline": {"pipeline": "auto"},
-    "zero-1": {"zero": 1}, "zero-2": {"zero": 2}, "zero-3": {"zero": 3},
-    "lamb": {"zero": 3, "batch_scale": 4},
-    "compression": {"zero": 3, "batch_scale": 4, "compression": 4},
-}
-TERMS = ("compute", "bubble", "bandwidth", "latency")
-
-
-def devices() -> dict[str, dict]:
-    """Accelerators by id (data/devices.csv): peak dense bf16 FLOP/s, memory bytes, source."""
-    return {r["id"]: {"name": r["name"], "peak_flops": float(r["peak_tflops"]) * 1e12,
-                      "memory": float(r["memory_gb"]) * 1e9, "source": r["source"]}
-            for r in read_csv("devices.csv")}
-
-
-def links() -> dict[str, dict]:
-    """Interconnects by id (data/links.csv): β = 1/bandwidth (s/byte) each way, α (s), source."""
-    return {r["id"]: {"name": r["name"], "beta": 1 / (float(r["bandwidth_gbps"]) * 1e9),
-                      "alpha": float(r["latency_us"]) * 1e-6, "source": r["source"]}
-            for r in read_csv("links.csv")}
-
-
-def published() -> dict[str, dict]:
-    """End-to-end figures a paper reports (data/published.csv), to check the model against."""
-    return {r["case"]: {k: (v if k in ("case", "device", "source") or v == "" else float(v))
-                        for k, v in r.items()} for r in read_csv("published.csv")}
-
-
-def days_from_throughput(tokens: float, params: float, devices: int, flops_per_device: float,
-                         flops_per_token_per_param: float = 8.0) -> float:
-    """End-to-end days ≈ 8·T·Ψ / (n·X) (Narayanan et al., SC21, §5.1; 8 = 6 plus recomputation)."""
-    return flops_per_token_per_param * tokens * params / (devices * flops_per_device) / 86400
-
-
-def bubble_fraction(stages: int, microbatches: int) -> float:
-    """Idle share of a pipeline step with equal stages: (P−1)/(M+P−1) (GPipe and 1F1B; chapter 3)."""
-    return (stages - 1) / (microbatches + stages - 1)
-
-
-def ring_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
-    """A ring all-reduce of ``nbytes`` on n ranks: 2(N−1)α + 2(N−1)/N·S·β (chapter 2)."""
-    return allreduce_time("ring", n, nbytes, alpha, beta)
-
-
-def ps_time(nbytes: float, workers: int, servers: int, alpha: float, beta: float) -> float:
-    """The busiest server's link per synchronous step: 2·N·S/K bytes in and out (chapter 1)."""
-    return 2 * workers / servers * (alpha + nbytes * beta)
-
-
-def activation_bytes(seq: int, micro: int, hidden: int, heads: int, tensor: int = 1) -> float:
-    """One transformer layer's saved activations for one micro-batch, 16-bit, no sequence
-    parallelism: s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes (Korthikanti et al., 2022, Eq. 2)."""
-    return seq * micro * hidden * (10 + 24 / tensor + 5 * heads * seq / (hidden * tensor))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One training job: a model, a cluster and a milestone's choices. Every field is an input the
-    printed assumptions name; ``validate`` names the parameter when one is wrong (chapter 7)."""
-
-    params: float                      # Ψ, parameters
-    tokens: float                      # T, tokens to train on
-    devices: int                       # n
-    device: str = "a100-80gb"          # a row of data/devices.csv
-    link: str = "ib-hdr"               # between nodes, per device (data/links.csv)
-    intra_link: str = "nvlink3"        # within a node: tensor parallelism only
-    comm: str = "ring"                 # ring | ps (data-parallel gradient exchange)
-    servers: int = 1                   # K parameter-server shards (ps only)
-    pipeline: int = 1                  # P stages (1F1B)
-    tensor: int = 1                    # t, tensor-parallel ranks (Shoeybi et al., 2019)
-    zero: int = 0                      # ZeRO stage over the data-parallel ranks
-    batch_tokens: float = 1536 * 2048  # tokens per step (Narayanan et al.'s GPT-3 batch)
-    batch_scale: float = 1.0           # a large-batch optimizer's multiple of that batch (LAMB)
-    compression: float = 1.0           # gradient bytes divided by this (chapter 6)
-    seq_len: int = 2048
-    micro_batch: int = 1               # sequences per micro-batch
-    layers: int = 0                    # 0: from Ψ ≈ 12·L·h² with h = 128·L (GPT-3's shape)
-    hidden: int = 0
-    heads: int = 0                     # 0: h / 128
-    efficiency: float = 0.5            # share of peak FLOP/s the math reaches (assumed)
-    recompute: bool = True             # 8Ψ FLOPs per token instead of 6Ψ, less activation memory
-    overlap: float = 0.0               # share of data-parallel communication hidden behind compute
-
-    def shape(self) -> tuple[int, int, int]:
-        """(layers, hidden, heads): given, or GPT-3's aspect (h = 128·L) from Ψ = 12·L·h²."""
-        layers = self.layers or max(1, round((self.params / (12 * 128**2)) ** (1 / 3)))
-        if self.hidden:
-            hidden = self.hidden
-        elif self.layers:
-            hidden = max(1, round((self.params / (12 * layers)) ** 0.5))
-        else:
-            hidden = 128 * layers
-        return layers, hidden, self.heads or max(1, hidden // 128)
-
-    @property
-    def data_parallel(self) -> int:
-        return self.devices // (self.pipeline * self.tensor)
-
-    @property
-    def microbatches(self) -> float:
-        """Micro-batches each pipeline runs per step: the step's sequences over d replicas and b."""
-        return self.batch_tokens * self.batch_scale / self.seq_len / (self.data_parallel * self.micro_batch)
-
-    def validate(self) -> "Plan":
-        for name in ("params", "tokens", "batch_tokens", "batch_scale", "compression", "efficiency"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name} must be a positive number, got {v!r}")
-        for name in ("devices", "servers", "pipeline", "tensor", "seq_len", "micro_batch"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("layers", "hidden", "heads"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be a positive int (0: derived from params), got {v!r}")
-        if self.device not in devices():
-            raise ValueError(f"device must be one of {', '.join(devices())}, got {self.device!r}")
-        for name in ("link", "intra_link"):
-            if getattr(self, name) not in links():
-                raise ValueError(f"{name} must be one of {', '.join(links())}, got {getattr(self, name)!r}")
-        if self.comm not in ("ring", "ps"):
-            raise ValueError(f"comm must be 'ring' or 'ps', got {self.comm!r}")
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
-            raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.comm == "ps" and (self.zero or self.pipeline > 1):
-            raise ValueError("comm='ps' models chapter 1's parameter server: use it with zero=0, pipeline=1")
-        if not 0 <= self.overlap <= 1:
-            raise ValueError(f"overlap must be between 0 and 1, got {self.overlap!r}")
-        if self.devices % (self.pipeline * self.tensor):
-            raise ValueError(f"devices={self.devices} must be a multiple of pipeline × tensor = "
-                             f"{self.pipeline * self.tensor}")
-        layers = self.shape()[0]
-        if self.pipeline > layers:
-            raise ValueError(f"pipeline={self.pipeline} stages is more than the model's {layers} layers")
-        if self.microbatches < 1:
-            raise ValueError(f"batch_tokens={self.batch_tokens:g} gives each of the {self.data_parallel} "
-                             f"replicas less than one micro-batch of {self.micro_batch} × {self.seq_len}")
-        return self
+# Re-exported: chapters 0, 2, 4 and 7 and the milestones import the plan and the formulas from here.
+from .costplan import MILESTONE_PLANS, MILESTONES, TERMS, Plan  # noqa: F401
+from .costterms import (  # noqa: F401
+    _ZERO_BYTES,
+    _ZERO_SHARDED,
+    PRECISIONS,
+    accelerators,
+    activation_bytes,
+    allreduce_terms,
+    allreduce_time,
+    bubble_fraction,
+    days_from_throughput,
+    devices,
+    devices_needed,
+    fit_alpha_beta,
+    fit_point_to_point,
+    fits,
+    latency_crossover_bytes,
+    links,
+    memory_bill,
+    ps_time,
+    published,
+    ring_time,
+    zero_memory,
+    zero_traffic,
+)
 
 
 def plan_for(milestone: str, params: float, tokens: float, devices: int, **options) -> Plan:
@@ -492,22 +229,3 @@ def cli_estimate(argv: list[str]) -> int:
             json.dump(to_json(rows), f, indent=1)
         print(f"wrote {args.json}")
     return 0
-
-
-def fit_point_to_point(sizes: list[float], times: list[float]) -> dict:
-    """α (s) and β (s/byte) of t = α + m·β from one-way message times (a ping-pong; chapter 7).
-
-    Errors weigh relative to each time, as :func:`fit_alpha_beta` does; α and β stay ≥ 0.
-    """
-    import numpy as np
-
-    if len(sizes) != len(times) or len(sizes) < 2 or min(times) <= 0:
-        raise ValueError("need at least two (size, positive time) pairs to fit α and β")
-    t = np.array(times, dtype=float)
-    w = np.stack([np.ones_like(t), np.array(sizes, dtype=float)], axis=1) / t[:, None]
-    alpha, beta = np.linalg.lstsq(w, np.ones(len(t)), rcond=None)[0]
-    if alpha < 0:
-        alpha, beta = 0.0, float(np.linalg.lstsq(w[:, 1:], np.ones(len(t)), rcond=None)[0][0])
-    elif beta <= 0:
-        alpha, beta = float(np.linalg.lstsq(w[:, :1], np.ones(len(t)), rcond=None)[0][0]), 1e-15
-    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta), "bandwidth_GBps": 1e-9 / beta}

@@ -1,0 +1,231 @@
+"""The compressors of chapter 6 that work element by element, and what every compressor shares.
+
+:class:`Compressor` is the shape of them all (``reduce(flat, shapes, key)`` averages a flat gradient
+over the ranks in place, with error feedback for the biased ones); then ``fp16`` / ``bf16``
+(:class:`Cast`), ``topk``, ``randomk``, ``qsgd`` and ``sign``, with the counted collectives and the
+bit-packing they send through. PowerSGD (low rank) is in :mod:`lesson_lib.powersgd`; chapter 6's
+overview, :func:`~lesson_lib.compression.make` and the DDP hook are in :mod:`lesson_lib.compression`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from . import comm
+
+BLOCK = 512  # elements per QSGD norm / sign scale (QSGD's bucket size in Alistarh et al., 2017)
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def ring_all_reduce(t: torch.Tensor, op: str) -> torch.Tensor:
+    """Our counted ring SUM, or nothing on one rank (the single-process reference has no group)."""
+    return comm.ring_all_reduce(t, op=op) if _world()[1] > 1 else t
+
+
+def all_gather_bytes(payload: torch.Tensor, op: str) -> torch.Tensor:
+    """Every rank's ``payload`` (same length everywhere), as rows of a (world, bytes) uint8 tensor.
+
+    Our ring all-gather over one flat byte buffer: each rank sends (N−1) payloads, counted exactly.
+    """
+    rank, n = _world()
+    raw = payload.contiguous().view(-1).view(torch.uint8)
+    buf = torch.empty(n * raw.numel(), dtype=torch.uint8)
+    buf[rank * raw.numel():(rank + 1) * raw.numel()] = raw
+    if n > 1:
+        comm.ring_all_gather(buf, op=op)
+    return buf.view(n, raw.numel())
+
+
+def pack_bits(codes: torch.Tensor, width: int) -> torch.Tensor:
+    """Codes in [0, 2^width) (width 1, 2, 4 or 8), ``8 // width`` of them per byte."""
+    per = 8 // width
+    c = torch.nn.functional.pad(codes.to(torch.int32), (0, -codes.numel() % per)).view(-1, per)
+    return (c << (torch.arange(per, dtype=torch.int32) * width)).sum(1).to(torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor, width: int, numel: int) -> torch.Tensor:
+    per = 8 // width
+    shifts = torch.arange(per, dtype=torch.int32) * width
+    return ((packed.to(torch.int32).unsqueeze(1) >> shifts) & (2**width - 1)).view(-1)[:numel]
+
+
+def _blocks(x: torch.Tensor) -> torch.Tensor:
+    """``x`` zero-padded to whole blocks, as a (blocks, BLOCK) view."""
+    return torch.nn.functional.pad(x, (0, -x.numel() % BLOCK)).view(-1, BLOCK)
+
+
+class Compressor:
+    """Averages a flat gradient over the ranks; subclasses say how it travels (``_reduce``)."""
+
+    name = "none"
+    biased = False  # compressors that drop information use error feedback when it is on
+
+    def __init__(self, error_feedback: bool = True, seed: int = 0):
+        self.error_feedback = bool(error_feedback) and self.biased
+        self.seed = seed
+        self.residual: dict = {}
+        self.calls: dict = defaultdict(int)
+
+    def reduce(self, flat: torch.Tensor, shapes=None, key=0, op: str = "grad") -> torch.Tensor:
+        """In place: ``flat`` becomes the ranks' average of what they sent. Returns ``flat``."""
+        if key in self.residual and self.residual[key].numel() != flat.numel():
+            self.forget(key)  # DDP rebuilt its buckets (after its first step): start this one afresh
+        if self.error_feedback and key in self.residual:
+            flat.add_(self.residual[key])  # what earlier steps did not send
+        before = flat.clone() if self.error_feedback else None
+        sent = self._reduce(flat, list(shapes) if shapes is not None else [flat.shape], key, op)
+        if self.error_feedback:
+            self.residual[key] = before - (flat if sent is None else sent)
+        self.calls[key] += 1
+        return flat
+
+    def forget(self, key) -> None:
+        self.residual.pop(key, None)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What the compressor keeps between steps (error feedback's residuals), for memory reports."""
+        return list(self.residual.values())
+
+    def _reduce(self, flat, shapes, key, op):
+        """Average in place; return what this rank's own message decodes to (for error feedback)."""
+        n = _world()[1]
+        ring_all_reduce(flat, op=op)
+        flat.div_(n)
+
+
+class Cast(Compressor):
+    """fp16 or bf16 on the wire: divide first (as torch's hook does, so fp16 does not overflow)."""
+
+    def __init__(self, dtype: torch.dtype, **kw):
+        super().__init__(**kw)
+        self.dtype, self.name = dtype, {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+
+    def _reduce(self, flat, shapes, key, op):
+        half = flat.to(self.dtype).div_(_world()[1])
+        ring_all_reduce(half, op=op)
+        flat.copy_(half)
+
+
+class _Sparse(Compressor):
+    """What top-k and random-k share: they send k = ratio·S coordinates (at least one)."""
+
+    biased = True
+
+    def __init__(self, ratio: float = 0.01, **kw):
+        super().__init__(**kw)
+        self.ratio = ratio
+
+    def k(self, flat: torch.Tensor) -> int:
+        return max(1, round(self.ratio * flat.numel()))
+
+
+class TopK(_Sparse):
+    """The k = ratio·S largest magnitudes; (int32 index, float32 value) pairs all-gathered."""
+
+    name = "topk"
+
+    def _reduce(self, flat, shapes, key, op):
+        n = _world()[1]
+        k = self.k(flat)
+        idx = flat.abs().topk(k, sorted=False).indices
+        vals = flat[idx]
+        rows = all_gather_bytes(torch.cat([idx.to(torch.int32).view(torch.uint8),
+                                           vals.view(torch.uint8)]), op)
+        sent = torch.zeros_like(flat).index_put_((idx,), vals)
+        flat.zero_()
+        for row in rows:  # every rank's pairs, added where they land
+            flat.index_add_(0, row[:4 * k].view(torch.int32).long(), row[4 * k:].view(flat.dtype))
+        flat.div_(n)
+        return sent
+
+
+class RandomK(_Sparse):
+    """k random coordinates chosen alike on every rank (shared seed): they add in place."""
+
+    name = "randomk"
+
+    def _reduce(self, flat, shapes, key, op):
+        n = _world()[1]
+        k = self.k(flat)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls[key])
+        idx = torch.randperm(flat.numel(), generator=g)[:k]
+        vals = flat[idx]
+        sent = torch.zeros_like(flat).index_put_((idx,), vals)
+        ring_all_reduce(vals, op=op)
+        flat.zero_()[idx] = vals / n
+        return sent
+
+
+def qsgd_width(bits: int) -> int:
+    """Bits per packed code: a sign and a level in 0..2^bits−1 → 2s+1 codes, rounded up to 2/4/8."""
+    return next(w for w in (2, 4, 8) if 2 ** (bits + 1) - 1 <= 2**w)
+
+
+def qsgd_quantize(x: torch.Tensor, levels: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """QSGD per block: (norms, integer levels in [−s, s]) with E[norm·level/s] = x (unbiased)."""
+    b = _blocks(x)
+    norms = b.norm(dim=1)
+    scaled = b.abs() / norms.clamp_min(torch.finfo(x.dtype).tiny).unsqueeze(1) * levels
+    low = scaled.floor()
+    up = torch.rand(scaled.shape, generator=generator) < (scaled - low)  # round up with prob. frac
+    return norms, (torch.sign(b) * (low + up)).to(torch.int32)
+
+
+def qsgd_dequantize(norms, q, levels: int, numel: int) -> torch.Tensor:
+    return (norms.unsqueeze(1) * q / levels).view(-1)[:numel]
+
+
+class QSGD(Compressor):
+    name = "qsgd"
+
+    def __init__(self, bits: int = 4, **kw):
+        super().__init__(**kw)
+        self.bits, self.levels, self.width = bits, 2**bits - 1, qsgd_width(bits)
+        self.generator = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * _world()[0])
+
+    def _reduce(self, flat, shapes, key, op):
+        n, s = _world()[1], self.levels
+        norms, q = qsgd_quantize(flat, s, self.generator)
+        nb = norms.numel() * 4
+        codes = (q + s).view(-1)[:flat.numel()]  # the block padding does not travel
+        rows = all_gather_bytes(torch.cat([norms.view(torch.uint8), pack_bits(codes, self.width)]), op)
+        flat.zero_()
+        for row in rows:
+            codes = _blocks(unpack_bits(row[nb:], self.width, flat.numel()) - s)
+            norms_r = row[:nb].clone().view(torch.float32)  # a row may start off a 4-byte boundary
+            flat.add_(qsgd_dequantize(norms_r, codes, s, flat.numel()))
+        flat.div_(n)
+
+
+class Sign(Compressor):
+    """One bit per element, one scale (mean |x|) per block: δ = scale·sign(x)."""
+
+    name, biased = "sign", True
+
+    def _reduce(self, flat, shapes, key, op):
+        rank, n = _world()
+        b = _blocks(flat)
+        counts = torch.full((b.shape[0],), float(BLOCK))
+        counts[-1] = flat.numel() - (b.shape[0] - 1) * BLOCK  # padding does not count in a mean
+        scales = b.abs().sum(1) / counts
+        nb = scales.numel() * 4
+        rows = all_gather_bytes(torch.cat([scales.view(torch.uint8), pack_bits(flat >= 0, 1)]), op)
+
+        def decode(row):
+            sign = _blocks(unpack_bits(row[nb:], 1, flat.numel()) * 2 - 1)
+            return (row[:nb].clone().view(torch.float32).unsqueeze(1) * sign).view(-1)[:flat.numel()]
+
+        sent = decode(rows[rank])
+        flat.zero_()
+        for row in rows:
+            flat.add_(decode(row))
+        flat.div_(n)
+        return sent

@@ -1,0 +1,223 @@
+"""The formulas of the cost model, one quantity each: the memory bill of training (chapter 0), the
+alpha-beta model of communication and its fits (chapters 2 and 7), ZeRO's memory and traffic
+(chapter 4), and the terms of one step at scale with the device and link tables they read
+(chapter 7). :mod:`lesson_lib.costmodel` combines them into a training plan. Formulas live here;
+measurements live in ``metrics``.
+"""
+
+from __future__ import annotations
+
+from .data import read_csv
+
+# Bytes per parameter for each part of the model state (Rajbhandari et al., ZeRO, 2020, §3.1):
+# mixed-precision Adam keeps fp16 params and grads (2 + 2 bytes) plus an fp32 master copy,
+# momentum and variance (4 + 4 + 4 bytes): K = 12 bytes of optimizer state, 16 bytes in all.
+PRECISIONS = {
+    "fp32 Adam": {"params": 4, "grads": 4, "optimizer": 8},
+    "mixed-precision Adam": {"params": 2, "grads": 2, "optimizer": 12},
+    "fp32 SGD + momentum": {"params": 4, "grads": 4, "optimizer": 4},
+}
+
+
+def memory_bill(params: float, precision: str = "mixed-precision Adam") -> dict:
+    """Bytes of model state (params, grads, optimizer) to train ``params`` parameters on one device.
+
+    Activations come on top and depend on batch and sequence length, so they are not included.
+    Used by chapter 0 (the memory calculator) and chapter 4 (ZeRO divides these by N).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if not params >= 0:
+        raise ValueError(f"params must be a non-negative number, got {params!r}")
+    per = PRECISIONS[precision]
+    bill = {k: v * params for k, v in per.items()}
+    bill["total"] = sum(bill.values())
+    bill["bytes_per_param"] = sum(per.values())
+    return bill
+
+
+def accelerators() -> list[dict]:
+    """Devices from data/accelerators.csv (checksum-verified) with their memory in bytes."""
+    return [{"device": r["device"], "bytes": float(r["memory_gb"]) * 1e9, "source": r["source"]}
+            for r in read_csv("accelerators.csv")]
+
+
+def fits(total_bytes: float) -> dict[str, bool]:
+    """Which devices hold ``total_bytes`` of model state (ignoring activations and fragmentation)."""
+    return {d["device"]: total_bytes <= d["bytes"] for d in accelerators()}
+
+
+def devices_needed(total_bytes: float, device_bytes: float) -> int:
+    """How many devices of ``device_bytes`` the state needs if it could be split perfectly."""
+    return max(1, -(-int(total_bytes) // int(device_bytes)))
+
+
+# --------------------------------------------------------------------------- alpha-beta (chapter 2)
+# A message of m bytes costs α + m·β: a fixed latency plus the bytes over the link's bandwidth
+# (Hockney, 1994). An all-reduce is a sequence of such messages (Thakur, Rabenseifner & Gropp, 2005).
+
+
+def allreduce_terms(algorithm: str, world_size: int, nbytes: float) -> tuple[float, float]:
+    """(a, b) such that an all-reduce of ``nbytes`` on ``world_size`` ranks takes a·α + b·β.
+
+    ring (and the library's): 2(N−1) steps of S/N → 2(N−1)α + 2(N−1)/N·S·β;
+    halving-doubling: 2·log₂N steps, same bytes; naive: the root's link carries N−1 messages in
+    and N−1 out, one after another → 2(N−1)α + 2(N−1)·S·β.
+    """
+    n = world_size
+    if n < 1:
+        raise ValueError(f"world_size must be at least 1, got {n}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be non-negative, got {nbytes}")
+    if algorithm in ("ring", "library"):
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes
+    if algorithm == "halving-doubling":
+        return 2.0 * (n.bit_length() - 1), 2.0 * (n - 1) / n * nbytes
+    if algorithm == "naive":
+        return 2.0 * (n - 1), 2.0 * (n - 1) * nbytes
+    raise ValueError(f"algorithm must be ring, library, halving-doubling or naive, got {algorithm!r}")
+
+
+def allreduce_time(algorithm: str, world_size: int, nbytes: float, alpha: float, beta: float) -> float:
+    a, b = allreduce_terms(algorithm, world_size, nbytes)
+    return a * alpha + b * beta
+
+
+def fit_alpha_beta(rows: list[dict], algorithm: str = "ring") -> dict:
+    """Least-squares α (s) and β (s/byte) from measured ``rows`` ({world_size, size_bytes, time_s}).
+
+    Errors are weighed relative to each time, so 4 KB messages (latency) count as much as 64 MB
+    ones (bandwidth); α and β are kept non-negative. Returns α, β, the bandwidth 1/β and the
+    root-mean-square relative error of the fit.
+    """
+    import numpy as np
+
+    rows = [r for r in rows if r["time_s"] > 0 and r["world_size"] > 1]
+    if len(rows) < 2:
+        raise ValueError("need at least two measurements on two or more ranks to fit α and β")
+    a = np.array([allreduce_terms(algorithm, r["world_size"], r["size_bytes"]) for r in rows])
+    t = np.array([r["time_s"] for r in rows])
+    w = a / t[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(w, np.ones(len(t)), rcond=None)
+    one = lambda col: float(np.linalg.lstsq(w[:, col:col + 1], np.ones(len(t)), rcond=None)[0][0])
+    if alpha < 0:  # the data say "no latency": keep α at zero and fit β alone
+        alpha, beta = 0.0, one(1)
+    elif beta <= 0:
+        alpha, beta = one(0), 1e-15
+    model = a @ np.array([alpha, beta])
+    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta), "bandwidth_GBps": 1e-9 / beta,
+            "rms_rel_error": float(np.sqrt(np.mean((model / t - 1) ** 2))), "points": len(rows),
+            "algorithm": algorithm}
+
+
+def latency_crossover_bytes(world_size: int, alpha: float, beta: float) -> float:
+    """Message size S* at which a ring all-reduce's latency term equals its bandwidth term:
+    2(N−1)α = 2(N−1)/N·S*·β, so S* = N·α/β. Below S*, latency dominates."""
+    if beta <= 0:
+        raise ValueError(f"beta must be positive, got {beta}")
+    return world_size * alpha / beta
+
+
+def fit_point_to_point(sizes: list[float], times: list[float]) -> dict:
+    """α (s) and β (s/byte) of t = α + m·β from one-way message times (a ping-pong; chapter 7).
+
+    Errors weigh relative to each time, as :func:`fit_alpha_beta` does; α and β stay ≥ 0.
+    """
+    import numpy as np
+
+    if len(sizes) != len(times) or len(sizes) < 2 or min(times) <= 0:
+        raise ValueError("need at least two (size, positive time) pairs to fit α and β")
+    t = np.array(times, dtype=float)
+    w = np.stack([np.ones_like(t), np.array(sizes, dtype=float)], axis=1) / t[:, None]
+    alpha, beta = np.linalg.lstsq(w, np.ones(len(t)), rcond=None)[0]
+    if alpha < 0:
+        alpha, beta = 0.0, float(np.linalg.lstsq(w[:, 1:], np.ones(len(t)), rcond=None)[0][0])
+    elif beta <= 0:
+        alpha, beta = float(np.linalg.lstsq(w[:, :1], np.ones(len(t)), rcond=None)[0][0]), 1e-15
+    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta), "bandwidth_GBps": 1e-9 / beta}
+
+
+# Bytes per parameter of model states by ZeRO stage (Rajbhandari et al., 2020, §5, Figure 1):
+# params / grads / optimizer, each either replicated (×1) or sharded over N ranks (×1/N).
+_ZERO_SHARDED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}
+_ZERO_BYTES = {"fp32": {"params": 4, "grads": 4, "optimizer": 8},     # Adam: momentum + variance
+               "mixed": {"params": 2, "grads": 2, "optimizer": 12}}   # + fp32 master: K = 12
+
+
+def zero_memory(params: float, world_size: int, stage: int, precision: str = "mixed") -> dict:
+    """Model-state bytes per rank under ZeRO ``stage`` (the paper's formulas; chapter 4).
+
+    fp32 Adam: 16Ψ, 8Ψ+8Ψ/N, 4Ψ+12Ψ/N, 16Ψ/N. Mixed precision (K=12): 16Ψ, 4Ψ+12Ψ/N,
+    2Ψ+14Ψ/N, 16Ψ/N. Activations and transient buffers come on top.
+    """
+    if stage not in _ZERO_SHARDED:
+        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+    if precision not in _ZERO_BYTES:
+        raise ValueError(f"precision must be 'fp32' or 'mixed', got {precision!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not params >= 0:
+        raise ValueError(f"params must be a non-negative number, got {params!r}")
+    out = {k: b * params / (world_size if k in _ZERO_SHARDED[stage] else 1)
+           for k, b in _ZERO_BYTES[precision].items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+def zero_traffic(params: float, world_size: int, stage: int, element_size: int = 4) -> float:
+    """Bytes each rank sends per step with ring collectives: 2(N−1)/N·Ψ elements for stages
+    0–2 (reduce-scatter + all-gather), 3(N−1)/N·Ψ for stage 3 (one more all-gather)."""
+    factor = 3 if stage == 3 else 2
+    return factor * (world_size - 1) / world_size * params * element_size
+
+
+# --------------------------------------------------------------------------- one step's terms (chapter 7)
+# What :mod:`lesson_lib.costmodel` adds up into one step at scale. Inputs come from data/devices.csv
+# and data/links.csv (a source per row).
+
+
+def devices() -> dict[str, dict]:
+    """Accelerators by id (data/devices.csv): peak dense bf16 FLOP/s, memory bytes, source."""
+    return {r["id"]: {"name": r["name"], "peak_flops": float(r["peak_tflops"]) * 1e12,
+                      "memory": float(r["memory_gb"]) * 1e9, "source": r["source"]}
+            for r in read_csv("devices.csv")}
+
+
+def links() -> dict[str, dict]:
+    """Interconnects by id (data/links.csv): β = 1/bandwidth (s/byte) each way, α (s), source."""
+    return {r["id"]: {"name": r["name"], "beta": 1 / (float(r["bandwidth_gbps"]) * 1e9),
+                      "alpha": float(r["latency_us"]) * 1e-6, "source": r["source"]}
+            for r in read_csv("links.csv")}
+
+
+def published() -> dict[str, dict]:
+    """End-to-end figures a paper reports (data/published.csv), to check the model against."""
+    return {r["case"]: {k: (v if k in ("case", "device", "source") or v == "" else float(v))
+                        for k, v in r.items()} for r in read_csv("published.csv")}
+
+
+def days_from_throughput(tokens: float, params: float, devices: int, flops_per_device: float,
+                         flops_per_token_per_param: float = 8.0) -> float:
+    """End-to-end days ≈ 8·T·Ψ / (n·X) (Narayanan et al., SC21, §5.1; 8 = 6 plus recomputation)."""
+    return flops_per_token_per_param * tokens * params / (devices * flops_per_device) / 86400
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    """Idle share of a pipeline step with equal stages: (P−1)/(M+P−1) (GPipe and 1F1B; chapter 3)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def ring_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
+    """A ring all-reduce of ``nbytes`` on n ranks: 2(N−1)α + 2(N−1)/N·S·β (chapter 2)."""
+    return allreduce_time("ring", n, nbytes, alpha, beta)
+
+
+def ps_time(nbytes: float, workers: int, servers: int, alpha: float, beta: float) -> float:
+    """The busiest server's link per synchronous step: 2·N·S/K bytes in and out (chapter 1)."""
+    return 2 * workers / servers * (alpha + nbytes * beta)
+
+
+def activation_bytes(seq: int, micro: int, hidden: int, heads: int, tensor: int = 1) -> float:
+    """One transformer layer's saved activations for one micro-batch, 16-bit, no sequence
+    parallelism: s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes (Korthikanti et al., 2022, Eq. 2)."""
+    return seq * micro * hidden * (10 + 24 / tensor + 5 * heads * seq / (hidden * tensor))
