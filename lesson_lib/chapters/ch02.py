@@ -8,7 +8,7 @@ notebook can assert its claims.
 from __future__ import annotations
 
 import statistics
-import time
+from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -151,25 +151,12 @@ def pipelining_fit(bw: dict) -> dict:
 
 
 def time_segments(nbytes: int, segment_sizes: list[int], repeats: int = 5) -> dict:
-    """On every rank: seconds of each call, {variant: [per repeat]}, for the library, the plain ring
-    and the pipelined ring with each segment size; variants take turns (rotating) within a repeat.
-    The first round is a warm-up and is dropped."""
+    """On every rank: seconds of each call, {variant: [[one call] per repeat]}, for the library, the
+    plain ring and the pipelined ring with each segment size, taking turns (``ra.interleaved``)."""
     x = torch.zeros(nbytes // 4)
-    names = ["library", "ring", *segment_sizes]
-    times = {k: [] for k in names}
-    for i in range(repeats + 1):
-        for k in names[i % len(names):] + names[:i % len(names)]:
-            dist.barrier()
-            t0 = time.perf_counter()
-            if k == "library":
-                dist.all_reduce(x)
-            elif k == "ring":
-                comm.ring_all_reduce(x)
-            else:
-                comm.pipelined_ring_all_reduce(x, segment_bytes=k)
-            if i:
-                times[k].append(time.perf_counter() - t0)
-    return times
+    calls = {"library": partial(dist.all_reduce, x), "ring": partial(comm.ring_all_reduce, x),
+             **{b: partial(comm.pipelined_ring_all_reduce, x, segment_bytes=b) for b in segment_sizes}}
+    return ra.interleaved(calls, repeats)
 
 
 def segment_sweep(world_size: int = 2, size_mb: float = 4.0, repeats: int = 5,
@@ -180,7 +167,7 @@ def segment_sweep(world_size: int = 2, size_mb: float = 4.0, repeats: int = 5,
 
     nbytes = int(size_mb * 2**20)
     outs = warm_cluster(world_size).run(time_segments, nbytes, list(segment_sizes), repeats)
-    median = {k: statistics.median(max(o[k][i] for o in outs) for i in range(repeats)) for k in outs[0]}
+    median = {k: statistics.median(max(o[k][i][0] for o in outs) for i in range(repeats)) for k in outs[0]}
     chunk = -(-nbytes // world_size)
     rows = [{"segment_bytes": b, "segments": max(1, -(-chunk // b)), "time_s": median[b]}
             for b in segment_sizes]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -157,34 +158,44 @@ def compare_with_library(cases: list[tuple[int, str, int]], algorithms: list[str
     return rows
 
 
+def interleaved(calls: dict, repeats: int, k: int = 1) -> dict:
+    """On every rank: seconds of each call, {name: [[per call] per repeat]}.
+
+    The calls take turns within each repeat (in a rotating order), so load from elsewhere on a
+    shared machine falls on all of them alike; each turn starts at a barrier and runs its call ``k``
+    times back to back, each one timed: the caller takes medians, so a call that lost its core to
+    another process for a scheduler tick does not skew the result. The first round is a warm-up
+    and is dropped.
+    """
+    device = context().device
+    names = list(calls)
+    times: dict = {a: [] for a in names}
+    for i in range(repeats + 1):
+        for a in names[i % len(names):] + names[:i % len(names)]:
+            got = []
+            dist.barrier()
+            for _ in range(k):
+                t0 = time.perf_counter()
+                calls[a]()
+                sync(device)
+                got.append(time.perf_counter() - t0)
+            if i:
+                times[a].append(got)
+    return times
+
+
 def time_algorithms(sizes: list[int], algorithms: list[str], repeats: int = 5,
                     dtype: str = "float32", batch_bytes: int = 2**23) -> dict:
-    """On every rank: seconds of each all-reduce call, {size: {algorithm: [[per call] per repeat]}}.
-
-    The algorithms take turns within each repeat (in a rotating order), so load from elsewhere on
-    a shared machine falls on all of them alike. A small message is run as a batch of calls back
-    to back (moving about ``batch_bytes``) and every call is timed: the caller takes medians, so
-    a call that lost its core to another process for a scheduler tick does not skew the result.
-    The first round is a warm-up and is dropped.
+    """On every rank: seconds of each all-reduce call, {size: {algorithm: [[per call] per repeat]}},
+    the algorithms :func:`interleaved`. A small message is run as a batch of calls back to back
+    (moving about ``batch_bytes``).
     """
-    ctx = context()
     dt = getattr(torch, dtype)
     out: dict = {}
     for nbytes in sizes:
-        x = torch.zeros(nbytes // dt.itemsize, dtype=dt, device=ctx.device)  # zeros: no overflow
+        x = torch.zeros(nbytes // dt.itemsize, dtype=dt, device=context().device)  # zeros: no overflow
         k = max(1, min(50, batch_bytes // max(nbytes, 1)))
-        times: dict = {a: [] for a in algorithms}
-        for i in range(repeats + 1):
-            for a in algorithms[i % len(algorithms):] + algorithms[:i % len(algorithms)]:
-                calls = []
-                dist.barrier()
-                for _ in range(k):
-                    t0 = time.perf_counter()
-                    comm.all_reduce(x, a, op="bench")
-                    sync(ctx.device)
-                    calls.append(time.perf_counter() - t0)
-                if i:
-                    times[a].append(calls)
-        out[nbytes] = times
+        out[nbytes] = interleaved({a: partial(comm.all_reduce, x, a, op="bench") for a in algorithms},
+                                  repeats, k)
     counters().reset()
     return out

@@ -64,15 +64,21 @@ def ring_animation(frames: list[dict], title: str = "Ring all-reduce: chunks tra
                                                                           f"{caption}</sup>"}}))
         prev = f
     fig = go.Figure(data=[*base, chunks(frames[0]["state"]), flight(frames[0], None)], frames=figs)
+    return _animated(fig, names, f"{title}<br><sup>press ▶; a label lists the ranks whose values a chunk "
+                                 "holds</sup>", height=600, y_range=(-1.3, 1.4), prefix="step: ")
+
+
+def _animated(fig: go.Figure, names: list[str], title: str, height: int, y_range, prefix: str) -> go.Figure:
+    """The ring drawings' shared frame: a ▶ / ❚❚ pair and a slider over the frames ``names``."""
     step = {"frame": {"duration": 900, "redraw": True}, "transition": {"duration": 300}}
     fig.update_layout(
-        title={"text": f"{title}<br><sup>press ▶; a label lists the ranks whose values a chunk holds</sup>"},
-        height=600, plot_bgcolor="white", xaxis={"visible": False, "range": [-1.8, 1.8]},
-        yaxis={"visible": False, "range": [-1.3, 1.4], "scaleanchor": "x"},
+        title={"text": title}, height=height, plot_bgcolor="white",
+        xaxis={"visible": False, "range": [-1.8, 1.8]},
+        yaxis={"visible": False, "range": list(y_range), "scaleanchor": "x"},
         updatemenus=[{"type": "buttons", "x": 0, "y": 0, "xanchor": "left", "buttons": [
             {"label": "▶", "method": "animate", "args": [None, {**step, "fromcurrent": True}]},
             {"label": "❚❚", "method": "animate", "args": [[None], {"mode": "immediate"}]}]}],
-        sliders=[{"x": 0.12, "len": 0.88, "y": 0, "currentvalue": {"prefix": "step: "},
+        sliders=[{"x": 0.12, "len": 0.88, "y": 0, "currentvalue": {"prefix": prefix},
                   "steps": [{"label": nm, "method": "animate", "args": [[nm], {**step, "mode": "immediate"}]}
                             for nm in names]}])
     return fig
@@ -143,19 +149,9 @@ def pipelined_ring_animation(frames: list[dict], title: str = "Pipelined ring: e
                              layout={"title": {"text": f"{title}<br><sup>{label}: {caption}</sup>"}}))
     first = frames[0]
     fig = go.Figure(data=[*base, segs(first["state"]), flight(first), adding(first)], frames=figs)
-    step = {"frame": {"duration": 900, "redraw": True}, "transition": {"duration": 300}}
-    fig.update_layout(
-        title={"text": f"{title}<br><sup>press ▶; orange diamonds: segments on the wire; orange outline: "
-                       "a segment being added while the next one crosses</sup>"},
-        height=620, plot_bgcolor="white", xaxis={"visible": False, "range": [-1.8, 1.8]},
-        yaxis={"visible": False, "range": [-1.4, 1.5], "scaleanchor": "x"},
-        updatemenus=[{"type": "buttons", "x": 0, "y": 0, "xanchor": "left", "buttons": [
-            {"label": "▶", "method": "animate", "args": [None, {**step, "fromcurrent": True}]},
-            {"label": "❚❚", "method": "animate", "args": [[None], {"mode": "immediate"}]}]}],
-        sliders=[{"x": 0.12, "len": 0.88, "y": 0, "currentvalue": {"prefix": ""},
-                  "steps": [{"label": nm, "method": "animate", "args": [[nm], {**step, "mode": "immediate"}]}
-                            for nm in names]}])
-    return fig
+    return _animated(fig, names, f"{title}<br><sup>press ▶; orange diamonds: segments on the wire; orange "
+                                 "outline: a segment being added while the next one crosses</sup>",
+                     height=620, y_range=(-1.4, 1.5), prefix="")
 
 
 def bytes_per_rank(rows: list[dict], title: str) -> go.Figure:
