@@ -1,0 +1,293 @@
+"""``Cluster``: warm worker processes with a process group ready, and the one ``run`` contract.
+
+* spawn start method: fork is fast but a forked child that runs a matmul after the parent used
+  intra-op threads can hang (``../shared/MACHINE-NOTES.md`` of the course's developers has the
+  measurements). Jobs travel as :func:`~.pickling.pack_job` bytes.
+* rendezvous through a ``file://`` store in a fresh temporary folder: no port is ever fixed, so
+  any number of clusters in any number of kernels can start at once.
+* workers start once and stay warm; ``run`` ships the pickled function and arguments to them.
+* every wait is bounded: the process group gets ``timeout_s``; the parent polls results with a
+  short timeout and checks worker liveness in between, so a dead worker is reported at once; a
+  job that outlives ``run(..., timeout_s=...)`` is reported with where each rank waited.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import queue
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+from .errors import MAIN_GUARD_HELP, RunInterrupted, WorkerTimeout
+from .failures import check_alive, raise_failure, raise_timeout
+from .messages import Kind
+from .pickling import pack_job
+from .placement import choose_placement, cpu_count, oversubscribed, threads_per_rank, validate_world_size
+from .worker import worker_main
+
+# Set while workers start, to a file a worker writes when it finds itself re-importing a script
+# that starts workers at import time (no main guard); the parent turns it into MAIN_GUARD_HELP.
+_SPAWN_MARK = "LESSON_LIB_SPAWN_MARK"
+
+_LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+
+
+@atexit.register
+def close_all() -> None:
+    """Close every cluster this process started (called at interpreter exit too)."""
+    for cluster in list(_LIVE):
+        cluster.close()
+
+
+class Cluster:
+    """``world_size`` warm worker processes with a process group ready.
+
+    >>> with Cluster(world_size=2) as cluster:                        # doctest: +SKIP
+    ...     ranks = cluster.run(some_module.fn, arg)   # fn(arg) on every rank, list by rank
+
+    A failed job closes the workers (their process group may be broken); the next ``run``
+    starts fresh ones. Used by every chapter.
+    """
+
+    def __init__(self, world_size: int = 2, backend: str = "auto", timeout_s: float = 30.0,
+                 threads: int | None = None, start: bool = True, quiet: bool = False):
+        self.world_size = validate_world_size(world_size)
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 3600):
+            raise ValueError(f"timeout_s must be a number of seconds in (0, 3600], got {timeout_s!r}")
+        self.placement = choose_placement(world_size, backend)
+        self.backend = self.placement.backend
+        self.timeout_s = float(timeout_s)
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive int, got {threads!r}")
+        self.threads = threads or threads_per_rank(world_size)
+        self.oversubscribed = oversubscribed(world_size, self.threads, self.backend)
+        self.quiet = quiet
+        self._procs: list = []
+        self._job_qs: list = []
+        self._out_q = None
+        self._report = None
+        self._tmp: str | None = None
+        self._job_id = 0
+        self.start_seconds = float("nan")
+        note = (f"{world_size} ranks on {cpu_count()} CPU cores: ranks time-share the cores, so "
+                "wall-clock times stretch; compare the per-rank busy time shown beside them")
+        if not quiet:
+            print(f"lesson_lib: {world_size} rank(s) — {self.placement.reason}"
+                  + (f"\n  warning: {note}" if self.oversubscribed else ""))
+        elif self.oversubscribed:
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
+        if start:
+            self.start()
+
+    # -- life cycle
+    @property
+    def running(self) -> bool:
+        return bool(self._procs)
+
+    def start(self) -> None:
+        if self.running and all(p.exitcode is None for p in self._procs):
+            return
+        if self.running:  # a warm worker died between jobs: replace the whole world
+            self.close()
+        if getattr(mp.current_process(), "_inheriting", False):
+            # We are a worker being started, re-importing a script that starts workers at import
+            # time. Leave a note for the parent, which turns it into a clear error.
+            mark = os.environ.get(_SPAWN_MARK)
+            if mark:
+                with open(mark, "w") as f:
+                    f.write("main guard")
+            raise RuntimeError(MAIN_GUARD_HELP)
+        t0 = time.perf_counter()
+        self._tmp = tempfile.mkdtemp(prefix="lesson_lib_")
+        _LIVE.add(self)
+        self._spawn("file://" + os.path.join(self._tmp, "rendezvous"))
+        progress = _StartProgress(self.world_size, self.quiet)
+        try:
+            self._collect_or_stop("start-up", 0, kinds=(Kind.READY,),
+                                  deadline=time.monotonic() + 120 + self.timeout_s, on_ready=progress)
+        finally:
+            progress.done()
+        self.start_seconds = time.perf_counter() - t0
+
+    def _spawn(self, init_method: str) -> None:
+        ctx = mp.get_context("spawn")
+        self._out_q = ctx.Queue()
+        self._report = ctx.Event()
+        self._job_qs = [ctx.Queue() for _ in range(self.world_size)]
+        env_backup = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", _SPAWN_MARK)}
+        if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _has_iface("lo"):
+            os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: keep Gloo on loopback
+        os.environ["OMP_NUM_THREADS"] = str(self.threads)
+        os.environ[_SPAWN_MARK] = os.path.join(self._tmp, "main-guard")
+        # Children start with SIGINT ignored (an ignored signal stays ignored across exec, and
+        # Python then installs no KeyboardInterrupt handler): an interrupt during their start-up
+        # must not print a traceback per worker. The parent alone handles it, and stops them.
+        sigint = None
+        if threading.current_thread() is threading.main_thread():
+            sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for rank in range(self.world_size):
+                p = ctx.Process(
+                    target=worker_main, name=f"lesson_lib-rank{rank}", daemon=True,
+                    args=(rank, self.world_size, self.backend, init_method, self.timeout_s,
+                          self.threads, self._job_qs[rank], self._out_q, os.getpid(), self._report),
+                )
+                p.start()
+                self._procs.append(p)
+        finally:
+            if sigint is not None:
+                signal.signal(signal.SIGINT, sigint)
+            for k, v in env_backup.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def close(self, grace_s: float = 2.0) -> None:
+        """Stop the workers (politely for ``grace_s``, then by force); safe to call twice."""
+        procs, self._procs = self._procs, []
+        for q in self._job_qs:
+            try:
+                q.put(None)
+            except Exception:
+                pass
+        deadline = time.monotonic() + grace_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(2.0)
+        for q in [*self._job_qs, self._out_q]:
+            if q is not None:
+                q.cancel_join_thread()
+                q.close()
+        self._job_qs, self._out_q, self._report = [], None, None
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        _LIVE.discard(self)
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    # -- jobs
+    def run(self, fn: Callable, *args: Any, on_event: Callable[[dict], None] | None = None,
+            timeout_s: float | None = None, **kwargs: Any) -> list:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the values as a list by rank.
+
+        ``fn`` may be defined anywhere, a notebook cell included: importable functions are sent
+        by reference, others (cell functions, lambdas, closures) by value.
+        ``on_event`` receives each event a rank emits (``context().emit``) while the job runs.
+        ``timeout_s`` bounds the whole job (default: none beyond the collective timeout); a job
+        that overruns it raises :class:`WorkerTimeout` saying where each rank was waiting.
+        Raises :class:`WorkerError` naming the failing rank, with its traceback.
+        """
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+        payload = pack_job(fn, args, kwargs)
+        name = getattr(fn, "__qualname__", "the function")
+        self.start()
+        self._job_id += 1
+        for q in self._job_qs:
+            q.put((self._job_id, payload))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        done = self._collect_or_stop(f"the run of {name}", self._job_id, kinds=(Kind.DONE,),
+                                     deadline=deadline, on_event=on_event, timeout_s=timeout_s)
+        if any(restart for _, restart in done):
+            self.close()  # those workers are exiting; the next run starts fresh ones
+        return [value for value, _ in done]
+
+    def _collect_or_stop(self, what: str, *args, **kwargs) -> list:
+        """:meth:`_collect`; on any failure or interrupt the workers are stopped first."""
+        try:
+            return self._collect(*args, **kwargs)
+        except KeyboardInterrupt:
+            n = self.world_size
+            self.close()
+            raise RunInterrupted(f"{what} was interrupted; its {n} worker(s) were stopped "
+                                 "(the next run starts fresh ones)") from None
+        except WorkerTimeout:
+            self.close(grace_s=0)  # its ranks are stuck: no point waiting for a polite exit
+            raise
+        except BaseException:
+            self.close()  # a failed job leaves no worker behind
+            raise
+
+    def _collect(self, job_id, kinds, deadline=None, on_event=None, on_ready=None, timeout_s=None) -> list:
+        values: list = [None] * self.world_size
+        pending = set(range(self.world_size))
+        next_check = 0.0
+        guard_file = os.path.join(self._tmp, "main-guard") if self._tmp else None
+        while pending:
+            now = time.monotonic()
+            if now >= next_check:  # also while events stream in: liveness and deadline first
+                next_check = now + 0.05
+                check_alive(self._procs, pending, self._out_q, self.backend, guard_file)
+                if deadline is not None and now > deadline:
+                    raise_timeout(self._out_q, self._report, job_id, pending, timeout_s)
+                if on_ready is not None:
+                    on_ready(self.world_size - len(pending))
+            try:
+                msg = self._out_q.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if msg.kind is Kind.EVENT:
+                if on_event is not None:
+                    on_event(msg.data)
+            elif msg.kind is Kind.ERROR:
+                raise_failure(self._procs, self._out_q, msg.rank, msg.data)
+            elif msg.kind in kinds and msg.job == job_id:
+                values[msg.rank] = pickle.loads(msg.data) if msg.kind is Kind.DONE else None
+                pending.discard(msg.rank)
+        return values
+
+
+class _StartProgress:
+    """'starting 64 ranks: 12/64 ready (8 s)' on one line while a big or slow world starts."""
+
+    def __init__(self, world_size: int, quiet: bool):
+        self.n, self.quiet, self.t0, self.last, self.shown = world_size, quiet, time.monotonic(), 0.0, False
+
+    def __call__(self, ready: int) -> None:
+        now = time.monotonic()
+        if self.quiet or ready == self.n or now - self.last < 1.0 or (self.n < 8 and now - self.t0 < 3):
+            return
+        self.last, self.shown = now, True
+        print(f"\rlesson_lib: starting {self.n} ranks: {ready}/{self.n} ready "
+              f"({now - self.t0:.0f} s)", end="", flush=True)
+
+    def done(self) -> None:
+        if self.shown:
+            print(f"\rlesson_lib: {self.n} ranks started in {time.monotonic() - self.t0:.0f} s" + " " * 10)
+
+
+def _has_iface(name: str) -> bool:
+    try:
+        return any(n == name for _, n in socket.if_nameindex())
+    except OSError:
+        return False

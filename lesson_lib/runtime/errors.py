@@ -1,0 +1,42 @@
+"""What a run raises in the notebook: a failed rank, a run past its deadline, an interrupt."""
+
+from __future__ import annotations
+
+
+class WorkerError(RuntimeError):
+    """A worker failed; ``rank`` names it and ``remote_traceback`` carries its traceback."""
+
+    def __init__(self, rank: int, message: str, remote_traceback: str = "", others: tuple = ()):
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+        self.other_failed_ranks = tuple(others)
+        text = f"rank {rank}: {message}"
+        if others:
+            text += f" (ranks {', '.join(map(str, others))} failed after it)"
+        if remote_traceback:
+            text += f"\n\n--- traceback from rank {rank} ---\n{remote_traceback}"
+        super().__init__(text)
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a traceback through the runtime's polling loop: the
+        # learner needs the rank and *its* traceback (which ends in their own cell), not ours.
+        return [f"{type(self).__name__}: {self}"]
+
+
+class WorkerTimeout(WorkerError):
+    """A job outlived ``Cluster.run(..., timeout_s=...)``; the message says where each rank waited."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The kernel was interrupted during a run; the workers were stopped (one line, no traceback)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"KeyboardInterrupt: {self}"]
+
+
+MAIN_GUARD_HELP = (
+    "the workers could not start: this script starts a Cluster (or a lesson_lib run) at import "
+    "time. Workers are started with 'spawn', which re-imports your script in every worker, so the "
+    "code that starts them must sit under a guard:\n\n"
+    "    if __name__ == \"__main__\":\n        main()   # everything that starts workers\n"
+)

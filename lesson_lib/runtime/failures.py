@@ -1,0 +1,98 @@
+"""Turning what the workers sent (or did not send) into one clear exception for the notebook.
+
+Each function reads the parent's queue of :class:`~.messages.Message` and the worker processes,
+and raises: :class:`WorkerError` naming the rank at the root of a failure, or
+:class:`WorkerTimeout` saying where each rank still running was waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+
+from .diagnosis import is_peer_fallout, relabel_cells, where
+from .errors import MAIN_GUARD_HELP, WorkerError, WorkerTimeout
+from .messages import Kind
+
+
+def _how(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def check_alive(procs: list, pending: set, out_q, backend: str, guard_file: str | None) -> None:
+    """Raise if a worker that still owes an answer has exited."""
+    for rank, p in enumerate(procs):
+        if rank in pending and p.exitcode is not None:
+            if guard_file and os.path.exists(guard_file):
+                raise RuntimeError(MAIN_GUARD_HELP)
+            # It may have sent its traceback just before exiting: read it first.
+            try:
+                while True:
+                    msg = out_q.get(timeout=0.3)
+                    if msg.kind is Kind.ERROR:
+                        raise_failure(procs, out_q, msg.rank, msg.data)
+            except queue.Empty:
+                pass
+            code = p.exitcode
+            how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+                   else f"exited with code {code}")
+            if code == -signal.SIGABRT and backend == "gloo":
+                how += (" (Gloo aborts a rank whose receive does not match what was sent to it: "
+                        "a tensor of another size or dtype, or a message from another rank)")
+            raise WorkerError(rank, f"worker process {how} while running a job")
+
+
+def raise_failure(procs: list, out_q, rank: int, tb: str) -> None:
+    """Gather the errors that arrive right after the first one and blame the root cause:
+    the rank whose traceback is not just "my peer went away"."""
+    errors = {rank: tb}
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        try:
+            msg = out_q.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if msg.kind is Kind.ERROR:
+            errors[msg.rank] = msg.data
+    roots = [r for r, t in errors.items() if not is_peer_fallout(t)]
+    if not roots:
+        # Everyone reports a lost peer: the root cause is a worker that died without a word.
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            dead = [(r, p.exitcode) for r, p in enumerate(procs)
+                    if p.exitcode is not None and r not in errors]
+            if dead:
+                r, code = dead[0]
+                raise WorkerError(r, f"worker process was killed ({_how(code)}) while running a job",
+                                  others=tuple(errors))
+            time.sleep(0.05)
+        roots = [rank]
+    root = roots[0]
+    tb = relabel_cells(errors[root])
+    last = tb.strip().splitlines()[-1] if tb.strip() else "failed"
+    raise WorkerError(root, last, tb, others=tuple(r for r in errors if r != root))
+
+
+def raise_timeout(out_q, report, job_id: int, pending: set, timeout_s: float | None) -> None:
+    """Ask the ranks still running where they are, then raise :class:`WorkerTimeout`."""
+    stacks: dict[int, list] = {}
+    if job_id and report is not None:
+        report.set()
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end and not pending <= stacks.keys():
+            try:
+                msg = out_q.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if msg.kind is Kind.STACK and msg.job == job_id:
+                stacks[msg.rank] = msg.data
+        report.clear()
+    limit = f"within timeout_s={timeout_s:g} s" if timeout_s else "before the deadline"
+    waiting = sorted(pending)
+    lines = [f"did not finish {limit}: ranks {waiting} were still running"
+             + (" — waiting for each other? (a send or recv with no partner, or a collective "
+                "that not every rank called, waits forever)" if stacks else "")]
+    lines += [f"  rank {r}: {where(stacks[r])}" for r in waiting if r in stacks]
+    raise WorkerTimeout(waiting[0], "\n".join(lines), others=())

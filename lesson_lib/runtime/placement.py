@@ -1,0 +1,119 @@
+"""Where a world runs: the backend and device for ``world_size`` ranks, and threads per rank.
+
+One rule for every way the course starts ranks (:class:`~lesson_lib.runtime.Cluster` from a
+notebook or script, :class:`~lesson_lib.runtime.TorchrunCluster` under ``torchrun``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+MAX_WORLD_SIZE = 64
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a world of ``world_size`` ranks runs: backend, device type and the reason, in words."""
+
+    backend: str
+    device_type: str
+    reason: str
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def gpu_count() -> int:
+    # torch.cuda.device_count() asks NVML where it can and does not create a CUDA context, so the
+    # notebook kernel stays CUDA-free. The CPU wheel answers 0 without touching anything.
+    if not torch.cuda.is_available():
+        return 0
+    return torch.cuda.device_count()
+
+
+def validate_world_size(world_size: Any) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if world_size > MAX_WORLD_SIZE:
+        raise ValueError(
+            f"world_size={world_size} is more than this course runs on one machine "
+            f"(at most {MAX_WORLD_SIZE}); use torchrun across machines for more"
+        )
+    return world_size
+
+
+def validate_backend(backend: Any) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    return backend
+
+
+def choose_placement(world_size: int, backend: str = "auto") -> Placement:
+    """NCCL with one GPU per rank when enough GPUs exist, else Gloo on CPU.
+
+    With ``auto`` and fewer GPUs than ranks we fall back to Gloo on CPU for the whole world
+    rather than sharing GPUs between ranks: NCCL does not allow two ranks on one device, and a
+    mixed world would make the timings meaningless. Under torchrun ``world_size`` is the number
+    of ranks on this machine (``LOCAL_WORLD_SIZE``): each machine needs a GPU per local rank.
+    """
+    validate_world_size(world_size)
+    validate_backend(backend)
+    gpus = gpu_count()
+    if backend == "nccl":
+        if not dist.is_nccl_available() or gpus < world_size:
+            raise ValueError(
+                f"backend='nccl' needs one GPU per rank: world_size={world_size} but "
+                f"{gpus} GPU(s) visible{'' if dist.is_nccl_available() else ' and NCCL is not built in'}"
+                "; use backend='auto' or 'gloo'"
+            )
+        return Placement("nccl", "cuda", f"NCCL, one GPU per rank ({gpus} GPUs visible)")
+    if backend == "gloo":
+        return Placement("gloo", "cpu", "Gloo on CPU (asked for)")
+    if gpus >= world_size and dist.is_nccl_available():
+        return Placement("nccl", "cuda", f"NCCL, one GPU per rank ({gpus} GPUs visible)")
+    if gpus:
+        return Placement("gloo", "cpu", f"Gloo on CPU: {world_size} ranks but only {gpus} GPU(s)")
+    return Placement("gloo", "cpu", "Gloo on CPU: no GPU visible")
+
+
+def threads_per_rank(world_size: int, keep_core_free: bool = True) -> int:
+    """Intra-op threads per worker: the machine's cores shared out between its ranks.
+
+    Ranks that together ask for more threads than there are cores slow each other down badly
+    (spinning thread pools). ``keep_core_free`` leaves one core for the notebook kernel, the
+    browser and the plots; under torchrun no kernel shares the machine, so all cores are shared.
+    """
+    return max(1, (cpu_count() - (1 if keep_core_free else 0)) // world_size)
+
+
+def oversubscribed(world_size: int, threads: int, backend: str) -> bool:
+    """True when the ranks' threads together outnumber the cores (CPU ranks only)."""
+    return backend == "gloo" and world_size * threads > cpu_count()
+
+
+def describe() -> dict:
+    """What the runtime sees: used by ``python -m lesson_lib doctor``."""
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cpu_cores": cpu_count(),
+        "gpus": gpu_count(),
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available(),
+        "start_method": "spawn",
+        "placement": {n: choose_placement(n).reason for n in (1, 2, 4, 8)},
+        "threads_per_rank": {n: threads_per_rank(n) for n in (1, 2, 4, 8)},
+    }

@@ -1,0 +1,153 @@
+"""A worker process: join the process group, then run jobs until told to stop.
+
+Workers ignore SIGINT (the parent decides), exit when their parent disappears, and answer with
+:class:`~.messages.Message`. A thread of each worker reports where its main thread is when the
+parent asks (a job that overran its deadline).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from .diagnosis import format_exception, user_frames
+from .messages import Kind, Message
+from .pickling import unpack_job
+from .placement import oversubscribed
+
+
+@dataclass
+class WorkerContext:
+    """What a worker function may ask for: ``lesson_lib.runtime.context()`` inside a rank."""
+
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    timeout_s: float
+    threads: int
+    oversubscribed: bool
+    events: Any = None  # a queue (Cluster) or None (torchrun: events are dropped)
+    restart_requested: bool = False
+
+    def request_restart(self) -> None:
+        """Ask for fresh workers after this job (e.g. a fault demo left the process group unusable).
+
+        The job still returns normally; the cluster then replaces its workers before the next job.
+        """
+        self.restart_requested = True
+
+    def emit(self, kind: str, **data: Any) -> None:
+        """Send a small event (floats, ints, strings) to the notebook while the job runs."""
+        if self.events is not None:
+            self.events.put(Message(Kind.EVENT, self.rank, None, {"kind": kind, "rank": self.rank, **data}))
+
+
+_CTX: WorkerContext | None = None
+
+
+def context() -> WorkerContext:
+    """The calling rank's context; only valid inside a function run by a cluster."""
+    if _CTX is None:
+        raise RuntimeError(
+            "lesson_lib.runtime.context() is only available inside a function run by "
+            "Cluster.run (or under torchrun); the notebook kernel is not a rank"
+        )
+    return _CTX
+
+
+def set_context(ctx: WorkerContext | None) -> None:
+    """This process's rank context (a worker's, or a torchrun process's)."""
+    global _CTX
+    _CTX = ctx
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(3)  # the kernel is gone: never outlive it
+        time.sleep(0.5)
+
+
+def _report_stacks(rank: int, report: Any, out_q: Any, state: dict) -> None:
+    """On request, send where the main thread is (the parent asks when a job overruns).
+
+    The main thread may be blocked inside a collective (Gloo releases the GIL while it waits), so
+    this thread can read its stack with ``sys._current_frames``.
+    """
+    main = threading.main_thread().ident
+    while True:
+        report.wait()
+        job, frame = state.get("job"), sys._current_frames().get(main)
+        if job is not None and frame is not None:
+            frames = [(f.filename, f.lineno, f.name, f.line) for f in
+                      user_frames(traceback.extract_stack(frame))]
+            out_q.put(Message(Kind.STACK, rank, job, frames))
+        while report.is_set():
+            time.sleep(0.05)
+
+
+def _join(rank, world_size, backend, init_method, timeout_s, threads, out_q) -> None:
+    device = torch.device("cpu")
+    kwargs = {}
+    if backend == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=world_size,
+        timeout=timedelta(seconds=timeout_s), **kwargs,
+    )
+    set_context(WorkerContext(rank, world_size, backend, device, timeout_s, threads,
+                              oversubscribed(world_size, threads, backend), out_q))
+
+
+def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_q, out_q, parent_pid,
+                report=None):
+    """The target of every worker process (spawned by :class:`~.cluster.Cluster`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    state: dict = {"job": None}
+    if report is not None:
+        threading.Thread(target=_report_stacks, args=(rank, report, out_q, state), daemon=True).start()
+    torch.set_num_threads(threads)
+    try:
+        _join(rank, world_size, backend, init_method, timeout_s, threads, out_q)
+        out_q.put(Message(Kind.READY, rank, 0))
+    except BaseException as e:
+        out_q.put(Message(Kind.ERROR, rank, 0, format_exception(e)))
+        return
+    while True:
+        msg = job_q.get()
+        if msg is None:
+            break
+        job_id, payload = msg
+        try:
+            fn, args, kwargs = unpack_job(payload)
+            state["job"] = job_id
+            value = fn(*args, **kwargs)
+            state["job"] = None
+            out_q.put(Message(Kind.DONE, rank, job_id, cloudpickle.dumps((value, _CTX.restart_requested))))
+        except BaseException as e:
+            state["job"] = None
+            out_q.put(Message(Kind.ERROR, rank, job_id, format_exception(e)))
+            break  # the process group may be half-way through a collective: leave it
+        if _CTX.restart_requested:
+            out_q.close()
+            out_q.join_thread()
+            os._exit(0)  # skip destroy_process_group: it could wait on an abandoned operation
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
