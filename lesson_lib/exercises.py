@@ -22,8 +22,10 @@ class Verdict:
         return self.ok
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Exercise:
+    """One exercise; every field is passed by name (prompt, hint and solution are all prose)."""
+
     key: str
     title: str
     prompt: str

@@ -227,9 +227,9 @@ print(f"emulated link: at least {1e3 * floor:.1f} ms of every step is the link; 
 # transfers the model describes.
 
 # %%
-from lesson_lib.plots import impact as impact_plots
+from lesson_lib import plots
 
-impact_plots.predicted_vs_measured(result["milestones"])
+plots.impact.predicted_vs_measured(result["milestones"])
 
 # %%
 print(ch07.validation_table(result))

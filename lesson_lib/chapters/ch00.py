@@ -15,8 +15,6 @@ from ..costmodel import fits, memory_bill
 from ..data import read_csv
 from ..experiments import Result, run
 from ..milestones import data_parallel as dp
-from ..plots.common import oversubscription_note
-from ..plots.training import wait_split
 from ..runtime import warm_cluster
 from .ch00_exercises import exercises  # noqa: F401  (the notebook calls it here)
 
@@ -29,7 +27,7 @@ __all__ = ["model_growth", "memory_calculator", "memory_bill", "fits", "config",
 
 
 def model_growth():
-    return plots.model_growth(read_csv("model_sizes.csv"))
+    return plots.training.model_growth(read_csv("model_sizes.csv"))
 
 
 def memory_calculator(params: float = 1.5e9):
@@ -41,7 +39,7 @@ def config(world_size: int = 1, **options) -> dp.Config:
     return dp.Config(world_size=world_size, **{**PRESET, **options}).validate()
 
 
-def _run(world_size: int, live: plots.LiveRuns | None = None, label: str | None = None,
+def _run(world_size: int, live: plots.common.LiveRuns | None = None, label: str | None = None,
          **options) -> Result:
     cfg = dp.Config(world_size=world_size, **{**PRESET, **options})
     on_event = live.track(label or f"{world_size} rank(s)", cfg.steps, world_size) if live else None
@@ -50,12 +48,12 @@ def _run(world_size: int, live: plots.LiveRuns | None = None, label: str | None 
 
 def data_parallel(world_sizes=(1, 2, 4), **options) -> dict[int, Result]:
     """Train the same model on each world size with the same global batch; live plots."""
-    live = plots.LiveRuns("Data parallel: one model, one global batch, 1 / 2 / 4 ranks")
+    live = plots.common.LiveRuns("Data parallel: one model, one global batch, 1 / 2 / 4 ranks")
     display(live)
     results = {n: _run(n, live, **options) for n in world_sizes}
-    display(plots.time_split({f"{n} rank(s)": r for n, r in results.items()}))
-    display(plots.memory_by_category(results[max(results)],
-                                     f"Measured memory per rank, {max(results)} ranks"))
+    display(plots.training.time_split({f"{n} rank(s)": r for n, r in results.items()}))
+    display(plots.training.memory_by_category(results[max(results)],
+                                              f"Measured memory per rank, {max(results)} ranks"))
     return results
 
 
@@ -82,7 +80,8 @@ def comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size: int = 2, result
                      "compute_ms": 1e3 * r.median_step("compute_s")[0],
                      "comm_ms": 1e3 * r.median_step("comm_s")[0],
                      "busy_ms": 1e3 * r.median_step("busy_s")[0]})
-    display(plots.comm_vs_size(rows, f"Gradient all-reduce on {world_size} ranks as the model grows"))
+    display(plots.training.comm_vs_size(
+        rows, f"Gradient all-reduce on {world_size} ranks as the model grows"))
     shares = []
     for n, r in (results or {}).items():
         comm, wall = sum(r.median_step("comm_s")), sum(r.median_step("wall_s"))
@@ -94,7 +93,8 @@ def comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size: int = 2, result
         print(f"{s['label']}: {s['bytes_per_sample']:,.0f} bytes sent per sample computed (counted), "
               f"{s['share']:.0%} of the step in communication (measured)")
     if shares:
-        display(plots.comm_share(shares, "Share of the step spent communicating (same global batch)"))
+        display(plots.training.comm_share(
+            shares, "Share of the step spent communicating (same global batch)"))
     return {"by_size": rows, "by_world_size": shares}
 
 
@@ -128,12 +128,12 @@ def overlap(bucket_mb: float = 2.0, world_size: int = 2, hidden: int = 1024, glo
         comm = sum(b["end"] - b["start"] for b in t["buckets"])
         inside = sum(max(0.0, min(b["end"], t1) - max(b["start"], t0)) for b in t["buckets"])
         hidden_share.append(inside / comm if comm else 0.0)
-    notes = [n for n in (oversubscription_note([bucketed]),
+    notes = [n for n in (plots.common.oversubscription_note([bucketed]),
                          f"emulated link: {link_gbps:g} Gbit/s" if link_gbps is not None else None) if n]
     link = f", emulated {link_gbps:g} Gbit/s link" if link_gbps is not None else ""
     title = f"One step of a {flat['param_count']:,}-parameter model on {world_size} ranks{link}"
-    display(plots.overlap_timeline({k: r["timeline"] for k, r in runs.items()}, title,
-                                   "; ".join(notes) or None))
+    display(plots.training.overlap_timeline({k: r["timeline"] for k, r in runs.items()}, title,
+                                            "; ".join(notes) or None))
     claims = {"launched_during_backward": [sum(b["launched"] < t["backward"][1] for b in t["buckets"])
                                            for t in bucketed["timeline"]],
               "buckets": len(bucketed["timeline"][0]["buckets"]),
@@ -162,10 +162,11 @@ def straggler(factor: float = 3.0, rank: int = 1, world_size: int = 2, hidden: i
     label = f"rank {rank} × {factor:g}"
     runs = {"no straggler": _run(world_size, **opts),
             label: _run(world_size, straggler=f"{rank}:{factor}", **opts)}
-    display(plots.step_times(runs, f"A synchronous step lasts as long as the slowest rank's work ({label})"))
+    display(plots.training.step_times(
+        runs, f"A synchronous step lasts as long as the slowest rank's work ({label})"))
     slow = runs[label]
-    display(plots.busy_idle(slow, f"Busy and waiting time per rank, {label}"))
-    split = [wait_split(p) for p in slow.per_rank]
+    display(plots.training.busy_idle(slow, f"Busy and waiting time per rank, {label}"))
+    split = [plots.training.wait_split(p) for p in slow.per_rank]
     idle = [1 - s["busy"] / s["wall"] for s in split]
     walls, busys = slow.median_step("wall_s"), slow.median_step("busy_s")
     fast = [i for i in range(world_size) if i != rank]
@@ -199,10 +200,10 @@ def idle_resources(results: dict[int, Result]) -> dict[int, dict]:
     """Per world size, shares of the ranks' wall time: busy (CPU time), waiting for a core (the OS
     ran something else: other ranks, a browser) and waiting for peers (blocked in the all-reduce)."""
     n = max(results)
-    display(plots.busy_idle(results[n], f"Busy and waiting time per rank, {n} ranks, no straggler"))
+    display(plots.training.busy_idle(results[n], f"Busy and waiting time per rank, {n} ranks, no straggler"))
     shares = {}
     for k, res in results.items():
-        split = [wait_split(p) for p in res.per_rank]
+        split = [plots.training.wait_split(p) for p in res.per_rank]
         wall = sum(s["wall"] for s in split)
         core = None if any(s["core"] is None for s in split) else sum(s["core"] for s in split) / wall
         shares[k] = {"busy": sum(s["busy"] for s in split) / wall, "core": core,

@@ -185,35 +185,36 @@ def _reference_start_overlap():
 def exercises() -> dict[str, Exercise]:
     return {
         "average_gradients": Exercise(
-            "average_gradients", "write the data-parallel gradient step",
-            "Complete <code>average_gradients(model)</code>. It runs on every rank after "
-            "<code>loss.backward()</code>, when each parameter's <code>p.grad</code> holds the gradient of "
-            "this rank's slice of the batch only. Afterwards every rank must hold the gradient of the "
-            "<i>whole</i> batch, so that all copies take the same step. Use <code>torch.distributed</code> "
-            "(<code>dist.all_reduce</code>, <code>dist.get_world_size()</code>). The check trains a few SGD "
-            f"steps on {' and '.join(map(str, WORLD_SIZES))} real ranks and compares the losses with "
-            "single-process training on the whole batch.",
-            check_average_gradients,
-            "Each rank's loss is the mean over its slice; the whole batch's loss is the mean of those N "
-            "means. <code>dist.all_reduce(t)</code> sums <code>t</code> over the ranks, in place.",
-            solution_text(_reference_average_gradients()),
-            _reference_average_gradients),
+            key="average_gradients", title="write the data-parallel gradient step",
+            prompt="Complete <code>average_gradients(model)</code>. It runs on every rank after "
+                   "<code>loss.backward()</code>, when each parameter's <code>p.grad</code> holds the "
+                   "gradient of this rank's slice of the batch only. Afterwards every rank must hold the "
+                   "gradient of the <i>whole</i> batch, so that all copies take the same step. Use "
+                   "<code>torch.distributed</code> (<code>dist.all_reduce</code>, "
+                   "<code>dist.get_world_size()</code>). The check trains a few SGD steps on "
+                   f"{' and '.join(map(str, WORLD_SIZES))} real ranks and compares the losses with "
+                   "single-process training on the whole batch.",
+            check=check_average_gradients,
+            hint="Each rank's loss is the mean over its slice; the whole batch's loss is the mean of those "
+                 "N means. <code>dist.all_reduce(t)</code> sums <code>t</code> over the ranks, in place.",
+            solution=solution_text(_reference_average_gradients()),
+            reference=_reference_average_gradients),
         "start_overlap": Exercise(
-            "start_overlap", "overlap the all-reduce with the backward",
-            "Complete <code>start_overlap(model)</code>. It is called once on every rank, before "
-            "training. Make each gradient's all-reduce <i>start</i> as soon as autograd has written that "
-            "gradient, while the backward goes on with earlier layers, and return a function "
-            "<code>finish()</code> that the training loop calls after each "
-            "<code>loss.backward()</code>: when it returns, every <code>p.grad</code> must hold the whole "
-            "batch's gradient. The check trains a "
-            f"few SGD steps on {' and '.join(map(str, WORLD_SIZES))} real ranks, compares the losses with "
-            "single-process training, and records whether your all-reduces ran during the backward "
-            "without blocking it.",
-            check_start_overlap,
-            "<code>p.register_post_accumulate_grad_hook(hook)</code> calls <code>hook(p)</code> right after "
-            "<code>p.grad</code> is complete (the hook must return nothing). "
-            "<code>dist.all_reduce(t, async_op=True)</code> returns at once with a handle; "
-            "<code>handle.wait()</code> blocks until the sum is in <code>t</code>.",
-            solution_text(_reference_start_overlap()),
-            _reference_start_overlap),
+            key="start_overlap", title="overlap the all-reduce with the backward",
+            prompt="Complete <code>start_overlap(model)</code>. It is called once on every rank, before "
+                   "training. Make each gradient's all-reduce <i>start</i> as soon as autograd has written "
+                   "that gradient, while the backward goes on with earlier layers, and return a function "
+                   "<code>finish()</code> that the training loop calls after each "
+                   "<code>loss.backward()</code>: when it returns, every <code>p.grad</code> must hold the "
+                   "whole batch's gradient. The check trains a few SGD steps on "
+                   f"{' and '.join(map(str, WORLD_SIZES))} real ranks, compares the losses with "
+                   "single-process training, and records whether your all-reduces ran during the backward "
+                   "without blocking it.",
+            check=check_start_overlap,
+            hint="<code>p.register_post_accumulate_grad_hook(hook)</code> calls <code>hook(p)</code> right "
+                 "after <code>p.grad</code> is complete (the hook must return nothing). "
+                 "<code>dist.all_reduce(t, async_op=True)</code> returns at once with a handle; "
+                 "<code>handle.wait()</code> blocks until the sum is in <code>t</code>.",
+            solution=solution_text(_reference_start_overlap()),
+            reference=_reference_start_overlap),
     }

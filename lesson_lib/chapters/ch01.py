@@ -54,14 +54,14 @@ def waiting_share(r: Result) -> list[float]:
 
 def sync_vs_async(workers: int = 3, **options) -> dict[str, Result]:
     """The same training, synchronous then asynchronous; loss, timelines and staleness."""
-    live = plots.LiveRuns(f"Parameter server, {workers} workers: sync vs async")
+    live = plots.common.LiveRuns(f"Parameter server, {workers} workers: sync vs async")
     display(live)
     runs = {m: _run(m, workers, live=live, **options) for m in ("sync", "async")}
-    display(plots.loss_curves({m: curve(r) for m, r in runs.items()}))
-    note = plots.oversubscription_note(runs.values())
+    display(plots.training.loss_curves({m: curve(r) for m, r in runs.items()}))
+    note = plots.common.oversubscription_note(runs.values())
     for m, r in runs.items():
-        display(plots.timeline(r["segments"], f"{m}: what each worker did, step by step", note))
-    display(plots.staleness_histogram(runs["async"]["staleness"]))
+        display(plots.training.timeline(r["segments"], f"{m}: what each worker did, step by step", note))
+    display(plots.training.staleness_histogram(runs["async"]["staleness"]))
     return runs
 
 
@@ -82,8 +82,8 @@ def staleness_bites(workers: int = 3, lr: float = 0.3) -> dict:
     """Sync against async at a learning rate where stale gradients hurt; the mean loss of the last
     five rounds of each (single rounds are noisy: each is one small batch per worker)."""
     runs = {m: _run(m, workers, lr=lr) for m in ("sync", "async")}
-    display(plots.loss_curves({m: curve(r) for m, r in runs.items()},
-                              f"lr = {lr:g}: loss against wall time and against updates"))
+    display(plots.training.loss_curves({m: curve(r) for m, r in runs.items()},
+                                       f"lr = {lr:g}: loss against wall time and against updates"))
     last = {m: _tail_mean(r.losses) for m, r in runs.items()}
     print(f"lr = {lr:g}, mean loss of the last 5 rounds: "
           + ", ".join(f"{m} {v:.3f}" for m, v in last.items()))
@@ -100,9 +100,9 @@ def stragglers(workers: int = 3, factor: float = 4.0) -> dict:
     """Worker 0 does ``factor`` times the work: sync makes everyone wait, async does not."""
     runs = {m: _run(m, workers, straggler=f"0:{factor}", hidden=128, global_batch=96)
             for m in ("sync", "async")}
-    note = plots.oversubscription_note(runs.values())
+    note = plots.common.oversubscription_note(runs.values())
     for m, r in runs.items():
-        display(plots.timeline(r["segments"], f"{m}, worker 0 × {factor:g}", note))
+        display(plots.training.timeline(r["segments"], f"{m}, worker 0 × {factor:g}", note))
     shares = {m: waiting_share(r) for m, r in runs.items()}
     fast = {m: statistics.mean(s[1:]) for m, s in shares.items()}
     print("share of time the fast workers waited for the server: "
@@ -118,9 +118,9 @@ def bottleneck(worker_counts=(1, 2, 4)) -> list[dict]:
         rows.append({"workers": n, "counted": r["server_bytes_per_step"],
                      "formula": r["server_bytes_formula"],
                      "step_ms": 1e3 * r.median_step_time(), "busy_ms": _busy_ms(r)})
-    display(plots.traffic_vs_formula(rows, "workers", "workers (N)",
-                                     "Into and out of the server per synchronous step: 2·N·S",
-                                     plots.oversubscription_note([r])))
+    display(plots.training.traffic_vs_formula(rows, "workers", "workers (N)",
+                                              "Into and out of the server per synchronous step: 2·N·S",
+                                              plots.common.oversubscription_note([r])))
     return rows
 
 
@@ -132,9 +132,9 @@ def sharding(workers: int = 2, server_counts=(1, 2, 4)) -> list[dict]:
         rows.append({"servers": k, "counted": max(r["per_server_bytes"]) / r.config["steps"],
                      "formula": r["server_bytes_formula"] / k,
                      "step_ms": 1e3 * r.median_step_time(), "busy_ms": _busy_ms(r)})
-    display(plots.traffic_vs_formula(rows, "servers", "server shards (K)",
-                                     "Busiest server's traffic per step: 2·N·S / K",
-                                     plots.oversubscription_note([r])))
+    display(plots.training.traffic_vs_formula(rows, "servers", "server shards (K)",
+                                              "Busiest server's traffic per step: 2·N·S / K",
+                                              plots.common.oversubscription_note([r])))
     return rows
 
 
@@ -170,8 +170,8 @@ def worker_failure(mode: str, workers: int = 3, steps: int = 30, lr: float = 0.0
     last = _tail_mean(r.losses)
     print(f"{mode}: finished {len(r.losses)} rounds; lost workers {r['lost_workers']}; mean loss of the "
           f"first 4 rounds {first:.3f} → of the last 5 rounds {last:.3f}")
-    display(plots.loss_curves({f"{mode}, worker 1 lost at step 4": curve(r)},
-                              "The surviving workers go on training"))
+    display(plots.training.loss_curves({f"{mode}, worker 1 lost at step 4": curve(r)},
+                                       "The surviving workers go on training"))
     return {"finished": True, "lost": r["lost_workers"], "result": r, "first4": first, "last5": last}
 
 
@@ -181,9 +181,9 @@ def explorer():
     def go(workers, mode, slowdown, servers, lr):
         r = _run(mode, workers, servers=servers, lr=lr,
                  straggler=f"0:{slowdown}" if slowdown > 1 else "")
-        display(plots.loss_curves({mode: curve(r)}))
-        display(plots.timeline(r["segments"], f"{mode}: {workers} workers, {servers} shard(s)",
-                               plots.oversubscription_note([r])))
+        display(plots.training.loss_curves({mode: curve(r)}))
+        display(plots.training.timeline(r["segments"], f"{mode}: {workers} workers, {servers} shard(s)",
+                                        plots.common.oversubscription_note([r])))
 
     return widgets.run_button("Run", {
         "workers": W.IntSlider(value=3, min=1, max=4, description="workers"),
@@ -258,32 +258,33 @@ def exercises(param_bytes: int = 0) -> dict[str, Exercise]:
     return {
         "worker_step": worker_step_exercise(),
         "average": Exercise(
-            "average", "the server's update",
-            "Write <code>server_update(shard, grads, lr)</code>: given the server's parameter shard, "
-            "the list of the workers' gradients for it and the learning rate, return the new shard "
-            "after one synchronous SGD step (no momentum).",
-            _check_average, "Average the gradients first; the step is against the gradient.",
-            "def server_update(shard, grads, lr):\n    return shard - lr * sum(grads) / len(grads)",
-            _reference_average),
+            key="average", title="the server's update",
+            prompt="Write <code>server_update(shard, grads, lr)</code>: given the server's parameter shard, "
+                   "the list of the workers' gradients for it and the learning rate, return the new shard "
+                   "after one synchronous SGD step (no momentum).",
+            check=_check_average, hint="Average the gradients first; the step is against the gradient.",
+            solution="def server_update(shard, grads, lr):\n    return shard - lr * sum(grads) / len(grads)",
+            reference=_reference_average),
         "traffic": Exercise(
-            "traffic", "predict the server's traffic",
-            f"With N = {n} workers and S = {param_bytes:,} bytes of parameters, how many bytes go into "
-            "plus out of the server in one synchronous step? Then run <code>ch01.bottleneck((4,))</code> "
-            "and compare with the counter.",
-            close_to(2 * n * param_bytes, 1e-9, " bytes"),
-            "Each worker pushes a full gradient and pulls the full parameters.",
-            "2 · N · S: every worker sends S bytes of gradient in and receives S bytes of parameters.",
-            lambda: 2 * n * param_bytes),
+            key="traffic", title="predict the server's traffic",
+            prompt=f"With N = {n} workers and S = {param_bytes:,} bytes of parameters, how many bytes go "
+                   "into plus out of the server in one synchronous step? Then run "
+                   "<code>ch01.bottleneck((4,))</code> and compare with the counter.",
+            check=close_to(2 * n * param_bytes, 1e-9, " bytes"),
+            hint="Each worker pushes a full gradient and pulls the full parameters.",
+            solution="2 · N · S: every worker sends S bytes of gradient in and receives S bytes of "
+                     "parameters.",
+            reference=lambda: 2 * n * param_bytes),
         "divergence": Exercise(
-            "divergence", "when staleness hurts",
-            "Find a learning rate at which asynchronous training with 4 workers diverges (its loss ends "
-            "no lower than it started, or becomes NaN) while synchronous training still learns. Submit "
-            "the learning rate; the check runs both. Why does async break first?",
-            _check_divergence,
-            "Async applies 4 updates per round, each computed on parameters that are several updates "
-            "old; try learning rates a few times larger than the preset's 0.1.",
-            "Around 0.3–1.0 here. Each async worker's gradient is applied with the full learning rate, "
-            "so a round moves the weights about N times further than a sync step, and in directions "
-            "computed for older weights; momentum amplifies it.",
-            lambda: 0.5),
+            key="divergence", title="when staleness hurts",
+            prompt="Find a learning rate at which asynchronous training with 4 workers diverges (its loss "
+                   "ends no lower than it started, or becomes NaN) while synchronous training still learns. "
+                   "Submit the learning rate; the check runs both. Why does async break first?",
+            check=_check_divergence,
+            hint="Async applies 4 updates per round, each computed on parameters that are several updates "
+                 "old; try learning rates a few times larger than the preset's 0.1.",
+            solution="Around 0.3–1.0 here. Each async worker's gradient is applied with the full learning "
+                     "rate, so a round moves the weights about N times further than a sync step, and in "
+                     "directions computed for older weights; momentum amplifies it.",
+            reference=lambda: 0.5),
     }

@@ -112,16 +112,18 @@ def _reference_worker_step():
 
 def worker_step_exercise() -> Exercise:
     return Exercise(
-        "worker_step", "a worker's push and pull, with sharded servers",
-        "Complete <code>worker_step(grads, params, bounds)</code>, which a worker runs after each "
-        "backward pass. <code>grads</code> and <code>params</code> are the worker's flat gradient and "
-        "parameter vectors (the model's tensors are views into them). Server shard k is rank k and owns "
-        "the slice <code>bounds[k] = (lo, hi)</code>: it waits for that slice of every worker's gradient, "
-        "averages, steps, and sends the slice's new values back to each worker. Push, then pull, with "
-        "<code>dist.send</code> and <code>dist.recv</code>. The check trains on real ranks with 1 shard + "
-        "3 workers and with 2 shards + 2 workers, against single-process SGD.",
-        check_worker_step,
-        "A slice of a flat tensor, <code>t[lo:hi]</code>, is a view: receiving into it writes into the "
-        "tensor. Every server expects one message from each worker per step, in the order push, then pull.",
-        solution_text(_reference_worker_step()),
-        _reference_worker_step)
+        key="worker_step", title="a worker's push and pull, with sharded servers",
+        prompt="Complete <code>worker_step(grads, params, bounds)</code>, which a worker runs after each "
+               "backward pass. <code>grads</code> and <code>params</code> are the worker's flat gradient "
+               "and parameter vectors (the model's tensors are views into them). Server shard k is rank k "
+               "and owns the slice <code>bounds[k] = (lo, hi)</code>: it waits for that slice of every "
+               "worker's gradient, averages, steps, and sends the slice's new values back to each worker. "
+               "Push, then pull, with <code>dist.send</code> and <code>dist.recv</code>. The check trains "
+               "on real ranks with 1 shard + 3 workers and with 2 shards + 2 workers, against "
+               "single-process SGD.",
+        check=check_worker_step,
+        hint="A slice of a flat tensor, <code>t[lo:hi]</code>, is a view: receiving into it writes into the "
+             "tensor. Every server expects one message from each worker per step, in the order push, then "
+             "pull.",
+        solution=solution_text(_reference_worker_step()),
+        reference=_reference_worker_step)

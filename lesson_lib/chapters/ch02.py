@@ -19,7 +19,6 @@ from .. import bench, comm, costmodel, experiments, plots, schedules, widgets
 from ..experiments import Result, run
 from ..milestones import data_parallel as dp
 from ..milestones import ring_allreduce as ra
-from ..plots.collectives import pipelined_ring_animation, segments_plot
 from ..runtime import warm_cluster
 from .ch02_exercises import exercises  # noqa: F401  (the notebook calls it here)
 
@@ -42,8 +41,9 @@ def traffic_jam(world_size: int = 4, size_mb: float = 1.0) -> dict:
         rows += [{"algorithm": alg, "rank": i, "sent": s, "recv": v}
                  for i, (s, v) in enumerate(zip(r["bytes_sent_per_call"], r["bytes_recv_per_call"]))]
     size = results["ring"]["size_bytes"]
-    display(plots.bytes_per_rank(rows, f"One all-reduce of {size / 2**20:g} MiB on {world_size} ranks: "
-                                       "bytes through each rank (counted)"))
+    display(plots.collectives.bytes_per_rank(
+        rows, f"One all-reduce of {size / 2**20:g} MiB on {world_size} ranks: "
+              "bytes through each rank (counted)"))
     root = rows[0]["sent"] + rows[0]["recv"]
     ring = [r["sent"] + r["recv"] for r in rows if r["algorithm"] == "ring"]
     print(f"naive: the root moves {root / 1e6:.2f} MB = 2(N−1)·S; every other rank {2 * size / 1e6:.2f} MB. "
@@ -55,7 +55,7 @@ def traffic_jam(world_size: int = 4, size_mb: float = 1.0) -> dict:
 def ring_animation(world_size: int = 4) -> list[dict]:
     """Animate the very schedule ``comm.ring_all_reduce`` runs (``schedules.ring_schedule``)."""
     frames = schedules.ring_states(world_size)
-    display(plots.ring_animation(frames))
+    display(plots.collectives.ring_animation(frames))
     return frames
 
 
@@ -63,7 +63,7 @@ def pipelined_animation(world_size: int = 4, segments: int = 2) -> list[dict]:
     """Animate the pipelined ring slot by slot (``schedules.pipelined_ring_slots``), from the schedule
     ``comm.pipelined_ring_all_reduce`` runs (``schedules.pipelined_ring_schedule``)."""
     frames = schedules.pipelined_ring_slots(world_size, segments)
-    display(pipelined_ring_animation(frames))
+    display(plots.collectives.pipelined_ring_animation(frames))
     return frames
 
 
@@ -96,8 +96,9 @@ def traffic_table(world_sizes=(2, 3, 4), size_mb: float = 1.0, algorithms=(*OURS
     shown = [{**r, "formula": f"{r['formula']:,.1f}",
               "counted / formula": f"{r['counted'] / r['formula']:.5f}"} for r in rows]
     columns = ["ranks", "algorithm", "rank", "counted", "exact", "formula", "counted / formula"]
-    display(plots.fits_table(shown, columns, f"Bytes each rank sends in one all-reduce of {size_mb:g} MiB: "
-                                             "counted vs formula"))
+    display(plots.memory.fits_table(
+        shown, columns, f"Bytes each rank sends in one all-reduce of {size_mb:g} MiB: "
+                        "counted vs formula"))
     return rows
 
 
@@ -120,8 +121,8 @@ def bandwidth(sizes=SIZES, world_sizes=(2, 4), repeats: int = 3,
                                                        and r["world_size"] == n])
             models[n][a] = (xs, [s / costmodel.allreduce_time("ring", n, s, f["alpha_s"],
                                                              f["beta_s_per_byte"]) / 1e9 for s in xs])
-    note = plots.oversubscription_note([SimpleNamespace(**r) for r in rows])
-    display(plots.allreduce_bandwidth(rows, models, note))
+    note = plots.common.oversubscription_note([SimpleNamespace(**r) for r in rows])
+    display(plots.collectives.allreduce_bandwidth(rows, models, note))
     ratios = {a: {(r["world_size"], r["size_bytes"]): r["vs_library"] for r in rows if r["algorithm"] == a}
               for a in rings}
     bench.print_allreduce(rows)
@@ -140,8 +141,8 @@ def pipelining_fit(bw: dict) -> dict:
             table.append({"ranks": n, "algorithm": name, "α (µs per step)": f"{1e6 * f['alpha_s']:.1f}",
                           "1/β (GB/s)": f"{f['bandwidth_GBps']:.2f}",
                           "fit error (rms)": f"{100 * f['rms_rel_error']:.0f} %"})
-    display(plots.fits_table(table, list(table[0]), "α-β fitted to each ring, same run: "
-                                                    "T = 2(N−1)·α + 2(N−1)/N·S·β"))
+    display(plots.memory.fits_table(table, list(table[0]), "α-β fitted to each ring, same run: "
+                                                           "T = 2(N−1)·α + 2(N−1)/N·S·β"))
     for n, o in out.items():
         (ar, br), (ap, bp) = ((f["alpha_s"], f["bandwidth_GBps"]) for f in (o["ring"], o["pipelined"]))
         print(f"{n} ranks, this run: α {1e6 * ar:.0f} → {1e6 * ap:.0f} µs per step, "
@@ -175,9 +176,10 @@ def segment_sweep(world_size: int = 2, size_mb: float = 4.0, repeats: int = 5,
     t = np.array([r["time_s"] for r in rows])
     slope, base = np.polyfit(k, t, 1)
     per_message = slope / (2 * (world_size - 1))  # each of the 2(N−1) steps sends one more message
-    display(segments_plot(rows, {"ring": median["ring"], "library": median["library"]}, (base, slope),
-                          f"Pipelined ring, one all-reduce of {size_mb:g} MiB on {world_size} ranks: "
-                          "time against the number of segments per chunk"))
+    display(plots.collectives.segments_plot(
+        rows, {"ring": median["ring"], "library": median["library"]}, (base, slope),
+        f"Pipelined ring, one all-reduce of {size_mb:g} MiB on {world_size} ranks: "
+        "time against the number of segments per chunk"))
     print(f"each extra segment per chunk costs {1e6 * slope:.0f} µs per all-reduce here, about "
           f"{1e6 * per_message:.0f} µs per message ({2 * (world_size - 1)} steps); plain ring "
           f"{1e3 * median['ring']:.2f} ms, Gloo {1e3 * median['library']:.2f} ms")
@@ -190,9 +192,9 @@ def model_scaling(fit: dict, nbytes: float = 100e6, world_sizes=(2, 4, 8, 16, 32
     rows = [{"world_size": n, "algorithm": alg, "time_s": costmodel.allreduce_time(
                 alg, n, nbytes, fit["alpha_s"], fit["beta_s_per_byte"])}
             for alg in OURS for n in world_sizes]
-    display(plots.model_scaling(rows, f"α-β model (α = {fit['alpha_s'] * 1e6:.0f} µs, "
-                                      f"1/β = {fit['bandwidth_GBps']:.2f} GB/s, fitted here): "
-                                      f"all-reduce of {nbytes / 1e6:g} MB as the cluster grows"))
+    display(plots.collectives.model_scaling(rows, f"α-β model (α = {fit['alpha_s'] * 1e6:.0f} µs, "
+                                                  f"1/β = {fit['bandwidth_GBps']:.2f} GB/s, fitted here): "
+                                                  f"all-reduce of {nbytes / 1e6:g} MB as the cluster grows"))
     return rows
 
 
@@ -224,7 +226,7 @@ def scaling(world_sizes=(1, 2, 4), steps: int = 8, **options) -> list[dict]:
             results.append(r)
     else:
         print("the parameter-server experiment is not registered here: showing the ring alone")
-    display(plots.ring_vs_parameter_server(rows, plots.oversubscription_note(results)))
+    display(plots.collectives.ring_vs_parameter_server(rows, plots.common.oversubscription_note(results)))
     return rows
 
 
@@ -240,7 +242,7 @@ def allreduce_once(world_size: int = 4, size_mb: float = 4.0, algorithm: str = "
     r = _run(world_size, size_mb, algorithm, steps=3)
     rows = [{"algorithm": f"{algorithm} (counted)", "rank": i, "sent": s, "recv": v}
             for i, (s, v) in enumerate(zip(r["bytes_sent_per_call"], r["bytes_recv_per_call"]))]
-    display(plots.bytes_per_rank(rows, f"{algorithm}, {world_size} rank(s), {size_mb:g} MiB"))
+    display(plots.collectives.bytes_per_rank(rows, f"{algorithm}, {world_size} rank(s), {size_mb:g} MiB"))
     kind = "counted" if r["counted"] else "modelled (the library does not report its traffic)"
     print(f"{kind}: {[f'{b / 1e6:.3f}' for b in r['bytes_sent_per_call']]} MB sent per rank; formula "
           f"{[f'{b / 1e6:.3f}' for b in r['formula_bytes_sent']]} MB; time {1e3 * r['time_s']:.2f} ms "

@@ -131,37 +131,38 @@ def exercises(alpha: float, beta: float, world_size: int = 2) -> dict[str, Exerc
     s_star = latency_crossover_bytes(world_size, alpha, beta)
     return {
         "reduce_scatter": Exercise(
-            "reduce_scatter", "write the reduce-scatter loop",
-            "Complete <code>my_reduce_scatter(chunks)</code>. It runs on every rank of a real cluster; "
-            "<code>chunks</code> is this rank's tensor cut into N pieces. At each step a rank sends one "
-            "chunk to its right neighbour and receives one from its left with "
-            "<code>comm.exchange(send_t, right, recv_t, left).wait()</code>, then adds what arrived into "
-            "its own copy of that chunk. After N−1 steps each rank must own one chunk summed over all ranks "
-            "(a different one per rank). The check runs your function on 2, 3 and 4 ranks, on lengths "
-            "that do not divide evenly, and compares with <code>dist.all_reduce</code>.",
-            check_reduce_scatter,
-            "At step s, rank r sends chunk (r − s) mod N. What arrives from the left is the chunk the left "
-            "neighbour sent, so the chunk you add it into is the one you send at the next step.",
-            solution_text(_reference_reduce_scatter()),
-            _reference_reduce_scatter),
+            key="reduce_scatter", title="write the reduce-scatter loop",
+            prompt="Complete <code>my_reduce_scatter(chunks)</code>. It runs on every rank of a real "
+                   "cluster; <code>chunks</code> is this rank's tensor cut into N pieces. At each step a "
+                   "rank sends one chunk to its right neighbour and receives one from its left with "
+                   "<code>comm.exchange(send_t, right, recv_t, left).wait()</code>, then adds what arrived "
+                   "into its own copy of that chunk. After N−1 steps each rank must own one chunk summed "
+                   "over all ranks (a different one per rank). The check runs your function on 2, 3 and 4 "
+                   "ranks, on lengths that do not divide evenly, and compares with "
+                   "<code>dist.all_reduce</code>.",
+            check=check_reduce_scatter,
+            hint="At step s, rank r sends chunk (r − s) mod N. What arrives from the left is the chunk the "
+                 "left neighbour sent, so the chunk you add it into is the one you send at the next step.",
+            solution=solution_text(_reference_reduce_scatter()),
+            reference=_reference_reduce_scatter),
         "bytes": Exercise(
-            "bytes", "bytes per rank",
-            "Write <code>ring_bytes(n, s)</code>: how many bytes does each of n ranks send in a ring "
-            "all-reduce of s bytes (ignore chunk rounding)? Then compare with the naive root's "
-            "2(n−1)·s for n = 64.",
-            check_ring_bytes,
-            "Two phases, each of n−1 steps; each step sends one chunk of s/n bytes.",
-            "def ring_bytes(n, s):\n    return 2 * (n - 1) / n * s",
-            lambda: (lambda n, s: 2 * (n - 1) / n * s)),
+            key="bytes", title="bytes per rank",
+            prompt="Write <code>ring_bytes(n, s)</code>: how many bytes does each of n ranks send in a ring "
+                   "all-reduce of s bytes (ignore chunk rounding)? Then compare with the naive root's "
+                   "2(n−1)·s for n = 64.",
+            check=check_ring_bytes,
+            hint="Two phases, each of n−1 steps; each step sends one chunk of s/n bytes.",
+            solution="def ring_bytes(n, s):\n    return 2 * (n - 1) / n * s",
+            reference=lambda: (lambda n, s: 2 * (n - 1) / n * s)),
         "crossover": Exercise(
-            "crossover", "where latency stops dominating",
-            f"With the α and β fitted above for N = {world_size} ranks (α = {alpha * 1e6:.1f} µs, "
-            f"β = {beta * 1e9:.3f} ns/byte), at which message size S* (bytes) does the ring's latency term "
-            "2(N−1)α equal its bandwidth term 2(N−1)/N·S·β? Smaller messages are latency-bound — which is "
-            "why frameworks bucket gradients into messages of tens of MB (PyTorch DDP's default "
-            "<code>bucket_cap_mb=25</code>; Li et al., \"PyTorch Distributed\", VLDB 2020).",
-            close_to(s_star, 0.02, " bytes"),
-            "Set the two terms equal and solve for S; the 2(N−1) cancels.",
-            f"S* = N·α/β = {world_size} × {alpha:.3g} / {beta:.3g} ≈ {s_star:,.0f} bytes",
-            lambda: s_star),
+            key="crossover", title="where latency stops dominating",
+            prompt=f"With the α and β fitted above for N = {world_size} ranks (α = {alpha * 1e6:.1f} µs, β = "
+                   f"{beta * 1e9:.3f} ns/byte), at which message size S* (bytes) does the ring's latency "
+                   "term 2(N−1)α equal its bandwidth term 2(N−1)/N·S·β? Smaller messages are latency-bound "
+                   "— which is why frameworks bucket gradients into messages of tens of MB (PyTorch DDP's "
+                   "default <code>bucket_cap_mb=25</code>; Li et al., \"PyTorch Distributed\", VLDB 2020).",
+            check=close_to(s_star, 0.02, " bytes"),
+            hint="Set the two terms equal and solve for S; the 2(N−1) cancels.",
+            solution=f"S* = N·α/β = {world_size} × {alpha:.3g} / {beta:.3g} ≈ {s_star:,.0f} bytes",
+            reference=lambda: s_star),
     }

@@ -21,7 +21,6 @@ from ..milestones.pp_schedules import (
     all_actions,
     replayed_events,
 )
-from ..plots.pipeline import bubble_causes as plot_bubble_causes
 from ..runtime import warm_cluster
 from .ch03_exercises import exercises as _exercises
 from .ch03_exercises import microbatch_indices, stage_setup  # noqa: F401  (the notebook's cells use them)
@@ -61,7 +60,7 @@ def timeline(r: Result, title: str):
                  f"(bubble {r['bubble_per_step'][step]['busy']:.0%})")
         actions = all_actions(cfg.schedule, cfg.stages, cfg.m)
         panels[label] = replayed_events(actions, r["events"], step)
-    return plots.pipeline_gantt(panels, cfg.stages, title, plots.oversubscription_note([r]))
+    return plots.pipeline.pipeline_gantt(panels, cfg.stages, title, plots.common.oversubscription_note([r]))
 
 
 def split(stages: int = 4, balance: str = "params") -> dict:
@@ -75,8 +74,8 @@ def split(stages: int = 4, balance: str = "params") -> dict:
               f"{m['param_bytes'] / 1e6:.1f} MB of parameters")
     print(f"the unsplit model: {r['unsplit_param_bytes'] / 1e6:.1f} MB")
     how = "parameter count" if balance == "params" else "measured time"
-    display(plots.stage_params(mem, r["unsplit_param_bytes"],
-                               f"Parameter memory per stage, {stages} stages (balanced by {how})"))
+    display(plots.pipeline.stage_params(mem, r["unsplit_param_bytes"],
+                                        f"Parameter memory per stage, {stages} stages (balanced by {how})"))
     return {"stage_bytes": [m["param_bytes"] for m in mem], "unsplit_bytes": r["unsplit_param_bytes"]}
 
 
@@ -104,8 +103,8 @@ def equivalence(stages: int = 4, microbatches: int = 4) -> dict:
 
 def live(stages: int = 4, microbatches: int = 4, schedule: str = "gpipe") -> Result:
     """The timeline drawn live as the stages report each step, then one step up close."""
-    gantt = plots.LiveGantt(stages, f"{schedule}: {stages} stages, {microbatches} micro-batches, "
-                                    "every step as it is measured (live)")
+    gantt = plots.pipeline.LiveGantt(stages, f"{schedule}: {stages} stages, {microbatches} micro-batches, "
+                                             "every step as it is measured (live)")
     display(gantt)
     r = _run(_cfg(stages, microbatches, schedule), on_event=gantt.track())
     gantt.redraw()
@@ -136,8 +135,9 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
                          "step_ms": 1e3 * r.median_step_time()})
             print(f"P={p} M={m}: formula {rows[-1]['formula']:.0%}, measured {rows[-1]['wall']:.0%} "
                   f"(wall clock), {rows[-1]['busy']:.0%} (busy time); step {rows[-1]['step_ms']:.0f} ms")
-    display(plots.bubble_vs_microbatches(rows, f"The bubble shrinks as micro-batches grow ({schedule})",
-                                         plots.oversubscription_note(runs)))
+    display(plots.pipeline.bubble_vs_microbatches(
+        rows, f"The bubble shrinks as micro-batches grow ({schedule})",
+        plots.common.oversubscription_note(runs)))
     return rows
 
 
@@ -166,8 +166,9 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
             for s in b["per_stage"]:
                 print(f"    stage {s['stage']}: off its core while computing {s['off_core']:.1%} of the "
                       f"step, waiting for a message {s['recv']:.1%}, between actions {s['between']:.1%}")
-    display(plot_bubble_causes(rows, f"{schedule}, 2 stages: the bubble rebuilt one cause at a time",
-                               plots.oversubscription_note(runs)))
+    display(plots.pipeline.bubble_causes(
+        rows, f"{schedule}, 2 stages: the bubble rebuilt one cause at a time",
+        plots.common.oversubscription_note(runs)))
     return rows
 
 
@@ -180,8 +181,8 @@ def activation_memory(stages: int = 4, microbatches=(1, 2, 4, 8), rows_per_micro
             rows += [{"schedule": schedule, "microbatches": m, "stage": s["stage"],
                       "peak": s["activation_peak"], "per_microbatch": s["activation_per_microbatch"],
                       "in_flight": s["max_in_flight"]} for s in r["stage_memory"]]
-    display(plots.activation_peaks(rows, f"Peak activation memory per stage ({stages} stages, "
-                                         f"{rows_per_microbatch} samples per micro-batch)"))
+    display(plots.pipeline.activation_peaks(rows, f"Peak activation memory per stage ({stages} stages, "
+                                                  f"{rows_per_microbatch} samples per micro-batch)"))
     top = max(microbatches)
     for schedule in ("gpipe", "1f1b"):
         peaks = [r for r in rows if r["schedule"] == schedule and r["microbatches"] == top]

@@ -214,54 +214,55 @@ def exercises(stages: int = 4, run_it: Callable[[int], str] | None = None) -> di
     solution = " ".join(f"{a}{i}" for a, i in stage_actions("1f1b", P, order_m, k))
     return {
         "gpipe": Exercise(
-            "gpipe", "write a GPipe stage, on real ranks",
-            f"Write <code>my_gpipe_stage(stage, xs, ys)</code>; it runs on each of {P} ranks, rank k holding "
-            "stage k of the model (<code>stage</code>, a module). <code>xs</code> is a list of M tensors: on "
-            "stage 0 the micro-batches' inputs, on the other stages empty buffers of the right shape to "
-            "receive the activations into. <code>ys</code> holds the M targets on the last stage (None "
-            "elsewhere). Run GPipe's step with <code>dist.send</code> / <code>dist.recv</code>: all M "
-            "forwards, then all M backwards, so that every stage's parameters end with the gradient of the "
-            "whole batch's mean cross-entropy (<code>F.cross_entropy(out, y) / M</code> per micro-batch). "
-            "The check compares with single-process backprop and stops after 10 s if stages wait for each "
-            "other.",
-            check_gpipe,
-            "A stage's input must require grad for its gradient to exist: after receiving, call "
-            "requires_grad_(). A stage's backward needs the gradient of its output from the next stage "
-            "(out.backward(g)), then sends its input's gradient (x.grad) back.",
-            GPIPE_SOLUTION, lambda: my_gpipe_stage),
+            key="gpipe", title="write a GPipe stage, on real ranks",
+            prompt=f"Write <code>my_gpipe_stage(stage, xs, ys)</code>; it runs on each of {P} ranks, rank k "
+                   "holding stage k of the model (<code>stage</code>, a module). <code>xs</code> is a list "
+                   "of M tensors: on stage 0 the micro-batches' inputs, on the other stages empty buffers "
+                   "of the right shape to receive the activations into. <code>ys</code> holds the M targets "
+                   "on the last stage (None elsewhere). Run GPipe's step with <code>dist.send</code> / "
+                   "<code>dist.recv</code>: all M forwards, then all M backwards, so that every stage's "
+                   "parameters end with the gradient of the whole batch's mean cross-entropy "
+                   "(<code>F.cross_entropy(out, y) / M</code> per micro-batch). The check compares with "
+                   "single-process backprop and stops after 10 s if stages wait for each other.",
+            check=check_gpipe,
+            hint="A stage's input must require grad for its gradient to exist: after receiving, call "
+                 "requires_grad_(). A stage's backward needs the gradient of its output from the next stage "
+                 "(out.backward(g)), then sends its input's gradient (x.grad) back.",
+            solution=GPIPE_SOLUTION, reference=lambda: my_gpipe_stage),
         "bubble": Exercise(
-            "bubble", "predict the bubble",
-            f"With P = {P} stages and M = {M} micro-batches of equal cost, what share of each stage's time "
-            "is idle? Answer as a fraction (0.25 for 25%), then compare with the busy-time bubble measured "
-            "above.",
-            close_to(bubble_formula(P, M), 0.01),
-            "Count time slots of one forward+backward: how many does the whole step take, and in how many "
-            "of them is a given stage working?",
-            f"(P−1)/(M+P−1) = {P - 1}/{M + P - 1} = {bubble_formula(P, M):.3f}: the step takes M+P−1 slots "
-            "and each stage works in M of them.",
-            lambda: bubble_formula(P, M)),
+            key="bubble", title="predict the bubble",
+            prompt=f"With P = {P} stages and M = {M} micro-batches of equal cost, what share of each stage's "
+                   "time is idle? Answer as a fraction (0.25 for 25%), then compare with the busy-time "
+                   "bubble measured above.",
+            check=close_to(bubble_formula(P, M), 0.01),
+            hint="Count time slots of one forward+backward: how many does the whole step take, and in how "
+                 "many of them is a given stage working?",
+            solution=f"(P−1)/(M+P−1) = {P - 1}/{M + P - 1} = {bubble_formula(P, M):.3f}: the step takes "
+                     "M+P−1 slots and each stage works in M of them.",
+            reference=lambda: bubble_formula(P, M)),
         "order": Exercise(
-            "order", "order the 1F1B steps",
-            f"With P = {P} stages and M = {order_m} micro-batches, write the order in which stage {k} runs "
-            "its forwards and backwards under 1F1B, e.g. <code>\"F0 F1 B0 ...\"</code>.",
-            check_order(P, order_m, k),
-            "Stage k first runs P−k−1 forwards to fill the pipeline; then it alternates one forward and one "
-            "backward (the oldest micro-batch first); then it drains the remaining backwards.",
-            solution, lambda: solution),
+            key="order", title="order the 1F1B steps",
+            prompt=f"With P = {P} stages and M = {order_m} micro-batches, write the order in which stage {k} "
+                   "runs its forwards and backwards under 1F1B, e.g. <code>\"F0 F1 B0 ...\"</code>.",
+            check=check_order(P, order_m, k),
+            hint="Stage k first runs P−k−1 forwards to fill the pipeline; then it alternates one forward "
+                 "and one backward (the oldest micro-batch first); then it drains the remaining backwards.",
+            solution=solution, reference=lambda: solution),
         "smallest_m": Exercise(
-            "smallest_m", "a bubble under 10%",
-            f"With P = {P} stages, what is the smallest number of micro-batches M that brings the bubble "
-            "under 10%? The check confirms your answer with a real run (8 samples per micro-batch).",
-            check_smallest_m(P, run_it), "Solve (P−1)/(M+P−1) < 0.1 for M.",
-            f"(P−1)/(M+P−1) < 0.1 ⇔ M > 9(P−1) = {9 * (P - 1)}, so M = {m_star}.",
-            lambda: m_star),
+            key="smallest_m", title="a bubble under 10%",
+            prompt=f"With P = {P} stages, what is the smallest number of micro-batches M that brings the "
+                   "bubble under 10%? The check confirms your answer with a real run (8 samples per "
+                   "micro-batch).",
+            check=check_smallest_m(P, run_it), hint="Solve (P−1)/(M+P−1) < 0.1 for M.",
+            solution=f"(P−1)/(M+P−1) < 0.1 ⇔ M > 9(P−1) = {9 * (P - 1)}, so M = {m_star}.",
+            reference=lambda: m_star),
         "in_flight": Exercise(
-            "in_flight", "how much does 1F1B hold?",
-            f"With P = {P} stages and M = {M} micro-batches, how many micro-batches' activations does "
-            "stage 0 hold at most under 1F1B? (GPipe holds all M.)",
-            check_count(P, "micro-batches' activations"),
-            "Stage 0 runs P−1 warm-up forwards, then one more forward before its first backward.",
-            f"P = {P}: P−1 warm-up forwards plus the forward of the steady state; from then on every new "
-            "forward is matched by a backward that frees one.",
-            lambda: P),
+            key="in_flight", title="how much does 1F1B hold?",
+            prompt=f"With P = {P} stages and M = {M} micro-batches, how many micro-batches' activations does "
+                   "stage 0 hold at most under 1F1B? (GPipe holds all M.)",
+            check=check_count(P, "micro-batches' activations"),
+            hint="Stage 0 runs P−1 warm-up forwards, then one more forward before its first backward.",
+            solution=f"P = {P}: P−1 warm-up forwards plus the forward of the steady state; from then on "
+                     "every new forward is matched by a backward that frees one.",
+            reference=lambda: P),
     }

@@ -43,13 +43,13 @@ def stages(world_size: int = 4, precision: str = "fp32") -> dict[int, Result]:
     """Train with stages 0–3; live loss, then measured memory per category beside the formulas."""
     for s in range(4):  # a bad choice fails here, before any worker starts
         config(s, world_size, precision=precision)
-    live = plots.LiveRuns(f"ZeRO stages 0–3 on {world_size} ranks ({precision})")
+    live = plots.common.LiveRuns(f"ZeRO stages 0–3 on {world_size} ranks ({precision})")
     display(live)
     results = {s: _run(s, world_size, live, precision=precision) for s in range(4)}
     rows = [{"label": f"stage {s}", "measured": r.per_rank[0]["memory"], "formula": r["formula"]}
             for s, r in results.items()]
-    display(plots.memory_vs_formula(rows, f"Memory per rank, {world_size} ranks, {precision}: "
-                                          "measured (bars) vs Rajbhandari et al. (2020) (marks)"))
+    display(plots.memory.memory_vs_formula(rows, f"Memory per rank, {world_size} ranks, {precision}: "
+                                                 "measured (bars) vs Rajbhandari et al. (2020) (marks)"))
     return results
 
 
@@ -66,8 +66,8 @@ def stage2_buckets(world_size: int = 4, bucket_layers=(0.5, 1.0, 2.0), stage2: R
         rows.append({"label": f"{k:g} × largest layer", "peak": max(r["full_grads_peak"]),
                      "bound": int(mb * 2**20) + largest})
         same.append(r.losses == base.losses and r["final_params"] == base["final_params"])
-    display(plots.gradient_peaks(rows, whole, f"ZeRO-2 on {world_size} ranks: full gradients held at "
-                                              "once, by bucket size (measured)"))
+    display(plots.memory.gradient_peaks(rows, whole, f"ZeRO-2 on {world_size} ranks: full gradients held at "
+                                                     "once, by bucket size (measured)"))
     for row in rows:
         print(f"{row['label']}: at most {row['peak']:,} bytes of full gradients at once "
               f"(bound {row['bound']:,})")
@@ -107,7 +107,7 @@ def traffic(results: dict[int, Result]) -> list[dict]:
              "formula": r["traffic_formula_padded"], "step_ms": 1e3 * r.median_step_time(),
              "busy_ms": 1e3 * max(r.median_step("busy_s"))}
             for s, r in results.items()]
-    display(plots.stage_traffic(rows, note=plots.oversubscription_note(results.values())))
+    display(plots.memory.stage_traffic(rows, note=plots.common.oversubscription_note(results.values())))
     print("stage 3 / stage 0 traffic: " + f"{rows[3]['counted'] / rows[0]['counted']:.3f}")
     return rows
 
@@ -147,7 +147,7 @@ def fits(world_size: int = 64, precision: str = "mixed") -> list[dict]:
             row[f"{gb} GB"] = "no stage" if s is None else f"stage {s}"
         rows.append(row)
     title = f"First ZeRO stage at which the model states fit, {world_size} devices, {precision}"
-    display(plots.fits_table(rows, ["model", "parameters", "80 GB", "141 GB"], title))
+    display(plots.memory.fits_table(rows, ["model", "parameters", "80 GB", "141 GB"], title))
     return rows
 
 

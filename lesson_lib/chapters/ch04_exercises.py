@@ -219,50 +219,50 @@ def check_fit(answer) -> Verdict:
 def exercises() -> dict[str, Exercise]:
     return {
         "zero1": Exercise(
-            "zero1", "write ZeRO-1's step, on real ranks",
-            "Write <code>my_zero1_step(params, grad, step)</code>; it runs on every rank of a "
-            "4-rank cluster. <code>params</code> is the full flat parameter vector (the same on every "
-            "rank, its length a multiple of N), <code>grad</code> this rank's own gradient (different on "
-            "every rank), and <code>step(p, g)</code> the optimizer, which updates <code>p</code> in "
-            "place. Each rank owns slice <code>rank</code> of N equal slices. Average the gradients so "
-            "that each rank gets only its slice (<code>comm.ring_reduce_scatter</code>), call "
-            "<code>step</code> on your slice only, then give every rank every updated slice "
-            "(<code>comm.ring_all_gather</code>); return <code>params</code>. The check compares with "
-            "single-process SGD and stops after 15 s if the ranks wait for each other.",
-            check_zero1,
-            "comm.ring_reduce_scatter(t) works in place and returns this rank's summed slice (a view); "
-            "comm.ring_all_gather(t) fills every slice of t from its owner. "
-            "Every rank must call both.",
-            solution_text(my_zero1_step), lambda: my_zero1_step),
+            key="zero1", title="write ZeRO-1's step, on real ranks",
+            prompt="Write <code>my_zero1_step(params, grad, step)</code>; it runs on every rank of a 4-rank "
+                   "cluster. <code>params</code> is the full flat parameter vector (the same on every rank, "
+                   "its length a multiple of N), <code>grad</code> this rank's own gradient (different on "
+                   "every rank), and <code>step(p, g)</code> the optimizer, which updates <code>p</code> in "
+                   "place. Each rank owns slice <code>rank</code> of N equal slices. Average the gradients "
+                   "so that each rank gets only its slice (<code>comm.ring_reduce_scatter</code>), call "
+                   "<code>step</code> on your slice only, then give every rank every updated slice "
+                   "(<code>comm.ring_all_gather</code>); return <code>params</code>. The check compares "
+                   "with single-process SGD and stops after 15 s if the ranks wait for each other.",
+            check=check_zero1,
+            hint="comm.ring_reduce_scatter(t) works in place and returns this rank's summed slice (a view); "
+                 "comm.ring_all_gather(t) fills every slice of t from its owner. Every rank must call both.",
+            solution=solution_text(my_zero1_step), reference=lambda: my_zero1_step),
         "stage2": Exercise(
-            "stage2", "the stage-2 formula",
-            "Mixed-precision Adam keeps 2 bytes of fp16 parameters, 2 bytes of gradients and K = 12 bytes "
-            "of optimizer state per parameter. Write <code>stage2(psi, n)</code>: bytes of model state per "
-            "device under ZeRO stage 2 with N devices.",
-            check_stage2, "Stage 2 shards the optimizer state and the gradients; what is left whole?",
-            "def stage2(psi, n):\n    return 2 * psi + (2 + 12) * psi / n",
-            lambda: (lambda psi, n: 2 * psi + 14 * psi / n)),
+            key="stage2", title="the stage-2 formula",
+            prompt="Mixed-precision Adam keeps 2 bytes of fp16 parameters, 2 bytes of gradients and K = 12 "
+                   "bytes of optimizer state per parameter. Write <code>stage2(psi, n)</code>: bytes of "
+                   "model state per device under ZeRO stage 2 with N devices.",
+            check=check_stage2,
+            hint="Stage 2 shards the optimizer state and the gradients; what is left whole?",
+            solution="def stage2(psi, n):\n    return 2 * psi + (2 + 12) * psi / n",
+            reference=lambda: (lambda psi, n: 2 * psi + 14 * psi / n)),
         "stage1": Exercise(
-            "stage1", "the stage-1 sharded update",
-            "Every rank has the full (averaged) gradient and the full parameters, as flat tensors. Write "
-            "<code>stage1_update(params, grads, rank, world_size, lr)</code> returning only this rank's "
-            "slice of the parameters after one SGD step: slices of ceil(len/N) elements, in rank order "
-            "(the last may be shorter). An all-gather would then give everyone the whole result.",
-            check_stage1_update, "Compute this rank's [lo, hi) first; update only that slice.",
-            "def stage1_update(params, grads, rank, world_size, lr):\n"
-            "    size = -(-params.numel() // world_size)\n"
-            "    lo, hi = rank * size, min((rank + 1) * size, params.numel())\n"
-            "    return params[lo:hi] - lr * grads[lo:hi]",
-            lambda: reference_stage1_update),
+            key="stage1", title="the stage-1 sharded update",
+            prompt="Every rank has the full (averaged) gradient and the full parameters, as flat tensors. "
+                   "Write <code>stage1_update(params, grads, rank, world_size, lr)</code> returning only "
+                   "this rank's slice of the parameters after one SGD step: slices of ceil(len/N) elements, "
+                   "in rank order (the last may be shorter). An all-gather would then give everyone the "
+                   "whole result.",
+            check=check_stage1_update, hint="Compute this rank's [lo, hi) first; update only that slice.",
+            solution="def stage1_update(params, grads, rank, world_size, lr):\n    size = -(-params.numel() "
+                     "// world_size)\n    lo, hi = rank * size, min((rank + 1) * size, params.numel())\n    "
+                     "return params[lo:hi] - lr * grads[lo:hi]",
+            reference=lambda: reference_stage1_update),
         "fit": Exercise(
-            "fit", "when does it fit?",
-            "A 13-billion-parameter model, mixed-precision Adam, 8 devices of 80 GB each. Ignoring "
-            "activations: what is the first ZeRO stage (0–3) at which the model states fit one device? "
-            "Predict it, then check with the calculator above.",
-            check_fit,
-            "Stage 0 needs 16 × 13 GB. Stage 1 keeps 4Ψ whole and splits 12Ψ over 8.",
-            "Stage 1: 4 × 13 GB + 12 × 13 GB / 8 = 52 + 19.5 = 71.5 GB ≤ 80 GB.",
-            lambda: 1),
+            key="fit", title="when does it fit?",
+            prompt="A 13-billion-parameter model, mixed-precision Adam, 8 devices of 80 GB each. Ignoring "
+                   "activations: what is the first ZeRO stage (0–3) at which the model states fit one "
+                   "device? Predict it, then check with the calculator above.",
+            check=check_fit,
+            hint="Stage 0 needs 16 × 13 GB. Stage 1 keeps 4Ψ whole and splits 12Ψ over 8.",
+            solution="Stage 1: 4 × 13 GB + 12 × 13 GB / 8 = 52 + 19.5 = 71.5 GB ≤ 80 GB.",
+            reference=lambda: 1),
     }
 
 

@@ -13,7 +13,6 @@ from IPython.display import display
 from .. import plots
 from ..experiments import Result, run
 from ..milestones import large_batch as lb
-from ..plots import large_batch as lbp
 from ..runtime import warm_cluster
 from .ch05_exercises import exercises  # noqa: F401  (the notebook calls it here)
 
@@ -50,7 +49,7 @@ __all__ = ["BASE_BATCH", "BASE_LR", "RULE", "config", "epoch_cost", "exercises",
            "row", "run", "run_one", "scaled_lr", "table", "trust_ratios"]
 
 
-def run_one(cfg: lb.Config, live: plots.LiveRuns | None = None, label: str | None = None) -> Result:
+def run_one(cfg: lb.Config, live: plots.common.LiveRuns | None = None, label: str | None = None) -> Result:
     on_event = live.track(label or f"{cfg.optimizer}, B={cfg.global_batch}", cfg.steps,
                           cfg.world_size) if live else None
     return run("large-batch", cfg, cluster=warm_cluster(cfg.world_size), on_event=on_event)
@@ -69,13 +68,13 @@ def row(name: str, batch: int, r: Result) -> dict:
 
 def grid(optimizers=("sgd", "adam", "lars", "lamb"), batches=(64, 512, 2048), **options) -> dict:
     """Every optimizer at every batch, live; then the figures. Returns runs and table rows."""
-    live = plots.LiveRuns("Large batches: loss per step, live")
+    live = plots.common.LiveRuns("Large batches: loss per step, live")
     display(live)
     runs = {(o, b): run_one(config(o, b, **options), live) for o in optimizers for b in batches}
     rows = [row(o, b, r) for (o, b), r in runs.items()]
-    note = plots.oversubscription_note(list(runs.values()))
-    display(lbp.curves(runs, note))
-    display(lbp.quality_vs_batch(rows, BASE_BATCH))
+    note = plots.common.oversubscription_note(list(runs.values()))
+    display(plots.large_batch.curves(runs, note))
+    display(plots.large_batch.quality_vs_batch(rows, BASE_BATCH))
     print(table(rows))
     return {"runs": runs, "rows": rows}
 
@@ -90,12 +89,13 @@ def table(rows: list[dict]) -> str:
 
 
 def trust_ratios(result: Result, name: str):
-    return lbp.trust_heatmap(result["trust_ratios"], f"{name}: trust ratio of each layer, every step")
+    return plots.large_batch.trust_heatmap(
+        result["trust_ratios"], f"{name}: trust ratio of each layer, every step")
 
 
 def epoch_cost(rows: list[dict], optimizer: str = "lamb"):
     mine = [r for r in rows if r["optimizer"] == optimizer]
-    return lbp.epoch_cost(mine)
+    return plots.large_batch.epoch_cost(mine)
 
 
 def explorer():
@@ -109,7 +109,7 @@ def explorer():
 
     def go(optimizer, batch, lr, warmup_steps):
         cfg = config(optimizer, batch, lr=lr, warmup_steps=warmup_steps)  # validated before any worker
-        live = plots.LiveRuns(f"{optimizer}, B={batch}, lr={lr:.3g}, warm-up {warmup_steps} steps")
+        live = plots.common.LiveRuns(f"{optimizer}, B={batch}, lr={lr:.3g}, warm-up {warmup_steps} steps")
         display(live)
         r = run_one(cfg, live)
         print(table([row(optimizer, batch, r)]))

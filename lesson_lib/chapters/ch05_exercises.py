@@ -164,44 +164,49 @@ def exercises() -> dict[str, Exercise]:
     c = LARS_CASE
     return {
         "ratio": Exercise(
-            "ratio", "a LARS trust ratio by hand",
-            f"A layer has ‖w‖ = {c['w_norm']}, ‖∇L‖ = {c['g_norm']}; LARS uses η = {c['eta']} and "
-            f"weight decay β = {c['beta']}. What is its local learning rate λ (the trust ratio)?",
-            _check_ratio, "λ = η‖w‖ / (‖∇L‖ + β‖w‖) (You, Gitman & Ginsburg, 2017).",
-            f"λ = {c['eta']} × {c['w_norm']} / ({c['g_norm']} + {c['beta']} × {c['w_norm']}) "
-            f"= {lars_ratio(**c):.4g}", lambda: lars_ratio(**c)),
+            key="ratio", title="a LARS trust ratio by hand",
+            prompt=f"A layer has ‖w‖ = {c['w_norm']}, ‖∇L‖ = {c['g_norm']}; LARS uses η = {c['eta']} and "
+                   f"weight decay β = {c['beta']}. What is its local learning rate λ (the trust ratio)?",
+            check=_check_ratio, hint="λ = η‖w‖ / (‖∇L‖ + β‖w‖) (You, Gitman & Ginsburg, 2017).",
+            solution=f"λ = {c['eta']} × {c['w_norm']} / ({c['g_norm']} + {c['beta']} × {c['w_norm']}) = "
+                     f"{lars_ratio(**c):.4g}", reference=lambda: lars_ratio(**c)),
         "lamb": Exercise(
-            "lamb", "LAMB's update for one layer",
-            "Write <code>lamb_step(w, g, m, v, t, lr, wd)</code> (β₁ = 0.9, β₂ = 0.999, ε = 1e-6) "
-            "returning the new <code>(w, m, v)</code> after step t (t = 1, 2, …): Adam's moments "
-            "with bias correction, u = r + wd·w, and the step lr·‖w‖/‖u‖·u. The check runs three "
-            "steps against <code>lesson_lib.optim.LAMB</code>.",
-            _check_lamb, "Follow Algorithm 2 of You et al. (2020) line by line; the weight decay is "
-                         "added to r before the norm of u is taken.",
-            solution_text(lamb_step), lambda: lamb_step),
+            key="lamb", title="LAMB's update for one layer",
+            prompt="Write <code>lamb_step(w, g, m, v, t, lr, wd)</code> (β₁ = 0.9, β₂ = 0.999, ε = 1e-6) "
+                   "returning the new <code>(w, m, v)</code> after step t (t = 1, 2, …): Adam's moments "
+                   "with bias correction, u = r + wd·w, and the step lr·‖w‖/‖u‖·u. The check runs three "
+                   "steps against <code>lesson_lib.optim.LAMB</code>.",
+            check=_check_lamb,
+            hint="Follow Algorithm 2 of You et al. (2020) line by line; the weight decay is added to r "
+                 "before the norm of u is taken.",
+            solution=solution_text(lamb_step), reference=lambda: lamb_step),
         "scaling": Exercise(
-            "scaling", "the linear scaling rule, then a run",
-            "SGD with momentum was tuned at B₀ = 64 with lr = 0.1. Pick the learning rate and the "
-            "warm-up steps for a batch 8× larger (the linear scaling rule with gradual warm-up, Goyal "
-            "et al., 2017), as a pair <code>(lr, warmup_steps)</code>. The check confirms it with a "
-            "real run.",
-            _check_scaling, "Multiply the rate by k = 8; warm up over the first few percent of the "
-                            "steps (Goyal et al. used 5 of 90 epochs).",
-            "(0.8, 12): 0.1 × 8, warmed up over about a tenth of the 128 steps.", lambda: (0.8, 12)),
+            key="scaling", title="the linear scaling rule, then a run",
+            prompt="SGD with momentum was tuned at B₀ = 64 with lr = 0.1. Pick the learning rate and the "
+                   "warm-up steps for a batch 8× larger (the linear scaling rule with gradual warm-up, "
+                   "Goyal et al., 2017), as a pair <code>(lr, warmup_steps)</code>. The check confirms it "
+                   "with a real run.",
+            check=_check_scaling,
+            hint="Multiply the rate by k = 8; warm up over the first few percent of the steps (Goyal et al. "
+                 "used 5 of 90 epochs).",
+            solution="(0.8, 12): 0.1 × 8, warmed up over about a tenth of the 128 steps.",
+            reference=lambda: (0.8, 12)),
         "zero": Exercise(
-            "zero", "norms under ZeRO",
-            "Under ZeRO (chapter 4) each rank updates only its shard of the parameters. Why does LAMB "
-            "then need an all-reduce that Adam does not? " + "; ".join(
+            key="zero", title="norms under ZeRO",
+            prompt="Under ZeRO (chapter 4) each rank updates only its shard of the parameters. Why does LAMB "
+                   "then need an all-reduce that Adam does not? " + "; ".join(
                 f"({k}) {v}" for k, v in ZERO_CHOICES.items()),
-            _check_zero_choice, "Adam's update of an element needs only that element; LAMB's needs "
-                                "‖w‖ and ‖u‖ of the whole layer.",
-            "(b): a layer's norm is a square root of a sum over the whole layer.", lambda: "b"),
+            check=_check_zero_choice,
+            hint="Adam's update of an element needs only that element; LAMB's needs ‖w‖ and ‖u‖ of the "
+                 "whole layer.",
+            solution="(b): a layer's norm is a square root of a sum over the whole layer.",
+            reference=lambda: "b"),
         "sharded": Exercise(
-            "sharded", "write it: a layer's trust ratio from its slices, on real ranks",
-            "Each rank holds a slice <code>w_shard</code> and <code>u_shard</code> of one layer. Write "
-            "<code>sharded_trust_ratio(w_shard, u_shard)</code>, run on every rank, that returns the "
-            "whole layer's ‖w‖/‖u‖ on every rank, using <code>dist.all_reduce</code>. The check runs "
-            "it on 2 and 3 real ranks (10 s timeout).",
-            _check_sharded, "Norms do not add up; squares do. One all-reduce can carry both sums.",
-            solution_text(sharded_trust_ratio), lambda: sharded_trust_ratio),
+            key="sharded", title="write it: a layer's trust ratio from its slices, on real ranks",
+            prompt="Each rank holds a slice <code>w_shard</code> and <code>u_shard</code> of one layer. "
+                   "Write <code>sharded_trust_ratio(w_shard, u_shard)</code>, run on every rank, that "
+                   "returns the whole layer's ‖w‖/‖u‖ on every rank, using <code>dist.all_reduce</code>. "
+                   "The check runs it on 2 and 3 real ranks (10 s timeout).",
+            check=_check_sharded, hint="Norms do not add up; squares do. One all-reduce can carry both sums.",
+            solution=solution_text(sharded_trust_ratio), reference=lambda: sharded_trust_ratio),
     }

@@ -14,7 +14,6 @@ from IPython.display import display
 from .. import plots
 from ..experiments import Result, run
 from ..milestones import compression as cm
-from ..plots import compression as cp
 from ..runtime import warm_cluster
 from .ch06_exercises import crossover_case, exercises  # noqa: F401  (the notebook calls them here)
 
@@ -41,7 +40,7 @@ def config(compressor: str = "none", **options) -> cm.Config:
     return cm.Config(**{**PRESET, "compressor": compressor, **options}).validate()
 
 
-def run_one(cfg: cm.Config, live: plots.LiveRuns | None = None, label: str | None = None) -> Result:
+def run_one(cfg: cm.Config, live: plots.common.LiveRuns | None = None, label: str | None = None) -> Result:
     on_event = live.track(label or cfg.compressor, cfg.steps, cfg.world_size) if live else None
     return run("compression", cfg, cluster=warm_cluster(cfg.world_size), on_event=on_event)
 
@@ -54,10 +53,10 @@ def final_loss(r: Result, last: int = 30) -> float:
 
 def accuracy(runs: dict | None = None) -> dict:
     """Every compressor on the same task, live; loss vs step and vs bytes; a table."""
-    live = plots.LiveRuns("Compressed gradients: loss per step, live")
+    live = plots.common.LiveRuns("Compressed gradients: loss per step, live")
     display(live)
     out = {label: run_one(config(**opts), live, label) for label, opts in (runs or ACCURACY_RUNS).items()}
-    display(cp.loss_curves(out, plots.oversubscription_note(list(out.values()))))
+    display(plots.compression.loss_curves(out, plots.common.oversubscription_note(list(out.values()))))
     print(f"{'run':>28} {'loss (last 30 steps)':>21} {'bytes/step':>11} {'ratio':>7}")
     for label, r in out.items():
         print(f"{label:>28} {final_loss(r):>21.3f} {r['wire_bytes_per_step']:>11,.0f} "
@@ -69,7 +68,7 @@ def wire_table(runs: dict) -> list[dict]:
     rows = [{"label": label, "compressor": r.config["compressor"], **{k: r[k] for k in (
         "wire_bytes_per_step", "uncompressed_bytes_per_step", "compression_ratio", "param_count")}}
         for label, r in runs.items() if r.config["error_feedback"] or r.config["compressor"] == "none"]
-    display(cp.wire_bytes(rows))
+    display(plots.compression.wire_bytes(rows))
     return rows
 
 
@@ -95,7 +94,7 @@ def bandwidth_sweep(compressors=("none", "fp16", "topk", "powersgd"), gbps=GBPS,
     predicted = {c: (xs, [predict(c, g) for g in xs]) for c in compressors}
     for row in rows:
         row["predicted_s"] = predict(row["compressor"], row["gbps"])
-    display(cp.bandwidth_sweep(rows, predicted, latency_us, PRESET["world_size"]))
+    display(plots.compression.bandwidth_sweep(rows, predicted, latency_us, PRESET["world_size"]))
     rivals = [c for c in compressors if c != "none"]
     cross = {c: cm.crossover_gbps(base["none"], base[c], latency_us * 1e-6) for c in rivals}
     measured = {c: measured_crossover(rows, c) for c in rivals}
@@ -125,7 +124,7 @@ def time_to_target(runs: dict, sweep: dict, target: float = 0.9) -> list[dict]:
     for r in sweep["rows"]:
         steps = steps_to_target(runs[SWEEP_LABELS[r["compressor"]]].losses, target)
         rows.append({**r, "steps": steps, "time_s": None if steps is None else steps * r["step_s"]})
-    display(cp.time_to_target(rows, target, sweep["latency_s"] * 1e6, PRESET["world_size"]))
+    display(plots.compression.time_to_target(rows, target, sweep["latency_s"] * 1e6, PRESET["world_size"]))
     return rows
 
 
@@ -151,7 +150,8 @@ def explorer():
         cfg = config(compressor, ratio=ratio, bits=bits, rank=rank, error_feedback=error_feedback,
                      link_gbps=link_gbps, link_latency_us=LATENCY_US)  # validated before any worker
         link = f"emulated link {link_gbps:g} Gbit/s" if link_gbps else "real link"
-        live = plots.LiveRuns(f"{compressor}, error feedback {'on' if error_feedback else 'off'}, {link}")
+        live = plots.common.LiveRuns(
+            f"{compressor}, error feedback {'on' if error_feedback else 'off'}, {link}")
         display(live)
         r = run_one(cfg, live)
         print(f"loss (last 30 steps) {final_loss(r):.3f}; {r['wire_bytes_per_step']:,.0f} bytes per step "
@@ -159,7 +159,8 @@ def explorer():
               f"per step ({link})")
 
     return widgets.run_button("Train", {
-        "compressor": W.Dropdown(options=list(cp.COMP_COLORS), value="topk", description="compressor"),
+        "compressor": W.Dropdown(options=list(plots.compression.COMP_COLORS), value="topk",
+                                 description="compressor"),
         "ratio": W.FloatLogSlider(value=0.01, base=10, min=-3, max=0, step=0.25, description="k / S",
                                   readout_format=".3g"),
         "bits": W.IntSlider(value=2, min=1, max=7, description="QSGD bits"),

@@ -227,42 +227,44 @@ def exercises(case: dict | None = None) -> dict[str, Exercise]:
     numbers = ", ".join(f"{k} = {v:.4g}" for k, v in x.items())
     return {
         "topk_bytes": Exercise(
-            "topk_bytes", "top-k's bytes, indices included",
-            f"A model of S = {c['params']:,} float32 gradients on N = {c['world']} ranks. Top-k keeps "
-            f"k = {c['k']:,} per rank and all-gathers (int32 index, float32 value) pairs. How many bytes "
-            "does each rank send per step, and at what k does that equal the uncompressed ring's "
-            "2(N−1)/N·4S? Answer <code>(bytes, k)</code>.",
-            _check_topk, "An all-gather sends each rank's payload to N−1 others; the ring sends 2(N−1)/N "
-                         "of the gradient's bytes.",
-            "(N−1)·8k = 240,000 bytes; (N−1)·8k = 2(N−1)/N·4S gives k = S/N = 250,000.",
-            lambda: topk_bytes(**c)),
+            key="topk_bytes", title="top-k's bytes, indices included",
+            prompt=f"A model of S = {c['params']:,} float32 gradients on N = {c['world']} ranks. Top-k keeps "
+                   f"k = {c['k']:,} per rank and all-gathers (int32 index, float32 value) pairs. How many "
+                   "bytes does each rank send per step, and at what k does that equal the uncompressed "
+                   "ring's 2(N−1)/N·4S? Answer <code>(bytes, k)</code>.",
+            check=_check_topk,
+            hint="An all-gather sends each rank's payload to N−1 others; the ring sends 2(N−1)/N of the "
+                 "gradient's bytes.",
+            solution="(N−1)·8k = 240,000 bytes; (N−1)·8k = 2(N−1)/N·4S gives k = S/N = 250,000.",
+            reference=lambda: topk_bytes(**c)),
         "qsgd": Exercise(
-            "qsgd", "write the QSGD quantizer",
-            "Write <code>qsgd(x, s)</code>: for each element, |x_i|/‖x‖·s lies between two integer "
-            "levels; round up with probability equal to the fractional part, else down; return "
-            "‖x‖·sign(x_i)·level/s (Alistarh et al., 2017). The check draws it thousands of times: the "
-            "mean must be x (unbiased) and every value on the grid of 2s+1 levels.",
-            _check_qsgd, "torch.rand_like(x) < fraction is True with probability = fraction.",
-            source(qsgd).text, lambda: qsgd),
+            key="qsgd", title="write the QSGD quantizer",
+            prompt="Write <code>qsgd(x, s)</code>: for each element, |x_i|/‖x‖·s lies between two integer "
+                   "levels; round up with probability equal to the fractional part, else down; return "
+                   "‖x‖·sign(x_i)·level/s (Alistarh et al., 2017). The check draws it thousands of times: "
+                   "the mean must be x (unbiased) and every value on the grid of 2s+1 levels.",
+            check=_check_qsgd, hint="torch.rand_like(x) < fraction is True with probability = fraction.",
+            solution=source(qsgd).text, reference=lambda: qsgd),
         "crossover": Exercise(
-            "crossover", "below which bandwidth does PowerSGD pay?",
-            f"Measured on this machine (per step; bytes a rank sends; latency per emulated message): "
-            f"{numbers}. With chapter 2's α-β model, step time = compute + messages·α + bytes·8/B for a "
-            "link of B bit/s. Below which B (in Gbit/s) is PowerSGD faster than the uncompressed ring? "
-            "The check then runs both on the emulator just below and above your answer.",
-            lambda a: _check_crossover(a, x), "Set the two step times equal and solve for B.",
-            "B = 8·(bytes_none − bytes_powersgd) / (compute_powersgd − compute_none + "
-            "(messages_powersgd − messages_none)·α), in bit/s; divide by 10⁹.",
-            lambda: crossover(x)),
+            key="crossover", title="below which bandwidth does PowerSGD pay?",
+            prompt="Measured on this machine (per step; bytes a rank sends; latency per emulated message): "
+                   f"{numbers}. With chapter 2's α-β model, step time = compute + messages·α + bytes·8/B for "
+                   "a link of B bit/s. Below which B (in Gbit/s) is PowerSGD faster than the uncompressed "
+                   "ring? The check then runs both on the emulator just below and above your answer.",
+            check=lambda a: _check_crossover(a, x), hint="Set the two step times equal and solve for B.",
+            solution="B = 8·(bytes_none − bytes_powersgd) / (compute_powersgd − compute_none + "
+                     "(messages_powersgd − messages_none)·α), in bit/s; divide by 10⁹.",
+            reference=lambda: crossover(x)),
         "randomk": Exercise(
-            "randomk", "write it: random-k with error feedback, on real ranks",
-            "Write <code>randomk_step(grad, residual, k, step)</code>, run on every rank, returning "
-            "<code>(average, new_residual)</code>: add the residual, keep the k coordinates "
-            "<code>torch.randperm(n, generator=torch.Generator().manual_seed(step))[:k]</code> (the same "
-            "on every rank, so they add in place), sum their values with <code>comm.all_reduce</code> "
-            "(counted), divide by the ranks; the residual keeps everything not sent. Checked on 2 and 3 "
-            "real ranks over 3 steps (15 s timeout).",
-            _check_randomk, "Only k numbers should cross; the residual is the accumulated gradient with "
-                            "the sent coordinates zeroed.",
-            source(randomk_step).text, lambda: randomk_step),
+            key="randomk", title="write it: random-k with error feedback, on real ranks",
+            prompt="Write <code>randomk_step(grad, residual, k, step)</code>, run on every rank, returning "
+                   "<code>(average, new_residual)</code>: add the residual, keep the k coordinates "
+                   "<code>torch.randperm(n, generator=torch.Generator().manual_seed(step))[:k]</code> (the "
+                   "same on every rank, so they add in place), sum their values with "
+                   "<code>comm.all_reduce</code> (counted), divide by the ranks; the residual keeps "
+                   "everything not sent. Checked on 2 and 3 real ranks over 3 steps (15 s timeout).",
+            check=_check_randomk,
+            hint="Only k numbers should cross; the residual is the accumulated gradient with the sent "
+                 "coordinates zeroed.",
+            solution=source(randomk_step).text, reference=lambda: randomk_step),
     }

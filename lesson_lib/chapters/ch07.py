@@ -12,7 +12,6 @@ from IPython.display import display
 from .. import costmodel, plots
 from ..experiments import Result, run
 from ..milestones import impact
-from ..plots import impact as ip
 from ..runtime import warm_cluster
 from .ch07_exercises import exercises  # noqa: F401  (the notebook calls it here)
 
@@ -37,7 +36,7 @@ def talk_chart(names=costmodel.MILESTONES, **overrides) -> list[dict]:
                     if a not in base and "tokens per step" not in a]
     notes.append("pipeline: the fewest stages (dividing the devices) at which the model fits; "
                  "lamb and compression build on ZeRO-3")
-    display(ip.talk_chart(rows, title, notes))
+    display(plots.impact.talk_chart(rows, title, notes))
     print(costmodel.table(rows))
     return rows
 
@@ -81,7 +80,7 @@ def what_if():
     return W.VBox([params, tokens, count, device, link, overlap, chosen, out])
 
 
-def run_impact(preset: str = "quick", live: plots.LiveRuns | None = None, **options) -> Result:
+def run_impact(preset: str = "quick", live: plots.common.LiveRuns | None = None, **options) -> Result:
     """The impact experiment on a warm cluster, one live trace per milestone."""
     cfg = impact.Config(preset=preset, **options).validate()
     on_event = None
@@ -107,11 +106,11 @@ def run_impact(preset: str = "quick", live: plots.LiveRuns | None = None, **opti
 
 def measured(preset: str = "quick", **options) -> Result:
     """Train every milestone live, then the dashboard, the table and the cost model's predictions."""
-    live = plots.LiveRuns("One model through every milestone: loss per step, live")
+    live = plots.common.LiveRuns("One model through every milestone: loss per step, live")
     display(live)
     r = run_impact(preset, live, **options)
-    note = plots.oversubscription_note([r])
-    display(ip.dashboard(r["milestones"], r["target_loss"], note))
+    note = plots.common.oversubscription_note([r])
+    display(plots.impact.dashboard(r["milestones"], r["target_loss"], note))
     print(table(r["milestones"]))
     return r
 
@@ -139,7 +138,7 @@ def validation_table(result: Result) -> str:
              f"{'comm measured':>14} {'comm predicted':>15}"]
     for r in result["milestones"]:
         err = r["predicted_step_s"] / r["median_step_s"] - 1
-        lines.append(f"{ip.label(r):<36} {1e3 * r['median_step_s']:>12.2f} "
+        lines.append(f"{plots.impact.label(r):<36} {1e3 * r['median_step_s']:>12.2f} "
                      f"{1e3 * r['predicted_step_s']:>13.2f} {err:>+7.0%} "
                      f"{1e3 * r['median_comm_s']:>14.2f} {1e3 * r['predicted_comm_s']:>15.2f}")
     return "\n".join(lines)

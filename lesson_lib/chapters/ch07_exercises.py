@@ -164,38 +164,42 @@ def exercises() -> dict[str, Exercise]:
     dev = costmodel.devices()[f["device"]]["name"]
     return {
         "days": Exercise(
-            "days", "GPT-3's training time by hand",
-            f"GPT-3 has Ψ = {d['params']:.3g} parameters and was trained on T = {d['tokens']:.3g} tokens. "
-            f"On n = {d['devices']:,} A100s each delivering X = {d['flops'] / 1e12:g} TFLOP/s, how many "
-            "days does 8·T·Ψ/(n·X) give?",
-            _check_days, "8 FLOPs per parameter per token (6 for forward and backward, 2 to recompute "
-                         "the forward); a day is 86,400 s.",
-            f"8 × {d['tokens']:.3g} × {d['params']:.3g} / ({d['devices']} × {d['flops']:.3g}) / 86400 "
-            f"= {gpt3_days(**d):.1f} days", lambda: gpt3_days(**d)),
+            key="days", title="GPT-3's training time by hand",
+            prompt=f"GPT-3 has Ψ = {d['params']:.3g} parameters and was trained on T = {d['tokens']:.3g} "
+                   f"tokens. On n = {d['devices']:,} A100s each delivering X = {d['flops'] / 1e12:g} "
+                   "TFLOP/s, how many days does 8·T·Ψ/(n·X) give?",
+            check=_check_days,
+            hint="8 FLOPs per parameter per token (6 for forward and backward, 2 to recompute the forward); "
+                 "a day is 86,400 s.",
+            solution=f"8 × {d['tokens']:.3g} × {d['params']:.3g} / ({d['devices']} × {d['flops']:.3g}) / "
+                     f"86400 = {gpt3_days(**d):.1f} days", reference=lambda: gpt3_days(**d)),
         "stage": Exercise(
-            "stage", "the smallest ZeRO stage that fits",
-            f"A {f['params']:.3g}-parameter model is trained with mixed-precision Adam on "
-            f"{f['devices']} × {dev}. Counting model states only (chapter 4's formulas), what is the "
-            "smallest ZeRO stage at which they fit on one device?",
-            _check_stage, "costmodel.zero_memory(params, devices, stage, 'mixed') gives the bytes per "
-                          "device; compare them with the device's memory.",
-            f"stage {fit_stage(**f)}", lambda: fit_stage(**f)),
+            key="stage", title="the smallest ZeRO stage that fits",
+            prompt=f"A {f['params']:.3g}-parameter model is trained with mixed-precision Adam on "
+                   f"{f['devices']} × {dev}. Counting model states only (chapter 4's formulas), what is the "
+                   "smallest ZeRO stage at which they fit on one device?",
+            check=_check_stage,
+            hint="costmodel.zero_memory(params, devices, stage, 'mixed') gives the bytes per device; "
+                 "compare them with the device's memory.",
+            solution=f"stage {fit_stage(**f)}", reference=lambda: fit_stage(**f)),
         "link": Exercise(
-            "link", "which term dominates, and a 10× faster link",
-            f"Model GPT-3 under {k['milestone']} on {k['devices']:,} A100s with HDR InfiniBand "
-            "(<code>costmodel.estimate(costmodel.plan_for(...))</code>, printed above). Which term "
-            "dominates the step, and how many seconds is a step when the link carries 10× the "
-            "bandwidth? Answer <code>(term, seconds)</code>.",
-            _check_link, "Only the bandwidth term depends on the link's bandwidth.",
-            "(dominant term, compute + bubble + bandwidth/10 + latency)", lambda: faster_link(link_case())),
+            key="link", title="which term dominates, and a 10× faster link",
+            prompt=f"Model GPT-3 under {k['milestone']} on {k['devices']:,} A100s with HDR InfiniBand "
+                   "(<code>costmodel.estimate(costmodel.plan_for(...))</code>, printed above). Which term "
+                   "dominates the step, and how many seconds is a step when the link carries 10× the "
+                   "bandwidth? Answer <code>(term, seconds)</code>.",
+            check=_check_link, hint="Only the bandwidth term depends on the link's bandwidth.",
+            solution="(dominant term, compute + bubble + bandwidth/10 + latency)",
+            reference=lambda: faster_link(link_case())),
         "pingpong": Exercise(
-            "pingpong", "write it: a ping-pong that measures α and β, on real ranks",
-            "Write <code>ping_pong(send, recv)</code>, run on 2 ranks: rank 0 sends <code>send</code> "
-            "to rank 1 and receives the reply into <code>recv</code>; rank 1 receives into "
-            "<code>recv</code> and sends it back. Use <code>comm.send</code>/<code>comm.recv</code> "
-            "(counted). The check times it at 4 KB, 256 KB and 4 MB (10 s timeout), fits "
-            "t = α + m·β and feeds α and β to the cost model.",
-            _check_pingpong, "Half a round trip is one message; the order of send and receive must "
-                             "differ between the two ranks.",
-            source(ping_pong).text, lambda: ping_pong),
+            key="pingpong", title="write it: a ping-pong that measures α and β, on real ranks",
+            prompt="Write <code>ping_pong(send, recv)</code>, run on 2 ranks: rank 0 sends "
+                   "<code>send</code> to rank 1 and receives the reply into <code>recv</code>; rank 1 "
+                   "receives into <code>recv</code> and sends it back. Use "
+                   "<code>comm.send</code>/<code>comm.recv</code> (counted). The check times it at 4 KB, "
+                   "256 KB and 4 MB (10 s timeout), fits t = α + m·β and feeds α and β to the cost model.",
+            check=_check_pingpong,
+            hint="Half a round trip is one message; the order of send and receive must differ between the "
+                 "two ranks.",
+            solution=source(ping_pong).text, reference=lambda: ping_pong),
     }
