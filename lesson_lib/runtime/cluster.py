@@ -20,7 +20,6 @@ import queue
 import shutil
 import signal
 import socket
-import tempfile
 import threading
 import time
 import warnings
@@ -29,6 +28,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
+from . import folders, output
 from .errors import MAIN_GUARD_HELP, RunInterrupted, WorkerTimeout
 from .failures import check_alive, raise_failure, raise_timeout
 from .messages import Kind
@@ -109,10 +109,10 @@ class Cluster:
                     f.write("main guard")
             raise RuntimeError(MAIN_GUARD_HELP)
         t0 = time.perf_counter()
-        self._tmp = tempfile.mkdtemp(prefix="lesson_lib_")
+        self._tmp = folders.new()
         _LIVE.add(self)
         self._spawn("file://" + os.path.join(self._tmp, "rendezvous"))
-        progress = _StartProgress(self.world_size, self.quiet)
+        progress = output.StartProgress(self.world_size, self.quiet)
         try:
             self._collect_or_stop("start-up", 0, kinds=(Kind.READY,),
                                   deadline=time.monotonic() + 120 + self.timeout_s, on_ready=progress)
@@ -218,8 +218,12 @@ class Cluster:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         done = self._collect_or_stop(f"the run of {name}", self._job_id, kinds=(Kind.DONE,),
                                      deadline=deadline, on_event=on_event, timeout_s=timeout_s)
-        if any(restart for _, restart in done):
+        broken = {rank: why for rank, (_, why) in enumerate(done) if why is not None}
+        if broken:
             self.close()  # those workers are exiting; the next run starts fresh ones
+            for why in dict.fromkeys(w for w in broken.values() if w):
+                ranks = [r for r, w in broken.items() if w == why]
+                print(f"lesson_lib: {_ranks(ranks)}: {why}; the workers were replaced for the next run")
         return [value for value, _ in done]
 
     def _collect_or_stop(self, what: str, *args, **kwargs) -> list:
@@ -259,6 +263,8 @@ class Cluster:
             if msg.kind is Kind.EVENT:
                 if on_event is not None:
                     on_event(msg.data)
+            elif msg.kind is Kind.OUTPUT:
+                output.show(msg.rank, *msg.data)
             elif msg.kind is Kind.ERROR:
                 raise_failure(self._procs, self._out_q, msg.rank, msg.data)
             elif msg.kind in kinds and msg.job == job_id:
@@ -267,23 +273,8 @@ class Cluster:
         return values
 
 
-class _StartProgress:
-    """'starting 64 ranks: 12/64 ready (8 s)' on one line while a big or slow world starts."""
-
-    def __init__(self, world_size: int, quiet: bool):
-        self.n, self.quiet, self.t0, self.last, self.shown = world_size, quiet, time.monotonic(), 0.0, False
-
-    def __call__(self, ready: int) -> None:
-        now = time.monotonic()
-        if self.quiet or ready == self.n or now - self.last < 1.0 or (self.n < 8 and now - self.t0 < 3):
-            return
-        self.last, self.shown = now, True
-        print(f"\rlesson_lib: starting {self.n} ranks: {ready}/{self.n} ready "
-              f"({now - self.t0:.0f} s)", end="", flush=True)
-
-    def done(self) -> None:
-        if self.shown:
-            print(f"\rlesson_lib: {self.n} ranks started in {time.monotonic() - self.t0:.0f} s" + " " * 10)
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def _has_iface(name: str) -> bool:

@@ -12,9 +12,15 @@ import queue
 import signal
 import time
 
+from . import output
 from .diagnosis import is_peer_fallout, relabel_cells, where
 from .errors import MAIN_GUARD_HELP, WorkerError, WorkerTimeout
 from .messages import Kind
+
+
+def _show_output(msg) -> None:
+    if msg.kind is Kind.OUTPUT:  # what a rank printed before it failed still reaches the cell
+        output.show(msg.rank, *msg.data)
 
 
 def _how(code: int) -> str:
@@ -31,6 +37,7 @@ def check_alive(procs: list, pending: set, out_q, backend: str, guard_file: str 
             try:
                 while True:
                     msg = out_q.get(timeout=0.3)
+                    _show_output(msg)
                     if msg.kind is Kind.ERROR:
                         raise_failure(procs, out_q, msg.rank, msg.data)
             except queue.Empty:
@@ -54,6 +61,7 @@ def raise_failure(procs: list, out_q, rank: int, tb: str) -> None:
             msg = out_q.get(timeout=0.05)
         except queue.Empty:
             continue
+        _show_output(msg)
         if msg.kind is Kind.ERROR:
             errors[msg.rank] = msg.data
     roots = [r for r, t in errors.items() if not is_peer_fallout(t)]
@@ -86,6 +94,7 @@ def raise_timeout(out_q, report, job_id: int, pending: set, timeout_s: float | N
                 msg = out_q.get(timeout=0.05)
             except queue.Empty:
                 continue
+            _show_output(msg)
             if msg.kind is Kind.STACK and msg.job == job_id:
                 stacks[msg.rank] = msg.data
         report.clear()

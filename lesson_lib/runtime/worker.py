@@ -8,6 +8,7 @@ parent asks (a job that overran its deadline).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -21,6 +22,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from . import hygiene, output
 from .diagnosis import format_exception, user_frames
 from .messages import Kind, Message
 from .pickling import unpack_job
@@ -73,10 +75,11 @@ def set_context(ctx: WorkerContext | None) -> None:
     _CTX = ctx
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _watch_parent(parent_pid: int, folder: str) -> None:
     while True:
-        if os.getppid() != parent_pid:
-            os._exit(3)  # the kernel is gone: never outlive it
+        if os.getppid() != parent_pid:  # the kernel is gone (killed, restarted): never outlive it,
+            shutil.rmtree(folder, ignore_errors=True)  # nor leave its rendezvous folder behind
+            os._exit(3)
         time.sleep(0.5)
 
 
@@ -117,15 +120,20 @@ def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_
                 report=None):
     """The target of every worker process (spawned by :class:`~.cluster.Cluster`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    folder = os.path.dirname(init_method.removeprefix("file://"))
+    threading.Thread(target=_watch_parent, args=(parent_pid, folder), daemon=True).start()
     state: dict = {"job": None}
+    output.capture(rank, out_q, state)
     if report is not None:
         threading.Thread(target=_report_stacks, args=(rank, report, out_q, state), daemon=True).start()
     torch.set_num_threads(threads)
     try:
         _join(rank, world_size, backend, init_method, timeout_s, threads, out_q)
+        base = hygiene.baseline()
+        output.flush()
         out_q.put(Message(Kind.READY, rank, 0))
     except BaseException as e:
+        output.flush()
         out_q.put(Message(Kind.ERROR, rank, 0, format_exception(e)))
         return
     while True:
@@ -137,16 +145,28 @@ def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_
             fn, args, kwargs = unpack_job(payload)
             state["job"] = job_id
             value = fn(*args, **kwargs)
-            state["job"] = None
-            out_q.put(Message(Kind.DONE, rank, job_id, cloudpickle.dumps((value, _CTX.restart_requested))))
         except BaseException as e:
+            output.flush()
             state["job"] = None
             out_q.put(Message(Kind.ERROR, rank, job_id, format_exception(e)))
             break  # the process group may be half-way through a collective: leave it
-        if _CTX.restart_requested:
+        output.flush()
+        state["job"] = None
+        # Requested restarts (a fault demo) are silent; a worker the job broke says why.
+        reason = "" if _CTX.restart_requested else hygiene.broken(base)
+        try:
+            done = cloudpickle.dumps((value, reason))
+        except Exception as e:
+            out_q.put(Message(Kind.ERROR, rank, job_id, f"{type(e).__name__}: the value rank {rank} "
+                              f"returned ({type(value).__name__}) cannot be sent back to the notebook: "
+                              f"{e}. Return tensors, numbers, strings, lists or dicts of them."))
+            continue
+        out_q.put(Message(Kind.DONE, rank, job_id, done))
+        if reason is not None:
             out_q.close()
             out_q.join_thread()
             os._exit(0)  # skip destroy_process_group: it could wait on an abandoned operation
+        hygiene.restore(base)
     try:
         dist.destroy_process_group()
     except Exception:

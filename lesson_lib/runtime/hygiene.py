@@ -1,0 +1,72 @@
+"""Whatever a learner's function does to its worker, the next job starts from a clean one.
+
+After each job a worker compares its state with the one it started with. What can be put back
+is put back (default dtype and device, grad mode, thread count, environment variables, working
+folder); what cannot (the process group destroyed or replaced, threads left running) makes the
+worker ask to be replaced, with the reason, which the notebook is told in one line.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures.thread
+import os
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Baseline:
+    rank: int
+    world_size: int
+    dtype: torch.dtype
+    device: torch.device
+    grad: bool
+    threads: int
+    cwd: str
+    env: dict = field(repr=False)
+    thread_ids: set = field(repr=False)
+
+
+def baseline() -> Baseline:
+    """The worker's state once it joined the process group (call before the first job)."""
+    return Baseline(dist.get_rank(), dist.get_world_size(), torch.get_default_dtype(),
+                    torch.get_default_device(), torch.is_grad_enabled(), torch.get_num_threads(),
+                    os.getcwd(), dict(os.environ), {t.ident for t in threading.enumerate()})
+
+
+def broken(base: Baseline) -> str | None:
+    """Why this worker cannot run another job (None when it can)."""
+    if not dist.is_initialized():
+        return "its function destroyed the process group (dist.destroy_process_group())"
+    if (dist.get_rank(), dist.get_world_size()) != (base.rank, base.world_size):
+        return "its function replaced the default process group"
+    left = [t.name for t in threading.enumerate() if t.ident not in base.thread_ids and t.is_alive()
+            and not t.daemon and not _idle_pool_thread(t)]
+    if left:
+        return f"its function left thread(s) running: {', '.join(left)}"
+    return None
+
+
+def _idle_pool_thread(t: threading.Thread) -> bool:
+    # A ThreadPoolExecutor's worker (the library's communication thread among them) only runs what
+    # is submitted to it; left idle it does nothing to the next job.
+    return getattr(t, "_target", None) is concurrent.futures.thread._worker
+
+
+def restore(base: Baseline) -> None:
+    """Put back what a job may have changed in this process's settings."""
+    if torch.get_default_dtype() != base.dtype:
+        torch.set_default_dtype(base.dtype)
+    if torch.get_default_device() != base.device:
+        torch.set_default_device(base.device)
+    torch.set_grad_enabled(base.grad)
+    if torch.get_num_threads() != base.threads:
+        torch.set_num_threads(base.threads)
+    if os.getcwd() != base.cwd:
+        os.chdir(base.cwd)
+    if os.environ != base.env:
+        os.environ.clear()
+        os.environ.update(base.env)

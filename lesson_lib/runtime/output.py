@@ -1,0 +1,86 @@
+"""What a rank prints reaches the notebook through the parent, each line marked with its rank.
+
+A spawned worker's own stdout is the kernel's file descriptor: Jupyter forwards it late (after
+the cell's result) and unmarked. Instead a worker's ``sys.stdout``/``sys.stderr`` send whole lines
+to the parent as messages, in order with the job's result, and the parent prints
+``[rank 1] ...`` into the cell before the run returns. Output below Python (C++ libraries writing
+to the file descriptor) is not caught.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from typing import Any
+
+from .messages import Kind, Message
+
+
+class RankStream(io.TextIOBase):
+    """A text stream that sends complete lines to the parent's queue (flush sends the rest)."""
+
+    def __init__(self, name: str, rank: int, out_q: Any, state: dict):
+        self.name, self.rank, self.out_q, self.state, self.buf = name, rank, out_q, state, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.buf += text
+        if "\n" in self.buf:
+            whole, self.buf = self.buf.rsplit("\n", 1)
+            self._send(whole + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.buf:
+            text, self.buf = self.buf, ""
+            self._send(text)
+
+    def _send(self, text: str) -> None:
+        self.out_q.put(Message(Kind.OUTPUT, self.rank, self.state.get("job"), (self.name, text)))
+
+
+def capture(rank: int, out_q: Any, state: dict) -> None:
+    """In a worker: route ``print`` (stdout and stderr) to the parent."""
+    sys.stdout = RankStream("stdout", rank, out_q, state)
+    sys.stderr = RankStream("stderr", rank, out_q, state)
+
+
+def flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def show(rank: int, stream: str, text: str) -> None:
+    """In the parent: print a rank's text, each line marked ``[rank N]``."""
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    lines = text.split("\n")
+    end = "\n" if text.endswith("\n") else ""
+    if end:
+        lines = lines[:-1]
+    out.write("\n".join(f"[rank {rank}] {line}" for line in lines) + end)
+    out.flush()
+
+
+class StartProgress:
+    """'starting 64 ranks: 12/64 ready (8 s)' on one line while a big or slow world starts."""
+
+    def __init__(self, world_size: int, quiet: bool):
+        self.n, self.quiet, self.t0, self.last, self.shown = world_size, quiet, time.monotonic(), 0.0, False
+
+    def __call__(self, ready: int) -> None:
+        now = time.monotonic()
+        if self.quiet or ready == self.n or now - self.last < 1.0 or (self.n < 8 and now - self.t0 < 3):
+            return
+        self.last, self.shown = now, True
+        print(f"\rlesson_lib: starting {self.n} ranks: {ready}/{self.n} ready "
+              f"({now - self.t0:.0f} s)", end="", flush=True)
+
+    def done(self) -> None:
+        if self.shown:
+            print(f"\rlesson_lib: {self.n} ranks started in {time.monotonic() - self.t0:.0f} s" + " " * 10)
