@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import shutil
@@ -76,12 +77,33 @@ class _Progress:
         self.stream.flush()
 
 
+def print_experiments(stream=sys.stdout) -> None:
+    """Each experiment with the first paragraph of its docstring (``list``, ``run --help``)."""
+    width = max(60, shutil.get_terminal_size((100, 20)).columns)
+    for n in experiments.names():
+        print(textwrap.fill(summary(experiments.load(n).__doc__), width=width,
+                            initial_indent=f"{n:<18} ", subsequent_indent=" " * 19), file=stream)
+
+
+def unknown(what: str, name: str, choices: list[str]) -> int:
+    """'unknown experiment 'data-paralel'; did you mean data-parallel?' on stderr; exit code 2."""
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    print(f"unknown {what} {name!r}{hint} (choose one of: {', '.join(choices)})", file=sys.stderr)
+    return 2
+
+
 def cmd_run(argv: list[str]) -> int:
     if not argv or argv[0].startswith("-"):
-        print("usage: python -m lesson_lib run EXPERIMENT [options]; experiments: "
-              + ", ".join(experiments.names()), file=sys.stderr)
-        return 2
+        asked = bool(argv) and argv[0] in ("-h", "--help")
+        stream = sys.stdout if asked else sys.stderr
+        print("usage: python -m lesson_lib run EXPERIMENT [options]   "
+              "(`run EXPERIMENT --help` lists its options)\n\nexperiments:", file=stream)
+        print_experiments(stream)
+        return 0 if asked else 2
     name, rest = argv[0], argv[1:]
+    if name not in experiments.names():
+        return unknown("experiment", name, experiments.names())
     mod = experiments.load(name)
     p = argparse.ArgumentParser(prog=f"python -m lesson_lib run {name}", description=mod.__doc__)
     _add_config_args(p, mod.Config)
@@ -127,11 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "list":
-        width = max(60, shutil.get_terminal_size((100, 20)).columns)
-        for n in experiments.names():
-            text = textwrap.fill(summary(experiments.load(n).__doc__), width=width,
-                                 initial_indent=f"{n:<18} ", subsequent_indent=" " * 19)
-            print(text)
+        print_experiments()
         return 0
     if cmd == "run":
         return cmd_run(rest)
@@ -161,11 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         if what == "bubble":
             bench.print_bubble(bench.bubble())
             return 0
-        print(f"unknown benchmark {what!r}; available: startup, allreduce, compression, ddp, bubble",
-              file=sys.stderr)
-        return 2
-    print(f"unknown command {cmd!r}; use list, run, estimate, bench or doctor", file=sys.stderr)
-    return 2
+        return unknown("benchmark", what, ["startup", "allreduce", "compression", "ddp", "bubble"])
+    return unknown("command", cmd, ["list", "run", "estimate", "bench", "doctor"])
 
 
 if __name__ == "__main__":

@@ -75,3 +75,21 @@ def test_the_same_run_works_under_torchrun(tmp_path):
 def test_bad_input_fails_fast_with_a_message_naming_it(args, name):
     out = cli(*args, timeout=60)
     assert out.returncode != 0 and name in out.stderr
+
+
+def test_a_mistyped_name_is_answered_with_a_suggestion_not_a_traceback():
+    # bug caught: `run data-paralel` printing a Python traceback (KeyError/ValueError from the registry)
+    out = cli("run", "data-paralel")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "unknown experiment 'data-paralel'; did you mean data-parallel?" in out.stderr
+    out = cli("bench", "bubbel")
+    assert out.returncode == 2 and "did you mean bubble?" in out.stderr
+
+
+def test_run_help_lists_every_experiment_with_its_description():
+    # bug caught: `run --help` printing only a usage line
+    from lesson_lib import experiments
+    out = cli("run", "--help")
+    assert out.returncode == 0
+    assert all(n in out.stdout for n in experiments.names()), out.stdout
+    assert "workers push gradients and pull parameters" in " ".join(out.stdout.split())
