@@ -2,13 +2,17 @@
 
 A milestone's ``Config`` subclasses :class:`CommonConfig`; the CLI turns the fields into flags
 (``global_batch`` → ``--global-batch``) and the notebook passes them as keyword arguments.
+The sizes the course runs live on the configs as named presets (``PRESETS``):
+``Config.laptop()`` is what a chapter's figures run, ``Config.tiny()`` the smallest size that still
+shows the result (tests, quick checks); ``Config.from_preset(name, **changes)`` reaches any of them.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
 
-from .runtime import BACKENDS, validate_world_size
+from .runtime import validate_backend, validate_world_size
 
 
 def opt(default, help: str, **kw):
@@ -29,10 +33,33 @@ class CommonConfig:
     lr: float = opt(0.01, "learning rate")
     timeout_s: float = opt(30.0, "collective timeout in seconds (a silent rank fails after this)")
 
+    PRESETS: ClassVar[dict[str, dict]] = {}
+    """Named sizes: option → value, over the field defaults (a milestone sets its own)."""
+
+    @classmethod
+    def from_preset(cls, name: str, **changes) -> "CommonConfig":
+        """The preset ``name`` with ``changes`` on top, validated (a bad option raises, naming it)."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"preset must be one of {', '.join(cls.PRESETS) or '(none defined)'} "
+                             f"for {cls.__module__}.{cls.__name__}, got {name!r}")
+        unknown = set(changes) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown option(s) for {cls.__name__}: {', '.join(sorted(unknown))}")
+        return cls(**{**cls.PRESETS[name], **changes}).validate()
+
+    @classmethod
+    def laptop(cls, **changes) -> "CommonConfig":
+        """The size the chapter's figures run on a laptop (2 cores)."""
+        return cls.from_preset("laptop", **changes)
+
+    @classmethod
+    def tiny(cls, **changes) -> "CommonConfig":
+        """The smallest size that still shows the result: tests and quick checks."""
+        return cls.from_preset("tiny", **changes)
+
     def validate(self) -> "CommonConfig":
         validate_world_size(self.world_size)
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        validate_backend(self.backend)
         positive_int(self, "steps")
         positive_int(self, "global_batch")
         if not self.lr > 0:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .runtime import Cluster
+from .runtime import Cluster, warm_cluster
 
 EXPERIMENTS = {
     "data-parallel": "lesson_lib.milestones.data_parallel",
@@ -130,3 +130,27 @@ def run(name: str, cfg=None, cluster=None, on_event: Callable[[dict], None] | No
                   config=cfg.as_dict(), losses=extra.pop("losses", outs[0]["losses"]),
                   per_rank=[o["per_rank"] for o in outs], extra=extra,
                   oversubscribed=cluster.oversubscribed)
+
+
+def experiment_of(cfg) -> str:
+    """The registered experiment whose ``Config`` ``cfg`` is."""
+    for name in names():
+        if type(cfg) is load(name).Config:
+            return name
+    raise TypeError(f"{type(cfg).__module__}.{type(cfg).__name__} is no experiment's Config")
+
+
+def run_warm(cfg, live=None, label: str | None = None, ranks: int | None = None,
+             loss_rank: int = 0) -> Result:
+    """Run ``cfg``'s experiment on the warm cluster of ``cfg.world_size`` ranks (kept for the kernel).
+
+    With ``live`` (a ``plots.common.LiveRuns``) the steps stream into that figure as ``label``;
+    ``ranks`` ranks report steps (default all) and ``loss_rank`` carries the loss (a parameter
+    server's first worker rather than a server). Every chapter's runs go through here.
+    """
+    name = experiment_of(cfg)
+    cfg.validate()
+    on_event = (live.track(label or name, cfg.steps, ranks or cfg.world_size, loss_rank=loss_rank)
+                if live is not None else None)
+    cluster = warm_cluster(cfg.world_size, cfg.backend, timeout_s=cfg.timeout_s)
+    return run(name, cfg, cluster=cluster, on_event=on_event)

@@ -77,7 +77,7 @@ assert not any(ch00.fits(gpt3).values()), "a device in the table holds GPT-3's t
 import torch
 import torch.distributed as dist
 
-from lesson_lib import show_source, warm_cluster
+from lesson_lib import numerics, show_source, warm_cluster
 
 cluster = warm_cluster(4)  # 4 worker processes, started once and kept warm
 
@@ -171,12 +171,13 @@ reference = dp.reference(cfg)  # one process, the whole global batch, no torch.d
 # The mean over N equal slices of each slice's mean gradient is the mean over the whole batch, so the
 # ranks must train exactly like one process on the whole batch — up to float rounding, because the
 # sums happen in another order. The tolerance below follows from that: a few float32 roundings
-# (ε ≈ 1.2·10⁻⁷, relative to the loss) per step, compounded over the steps.
+# (ε ≈ 1.2·10⁻⁷, relative to the loss) per step, compounded over the steps (`numerics.sum_order_tolerance??`
+# shows it; every chapter takes its tolerances from `lesson_lib.numerics`).
 
 # %%
-tol = 10 * cfg.steps * torch.finfo(torch.float32).eps * max(reference)
+tol = numerics.sum_order_tolerance(reference)
 for n, losses in mine.items():
-    gap = max(abs(a - b) for a, b in zip(losses, reference))
+    gap = numerics.max_gap(losses, reference)
     print(f"{n} rank(s): largest loss difference from one process = {gap:.1e} (tolerance {tol:.1e})")
     assert gap <= tol, (n, gap, tol)
 

@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from lesson_lib import show_source, warm_cluster
+from lesson_lib import numerics, show_source, warm_cluster
 from lesson_lib.chapters import ch01
 from lesson_lib.data import batch_indices, shard, teacher_classification
 from lesson_lib.milestones import parameter_server as ps
@@ -96,8 +96,8 @@ reference = ps.reference(cfg)  # one process, SGD on the combined batch
 # ε ≈ 1.2·10⁻⁷ relative to the loss, per step, compounded over the steps):
 
 # %%
-tol = 10 * cfg.steps * torch.finfo(torch.float32).eps * max(reference)
-gap = max(abs(a - b) for a, b in zip(mine, reference))
+tol = numerics.sum_order_tolerance(reference)  # see numerics.sum_order_tolerance??
+gap = numerics.max_gap(mine, reference)
 print(f"largest loss difference from one process: {gap:.1e} (tolerance {tol:.1e})")
 assert gap <= tol
 

@@ -11,7 +11,6 @@ import torch.distributed as dist
 from conftest import worker_children
 
 from lesson_lib import run
-from lesson_lib.chapters import ch05
 from lesson_lib.chapters.ch05_exercises import exercises
 from lesson_lib.milestones import large_batch as lb
 
@@ -90,9 +89,9 @@ def test_cli_writes_the_chapter_keys(tmp_path):
 
 
 def test_the_scaling_rules():
-    assert ch05.scaled_lr("sgd", 8 * ch05.BASE_BATCH) == pytest.approx(8 * ch05.BASE_LR["sgd"])
-    assert ch05.scaled_lr("lamb", 4 * ch05.BASE_BATCH) == pytest.approx(2 * ch05.BASE_LR["lamb"])
-    cfg = ch05.config("lamb", 2048)
+    assert lb.scaled_lr("sgd", 8 * lb.BASE_BATCH) == pytest.approx(8 * lb.BASE_LR["sgd"])
+    assert lb.scaled_lr("lamb", 4 * lb.BASE_BATCH) == pytest.approx(2 * lb.BASE_LR["lamb"])
+    cfg = lb.at_batch("lamb", 2048)
     assert cfg.steps == 32 and cfg.warmup_steps == 3 and lb.lr_at(cfg, 0) == pytest.approx(cfg.lr / 3)
     assert lb.lr_at(cfg, 2) == pytest.approx(cfg.lr) and lb.lr_at(cfg, 31) < 0.01 * cfg.lr
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from lesson_lib import run
+from lesson_lib import numerics, run
 from lesson_lib.chapters import ch04
 from lesson_lib.costmodel import zero_memory
 from lesson_lib.milestones import zero
@@ -41,9 +41,9 @@ def test_every_stage_is_bitwise_the_same_training(stages, precision, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_fp32_stages_equal_single_process_adam(stages, n):
     cfg = zero.Config(**SMALL)
-    ref, tol = zero.reference(cfg), ch04.tolerances(cfg)  # why this tolerance: its docstring
+    ref, tol = zero.reference(cfg), numerics.adam_drift(cfg)  # why this tolerance: its docstring
     for s in range(4):
-        assert ch04.max_gap(stages["fp32", n, s].losses, ref) <= tol["loss_rel"] * max(ref)
+        assert numerics.max_gap(stages["fp32", n, s].losses, ref) <= tol["loss_rel"] * max(ref)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
@@ -80,9 +80,9 @@ def test_counted_traffic_is_2_psi_and_3_psi_for_stage_3(stages, precision, n):
 def test_torch_zero_redundancy_optimizer_agrees_with_stage_1(clusters, stages):
     cfg = zero.Config(stage=1, world_size=2, **SMALL)
     outs = clusters(2).run(zero.torch_zero_reference, cfg)
-    ours, tol = stages["fp32", 2, 1], ch04.tolerances(cfg)
-    assert ch04.max_gap(outs[0]["losses"], ours.losses) <= tol["loss_rel"] * max(ours.losses)
-    assert ch04.max_gap(outs[0]["params"], ours["final_params"]) <= tol["params"]
+    ours, tol = stages["fp32", 2, 1], numerics.adam_drift(cfg)
+    assert numerics.max_gap(outs[0]["losses"], ours.losses) <= tol["loss_rel"] * max(ours.losses)
+    assert numerics.max_gap(outs[0]["params"], ours["final_params"]) <= tol["params"]
     assert sum(o["optimizer_bytes"] for o in outs) > 0
 
 
@@ -118,8 +118,8 @@ def zero1_adam(cfg, bug=None):
 def test_the_parameter_tolerance_passes_rounding_and_fails_a_bug(clusters, stages, bug):
     cfg = zero.Config(stage=1, world_size=2, **SMALL)
     got = clusters(2).run(zero1_adam, cfg, bug)[0]
-    gap = ch04.max_gap(got, stages["fp32", 2, 1]["final_params"])
-    assert (gap <= ch04.tolerances(cfg)["params"]) is (bug is None), gap
+    gap = numerics.max_gap(got, stages["fp32", 2, 1]["final_params"])
+    assert (gap <= numerics.adam_drift(cfg)["params"]) is (bug is None), gap
 
 
 def test_paper_example_and_fits():

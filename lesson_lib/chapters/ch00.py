@@ -13,13 +13,10 @@ from .. import plots, widgets
 from ..comm import ring_bytes_sent, set_link
 from ..costmodel import fits, memory_bill
 from ..data import read_csv
-from ..experiments import Result, run
+from ..experiments import Result, run_warm
 from ..milestones import data_parallel as dp
 from ..runtime import warm_cluster
 from .ch00_exercises import exercises  # noqa: F401  (the notebook calls it here)
-
-# The laptop preset: a 38k-parameter MLP, 15 steps — seconds per run on 2 cores.
-PRESET = {"steps": 15, "global_batch": 64, "hidden": 128, "depth": 3}
 
 __all__ = ["model_growth", "memory_calculator", "memory_bill", "fits", "config", "data_parallel",
            "max_loss_gap", "comm_overhead", "overlap", "straggler", "straggler_explorer", "idle_resources",
@@ -35,15 +32,13 @@ def memory_calculator(params: float = 1.5e9):
 
 
 def config(world_size: int = 1, **options) -> dp.Config:
-    """The chapter's training problem (``PRESET``) as a data-parallel config."""
-    return dp.Config(world_size=world_size, **{**PRESET, **options}).validate()
+    """The chapter's training problem (``dp.Config.laptop()``) on ``world_size`` ranks."""
+    return dp.Config.laptop(world_size=world_size, **options)
 
 
 def _run(world_size: int, live: plots.common.LiveRuns | None = None, label: str | None = None,
          **options) -> Result:
-    cfg = dp.Config(world_size=world_size, **{**PRESET, **options})
-    on_event = live.track(label or f"{world_size} rank(s)", cfg.steps, world_size) if live else None
-    return run("data-parallel", cfg, cluster=warm_cluster(world_size), on_event=on_event)
+    return run_warm(config(world_size, **options), live, label or f"{world_size} rank(s)")
 
 
 def data_parallel(world_sizes=(1, 2, 4), **options) -> dict[int, Result]:
@@ -59,7 +54,7 @@ def data_parallel(world_sizes=(1, 2, 4), **options) -> dict[int, Result]:
 
 def max_loss_gap(results: dict[int, Result], **options) -> float:
     """Largest |loss difference| between any distributed run and single-process training."""
-    ref = dp.reference(dp.Config(world_size=1, **{**PRESET, **options}))
+    ref = dp.reference(config(1, **options))
     gaps = {n: max(abs(a - b) for a, b in zip(r.losses, ref)) for n, r in results.items()}
     for n, g in gaps.items():
         print(f"{n} rank(s): largest loss difference from single-process training = {g:.2e}")

@@ -20,6 +20,7 @@ from ..data import batch_indices, shard, teacher_classification
 from ..exercises import Exercise, Verdict, solution_text
 from ..milestones import data_parallel as dp
 from ..models import mlp
+from ..numerics import sum_order_tolerance
 from ..runtime import WorkerError, WorkerTimeout, warm_cluster
 
 # Small and short, so a check takes well under a second per world size once the workers are warm.
@@ -66,17 +67,12 @@ def reference_losses() -> list[float]:
     return dp.reference(dp.Config(world_size=1, optimizer="sgd", **TASK))
 
 
-def tolerance(ref: list[float]) -> float:
-    """Float32 rounding: the ranks sum in another order than one process, compounded per step."""
-    return 10 * len(ref) * torch.finfo(torch.float32).eps * max(abs(x) for x in ref)
-
-
 def _judge(fn: Callable, worker: Callable, drift_hint: str, gap_hint: str,
            check_calls: Callable | None = None) -> Verdict:
     """Run ``worker(fn, TASK)`` on every rank of each world size; judge the ranks' models (equal
-    bit for bit) and losses (single-process training within :func:`tolerance`)."""
+    bit for bit) and losses (single-process training within ``numerics.sum_order_tolerance``)."""
     ref = reference_losses()
-    tol = tolerance(ref)
+    tol = sum_order_tolerance(ref)
     names = [f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}" for i in range(2 * (TASK["depth"] + 1))]
     for n in WORLD_SIZES:
         try:

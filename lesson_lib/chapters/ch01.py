@@ -13,25 +13,21 @@ from IPython.display import display
 
 from .. import plots, widgets
 from ..exercises import Exercise, Verdict, close_to
-from ..experiments import Result, run
+from ..experiments import Result, run_warm
 from ..milestones import parameter_server as ps
-from ..runtime import WorkerError, warm_cluster
+from ..runtime import WorkerError
 from .ch01_exercises import worker_step_exercise
-
-# The laptop preset: a 9k-parameter MLP, 30 steps; seconds per run on 2 cores.
-PRESET = {"steps": 30, "global_batch": 48, "hidden": 64, "lr": 0.1}
 
 
 def config(workers: int = 3, **options) -> ps.Config:
-    """The chapter's synchronous training problem (``PRESET``) with one server."""
-    return ps.Config(mode="sync", workers=workers, **{**PRESET, **options}).validate()
+    """The chapter's synchronous training problem (``ps.Config.laptop()``) with one server."""
+    return ps.Config.laptop(mode="sync", workers=workers, **options)
 
 
 def _run(mode: str = "sync", workers: int = 3, servers: int = 1, live=None, label=None, **options) -> Result:
-    cfg = ps.Config(mode=mode, workers=workers, servers=servers, **{**PRESET, **options})
-    cfg.validate()
-    on_event = live.track(label or mode, cfg.steps, workers, loss_rank=servers) if live else None
-    return run("parameter-server", cfg, cluster=warm_cluster(cfg.world_size), on_event=on_event)
+    cfg = ps.Config.laptop(mode=mode, workers=workers, servers=servers, **options)
+    # the workers report steps; the first worker (after the servers' ranks) carries the loss
+    return run_warm(cfg, live, label or mode, ranks=workers, loss_rank=servers)
 
 
 def curve(r: Result) -> dict:

@@ -20,6 +20,7 @@ from ..data import batch_indices, shard, teacher_classification
 from ..exercises import Exercise, Verdict, solution_text
 from ..milestones import parameter_server as ps
 from ..models import flat_views, mlp
+from ..numerics import sum_order_tolerance
 from ..runtime import WorkerError, WorkerTimeout, warm_cluster
 
 TASK = {"steps": 6, "global_batch": 48, "hidden": 32, "depth": 2, "lr": 0.1}
@@ -67,17 +68,12 @@ def train_with(worker_step: Callable, task: dict, servers: int) -> dict:
     return {"losses": losses, "params": flat.clone()}
 
 
-def tolerance(ref: list[float]) -> float:
-    """Float32 rounding: the server sums in another order than one process, compounded per step."""
-    return 10 * len(ref) * torch.finfo(torch.float32).eps * max(abs(x) for x in ref)
-
-
 def check_worker_step(fn: Callable) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(worker_step)")
     for servers, workers in LAYOUTS:
         ref = ps.reference(ps.Config(mode="sync", workers=workers, servers=servers, **TASK))
-        tol = tolerance(ref)
+        tol = sum_order_tolerance(ref)
         where = f"with {servers} server shard(s) and {workers} workers"
         try:
             outs = warm_cluster(servers + workers).run(train_with, fn, TASK, servers, timeout_s=TIMEOUT_S)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from IPython.display import display
 
 from .. import bench, comm, costmodel, experiments, plots, schedules, widgets
-from ..experiments import Result, run
+from ..experiments import Result, run_warm
 from ..milestones import data_parallel as dp
 from ..milestones import ring_allreduce as ra
 from ..runtime import warm_cluster
@@ -29,8 +29,8 @@ PIPELINED = "pipelined-ring"  # the ring with each chunk in segments (section 7)
 
 
 def _run(world_size: int, size_mb: float, algorithm: str, steps: int = 3, **options) -> Result:
-    cfg = ra.Config(world_size=world_size, size_mb=size_mb, algorithm=algorithm, steps=steps, **options)
-    return run("ring-allreduce", cfg, cluster=warm_cluster(world_size))
+    return run_warm(ra.Config(world_size=world_size, size_mb=size_mb, algorithm=algorithm, steps=steps,
+                              **options))
 
 
 def traffic_jam(world_size: int = 4, size_mb: float = 1.0) -> dict:
@@ -207,8 +207,7 @@ def scaling(world_sizes=(1, 2, 4), steps: int = 8, **options) -> list[dict]:
     opts = {"steps": steps, "global_batch": 48, "hidden": 1024, "depth": 3, **options}
     rows, results = [], []
     for n in world_sizes:
-        r = run("data-parallel", _config(dp.Config, world_size=n, allreduce="ring", optimizer="sgd", **opts),
-                cluster=warm_cluster(n))
+        r = run_warm(_config(dp.Config, world_size=n, allreduce="ring", optimizer="sgd", **opts))
         grads = [p["ops"].get("grad_all_reduce", {}) for p in r.per_rank]
         sent = [schedules.ring_bytes_sent(r["param_count"], 4, n, i) for i in range(n)]
         rows.append({"label": "data parallel, ring", "n": n, "step_ms": 1e3 * r.median_step_time(),
@@ -219,7 +218,7 @@ def scaling(world_sizes=(1, 2, 4), steps: int = 8, **options) -> list[dict]:
         ps = experiments.load("parameter-server")
         for n in world_sizes:
             cfg = _config(ps.Config, mode="sync", workers=n, servers=1, **opts)
-            r = run("parameter-server", cfg, cluster=warm_cluster(cfg.world_size))
+            r = run_warm(cfg)
             rows.append({"label": "parameter server (1 server)", "n": n,
                          "step_ms": 1e3 * r.median_step_time(),
                          "bytes": r["server_bytes_per_step"], "exact": r["server_bytes_formula"]})
@@ -234,7 +233,6 @@ def _config(cls, **options):
     """``cls(**options)`` keeping only the options ``cls`` has (the two milestones differ a little)."""
     names = set(cls.__dataclass_fields__)
     return cls(**{k: v for k, v in options.items() if k in names}).validate()
-
 
 
 def allreduce_once(world_size: int = 4, size_mb: float = 4.0, algorithm: str = "ring") -> dict:

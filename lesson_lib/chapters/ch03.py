@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import statistics
 
-import torch
 from IPython.display import display
 
 from .. import plots, widgets
@@ -77,18 +76,6 @@ def split(stages: int = 4, balance: str = "params") -> dict:
     display(plots.pipeline.stage_params(mem, r["unsplit_param_bytes"],
                                         f"Parameter memory per stage, {stages} stages (balanced by {how})"))
     return {"stage_bytes": [m["param_bytes"] for m in mem], "unsplit_bytes": r["unsplit_param_bytes"]}
-
-
-def tolerance(microbatches: int, preset: dict = SMALL, scale: float = 3.0) -> float:
-    """Float32 rounding allowed between two runs that add the same terms in another order.
-
-    Per step, each accumulated value (a gradient over M micro-batches, a layer's output over its
-    inputs) picks up at most a few roundings of ε = 2⁻²³ relative per term; over ``steps`` steps,
-    relative to the quantities' scale (losses ≈ 2.3, weights and gradients below 3). A real error
-    — a missing 1/M, a dropped micro-batch — changes them by 1e-2 or more.
-    """
-    eps = torch.finfo(torch.float32).eps
-    return 10 * preset["steps"] * (microbatches + preset["depth"]) * eps * scale
 
 
 def equivalence(stages: int = 4, microbatches: int = 4) -> dict:

@@ -15,8 +15,9 @@ from ..costmodel import zero_memory
 from ..data import read_csv
 from ..experiments import Result, run
 from ..milestones import zero
+from ..numerics import adam_drift, max_gap
 from ..runtime import warm_cluster
-from .ch04_exercises import exercises, first_fitting_stage, max_gap, task, tolerances  # noqa: F401
+from .ch04_exercises import exercises, first_fitting_stage, task  # noqa: F401
 
 # A 150k-parameter MLP, 8 steps: a few seconds for all four stages on 2 cores.
 PRESET = {"steps": 8, "global_batch": 64, "hidden": 256, "depth": 3}
@@ -96,7 +97,7 @@ def agreement(results: dict[int, Result]) -> dict:
         cfg = zero.Config(**{k: base.config[k] for k in zero.Config().task()})
         ref = zero.reference(cfg)
         out["max_gap_vs_single_process"] = max(max_gap(r.losses, ref) for r in results.values())
-        out["tolerance"] = tolerances(cfg)["loss_rel"] * max(map(abs, ref))
+        out["tolerance"] = adam_drift(cfg)["loss_rel"] * max(map(abs, ref))
     print(out)
     return out
 
@@ -118,7 +119,7 @@ def torch_zero(world_size: int = 4, ours: Result | None = None) -> dict:
     outs = warm_cluster(world_size).run(zero.torch_zero_reference, cfg)
     ours = ours or _run(1, world_size)
     gap, pgap = max_gap(outs[0]["losses"], ours.losses), max_gap(outs[0]["params"], ours["final_params"])
-    tol = tolerances(cfg)
+    tol = adam_drift(cfg)
     opt = [o["optimizer_bytes"] for o in outs]
     print(f"largest loss difference from our stage 1: {gap:.2e}; parameters: {pgap:.2e} "
           f"(rounding allows {tol['params']:.1e} = lr·steps/100)\n"

@@ -1,4 +1,4 @@
-"""Chapter 4's tolerances, rank-side helpers and exercises (notebooks/04_zero.ipynb).
+"""Chapter 4's rank-side helpers and exercises (notebooks/04_zero.ipynb).
 
 Nothing here imports IPython: ``task`` and ``zero1_job`` run inside the workers.
 """
@@ -17,36 +17,6 @@ from ..data import batch_indices, shard, teacher_classification
 from ..exercises import Exercise, Verdict, solution_text
 from ..models import mlp
 from ..runtime import WorkerError, warm_cluster
-
-FP32_UNIT_ROUNDOFF = 2.0**-24
-
-
-def tolerances(cfg) -> dict[str, float]:
-    """How far two correct fp32 Adam runs of ``cfg`` may drift apart by rounding alone.
-
-    Parameters: Adam moves each parameter by at most about ``lr`` per step (its update is
-    m̂/(√v̂ + ε), a ratio near ±1; Kingma & Ba, 2015, §2.1). Rounding differs between runs that sum
-    gradients in another order or use other kernels (AVX-512 or not, another thread count), and
-    Adam normalises the gradient, so a coordinate whose gradient is near zero can take a visibly
-    different step; over the run the drift stays a small fraction of lr·steps (measured: at most
-    5e-4·lr·steps against ZeroRedundancyOptimizer, x86 with and without AVX-512). We allow 1/100
-    of lr·steps, which stays below ``lr`` — one whole step skipped or one slice updated with the
-    wrong gradient moves some parameters by about lr — while steps < 100.
-
-    Losses: a forward pass sums up to ``width`` products per layer, so its relative rounding error
-    is at most about layers·width·u (Higham's bound for dot products, u = 2⁻²⁴ in fp32); we allow
-    that much per step, relative to the loss. A wrong step changes the loss by the step's own
-    change, orders of magnitude more.
-    """
-    if cfg.steps >= 100:
-        raise ValueError("the parameter tolerance lr·steps/100 would no longer catch one skipped step")
-    layers, width = cfg.depth + 1, max(cfg.d_in, cfg.hidden)
-    return {"params": cfg.lr * cfg.steps / 100,
-            "loss_rel": cfg.steps * layers * width * FP32_UNIT_ROUNDOFF}
-
-
-def max_gap(a, b) -> float:
-    return max(abs(x - y) for x, y in zip(a, b))
 
 
 def task(cfg):

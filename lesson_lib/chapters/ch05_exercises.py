@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 
 from ..exercises import Exercise, Verdict, solution_text
+from ..experiments import run_warm
+from ..milestones import large_batch as lb
 from ..optim import LAMB
 from ..runtime import warm_cluster
 from ..schedules import chunk_bounds
@@ -83,24 +85,22 @@ def lamb_step(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
 
 def _check_scaling(answer, run_check: bool = True) -> Verdict:
     """``(lr, warmup_steps)`` for SGD at 8 × B₀; the rate must follow the linear rule."""
-    from . import ch05
-
     try:
         lr, warmup = answer
         lr, warmup = float(lr), int(warmup)
     except (TypeError, ValueError):
         return Verdict(False, "answer with a pair: (learning rate, warm-up steps)")
-    base, batch = ch05.BASE_LR["sgd"], 8 * ch05.BASE_BATCH
+    base, batch = lb.BASE_LR["sgd"], 8 * lb.BASE_BATCH
     if math.isclose(lr, base * math.sqrt(8), rel_tol=0.01):
         return Verdict(False, "that is the square-root rule; Goyal et al. scale SGD's rate linearly")
     if not math.isclose(lr, 8 * base, rel_tol=0.01):
         return Verdict(False, f"you said lr={lr:g}: how does the linear rule scale {base:g} for 8 × B₀?")
-    steps = ch05.config("sgd", batch).steps
+    steps = lb.at_batch("sgd", batch).steps
     if not 1 <= warmup <= steps // 2:
         return Verdict(False, f"warm-up must be between 1 and half of the {steps} steps; you said {warmup}")
     if not run_check:
         return Verdict(True, f"lr = {lr:g}")
-    r = ch05.run_one(ch05.config("sgd", batch, lr=lr, warmup_steps=warmup))
+    r = run_warm(lb.at_batch("sgd", batch, lr=lr, warmup_steps=warmup))
     return Verdict(True, f"lr = {lr:g} with {warmup} warm-up steps: the run reached held-out accuracy "
                          f"{r['eval_accuracy']:.3f} in {r['steps']} steps")
 

@@ -28,6 +28,12 @@ NAME = "large-batch"
 
 @dataclass
 class Config(TrainConfig):
+    # laptop: chapter 5's 6-layer, 91k-parameter MLP; 8 epochs of 8,192 samples on 2 ranks.
+    PRESETS = {"laptop": {"world_size": 2, "samples": 8192, "eval_samples": 2048, "epochs": 8,
+                          "hidden": 128, "depth": 6},
+               "tiny": {"samples": 512, "eval_samples": 128, "epochs": 2, "hidden": 16, "depth": 3,
+                        "global_batch": 64}}
+
     optimizer: str = opt("lamb", "sgd (with momentum 0.9) | adam (AdamW) | lars | lamb")
     epochs: int = opt(8, "passes over the training set (the budget of samples: fixed as the batch grows)")
     warmup_steps: int = opt(0, "steps of linear learning-rate warm-up before the cosine decay")
@@ -70,6 +76,33 @@ class Config(TrainConfig):
     @property
     def steps_per_epoch(self) -> int:
         return self.samples // self.global_batch
+
+
+# The course's rule for growing the batch (chapter 5): rates tuned once at B₀ = 64 on the laptop
+# task (a short sweep), then only scaled by the rule, never retuned. SGD and LARS: the linear rule
+# (Goyal et al., 2017; You, Gitman & Ginsburg, 2017); Adam and LAMB: the square-root rule
+# (You et al., ICLR 2020 use it for LAMB).
+BASE_BATCH = 64
+BASE_LR = {"sgd": 0.1, "adam": 2e-3, "lars": 2.0, "lamb": 5e-3}
+RULE = {"sgd": "linear", "adam": "sqrt", "lars": "linear", "lamb": "sqrt"}
+WEIGHT_DECAY = {"sgd": 0.0, "adam": 0.0, "lars": 5e-4, "lamb": 5e-4}
+
+
+def scaled_lr(optimizer: str, batch: int, base_batch: int = BASE_BATCH) -> float:
+    """The base rate scaled by the optimizer's rule: ×k (linear) or ×√k (square root), k = B/B₀."""
+    k = batch / base_batch
+    return BASE_LR[optimizer] * (k if RULE[optimizer] == "linear" else math.sqrt(k))
+
+
+def at_batch(optimizer: str = "lamb", batch: int = BASE_BATCH, preset: str = "laptop", **options) -> Config:
+    """The preset at ``batch`` with the rate scaled by the rule and a warm-up of a tenth of the steps."""
+    base = {"optimizer": optimizer, "global_batch": batch,
+            "lr": scaled_lr(optimizer, batch) if optimizer in BASE_LR else 1.0,
+            "weight_decay": WEIGHT_DECAY.get(optimizer, 0.0), **options}
+    cfg = Config.from_preset(preset, **base)
+    if "warmup_steps" not in options:
+        cfg = cfg.replace(warmup_steps=max(1, cfg.steps // 10))
+    return cfg
 
 
 def lr_at(cfg: Config, step: int) -> float:

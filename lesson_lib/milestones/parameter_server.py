@@ -45,6 +45,10 @@ NAME = "parameter-server"
 
 @dataclass
 class Config(TrainConfig):
+    # laptop: chapter 1's synchronous problem, 3 workers and one server.
+    PRESETS = {"laptop": {"steps": 30, "global_batch": 48, "hidden": 64, "lr": 0.1, "workers": 3},
+               "tiny": {"steps": 6, "global_batch": 24, "hidden": 32, "depth": 2, "samples": 512, "lr": 0.1}}
+
     world_size: int = opt(0, "derived: workers + servers (leave unset)")
     mode: str = opt("sync", "sync | async")
     workers: int = opt(2, "number of worker ranks (N)")

@@ -29,6 +29,10 @@ MAX_SIZE_MB = 1024.0
 
 @dataclass
 class Config(CommonConfig):
+    # laptop: chapter 2's traffic jam (1 MiB on 4 ranks); tiny: a quarter MiB on 2, for tests.
+    PRESETS = {"laptop": {"world_size": 4, "size_mb": 1.0, "steps": 3},
+               "tiny": {"world_size": 2, "size_mb": 0.25, "steps": 2}}
+
     steps: int = opt(10, "timed all-reduces (after one untimed warm-up)")
     size_mb: float = opt(4.0, "tensor size in MiB (2^20 bytes) per rank")
     algorithm: str = opt("ring", "ring | pipelined-ring | halving-doubling | naive (reduce to rank 0 + "
