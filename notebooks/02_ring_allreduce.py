@@ -33,8 +33,9 @@
 import torch
 import torch.distributed as dist
 
-from lesson_lib import comm, schedules, show_source, warm_cluster
+from lesson_lib import comm, show_source, warm_cluster
 from lesson_lib.chapters import ch02
+from lesson_lib.comm import ring, schedules
 
 # %% [markdown]
 # ## 1. The traffic jam
@@ -62,7 +63,7 @@ assert abs(max(jam["ring_bytes"]) - 2 * 2 * (N - 1) / N * S) <= 16   # ... 2(Nâˆ
 # over everyone. In the Nâˆ’1 **all-gather** steps the finished chunks travel round once more and are
 # *copied*. All links are busy at every step, each carrying S/N bytes.
 #
-# The animation is not drawn by hand: it replays `lesson_lib.schedules.ring_schedule(4)`, the very list
+# The animation is not drawn by hand: it replays `lesson_lib.comm.schedules.ring_schedule(4)`, the very list
 # of (phase, step, rank, chunk sent, chunk received) that `comm.ring_all_reduce` executes.
 
 # %%
@@ -119,7 +120,7 @@ assert all(all(ranks) for ranks in same.values()), same  # equal to dist.all_red
 # (`schedules.ring_schedule`), with one scratch buffer reused for the incoming chunks:
 
 # %%
-show_source(comm.ring_all_reduce, comm._ring_steps)
+show_source(comm.ring_all_reduce, ring._ring_steps)
 
 # %% [markdown]
 # ## 4. Is it right?

@@ -1,16 +1,10 @@
-"""Instrumented communication: point-to-point, collectives, and our own ring all-reduce.
+"""The counted layer under every collective: point-to-point, the link emulator and scratch buffers.
 
-Every call made through this module adds to the calling rank's counters
+Every call made through :mod:`lesson_lib.comm` adds to the calling rank's counters
 (:func:`lesson_lib.metrics.counters`): calls, bytes sent, bytes received and seconds, by op name.
-
-* Point-to-point bytes are exact: the bytes of the tensors handed to the wire.
-* ``ring_all_reduce`` — and its rivals ``naive_all_reduce`` (reduce-to-one + broadcast) and
-  ``halving_doubling_all_reduce`` — are built from point-to-point calls, so their bytes are exact
-  too. Their step-by-step schedules live in :mod:`lesson_lib.schedules`.
-* For the library's own collectives (``algorithm="library"``) torch does not say what went over
-  the wire, so we record the bandwidth-optimal ring volume, 2(N-1)/N·S for an all-reduce
-  (Patarasuk & Yuan, 2009). The op name ends in
-  ``[library]`` so a chart can tell counted from modelled traffic.
+Point-to-point bytes are exact: the bytes of the tensors handed to the wire. The collectives built
+by hand (:mod:`.ring`, :mod:`.rivals`) go through :func:`exchange` and share the scratch buffer and
+the bookkeeping at the end of this module.
 
 Used by chapter 0 (data parallel) and chapter 2 (ring all-reduce) onwards.
 """
@@ -23,17 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from .metrics import counters, sync
-from .runtime import context
-from .schedules import (
-    chunk_bounds,
-    halving_doubling_schedule,
-    pipelined_ring_schedule,
-    power_of_two_below,
-    ring_bytes_sent,  # noqa: F401  (re-exported: chapter 0 and the tests use it here)
-    ring_schedule,
-    span,
-)
+from ..metrics import counters, sync
+from ..runtime import context
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -132,9 +117,9 @@ class Pending:
                 w.wait()
         if self.linger:
             # Gloo: dropping a Work right after waiting for it (as a loop of exchange(...).wait()
-            # does) put a hand-off with Gloo's I/O thread on the critical path of every step; a
-            # ring on 4 ranks sharing 2 cores ran 3x slower than with each step's works released
-            # one step later (measured, chapter 2). So the last two exchanges' works linger.
+            # does) puts a hand-off with Gloo's I/O thread on the critical path of every step, which
+            # slows a ring whose ranks share cores (``python -m lesson_lib bench allreduce`` times
+            # it). So the last two exchanges' works linger, released one step later.
             _RECENT.append(self.works)
 
 
@@ -166,7 +151,13 @@ def exchange(send_t: torch.Tensor | None, dst: int | None, recv_t: torch.Tensor 
     return Pending(works, op, sent, recv_b)
 
 
-# --------------------------------------------------------------------------- all-reduce by hand
+def recv_any(tensor: torch.Tensor, op: str = "recv") -> int:
+    """Blocking receive from whichever rank sends first; returns the sender's rank (chapter 1)."""
+    with _Timed(op, recv=_nbytes(tensor)):
+        return dist.recv(tensor)
+
+
+# --------------------------------------------------------------------------- shared by the collectives
 
 _SCRATCH: dict[str, torch.Tensor] = {}
 
@@ -198,215 +189,3 @@ def _finish(tensor: torch.Tensor, flat: torch.Tensor, op: str, scratch_bytes: in
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
     return tensor
-
-
-def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "ring_all_reduce") -> torch.Tensor:
-    """In-place SUM over all ranks, like ``dist.all_reduce(tensor)``: reduce-scatter, then all-gather.
-
-    Each rank talks only to its ring neighbours and sends 2(N-1) chunks of about S/N bytes,
-    i.e. 2(N-1)/N·S in all — the bandwidth-optimal volume (Patarasuk & Yuan, 2009). The steps
-    come from :func:`lesson_lib.schedules.ring_schedule`, the same schedule the animation draws.
-    Defined for chapter 0 (data-parallel gradients) and studied in chapter 2.
-    """
-    if _rank_world(group)[1] == 1:
-        return tensor
-    flat = _flat(tensor)
-    return _finish(tensor, flat, op, _ring_steps(flat, None, group, op, shift=0))
-
-
-def _ring_steps(flat: torch.Tensor, phase: str | None, group, op: str, shift: int) -> int:
-    """Run this rank's steps of the ring schedule (one phase, or both when ``phase`` is None).
-
-    Chunk i of the schedule is slice (i − shift) of ``flat``. Returns the scratch bytes used.
-    """
-    rank, n = _rank_world(group)
-    bounds = chunk_bounds(flat.numel(), n)
-    chunk = lambda i: flat[bounds[(i - shift) % n][0]:bounds[(i - shift) % n][1]]  # noqa: E731
-    scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
-    counters().scratch(_nbytes(scratch))
-    for st in ring_schedule(n):
-        if st.rank != rank or (phase is not None and st.phase != phase):
-            continue
-        if st.phase == "reduce-scatter":  # receive into scratch, then add into our copy
-            incoming = chunk(st.recv_chunk)
-            buf = scratch[: incoming.numel()]
-            exchange(chunk(st.send_chunk), st.send_to, buf, st.recv_from, group, op + ".step").wait()
-            incoming.add_(buf)
-        else:  # all-gather: the summed chunk lands directly in place
-            exchange(chunk(st.send_chunk), st.send_to, chunk(st.recv_chunk), st.recv_from, group,
-                     op + ".step").wait()
-    return _nbytes(scratch)
-
-
-# Chosen by measurement (paired with Gloo's all_reduce, 30 rounds a run, quiet 2-core machine, 2 ranks):
-# at 16 MiB, 2 MiB segments gave 1.04-1.19x Gloo's speed over 7 runs, 1 MiB ones 0.98-1.10x over 5; at 4
-# MiB (a 2 MiB chunk whole, or two 1 MiB segments) both 0.79-1.10x, Gloo's own time moving between 2.2
-# and 4.0 ms from run to run; at 64 MiB both 1.11-1.31x. Each message costs a round of notice in Gloo (a
-# send leaves only once the receiver has posted its receive), so fewer, larger segments win until the
-# addition no longer hides.
-SEGMENT_BYTES = 2 << 20
-
-
-def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = SEGMENT_BYTES,
-                               op: str = "pipelined_ring_all_reduce") -> torch.Tensor:
-    """The ring of :func:`ring_all_reduce` with each chunk sent in segments of ``segment_bytes``
-    at most (chapter 2): a chunk up to that size goes whole, as in the plain ring.
-
-    A segment does not wait for the rest of its step: as soon as segment k has landed (and, in
-    the reduce-scatter, been added), segment k of the next step leaves, while the other segments
-    are still on the wire — the addition of one overlaps the transfer of the others, the way the
-    library's own ring hides its additions. Same chunks and bytes (2(N−1)/N·S), and the same
-    scratch, reused from call to call; only the messages are smaller and more numerous. The order
-    comes from :func:`lesson_lib.schedules.pipelined_ring_schedule`, the schedule the chapter animates.
-    """
-    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1:
-        raise ValueError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
-    rank, n = _rank_world(group)
-    if n == 1:
-        return tensor
-    flat = _flat(tensor)
-    bounds = chunk_bounds(flat.numel(), n)
-    chunk = lambda i: flat[bounds[i][0]:bounds[i][1]]  # noqa: E731
-    k = max(1, -(-_nbytes(chunk(0)) // segment_bytes))  # chunk 0 is the largest, on every rank
-    mine = [x for x in pipelined_ring_schedule(n, k) if x.rank == rank]  # in the order they cross
-    scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
-    counters().scratch(_nbytes(scratch))
-    pieces = [chunk(c).tensor_split(k) for c in range(n)]  # views, made once per call
-    # Segment j of any chunk lands in scratch at the offset of segment j of the largest chunk, so
-    # segments of different steps in flight at once never share scratch.
-    at = [lo for lo, _ in chunk_bounds(scratch.numel(), k)]
-
-    def post(x):
-        out, inc = pieces[x.send_chunk][x.segment], pieces[x.recv_chunk][x.segment]
-        buf = scratch[at[x.segment]:at[x.segment] + inc.numel()] if x.phase == "reduce-scatter" else inc
-        return x, exchange(out, x.send_to, buf, x.recv_from, group).works, buf, inc
-
-    sent = sum(pieces[x.send_chunk][x.segment].numel() for x in mine) * flat.element_size()
-    recv = sum(pieces[x.recv_chunk][x.segment].numel() for x in mine) * flat.element_size()
-    with _Timed(op + ".step", sent=sent, recv=recv):
-        flight = collections.deque(post(x) for x in mine[:k])  # the first step: all segments at once
-        works = []
-        for i in range(len(mine)):
-            x, w, buf, target = flight.popleft()
-            for one in w:
-                one.wait()
-            works += w
-            if x.phase == "reduce-scatter":
-                target.add_(buf)  # while the other segments are still on the wire
-            if i + k < len(mine):
-                flight.append(post(mine[i + k]))  # the same segment, next step: its data is ready
-    _RECENT.append(works)  # Gloo: let the works outlive the call (see Pending.wait)
-    return _finish(tensor, flat, op, _nbytes(scratch))
-
-
-def naive_all_reduce(tensor: torch.Tensor, group=None, root: int = 0,
-                     op: str = "naive_all_reduce") -> torch.Tensor:
-    """In-place SUM the parameter-server way: everyone sends everything to ``root``, which adds
-    and sends the sum back. Each rank sends S, but the root sends and receives (N−1)·S each:
-    its link carries 2(N−1)·S while the others idle — the traffic jam the ring removes (chapter 2).
-    """
-    rank, n = _rank_world(group)
-    if n == 1:
-        return tensor
-    flat = _flat(tensor)
-    inner = op + ".step"
-    if rank != root:
-        exchange(flat, root, None, None, group, inner).wait()
-        exchange(None, None, flat, root, group, inner).wait()
-        return _finish(tensor, flat, op, 0)
-    others = [r for r in range(n) if r != root]
-    scratch = _scratch((n - 1) * flat.numel(), flat.dtype, flat.device)
-    counters().scratch(_nbytes(scratch))
-    bufs = scratch.view(n - 1, flat.numel())
-    # All N−1 messages are in flight at once; add each as it lands.
-    pending = [exchange(None, None, bufs[i], r, group, inner) for i, r in enumerate(others)]
-    for p, buf in zip(pending, bufs):
-        p.wait()
-        flat.add_(buf)
-    for p in [exchange(flat, r, None, None, group, inner) for r in others]:
-        p.wait()
-    return _finish(tensor, flat, op, _nbytes(scratch))
-
-
-def halving_doubling_all_reduce(tensor: torch.Tensor, group=None,
-                                op: str = "halving_doubling_all_reduce") -> torch.Tensor:
-    """In-place SUM by recursive halving then doubling (Thakur, Rabenseifner & Gropp, 2005).
-
-    2·log₂N steps instead of the ring's 2(N−1), the same 2(N−1)/N·S bytes when N is a power of
-    two; otherwise the extra ranks first fold into their partners (:mod:`lesson_lib.schedules`).
-    """
-    rank, n = _rank_world(group)
-    if n == 1:
-        return tensor
-    flat = _flat(tensor)
-    bounds = chunk_bounds(flat.numel(), power_of_two_below(n))
-    part = lambda chunks: flat[slice(*span(bounds, chunks))] if chunks else None  # noqa: E731
-    mine = [st for st in halving_doubling_schedule(n) if st.rank == rank]
-    biggest = max((part(st.recv).numel() for st in mine if st.reduce), default=0)
-    scratch = _scratch(biggest, flat.dtype, flat.device)
-    counters().scratch(_nbytes(scratch))
-    for st in mine:
-        target = part(st.recv)
-        if st.reduce:
-            buf = scratch[: target.numel()]
-            exchange(part(st.send), st.peer, buf, st.peer, group, op + ".step").wait()
-            target.add_(buf)
-        else:
-            exchange(part(st.send), st.peer, target, st.peer, group, op + ".step").wait()
-    return _finish(tensor, flat, op, _nbytes(scratch))
-
-
-# --------------------------------------------------------------------------- library collectives
-
-
-ALGORITHMS = ("ring", "pipelined-ring", "halving-doubling", "naive", "library")
-_BY_HAND = {"ring": ring_all_reduce, "pipelined-ring": pipelined_ring_all_reduce,
-            "halving-doubling": halving_doubling_all_reduce, "naive": naive_all_reduce}
-
-
-def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", group=None, op: str | None = None):
-    """SUM all-reduce with one of ours (``ring``, ``pipelined-ring``, ``halving-doubling``,
-    ``naive``: counted exactly) or the backend's (``library``: bytes modelled)."""
-    if algorithm in _BY_HAND:
-        fn = _BY_HAND[algorithm]
-        return fn(tensor, group, op=op or fn.__name__)
-    if algorithm != "library":
-        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
-    _, n = _rank_world(group)
-    model = 2 * (n - 1) * _nbytes(tensor) // n
-    with _Timed(op or "all_reduce[library]", sent=model, recv=model):
-        dist.all_reduce(tensor, group=group)
-    return tensor
-
-
-def recv_any(tensor: torch.Tensor, op: str = "recv") -> int:
-    """Blocking receive from whichever rank sends first; returns the sender's rank (chapter 1)."""
-    with _Timed(op, recv=_nbytes(tensor)):
-        return dist.recv(tensor)
-
-
-def _ring_phase(flat: torch.Tensor, phase: str, group, op: str) -> None:
-    """Run one phase of the ring schedule on ``flat`` with rank r owning chunk r (chapter 4).
-
-    The schedule's reduce-scatter leaves rank r with chunk r+1; we label chunks one lower, so
-    that rank r owns chunk r — a ZeRO rank owns shard r.
-    """
-    _finish(flat, flat, op, _ring_steps(flat, phase, group, op, shift=1))
-
-
-def ring_reduce_scatter(flat: torch.Tensor, group=None, op: str = "ring_reduce_scatter") -> torch.Tensor:
-    """In place: afterwards rank r's chunk r of ``flat`` holds the SUM of everyone's chunk r
-    (other chunks hold partial sums). Sends (N-1)/N·S bytes. Returns that chunk (a view)."""
-    rank, n = _rank_world(group)
-    if n > 1:
-        _ring_phase(flat, "reduce-scatter", group, op)
-    lo, hi = chunk_bounds(flat.numel(), n)[rank]
-    return flat[lo:hi]
-
-
-def ring_all_gather(flat: torch.Tensor, group=None, op: str = "ring_all_gather") -> torch.Tensor:
-    """In place: from rank r's chunk r of ``flat`` on every rank, every rank gets every chunk.
-    Sends (N-1)/N·S bytes."""
-    if _rank_world(group)[1] > 1:
-        _ring_phase(flat, "all-gather", group, op)
-    return flat
