@@ -1,21 +1,10 @@
-"""The impact (chapter 7): one model and one data set trained through the milestones of chapters
-1–6 on the same ranks — sync parameter server, ring data parallel, 1F1B pipeline, ZeRO-1/2/3, LAMB
-at a large batch, PowerSGD compression on the real link and on an EMULATED slow one
-(:func:`comm.set_link`) — same seed, same target loss.
-
-Each milestone is its own experiment, run unchanged: its ``Config`` (built by :func:`plans`) and
-its ``worker`` on every rank, its ``summarize`` afterwards. For each we record the time to reach
-the target loss (a mean over ``window`` steps, so one lucky batch does not count; step 0's one-off
-costs replaced by a median step), the steps it
-took, the bytes the busiest rank moved per step (counted, sent + received), and each rank's
-measured memory by category. Before the milestones, the ranks measure this machine — α and β
-fit to our ring all-reduce, each rank's FLOP/s on the task's own step — so that the cost model of
-chapter 7 can predict each milestone's step time from the same α-β formulas (:func:`predict`).
+"""The impact experiment's plan and run (chapter 7): the milestones it trains and their ``Config``s
+(:func:`plans`), the probe of this machine (α, β, FLOP/s), and the worker that runs every milestone
+in turn on the same ranks.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -24,13 +13,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .. import comm, costmodel
-from ..config import TrainConfig, opt, positive_int
-from ..data import teacher_classification
-from ..experiments import Result, load
-from ..metrics import MEMORY_CATEGORIES
-from ..models import mlp, mlp_param_count
-from ..runtime import context
+from ... import comm, costmodel
+from ...config import TrainConfig, opt, positive_int
+from ...data import teacher_classification
+from ...experiments import load
+from ...models import mlp, mlp_param_count
+from ...runtime import context
 
 NAME = "impact"
 MILESTONES = ("parameter-server", "ring", "pipeline", "zero-1", "zero-2", "zero-3", "lamb",
@@ -40,11 +28,11 @@ LABELS = {"parameter-server": "parameter server (sync)", "ring": "ring all-reduc
           "lamb": "LAMB, large batch", "compression": "PowerSGD (ring)",
           "compression-slow-link": "PowerSGD, emulated link"}
 # Chapter 6's compressor for this model: PowerSGD (Vogels et al., NeurIPS 2019) at rank 2, error
-# feedback on. Chapter 6 finds top-k 1% and PowerSGD rank 2 both within 1.5× of the uncompressed
-# steps and both over 3× faster per step on its slowest emulated link; on THIS model (SGD with
-# momentum 0.9, as the ring milestone) top-k 1% did not reach the quick target in 100 steps, top-k
-# 10% did but compresses only 3.3×, and PowerSGD rank 2 did (86 steps) at 19× fewer gradient bytes.
-# It is also the compressor torch ships as a DDP hook, which chapter 6 checks ours against.
+# feedback on. Chapter 6 runs the compressors side by side (steps to the target, time per step on its
+# emulated links); on THIS model (SGD with momentum 0.9, as the ring milestone) PowerSGD rank 2 reaches
+# the quick target with many times fewer gradient bytes, where top-k at 1% falls short of it within the
+# quick preset's steps and top-k at 10% compresses far less. It is also the compressor torch ships as a
+# DDP hook, which chapter 6 checks ours against (``python -m lesson_lib bench compression``).
 COMPRESSOR = {"compressor": "powersgd", "rank": 2, "error_feedback": True}
 # quick: under nbval on 2 cores; workshop: a longer run for a room of laptops with 4+ cores.
 PRESETS = {
@@ -73,7 +61,8 @@ class Config(TrainConfig):
     microbatches: int = opt(4, "pipeline micro-batches per step")
     # 10 Mbit/s makes this 38k-parameter model's uncompressed ring exchange (~150 KB) take ~100× its
     # compute, the regime of a large model on a real cluster link; faster, Gloo's own per-message cost
-    # on 2 shared cores (~0.2 ms) hides the emulated one.
+    # on shared cores (``python -m lesson_lib bench allreduce`` shows it at small sizes) hides the
+    # emulated one.
     link_gbps: float = opt(0.01, "the compression-slow-link milestone's EMULATED bandwidth, Gbit/s")
     link_latency_us: float = opt(100.0, "its emulated latency per message, µs (chapter 6's)")
     milestones: str = opt("all", "comma-separated subset of: " + ", ".join(MILESTONES))
@@ -117,7 +106,7 @@ class Config(TrainConfig):
 
 def plans(cfg: Config) -> dict[str, tuple[str, object]]:
     """Each chosen milestone's experiment and ``Config``: one task (model, data, seed), one world."""
-    from . import compression, data_parallel, parameter_server, pipeline, zero
+    from .. import compression, data_parallel, parameter_server, pipeline, zero
 
     task = {"hidden": cfg.hidden, "depth": cfg.depth, "d_in": cfg.d_in, "classes": cfg.classes,
             "samples": cfg.samples, "seed": cfg.seed, "global_batch": cfg.global_batch, "steps": cfg.steps,
@@ -204,133 +193,3 @@ def worker(cfg: Config) -> dict:
     last = outs[list(outs)[-1]]["per_rank"]
     return {"milestones": outs, "probe": probe, "losses": [],
             "per_rank": {**last, "steps": []}}  # the last milestone's counters stand for the job
-
-
-# --------------------------------------------------------------------------- results
-
-
-def smoothed(losses: list[float], window: int) -> list[float]:
-    """Mean of the last ``window`` losses at each step (fewer at the start)."""
-    return [sum(losses[max(0, i + 1 - window):i + 1]) / (i + 1 - max(0, i + 1 - window))
-            for i in range(len(losses))]
-
-
-def reached_at(losses: list[float], target: float, window: int) -> int | None:
-    """The first step (counted from 1) whose mean over the last ``window`` steps is ≤ target;
-    at least ``window`` steps must have run."""
-    for i, v in enumerate(smoothed(losses, window)):
-        if i + 1 >= window and v <= target:
-            return i + 1
-    return None
-
-
-def slowest(r: Result, key: str) -> float:
-    """The largest per-rank median of ``key`` over the ranks that record steps (not a server)."""
-    return max(v for v, p in zip(r.median_step(key), r.per_rank) if p["steps"])
-
-
-def record(name: str, experiment: str, sub, outs: list[dict], cfg: Config) -> dict:
-    """One milestone's line of the dashboard, from its own ``summarize`` and per-rank records."""
-    mod = load(experiment)
-    extra = mod.summarize(sub, outs)
-    r = Result(experiment=mod.NAME, world_size=sub.world_size, backend="", config=sub.as_dict(),
-               losses=extra.pop("losses", outs[0]["losses"]), per_rank=[o["per_rank"] for o in outs])
-    steps_run = len(r.losses)
-    walls = r.step_times()
-    at = reached_at(r.losses, cfg.target_loss, cfg.window)
-    moved = [sum(v["bytes_sent"] + v["bytes_recv"] for op, v in p["ops"].items()
-                 if not op.startswith("final")) / steps_run for p in r.per_rank]
-    return {
-        "milestone": name, "label": LABELS[name], "experiment": experiment, "optimizer": OPTIMIZER[name],
-        "global_batch": sub.global_batch, "world_size": sub.world_size, "steps_run": steps_run,
-        "reached_target": at is not None, "steps": at if at is not None else steps_run,
-        # step 0 pays one-off costs (first connections, allocations): it counts as a median step
-        "time_to_target_s": r.median_step_time() + sum(walls[1:at]) if at is not None else None,
-        "time_run_s": sum(walls), "median_step_s": r.median_step_time(),
-        "median_comm_s": slowest(r, "comm_s"), "median_busy_s": slowest(r, "busy_s"),
-        "bytes_per_step_busiest": max(moved), "bytes_per_step_per_rank": moved,
-        "peak_memory_per_rank": [{k: p["memory"][k] for k in MEMORY_CATEGORIES} for p in r.per_rank],
-        "losses": r.losses, "step_times": walls,
-        "param_count": mlp_param_count(sub.d_in, sub.hidden, sub.depth, sub.classes),
-        # None: the real link (here, memory copies between processes); a number: EMULATED Gbit/s
-        "link_gbps": getattr(sub, "link_gbps", 0.0) or None,
-        "compression_ratio": extra.get("compression_ratio"),
-    }
-
-
-def summarize(cfg: Config, outs: list[dict]) -> dict:
-    probe = outs[0]["probe"]
-    records = []
-    for name, (experiment, sub) in plans(cfg).items():
-        rec = record(name, experiment, sub, [o["milestones"][name] for o in outs], cfg)
-        p = predict(name, sub, probe)
-        rec.update(predicted_step_s=p["step"], predicted_compute_s=p["compute"], predicted_comm_s=p["comm"])
-        if rec["link_gbps"]:  # what compression saves there: the uncompressed ring on the same link
-            rec["predicted_uncompressed_step_s"] = predict_compression(sub.replace(compressor="none"),
-                                                                       probe)["step"]
-        records.append(rec)
-    return {"milestones": records, "target_loss": cfg.target_loss, "window": cfg.window,
-            "probe": probe, "losses": records[0]["losses"]}
-
-
-# --------------------------------------------------------------------------- the model, fed measurements
-
-
-def predict(name: str, sub, probe: dict) -> dict:
-    """Seconds per step the cost model predicts for milestone ``name`` on this machine, split into
-    compute (6·Ψ per sample at the measured FLOP/s) and communication (the measured α and β in the
-    chapters' formulas; float32 gradients: 4 bytes per parameter)."""
-    a, b, x = probe["alpha_s"], probe["beta_s_per_byte"], probe["flops"]
-    n, batch = sub.world_size, sub.global_batch
-    if name.startswith("compression"):
-        return predict_compression(sub, probe)
-    psi = mlp_param_count(sub.d_in, sub.hidden, sub.depth, sub.classes)
-    layers = sub.depth + 1
-    loss_reduce = costmodel.ring_time(4, n, a, b)
-    if name == "parameter-server":  # the workers compute; the server's link carries 2·N·S
-        compute, talk = 6 * psi * batch / (n - 1) / x, costmodel.ps_time(4 * psi, n - 1, 1, a, b)
-    elif name == "ring":
-        compute, talk = 6 * psi * batch / n / x, costmodel.ring_time(4 * psi, n, a, b) + loss_reduce
-    elif name == "pipeline":  # M + P − 1 slots of one micro-batch through one stage
-        m = sub.microbatches
-        compute = (m + n - 1) * 6 * psi * batch / m / n / x
-        talk = 2 * m * (a + 4 * sub.hidden * batch / m * b)
-    else:  # ZeRO (and LAMB on ZeRO-0): per layer a reduce-scatter and an all-gather (stage 3: two
-        # all-gathers), each N−1 ring steps of 1/N of the layer
-        per_layer = 3 if name == "zero-3" else 2
-        compute = 6 * psi * batch / n / x
-        talk = per_layer * (layers * (n - 1) * a + (n - 1) / n * 4 * psi * b) + loss_reduce
-    return {"compute": compute, "comm": talk, "step": compute + talk}
-
-
-def powersgd_sizes(sub) -> list[int]:
-    """Elements of each ring all-reduce PowerSGD posts per step: the tensors it leaves uncompressed
-    (here the biases), P (rows·r per matrix) and Q (columns·r per matrix); compressor "none": Ψ."""
-    shapes = [p.shape for p in mlp(sub.d_in, sub.hidden, sub.depth, sub.classes, sub.seed).parameters()]
-    if sub.compressor == "none":
-        return [sum(math.prod(s) for s in shapes)]
-    mats, plain = sub.make_compressor().split(torch.empty(sum(math.prod(s) for s in shapes)), shapes)
-    r = [min(*m.shape, sub.rank) for m in mats]
-    return [n for n in (sum(v.numel() for v in plain), sum(m.shape[0] * k for m, k in zip(mats, r)),
-                        sum(m.shape[1] * k for m, k in zip(mats, r))) if n]
-
-
-def predict_compression(sub, probe: dict) -> dict:
-    """PowerSGD: compute as the ring's (its own matrix products are left out: r ≪ the layer widths);
-    communication one ring all-reduce per :func:`powersgd_sizes` entry plus the loss's. On the
-    emulated link every message takes at least latency + bytes/bandwidth (chapter 6's model,
-    :func:`compression.predicted_step_s`); the slower of that and the real link's α-β counts."""
-    from . import compression
-
-    a, b, x = probe["alpha_s"], probe["beta_s_per_byte"], probe["flops"]
-    n, psi = sub.world_size, mlp_param_count(sub.d_in, sub.hidden, sub.depth, sub.classes)
-    sizes = powersgd_sizes(sub)
-    compute = 6 * psi * sub.global_batch / n / x
-    talk = sum(costmodel.ring_time(4 * m, n, a, b) for m in sizes) + costmodel.ring_time(4, n, a, b)
-    if sub.link_gbps:
-        shapes = [p.shape for p in mlp(sub.d_in, sub.hidden, sub.depth, sub.classes, sub.seed).parameters()]
-        sent = max(sum(comm.ring_bytes_sent(m, 4, n, r) for m in sizes) for r in range(n))
-        emulated = compression.predicted_step_s(0.0, compression.messages_per_step(sub, shapes), sent,
-                                                sub.link_gbps, sub.link_latency_us * 1e-6)
-        talk = max(talk, emulated)
-    return {"compute": compute, "comm": talk, "step": compute + talk}
