@@ -239,7 +239,7 @@ show_source(comm.pipelined_ring_all_reduce, schedules.pipelined_ring_schedule)
 
 # %% [markdown]
 # Run on 4 real ranks against `dist.all_reduce`, with segments of 2 bytes (half a float: some pieces are
-# left empty), 4 bytes (one float), 12 bytes and the default (`comm.SEGMENT_BYTES`):
+# left empty), 4 bytes (one float), 12 bytes and the default (`ring.SEGMENT_BYTES`):
 
 
 # %%
@@ -251,7 +251,7 @@ def pipelined_and_the_library(length, segment_bytes):
     return torch.equal(comm.pipelined_ring_all_reduce(x.clone(), segment_bytes=segment_bytes), library)
 
 
-cases = [(length, b) for length in (1, 10, 1001) for b in (2, 4, 12, comm.SEGMENT_BYTES)]
+cases = [(length, b) for length in (1, 10, 1001) for b in (2, 4, 12, ring.SEGMENT_BYTES)]
 same_pipelined = {c: warm_cluster(4).run(pipelined_and_the_library, *c, timeout_s=20) for c in cases}
 print(same_pipelined)  # per (length, segment bytes): True on every rank when ours equals the library
 

@@ -24,7 +24,7 @@ from ...metrics import (
 )
 from ...models import mlp, mlp_param_count
 from ...runtime import context
-from . import layerwise
+from .layerwise import PieceOptimizer, layouts, norm_traffic
 from .shards import Flat, Transients, fetch_layer_by_layer, scatter_during_backward, sharded_step
 
 NAME = "zero"
@@ -100,7 +100,7 @@ def worker(cfg: Config) -> dict:
         optimizer = torch.optim.Adam(masters, lr=cfg.lr)
     else:  # chapter 5: per-layer norms over the shards
         spans = [(0, u.padded) if stage == 0 else (u.lo, u.hi) for u in units]
-        optimizer = layerwise.PieceOptimizer(cfg.optimizer, masters, spans, layerwise.layouts(units),
+        optimizer = PieceOptimizer(cfg.optimizer, masters, spans, layouts(units),
                                              cfg.lr, cfg.weight_decay, sharded=stage > 0)
     x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
     x_all, y_all = x_all.to(dev, dtype), y_all.to(dev)
@@ -158,7 +158,7 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
     # LAMB/LARS at stages 1-3: two scalar ring all-reduces per parameter tensor per step
     norms = [o["per_rank"]["ops"].get("norm_all_reduce", {}).get("bytes_sent", 0) / cfg.steps for o in outs]
     tensors = 2 * (cfg.depth + 1)  # a weight and a bias per linear layer
-    norm_formula = [layerwise.norm_traffic(tensors, n, r) if cfg.optimizer != "adam" and cfg.stage > 0
+    norm_formula = [norm_traffic(tensors, n, r) if cfg.optimizer != "adam" and cfg.stage > 0
                     else 0 for r in range(n)]
     return {"param_count": psi, "padded_param_count": padded, "formula": formula,
             "traffic_per_step": traffic, "traffic_formula": zero_traffic(psi, n, cfg.stage, esize),
