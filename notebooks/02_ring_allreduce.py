@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from lesson_lib import comm, show_source, warm_cluster
 from lesson_lib.chapters import ch02
-from lesson_lib.comm import ring, schedules
+from lesson_lib.comm import schedules
 
 # %% [markdown]
 # ## 1. The traffic jam
@@ -120,7 +120,7 @@ assert all(all(ranks) for ranks in same.values()), same  # equal to dist.all_red
 # (`schedules.ring_schedule`), with one scratch buffer reused for the incoming chunks:
 
 # %%
-show_source(comm.ring_all_reduce, ring._ring_steps)
+show_source(comm.ring_all_reduce, comm.ring._ring_steps)
 
 # %% [markdown]
 # ## 4. Is it right?
@@ -239,7 +239,7 @@ show_source(comm.pipelined_ring_all_reduce, schedules.pipelined_ring_schedule)
 
 # %% [markdown]
 # Run on 4 real ranks against `dist.all_reduce`, with segments of 2 bytes (half a float: some pieces are
-# left empty), 4 bytes (one float), 12 bytes and the default (`ring.SEGMENT_BYTES`):
+# left empty), 4 bytes (one float), 12 bytes and the default (`comm.ring.SEGMENT_BYTES`):
 
 
 # %%
@@ -251,7 +251,7 @@ def pipelined_and_the_library(length, segment_bytes):
     return torch.equal(comm.pipelined_ring_all_reduce(x.clone(), segment_bytes=segment_bytes), library)
 
 
-cases = [(length, b) for length in (1, 10, 1001) for b in (2, 4, 12, ring.SEGMENT_BYTES)]
+cases = [(length, b) for length in (1, 10, 1001) for b in (2, 4, 12, comm.ring.SEGMENT_BYTES)]
 same_pipelined = {c: warm_cluster(4).run(pipelined_and_the_library, *c, timeout_s=20) for c in cases}
 print(same_pipelined)  # per (length, segment bytes): True on every rank when ours equals the library
 

@@ -165,9 +165,10 @@ _SCRATCH: dict[str, torch.Tensor] = {}
 def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A receive buffer kept between calls (one per device, grown on demand).
 
-    Allocating a fresh 32 MB buffer per call cost page faults comparable to the additions
-    themselves; reusing one is what the library does too. ``counters().scratch`` still records
-    the bytes while an all-reduce uses them.
+    Allocating a fresh buffer per call costs page faults comparable to the additions themselves
+    on large tensors (``python -m lesson_lib bench allreduce`` times the ring up to 64 MiB); reusing
+    one is what the library does too. ``counters().scratch`` still records the bytes while an
+    all-reduce uses them.
     """
     nbytes = numel * dtype.itemsize
     buf = _SCRATCH.get(str(device))
