@@ -126,7 +126,7 @@ def powersgd(world_size: int = 2, rank: int = 2, steps: int = 20, rounds: int = 
     Each round times ``steps`` steps of each hook back to back on the same ranks; the ratio is the
     median over rounds of ours / torch's (the slowest rank's time), robust to load that drifts.
     """
-    from .milestones.compression import time_powersgd_hooks
+    from .milestones.compression.ddp import time_powersgd_hooks
 
     with Cluster(world_size, quiet=True) as c:
         outs = c.run(time_powersgd_hooks, rank, steps, rounds)
@@ -142,8 +142,8 @@ def powersgd(world_size: int = 2, rank: int = 2, steps: int = 20, rounds: int = 
 def print_powersgd(r: dict) -> None:
     print(f"PowerSGD rank {r['rank']} in DDP on {r['world_size']} ranks, {r['steps']} steps x "
           f"{len(r['rounds'])} interleaved rounds")
-    print(f"  ours (lesson_lib.compression, counted ring): {1e3 * r['ours_s']:.2f} ms/step")
-    print(f"  torch's powerSGD_hook (Gloo all_reduce):     {1e3 * r['torch_s']:.2f} ms/step")
+    print(f"  ours (lesson_lib.milestones.compression, counted ring): {1e3 * r['ours_s']:.2f} ms/step")
+    print(f"  torch's powerSGD_hook (Gloo all_reduce):                {1e3 * r['torch_s']:.2f} ms/step")
     print(f"  ours / torch's = {r['ratio']:.2f} (median over rounds)")
     if r["oversubscribed"]:
         print("note: more ranks than cores on this machine; times include time-sharing")
@@ -196,7 +196,7 @@ def bubble(schedules=("gpipe", "1f1b"), microbatches=(4, 8), repeats: int = 3,
 
     ``repeats`` runs of every (schedule, M), interleaved on one warm 2-rank cluster. Per run, the
     medians over its steps (step 0 skipped) of the bubble replayed from busy time, measured on the
-    wall clock, and the rungs of :func:`~lesson_lib.milestones.pp_schedules.bubble_breakdown`.
+    wall clock, and the rungs of :func:`~lesson_lib.milestones.pipeline.schedules.bubble_breakdown`.
     One row per (schedule, M, run); ``busy_ratio`` and ``wall_ratio`` are bubble / formula.
     """
     from .experiments import run

@@ -33,8 +33,9 @@
 import torch
 import torch.distributed as dist
 
-from lesson_lib import comm, schedules, show_source, warm_cluster
+from lesson_lib import comm, show_source, warm_cluster
 from lesson_lib.chapters import ch02
+from lesson_lib.comm import schedules
 
 # %% [markdown]
 # ## 1. The traffic jam
@@ -62,7 +63,7 @@ assert abs(max(jam["ring_bytes"]) - 2 * 2 * (N - 1) / N * S) <= 16   # ... 2(Nâˆ
 # over everyone. In the Nâˆ’1 **all-gather** steps the finished chunks travel round once more and are
 # *copied*. All links are busy at every step, each carrying S/N bytes.
 #
-# The animation is not drawn by hand: it replays `lesson_lib.schedules.ring_schedule(4)`, the very list
+# The animation is not drawn by hand: it replays `lesson_lib.comm.schedules.ring_schedule(4)`, the very list
 # of (phase, step, rank, chunk sent, chunk received) that `comm.ring_all_reduce` executes.
 
 # %%
@@ -119,7 +120,7 @@ assert all(all(ranks) for ranks in same.values()), same  # equal to dist.all_red
 # (`schedules.ring_schedule`), with one scratch buffer reused for the incoming chunks:
 
 # %%
-show_source(comm.ring_all_reduce, comm._ring_steps)
+show_source(comm.ring_all_reduce, comm.ring._ring_steps)
 
 # %% [markdown]
 # ## 4. Is it right?
@@ -238,7 +239,7 @@ show_source(comm.pipelined_ring_all_reduce, schedules.pipelined_ring_schedule)
 
 # %% [markdown]
 # Run on 4 real ranks against `dist.all_reduce`, with segments of 2 bytes (half a float: some pieces are
-# left empty), 4 bytes (one float), 12 bytes and the default (`comm.SEGMENT_BYTES`):
+# left empty), 4 bytes (one float), 12 bytes and the default (`comm.ring.SEGMENT_BYTES`):
 
 
 # %%
@@ -250,7 +251,7 @@ def pipelined_and_the_library(length, segment_bytes):
     return torch.equal(comm.pipelined_ring_all_reduce(x.clone(), segment_bytes=segment_bytes), library)
 
 
-cases = [(length, b) for length in (1, 10, 1001) for b in (2, 4, 12, comm.SEGMENT_BYTES)]
+cases = [(length, b) for length in (1, 10, 1001) for b in (2, 4, 12, comm.ring.SEGMENT_BYTES)]
 same_pipelined = {c: warm_cluster(4).run(pipelined_and_the_library, *c, timeout_s=20) for c in cases}
 print(same_pipelined)  # per (length, segment bytes): True on every rank when ours equals the library
 

@@ -42,8 +42,8 @@ import torch.nn.functional as F
 from lesson_lib import numerics, show_source, warm_cluster
 from lesson_lib.chapters import ch03
 from lesson_lib.milestones import pipeline as pp
-from lesson_lib.milestones import pp_comm  # noqa: F401  (the text points at pp_comm.StageLink)
-from lesson_lib.milestones.pp_schedules import stage_actions
+from lesson_lib.milestones.pipeline import comm as stage_comm  # noqa: F401  (the text points at stage_comm.StageLink)
+from lesson_lib.milestones.pipeline.schedules import stage_actions
 
 # %% [markdown]
 # ## 1. Cut the model
@@ -156,7 +156,7 @@ for schedule in mine:
 # figures need: it times every action, measures the activations it holds, sends and receives on
 # threads of its own so that the stage never stalls handing a message to Gloo, with receives
 # posted ahead — all of a step's for GPipe, two for 1F1B — so that a neighbour's message can leave
-# the moment it is computed (`pp_comm.StageLink`), and it can balance the stages by measured time.
+# the moment it is computed (`stage_comm.StageLink`), and it can balance the stages by measured time.
 
 # %%
 show_source(pp.train_stage, stage_actions)

@@ -169,9 +169,10 @@ ch05.trust_ratios(out["runs"]["lars", 2048], "LARS at B = 2048")
 # tensor per step. This is how `lesson_lib` does it (the optimizer gets this function as its `norm`):
 
 # %%
-from lesson_lib.milestones import zero, zero_layerwise
+from lesson_lib.milestones import zero
+from lesson_lib.milestones.zero import layerwise
 
-show_source(zero_layerwise.sharded_norm)
+show_source(layerwise.sharded_norm)
 
 # %% [markdown]
 # Every ZeRO stage, trained with LAMB on 2 ranks, against single-process LAMB on the same batches;

@@ -33,10 +33,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lesson_lib import comm, compression, show_source, warm_cluster
+from lesson_lib import comm, show_source, warm_cluster
 from lesson_lib.chapters import ch06
-from lesson_lib.compression import PowerSGD, TopK, ddp_hook
 from lesson_lib.data import teacher_classification
+from lesson_lib.milestones import compression
+from lesson_lib.milestones.compression import PowerSGD, TopK, ddp_hook
 from lesson_lib.models import mlp
 
 # %% [markdown]
@@ -46,7 +47,7 @@ from lesson_lib.models import mlp
 # magnitudes and sends them with their indices. Ranks keep **different** coordinates, so their
 # messages cannot be added in place on the way like a ring all-reduce does: every rank gathers
 # everyone's (index, value) pairs and adds them where they land. Written in this cell, run on 2 real
-# ranks, and compared with `lesson_lib.compression.TopK` on the same gradients:
+# ranks, and compared with `lesson_lib.milestones.compression.TopK` on the same gradients:
 
 # %%
 def topk_error_feedback(steps: int = 4, numel: int = 1000, k: int = 20):

@@ -149,9 +149,10 @@ ch07.what_if()
 # (`comm.set_link`: each transfer is held until latency + bytes/bandwidth have passed — a sleep, not a
 # network; the record's `link_gbps` says so and its bar is hatched). PowerSGD is the compressor here
 # because on this model it reached the target at 19× fewer gradient bytes, where chapter 6's other
-# strong candidate, top-k at 1 %, did not reach it within the budget in our runs (the numbers are in
-# `lesson_lib/milestones/impact.py`). Each trains until the end of its budget; we record when the
-# loss, averaged over 5 steps, first reaches 1.0. The optimizers differ because the milestones do:
+# strong candidate, top-k at 1 %, did not reach it within the budget in our runs (the choice is
+# explained beside `COMPRESSOR` in `lesson_lib/milestones/impact/milestone.py`). Each trains until the
+# end of its budget; we record when the loss, averaged over 5 steps, first reaches 1.0. The optimizers
+# differ because the milestones do:
 # the parameter server, the pipeline and PowerSGD train with SGD (momentum 0.9), ZeRO with Adam, the
 # large batch with LAMB; within each family the steps are the same computation (chapters 1, 3 and 4
 # check that), so they need the same number of steps — except PowerSGD, which sends an approximation

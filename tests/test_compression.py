@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from conftest import worker_children
 
-from lesson_lib import comm, compression, run
+from lesson_lib import comm, run
 from lesson_lib.chapters import ch06
 from lesson_lib.chapters.ch06_exercises import (
     CROSSOVER_CASE,
@@ -22,7 +22,9 @@ from lesson_lib.chapters.ch06_exercises import (
     exercises,
 )
 from lesson_lib.data import teacher_classification
+from lesson_lib.milestones import compression
 from lesson_lib.milestones import compression as cm
+from lesson_lib.milestones.compression import compressors
 from lesson_lib.models import mlp
 
 pytestmark = pytest.mark.ch6
@@ -41,7 +43,7 @@ def test_qsgd_is_unbiased_and_uses_2s_plus_1_levels():
     draws, s = 2000, 3
     outs = torch.stack([compression.qsgd_dequantize(*compression.qsgd_quantize(x, s, gen), s, x.numel())
                         for _ in range(draws)])
-    norms = compression._blocks(x).norm(dim=1).repeat_interleave(compression.BLOCK)[:x.numel()]
+    norms = compressors._blocks(x).norm(dim=1).repeat_interleave(compression.BLOCK)[:x.numel()]
     levels = outs * s / norms
     assert torch.allclose(levels, levels.round(), atol=1e-4) and levels.round().abs().max() <= s
     # A level is a Bernoulli step of ‖block‖/s: variance ≤ ‖block‖²/(4s²); 6 standard errors of the
@@ -52,7 +54,7 @@ def test_qsgd_is_unbiased_and_uses_2s_plus_1_levels():
 
 def test_qsgd_deterministic_rounding_would_be_caught():
     x = torch.randn(2000, generator=torch.Generator().manual_seed(0))
-    b = compression._blocks(x)
+    b = compressors._blocks(x)
     norms = b.norm(dim=1, keepdim=True)
     rounded = (norms * (b / norms * 3).round() / 3).view(-1)[:x.numel()]
     bound = 6 * norms.repeat_interleave(compression.BLOCK)[:x.numel()] / (2 * 3 * math.sqrt(2000))

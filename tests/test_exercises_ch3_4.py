@@ -11,7 +11,7 @@ from lesson_lib.chapters import ch03_exercises, ch04
 from lesson_lib.chapters.ch03_exercises import check_gpipe
 from lesson_lib.chapters.ch04_exercises import check_zero1
 from lesson_lib.exercises import Exercise
-from lesson_lib.milestones.pp_schedules import stage_actions
+from lesson_lib.milestones.pipeline.schedules import stage_actions
 
 EX4 = ch04.exercises()
 EX3 = ch03_exercises.exercises(stages=4)  # smallest_m's real run is the chapter's (tested below)

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from lesson_lib import run
 from lesson_lib.chapters import ch03
 from lesson_lib.milestones import pipeline as pp
-from lesson_lib.milestones import pp_torch
-from lesson_lib.milestones.pp_schedules import (
+from lesson_lib.milestones.pipeline import torch_ref as pp_torch
+from lesson_lib.milestones.pipeline.schedules import (
     SCHEDULES,
     all_actions,
     bubble_breakdown,
@@ -44,7 +44,7 @@ def _relay(ahead, count=6):
     receives it has not taken, takes them slowly. Returns rank 1's tensors and events."""
     import time as _time
 
-    from lesson_lib.milestones.pp_comm import StageLink, Timeline
+    from lesson_lib.milestones.pipeline.comm import StageLink, Timeline
     from lesson_lib.runtime import context
 
     rank = context().rank

@@ -309,14 +309,14 @@ print(sum(ok), len(errors), errors[:1]); sys.exit(0 if sum(ok) == 10 and not err
 
 
 def test_a_deadlock_report_names_the_learners_line_not_the_library_frame_below_it():
-    from lesson_lib import comm
+    from lesson_lib.comm import p2p
     from lesson_lib.runtime.diagnosis import where as _where
 
-    harness = os.path.join(os.path.dirname(comm.__file__), "chapters", "ch02_exercises.py")
+    harness = os.path.join(os.path.dirname(os.path.dirname(p2p.__file__)), "chapters", "ch02_exercises.py")
     frames = [(harness, 40, "harness", "fn(chunks)"),  # library code calling the learner's function
               ("/tmp/ipykernel_1/123.py", 7, "my_reduce_scatter", "exchange(a, b).wait()"),
-              (comm.__file__, 92, "wait", "w.wait()")]
+              (p2p.__file__, 92, "wait", "w.wait()")]
     text = _where(frames)
-    assert text == ("waiting in lesson_lib.comm wait(), called from 123.py, line 7: "
+    assert text == ("waiting in lesson_lib.comm.p2p wait(), called from 123.py, line 7: "
                     "exchange(a, b).wait()"), text
     assert _where(frames[:2]) == "running 123.py, line 7: exchange(a, b).wait()"

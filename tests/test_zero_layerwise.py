@@ -5,7 +5,7 @@ import pytest
 
 from lesson_lib import run
 from lesson_lib.milestones import zero
-from lesson_lib.milestones.zero_layerwise import norm_traffic
+from lesson_lib.milestones.zero.layerwise import norm_traffic
 
 pytestmark = [pytest.mark.ch4, pytest.mark.ch5]
 
@@ -42,7 +42,7 @@ def test_a_wrong_norm_is_caught_by_the_tolerance(clusters):
 
 
 def _local_norms(on: bool) -> None:
-    from lesson_lib.milestones import zero_layerwise as zl
+    from lesson_lib.milestones.zero import layerwise as zl
 
     if on:
         zl._saved, zl.sharded_norm = zl.sharded_norm, lambda t: t.float().norm()

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from IPython.display import display
 
-from .. import bench, comm, costmodel, experiments, plots, schedules, widgets
+from .. import bench, comm, costmodel, experiments, plots, widgets
+from ..comm import schedules
 from ..experiments import Result, run_warm
 from ..milestones import data_parallel as dp
 from ..milestones import ring_allreduce as ra

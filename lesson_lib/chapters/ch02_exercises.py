@@ -13,11 +13,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from ..comm.schedules import chunk_bounds
 from ..costmodel import latency_crossover_bytes
 from ..exercises import Exercise, Verdict, close_to, solution_text
 from ..metrics import counters
 from ..runtime import WorkerError, WorkerTimeout, warm_cluster
-from ..schedules import chunk_bounds
 
 # (world size, tensor length): lengths that do not divide evenly, and one shorter than the ring.
 CASES = ((2, 7), (3, 10), (4, 13), (4, 3))

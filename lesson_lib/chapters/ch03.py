@@ -14,8 +14,8 @@ from .. import plots, widgets
 from ..exercises import Exercise
 from ..experiments import Result, run
 from ..milestones import pipeline as pp
-from ..milestones import pp_torch
-from ..milestones.pp_schedules import (
+from ..milestones.pipeline import torch_ref as pp_torch
+from ..milestones.pipeline.schedules import (
     SCHEDULES,
     all_actions,
     replayed_events,
@@ -131,7 +131,7 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
 def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
     """Where the idle time goes at P = 2 on the compute-dominated preset (``pp.BUBBLE_PRESET``):
     the bubble rebuilt one cause at a time, every rung measured in the same run
-    (:func:`~lesson_lib.milestones.pp_schedules.bubble_breakdown`); then the same model with one
+    (:func:`~lesson_lib.milestones.pipeline.schedules.bubble_breakdown`); then the same model with one
     hidden layer fewer, which 2 stages can only cut 7 + 8: unequal stages."""
     rows, runs = [], []
     models = {"balanced": {}, "7 + 8 layers": {"depth": pp.BUBBLE_PRESET["depth"] - 1}}

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..data import batch_indices, teacher_classification
 from ..exercises import Exercise, Verdict, close_to, solution_text
 from ..milestones import pipeline as pp
-from ..milestones.pp_schedules import bubble_formula, max_in_flight, partition, replay, stage_actions
+from ..milestones.pipeline.schedules import bubble_formula, max_in_flight, partition, replay, stage_actions
 from ..models import mlp
 from ..runtime import WorkerError, warm_cluster
 

@@ -8,12 +8,12 @@ import math
 import torch
 import torch.distributed as dist
 
+from ..comm.schedules import chunk_bounds
 from ..exercises import Exercise, Verdict, solution_text
 from ..experiments import run_warm
 from ..milestones import large_batch as lb
 from ..optim import LAMB
 from ..runtime import warm_cluster
-from ..schedules import chunk_bounds
 
 # Printed in the notebook for the by-hand trust ratio.
 LARS_CASE = {"eta": 0.001, "w_norm": 12.0, "g_norm": 0.05, "beta": 5e-4}

@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..comm.algorithms import BYTES_SENT, formula_bytes_sent
 from ..config import CommonConfig, opt
 from ..metrics import StepRecorder, counters, memory_report, per_rank_summary, sync
 from ..runtime import context
-from ..schedules import BYTES_SENT, formula_bytes_sent
 
 NAME = "ring-allreduce"
 DTYPES = ("float32", "float64", "bfloat16")
@@ -116,15 +116,6 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
 
 
 # --------------------------------------------------------------------------- checks and timing
-
-
-def reduce_values(values: list[list[float]], dtype: str = "float32",
-                  algorithm: str = "ring") -> tuple[list[float], dict]:
-    """All-reduce ``values[rank]`` with ``algorithm``; the result and this rank's counters."""
-    counters().reset()
-    t = torch.tensor(values[context().rank], dtype=getattr(torch, dtype))
-    comm.all_reduce(t, algorithm)
-    return t.double().tolist(), counters().as_dict()
 
 
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 0.0}

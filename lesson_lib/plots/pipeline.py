@@ -134,7 +134,7 @@ def bubble_vs_microbatches(rows: list[dict], title: str, note: str | None = None
 
 def bubble_causes(rows: list[dict], title: str, note: str | None = None) -> go.Figure:
     """rows: {label, formula, stages, busy, wall} — one group of bars per run, the bubble
-    rebuilt one cause at a time (:func:`lesson_lib.milestones.pp_schedules.bubble_breakdown`)."""
+    rebuilt one cause at a time (:func:`lesson_lib.milestones.pipeline.schedules.bubble_breakdown`)."""
     rungs = [("formula", "formula (P−1)/(M+P−1): equal actions, free messages", "#BAB0AC"),
              ("stages", "replayed: each stage's mean forward and backward", "#72B7B2"),
              ("busy", "replayed: each action's busy time", "#4C78A8"),

@@ -1,13 +1,13 @@
 """The formulas of the cost model, one quantity each: the memory bill of training (chapter 0), the
 alpha-beta model of communication and its fits (chapters 2 and 7), ZeRO's memory and traffic
 (chapter 4), and the terms of one step at scale with the device and link tables they read
-(chapter 7). :mod:`lesson_lib.costmodel` combines them into a training plan. Formulas live here;
+(chapter 7). :mod:`.planner` combines them into a training plan. Formulas live here;
 measurements live in ``metrics``.
 """
 
 from __future__ import annotations
 
-from .data import read_csv
+from ..data import read_csv
 
 # Bytes per parameter for each part of the model state (Rajbhandari et al., ZeRO, 2020, §3.1):
 # mixed-precision Adam keeps fp16 params and grads (2 + 2 bytes) plus an fp32 master copy,

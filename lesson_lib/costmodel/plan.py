@@ -1,6 +1,6 @@
 """The inputs of chapter 7's cost model: :class:`Plan`, one training job (a model, a cluster and a
 milestone's choices, each field checked by ``validate``), and what each milestone of the talk changes
-in it. :mod:`lesson_lib.costmodel` turns a Plan into memory, step time and days.
+in it. :mod:`.planner` turns a Plan into memory, step time and days.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .costterms import devices, links
+from .terms import devices, links
 
-# Every number of a Plan is an input that ``costmodel.assumptions()`` prints; the devices and links
+# Every number of a Plan is an input that ``planner.assumptions()`` prints; the devices and links
 # come from data/devices.csv and data/links.csv (a source per row).
 
 MILESTONES = ("parameter-server", "ring", "pipeline", "zero-1", "zero-2", "zero-3", "lamb", "compression")

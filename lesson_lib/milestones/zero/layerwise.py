@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import comm, optim
-from ..schedules import ring_bytes_sent
+from ... import comm, optim
+from ...comm.schedules import ring_bytes_sent
 
 
 def sharded_norm(t: torch.Tensor) -> torch.Tensor:

@@ -4,24 +4,20 @@ Every message goes through :mod:`lesson_lib.comm`, so its bytes are counted exac
 names ``send_activation`` / ``recv_activation`` / ``send_grad`` / ``recv_grad``.
 
 Each direction of each link has a thread of its own that posts the messages and waits for them; the
-stage's main thread only hands a tensor over (send) or takes one that has arrived (recv). Posting
-from the main thread cost the stage milliseconds of wall clock: in 4-step runs of GPipe on the
-earlier ``pipeline.BUBBLE_PRESET`` (8 layers, 512 samples; 2 stages, 8 micro-batches, 2 cores), 17
-to 41 of a stage's 64 posts took 1–28 ms each, of which 0.1–0.2 ms on the CPU — blocked inside Gloo,
-most likely until its I/O thread got a core, which the two stages were holding. A receive thread
-posts the step's receives ahead (all of them unless ``ahead`` bounds how many wait untaken), so each
-message can leave the moment its sender has it: Gloo writes a message only once the receiver has
-posted its receive, and posting each receive only after the previous one had arrived put that round
-of notice on the path of every message. In three sets of paired runs on a quiet 2-core machine (M =
-8, 5 pairs each, interleaved on one cluster, every stage off its core < 5 % of the step) posting
-ahead lowered GPipe's wall-clock bubble in 13 of 15 pairs, from 1.28–1.57× the formula to
-1.23–1.49×, and 1F1B's from 1.41–1.66× to 1.37–1.54×. Letting the stage wait on Gloo's work itself
-(one thread wake-up fewer per message) gave no further clear gain and would lose the landing time of
-a message that came before the stage asked; posting sends from the main thread neither (and under
-load made some messages 40–120 ms late). The stage waits only when its input really is not there
-yet: the time it waits is the bubble. Sends complete on their own (Gloo's send completes once the
-receiver has posted its receive; two neighbours sending to each other with blocking sends would
-deadlock — the reason Megatron-LM pairs them into one batched exchange).
+stage's main thread only hands a tensor over (send) or takes one that has arrived (recv). Posted from
+the main thread, a message could block the stage for milliseconds inside Gloo — most likely until
+Gloo's I/O thread got a core, which the stages were holding. A receive thread posts the step's
+receives ahead (all of them unless ``ahead`` bounds how many wait untaken), so each message can leave
+the moment its sender has it: Gloo writes a message only once the receiver has posted its receive,
+and posting each receive only after the previous one had arrived put that round of notice on the
+path of every message. Posting ahead lowers the wall-clock bubble of GPipe and 1F1B alike (``python
+-m lesson_lib bench bubble`` measures it against the formula). Letting the stage wait on Gloo's work
+itself (one thread wake-up fewer per message) gave no clear gain and would lose the landing time of a
+message that came before the stage asked; posting sends from the main thread neither (and under load
+made some messages late). The stage waits only when its input really is not there yet: the time it
+waits is the bubble. Sends complete on their own (Gloo's send completes once the receiver has posted
+its receive; two neighbours sending to each other with blocking sends would deadlock — the reason
+Megatron-LM pairs them into one batched exchange).
 
 :class:`Timeline` records every action of a rank: forward, backward, send, recv (the stage
 waiting for a message) and arrive_activation / arrive_grad (the message landing, waited for or
@@ -42,8 +38,8 @@ from typing import Iterator
 
 import torch
 
-from .. import comm
-from ..metrics import counters, sync
+from ... import comm
+from ...metrics import counters, sync
 
 
 class Timeline:

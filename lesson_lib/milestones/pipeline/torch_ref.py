@@ -12,19 +12,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..data import batch_indices, teacher_classification
-from ..models import flat_views
-from ..runtime import context
-from . import pipeline as pp
+from ...data import batch_indices, teacher_classification
+from ...models import flat_views
+from ...runtime import context
+from .config import Config
+from .results import gaps, reference, state
+from .stage import build_stage
+from .stage import worker as our_worker
 
 
-def worker(cfg: pp.Config, bounds: list[tuple[int, int]]) -> dict:
+def worker(cfg: Config, bounds: list[tuple[int, int]]) -> dict:
     """Train stage ``rank`` with torch's schedule; losses on the last stage, state on every stage."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     ctx = context()
     k, P, M = ctx.rank, cfg.stages, cfg.m
-    module = pp.build_stage(cfg, *bounds[k]).to(ctx.device)
+    module = build_stage(cfg, *bounds[k]).to(ctx.device)
     flat, grads = flat_views(module)
     optimizer = torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=0.9)
     stage = PipelineStage(module, k, P, ctx.device)
@@ -44,7 +47,7 @@ def worker(cfg: pp.Config, bounds: list[tuple[int, int]]) -> dict:
     return {"losses": losses, "params": flat.detach().clone(), "grads": grads.clone()}
 
 
-def compare(cfg: pp.Config, cluster) -> dict:
+def compare(cfg: Config, cluster) -> dict:
     """Ours, torch's and the single-process reference on the same config: the largest gaps.
 
     Returns ``{"ours_vs_torch": gaps, "torch_vs_reference": gaps}``, or ``{"error": text}`` if
@@ -53,10 +56,10 @@ def compare(cfg: pp.Config, cluster) -> dict:
     cfg.validate()
     if cfg.schedule not in ("gpipe", "1f1b"):
         raise ValueError(f"schedule must be 'gpipe' or '1f1b' to compare with torch, got {cfg.schedule!r}")
-    outs = cluster.run(pp.worker, cfg)
-    ours = pp.state(outs)
+    outs = cluster.run(our_worker, cfg)
+    ours = state(outs)
     try:
-        theirs = pp.state(cluster.run(worker, cfg, outs[0]["bounds"]))
+        theirs = state(cluster.run(worker, cfg, outs[0]["bounds"]))
     except Exception as e:  # a library limitation on this backend: report it precisely
         return {"error": f"{type(e).__name__}: {e}"}
-    return {"ours_vs_torch": pp.gaps(ours, theirs), "torch_vs_reference": pp.gaps(theirs, pp.reference(cfg))}
+    return {"ours_vs_torch": gaps(ours, theirs), "torch_vs_reference": gaps(theirs, reference(cfg))}

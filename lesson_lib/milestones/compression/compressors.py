@@ -1,10 +1,32 @@
-"""The compressors of chapter 6 that work element by element, and what every compressor shares.
+"""Gradient compressors (chapter 6): fewer bytes per all-reduce, and what each one costs.
 
-:class:`Compressor` is the shape of them all (``reduce(flat, shapes, key)`` averages a flat gradient
-over the ranks in place, with error feedback for the biased ones); then ``fp16`` / ``bf16``
-(:class:`Cast`), ``topk``, ``randomk``, ``qsgd`` and ``sign``, with the counted collectives and the
-bit-packing they send through. PowerSGD (low rank) is in :mod:`lesson_lib.powersgd`; chapter 6's
-overview, :func:`~lesson_lib.compression.make` and the DDP hook are in :mod:`lesson_lib.compression`.
+Every compressor has one shape: ``reduce(flat, shapes, key)`` replaces this rank's flat gradient by
+the AVERAGE over the ranks of what the ranks sent, in place. All traffic goes through
+:mod:`lesson_lib.comm`, so the bytes are counted as they cross: payload, indices and scales.
+
+* ``none`` — chapter 0's ring all-reduce of float32.
+* ``fp16`` / ``bf16`` — cast, ring all-reduce in 16 bits, cast back (like torch's
+  ``fp16_compress_hook``; torch's ``bf16_compress_hook`` needs NCCL, this one runs on Gloo).
+* ``topk`` — the k largest magnitudes, with error feedback (Lin et al., Deep Gradient Compression,
+  ICLR 2018). Each rank picks its own indices, so contributions do not add in place: indices and
+  values are ALL-GATHERED (int32 + float32 per kept element) and summed by each rank.
+* ``randomk`` — k random coordinates, the SAME on every rank (a shared seed), so the values add in
+  place: one ring all-reduce of k floats, no indices on the wire (Stich et al., NeurIPS 2018).
+* ``qsgd`` — stochastic quantization to s = 2^bits − 1 levels per 512-element block, unbiased
+  (Alistarh et al., QSGD, NeurIPS 2017); codes bit-packed, one float32 norm per block, all-gathered.
+* ``sign`` — one bit per element and one float32 scale (mean |x|) per block, with error feedback
+  (Karimireddy et al., EF-SignSGD, ICML 2019); all-gathered.
+* ``powersgd`` — rank-r approximation M ≈ P Qᵀ by one power iteration, warm-started from the last
+  step's Q, with error feedback (Vogels et al., PowerSGD, NeurIPS 2019); P and Q add in place (two
+  ring all-reduces). Laid out like torch's ``powerSGD_hook`` so the two can be compared.
+
+Error feedback keeps what a rank did not send (its residual) and adds it to the next gradient, so
+over the steps everything is sent eventually. :func:`.ddp.ddp_hook` turns any compressor into a DDP
+communication hook for ``DistributedDataParallel.register_comm_hook``.
+
+This module holds :class:`Compressor` (the shape of them all) and the compressors that work element
+by element, with the counted collectives and the bit-packing they send through; PowerSGD (low rank)
+is in :mod:`.powersgd`. :func:`~.milestone.make` picks a compressor by name.
 """
 
 from __future__ import annotations
@@ -14,7 +36,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from . import comm
+from ... import comm
 
 BLOCK = 512  # elements per QSGD norm / sign scale (QSGD's bucket size in Alistarh et al., 2017)
 

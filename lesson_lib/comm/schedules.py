@@ -284,24 +284,3 @@ def naive_bytes_sent(numel: int, element_size: int, world_size: int, rank: int, 
         return 0
     s = numel * element_size
     return (world_size - 1) * s if rank == root else s
-
-
-BYTES_SENT = {"ring": ring_bytes_sent, "pipelined-ring": ring_bytes_sent,  # the same chunks, in segments
-              "halving-doubling": halving_doubling_bytes_sent, "naive": naive_bytes_sent}
-
-
-def formula_bytes_sent(algorithm: str, nbytes: float, world_size: int, rank: int, root: int = 0) -> float:
-    """The textbook per-rank volume, without chunk rounding: 2(N−1)/N·S for the ring, halving-
-    doubling (N a power of two) and the library's collective; S or (N−1)·S for naive."""
-    n = world_size
-    if algorithm == "naive":
-        return 0.0 if n == 1 else float((n - 1) * nbytes if rank == root else nbytes)
-    if algorithm == "halving-doubling" and n & (n - 1):
-        # Not a power of two: the first 2e ranks fold in pairs; the even one sends S once, its odd
-        # partner sends the result back (S) on top of the p-rank core's 2(p−1)/p·S.
-        p = power_of_two_below(n)
-        core = 2 * (p - 1) * nbytes / p
-        if rank < 2 * (n - p):
-            return float(nbytes) if rank % 2 == 0 else core + nbytes
-        return core
-    return 2 * (n - 1) * nbytes / n

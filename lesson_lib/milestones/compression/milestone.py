@@ -1,10 +1,6 @@
-"""Gradient compression (chapter 6): data parallelism whose gradient exchange is compressed.
-
-Chapter 0's loop (one flat gradient bucket, SGD with momentum) with the all-reduce replaced by a
-compressor from :mod:`lesson_lib.compression` (fp16, bf16, top-k, random-k, QSGD, sign, PowerSGD),
-error feedback on or off. Every byte crosses through :mod:`lesson_lib.comm` and is counted, so the
-compression ratio is measured against the uncompressed ring's 2(N−1)/N·S. With ``link_gbps`` each
-transfer takes at least latency + bytes / bandwidth — an EMULATED link (:func:`comm.set_link`).
+"""The compression experiment (chapter 6): its ``Config``, a compressor by name (:func:`make`), the
+training loop on every rank and its single-process reference, the summary, and chapter 2's α-β model
+of a step on the emulated link.
 """
 
 from __future__ import annotations
@@ -16,19 +12,42 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import comm, compression
-from ..config import TrainConfig, opt
-from ..data import batch_indices, shard, teacher_classification
-from ..metrics import StepRecorder, counters, memory_report, per_rank_summary
-from ..models import flat_views, mlp
-from ..runtime import context
+from ... import comm
+from ...config import TrainConfig, opt
+from ...data import batch_indices, shard, teacher_classification
+from ...metrics import StepRecorder, counters, memory_report, per_rank_summary
+from ...models import flat_views, mlp
+from ...runtime import context
+from .compressors import QSGD, Cast, Compressor, RandomK, Sign, TopK
+from .powersgd import PowerSGD
 
 NAME = "compression"
+COMPRESSORS = ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "sign", "powersgd")
+
+
+def make(name: str, ratio: float = 0.01, bits: int = 4, rank: int = 1, error_feedback: bool = True,
+         seed: int = 0, **powersgd) -> Compressor:
+    """A compressor by name (the experiment's ``--compressor``); the other options where they apply."""
+    if name == "none":
+        return Compressor(seed=seed)
+    if name in ("fp16", "bf16"):
+        return Cast(torch.float16 if name == "fp16" else torch.bfloat16, seed=seed)
+    if name == "topk":
+        return TopK(ratio, error_feedback=error_feedback, seed=seed)
+    if name == "randomk":
+        return RandomK(ratio, error_feedback=error_feedback, seed=seed)
+    if name == "qsgd":
+        return QSGD(bits, seed=seed)
+    if name == "sign":
+        return Sign(error_feedback=error_feedback, seed=seed)
+    if name == "powersgd":
+        return PowerSGD(rank, error_feedback=error_feedback, seed=seed, **powersgd)
+    raise ValueError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {name!r}")
 
 
 @dataclass
 class Config(TrainConfig):
-    compressor: str = opt("none", " | ".join(compression.COMPRESSORS))
+    compressor: str = opt("none", " | ".join(COMPRESSORS))
     ratio: float = opt(0.01, "top-k / random-k: the fraction of the gradient sent, in (0, 1]")
     bits: int = opt(4, "QSGD: bits per level (s = 2^bits − 1 levels; one sign bit more), 1–7")
     rank: int = opt(1, "PowerSGD: the rank r of the approximation P Qᵀ")
@@ -43,8 +62,8 @@ class Config(TrainConfig):
     momentum: float = opt(0.0, "SGD momentum (0: plain SGD, the setting of the error-feedback analyses)")
 
     def validate(self) -> "Config":
-        if self.compressor not in compression.COMPRESSORS:
-            raise ValueError(f"compressor must be one of {', '.join(compression.COMPRESSORS)}, "
+        if self.compressor not in COMPRESSORS:
+            raise ValueError(f"compressor must be one of {', '.join(COMPRESSORS)}, "
                              f"got {self.compressor!r}")
         if not (isinstance(self.ratio, (int, float)) and 0 < self.ratio <= 1):
             raise ValueError(f"ratio must be in (0, 1], got {self.ratio!r}")
@@ -65,8 +84,8 @@ class Config(TrainConfig):
                              f"world_size={self.world_size} ranks")
         return self
 
-    def make_compressor(self) -> compression.Compressor:
-        return compression.make(self.compressor, ratio=self.ratio, bits=self.bits, rank=self.rank,
+    def make_compressor(self) -> Compressor:
+        return make(self.compressor, ratio=self.ratio, bits=self.bits, rank=self.rank,
                                 error_feedback=self.error_feedback, seed=self.seed)
 
 
@@ -170,41 +189,3 @@ def crossover_gbps(a: dict, b: dict, latency_s: float) -> float | None:
     if saved_bits <= 0 or extra_time <= 0:
         return None
     return saved_bits / extra_time / 1e9
-
-
-def time_powersgd_hooks(rank: int = 2, steps: int = 20, rounds: int = 7, hidden: int = 256) -> list[dict]:
-    """On each rank: seconds for ``steps`` DDP steps with our PowerSGD hook and with torch's, per
-    round, alternating (``python -m lesson_lib bench compression``).
-
-    The model (142k parameters, 570 KB) fits DDP's first 1 MB bucket: one bucket per step. With
-    several buckets on Gloo, torch's hook chains all-reduces from callbacks while the next bucket's
-    starts; two ranks then crashed in Gloo with mismatched message sizes on this machine.
-    """
-    import time
-
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    x, y = teacher_classification(64, 32, 10)
-    models = {}
-    for name in ("ours", "torch"):
-        ddp = DDP(mlp(32, hidden, 3, 10, seed=0))
-        if name == "ours":
-            ddp.register_comm_hook(None, compression.ddp_hook(compression.PowerSGD(rank=rank, start_iter=2)))
-        else:
-            ddp.register_comm_hook(psgd.PowerSGDState(None, matrix_approximation_rank=rank,
-                                                      start_powerSGD_iter=2), psgd.powerSGD_hook)
-        models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
-
-    def go(name: str) -> float:
-        ddp, opt = models[name]
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            opt.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
-        return time.perf_counter() - t0
-
-    for name in models:  # past start_iter and the bucket rebuild, outside the timing
-        go(name)
-    return [{name: go(name) for name in models} for _ in range(rounds)]

@@ -1,43 +1,18 @@
-"""The cost model of chapter 7: one training step of a transformer on n devices under each milestone
-of the talk — memory per device, seconds per step term by term, days to train — its printed
-assumptions, and ``python -m lesson_lib estimate``.
+"""The planner of chapter 7's cost model: one training step of a transformer on n devices under each
+milestone of the talk — memory per device, seconds per step term by term, days to train — its printed
+assumptions, its table, and ``python -m lesson_lib estimate``.
 
 The formulas it combines (the memory bill of chapter 0, alpha-beta of chapter 2, ZeRO of chapter 4,
-the device and link tables) are in :mod:`lesson_lib.costterms`; the :class:`Plan` it takes, and
-what each milestone changes in it, in :mod:`lesson_lib.costplan`. Both are imported here under their
-old names, so ``costmodel.memory_bill`` and ``costmodel.Plan`` still work.
+the device and link tables) are in :mod:`.terms`; the :class:`~.plan.Plan` it takes, and what each
+milestone changes in it, in :mod:`.plan`.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-# Re-exported: chapters 0, 2, 4 and 7 and the milestones import the plan and the formulas from here.
-from .costplan import MILESTONE_PLANS, MILESTONES, TERMS, Plan  # noqa: F401
-from .costterms import (  # noqa: F401
-    _ZERO_BYTES,
-    _ZERO_SHARDED,
-    PRECISIONS,
-    accelerators,
-    activation_bytes,
-    allreduce_terms,
-    allreduce_time,
-    bubble_fraction,
-    days_from_throughput,
-    devices,
-    devices_needed,
-    fit_alpha_beta,
-    fit_point_to_point,
-    fits,
-    latency_crossover_bytes,
-    links,
-    memory_bill,
-    ps_time,
-    published,
-    ring_time,
-    zero_memory,
-    zero_traffic,
-)
+from .plan import MILESTONE_PLANS, MILESTONES, TERMS, Plan
+from .terms import activation_bytes, allreduce_terms, devices, links, zero_memory
 
 
 def plan_for(milestone: str, params: float, tokens: float, devices: int, **options) -> Plan:

@@ -1,7 +1,7 @@
 """PowerSGD (chapter 6): a rank-r approximation M ≈ P Qᵀ of each gradient matrix by one power
 iteration, warm-started from the last step's Q, with error feedback (Vogels et al., NeurIPS 2019).
 Laid out like torch's ``powerSGD_hook`` (same options, same defaults) so that the two can be compared
-(``python -m lesson_lib bench compression``); :func:`lesson_lib.compression.make` builds it by name.
+(``python -m lesson_lib bench compression``); :func:`~.milestone.make` builds it by name.
 """
 
 from __future__ import annotations

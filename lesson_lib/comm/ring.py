@@ -1,0 +1,140 @@
+"""Our ring all-reduce (Patarasuk & Yuan, 2009) and its pieces: the plain ring, the pipelined ring
+(chunks sent in segments), and the ring's two phases alone (reduce-scatter, all-gather: ZeRO's).
+
+Built from the counted point-to-point calls of :mod:`.p2p`, so their bytes are exact; the steps come
+from :mod:`.schedules`, the same schedules the animations draw. Defined for chapter 0 (data-parallel
+gradients), studied in chapter 2, split into its phases in chapter 4.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from ..metrics import counters
+from .p2p import _RECENT, _finish, _flat, _nbytes, _rank_world, _scratch, _Timed, exchange
+from .schedules import chunk_bounds, pipelined_ring_schedule, ring_schedule
+
+
+def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "ring_all_reduce") -> torch.Tensor:
+    """In-place SUM over all ranks, like ``dist.all_reduce(tensor)``: reduce-scatter, then all-gather.
+
+    Each rank talks only to its ring neighbours and sends 2(N-1) chunks of about S/N bytes,
+    i.e. 2(N-1)/N·S in all — the bandwidth-optimal volume (Patarasuk & Yuan, 2009). The steps
+    come from :func:`lesson_lib.comm.schedules.ring_schedule`, the same schedule the animation draws.
+    Defined for chapter 0 (data-parallel gradients) and studied in chapter 2.
+    """
+    if _rank_world(group)[1] == 1:
+        return tensor
+    flat = _flat(tensor)
+    return _finish(tensor, flat, op, _ring_steps(flat, None, group, op, shift=0))
+
+
+def _ring_steps(flat: torch.Tensor, phase: str | None, group, op: str, shift: int) -> int:
+    """Run this rank's steps of the ring schedule (one phase, or both when ``phase`` is None).
+
+    Chunk i of the schedule is slice (i − shift) of ``flat``. Returns the scratch bytes used.
+    """
+    rank, n = _rank_world(group)
+    bounds = chunk_bounds(flat.numel(), n)
+    chunk = lambda i: flat[bounds[(i - shift) % n][0]:bounds[(i - shift) % n][1]]  # noqa: E731
+    scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
+    counters().scratch(_nbytes(scratch))
+    for st in ring_schedule(n):
+        if st.rank != rank or (phase is not None and st.phase != phase):
+            continue
+        if st.phase == "reduce-scatter":  # receive into scratch, then add into our copy
+            incoming = chunk(st.recv_chunk)
+            buf = scratch[: incoming.numel()]
+            exchange(chunk(st.send_chunk), st.send_to, buf, st.recv_from, group, op + ".step").wait()
+            incoming.add_(buf)
+        else:  # all-gather: the summed chunk lands directly in place
+            exchange(chunk(st.send_chunk), st.send_to, chunk(st.recv_chunk), st.recv_from, group,
+                     op + ".step").wait()
+    return _nbytes(scratch)
+
+
+# Chosen by measurement against Gloo's own all_reduce (``python -m lesson_lib bench allreduce`` times
+# the pipelined ring beside it): each message costs a round of notice in Gloo (a send leaves only once
+# the receiver has posted its receive), so fewer, larger segments win until the addition no longer hides.
+SEGMENT_BYTES = 2 << 20
+
+
+def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = SEGMENT_BYTES,
+                               op: str = "pipelined_ring_all_reduce") -> torch.Tensor:
+    """The ring of :func:`ring_all_reduce` with each chunk sent in segments of ``segment_bytes``
+    at most (chapter 2): a chunk up to that size goes whole, as in the plain ring.
+
+    A segment does not wait for the rest of its step: as soon as segment k has landed (and, in
+    the reduce-scatter, been added), segment k of the next step leaves, while the other segments
+    are still on the wire — the addition of one overlaps the transfer of the others, the way the
+    library's own ring hides its additions. Same chunks and bytes (2(N−1)/N·S), and the same
+    scratch, reused from call to call; only the messages are smaller and more numerous. The order
+    comes from :func:`lesson_lib.comm.schedules.pipelined_ring_schedule`, the schedule the chapter animates.
+    """
+    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1:
+        raise ValueError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
+    rank, n = _rank_world(group)
+    if n == 1:
+        return tensor
+    flat = _flat(tensor)
+    bounds = chunk_bounds(flat.numel(), n)
+    chunk = lambda i: flat[bounds[i][0]:bounds[i][1]]  # noqa: E731
+    k = max(1, -(-_nbytes(chunk(0)) // segment_bytes))  # chunk 0 is the largest, on every rank
+    mine = [x for x in pipelined_ring_schedule(n, k) if x.rank == rank]  # in the order they cross
+    scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
+    counters().scratch(_nbytes(scratch))
+    pieces = [chunk(c).tensor_split(k) for c in range(n)]  # views, made once per call
+    # Segment j of any chunk lands in scratch at the offset of segment j of the largest chunk, so
+    # segments of different steps in flight at once never share scratch.
+    at = [lo for lo, _ in chunk_bounds(scratch.numel(), k)]
+
+    def post(x):
+        out, inc = pieces[x.send_chunk][x.segment], pieces[x.recv_chunk][x.segment]
+        buf = scratch[at[x.segment]:at[x.segment] + inc.numel()] if x.phase == "reduce-scatter" else inc
+        return x, exchange(out, x.send_to, buf, x.recv_from, group).works, buf, inc
+
+    sent = sum(pieces[x.send_chunk][x.segment].numel() for x in mine) * flat.element_size()
+    recv = sum(pieces[x.recv_chunk][x.segment].numel() for x in mine) * flat.element_size()
+    with _Timed(op + ".step", sent=sent, recv=recv):
+        flight = collections.deque(post(x) for x in mine[:k])  # the first step: all segments at once
+        works = []
+        for i in range(len(mine)):
+            x, w, buf, target = flight.popleft()
+            for one in w:
+                one.wait()
+            works += w
+            if x.phase == "reduce-scatter":
+                target.add_(buf)  # while the other segments are still on the wire
+            if i + k < len(mine):
+                flight.append(post(mine[i + k]))  # the same segment, next step: its data is ready
+    _RECENT.append(works)  # Gloo: let the works outlive the call (see Pending.wait)
+    return _finish(tensor, flat, op, _nbytes(scratch))
+
+
+def _ring_phase(flat: torch.Tensor, phase: str, group, op: str) -> None:
+    """Run one phase of the ring schedule on ``flat`` with rank r owning chunk r (chapter 4).
+
+    The schedule's reduce-scatter leaves rank r with chunk r+1; we label chunks one lower, so
+    that rank r owns chunk r — a ZeRO rank owns shard r.
+    """
+    _finish(flat, flat, op, _ring_steps(flat, phase, group, op, shift=1))
+
+
+def ring_reduce_scatter(flat: torch.Tensor, group=None, op: str = "ring_reduce_scatter") -> torch.Tensor:
+    """In place: afterwards rank r's chunk r of ``flat`` holds the SUM of everyone's chunk r
+    (other chunks hold partial sums). Sends (N-1)/N·S bytes. Returns that chunk (a view)."""
+    rank, n = _rank_world(group)
+    if n > 1:
+        _ring_phase(flat, "reduce-scatter", group, op)
+    lo, hi = chunk_bounds(flat.numel(), n)[rank]
+    return flat[lo:hi]
+
+
+def ring_all_gather(flat: torch.Tensor, group=None, op: str = "ring_all_gather") -> torch.Tensor:
+    """In place: from rank r's chunk r of ``flat`` on every rank, every rank gets every chunk.
+    Sends (N-1)/N·S bytes."""
+    if _rank_world(group)[1] > 1:
+        _ring_phase(flat, "all-gather", group, op)
+    return flat

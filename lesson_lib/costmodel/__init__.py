@@ -1,0 +1,52 @@
+"""The cost model: memory, traffic and time of training, from formulas (chapters 0, 2, 4 and 7).
+
+* :mod:`.terms` — one formula per quantity: the memory bill, alpha-beta and its fits, ZeRO's memory
+  and traffic, the terms of a step at scale, and the device and link tables they read.
+* :mod:`.plan` — :class:`Plan`, one training job, and what each milestone of the talk changes in it.
+* :mod:`.planner` — a Plan turned into memory, step time and days; its assumptions, its table and
+  ``python -m lesson_lib estimate``.
+"""
+
+from .plan import MILESTONE_PLANS, MILESTONES, TERMS, Plan
+from .planner import (
+    assumptions,
+    cli_estimate,
+    estimate,
+    memory,
+    milestones,
+    plan_for,
+    step_time,
+    table,
+    to_json,
+)
+from .terms import (
+    PRECISIONS,
+    accelerators,
+    activation_bytes,
+    allreduce_terms,
+    allreduce_time,
+    bubble_fraction,
+    days_from_throughput,
+    devices,
+    devices_needed,
+    fit_alpha_beta,
+    fit_point_to_point,
+    fits,
+    latency_crossover_bytes,
+    links,
+    memory_bill,
+    ps_time,
+    published,
+    ring_time,
+    zero_memory,
+    zero_traffic,
+)
+
+__all__ = [
+    "MILESTONES", "MILESTONE_PLANS", "PRECISIONS", "TERMS", "Plan", "accelerators", "activation_bytes",
+    "allreduce_terms", "allreduce_time", "assumptions", "bubble_fraction", "cli_estimate",
+    "days_from_throughput", "devices", "devices_needed", "estimate", "fit_alpha_beta",
+    "fit_point_to_point", "fits", "latency_crossover_bytes", "links", "memory", "memory_bill",
+    "milestones", "plan_for", "ps_time", "published", "ring_time", "step_time", "table", "to_json",
+    "zero_memory", "zero_traffic",
+]

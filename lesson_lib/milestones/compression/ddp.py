@@ -1,0 +1,70 @@
+"""Any compressor as a DDP communication hook (chapter 6), and ours against torch's PowerSGD hook
+under ``DistributedDataParallel`` (``python -m lesson_lib bench compression``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ...data import teacher_classification
+from ...models import mlp
+from .compressors import Compressor
+from .powersgd import PowerSGD
+
+
+def ddp_hook(compressor: Compressor):
+    """``hook(state, bucket) -> Future`` for ``DistributedDataParallel.register_comm_hook(None, hook)``.
+
+    The compressor averages the bucket in place (synchronously, through our counted layer) and the
+    future is already complete: DDP copies the bucket back into the parameters' ``.grad``. State
+    (residuals, PowerSGD's Q) is kept per bucket index; DDP rebuilds its buckets after the first
+    step, so a bucket whose size changed starts afresh — hence ``start_iter=2`` with DDP, as torch asks.
+    """
+
+    def hook(state, bucket):  # no annotations: DDP rejects the string ones of __future__
+        buf = bucket.buffer()
+        compressor.reduce(buf, [g.shape for g in bucket.gradients()], key=bucket.index(), op="ddp_hook")
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
+
+    return hook
+
+
+def time_powersgd_hooks(rank: int = 2, steps: int = 20, rounds: int = 7, hidden: int = 256) -> list[dict]:
+    """On each rank: seconds for ``steps`` DDP steps with our PowerSGD hook and with torch's, per
+    round, alternating (``python -m lesson_lib bench compression``).
+
+    The model (142k parameters, 570 KB) fits DDP's first 1 MB bucket: one bucket per step. With
+    several buckets on Gloo, torch's hook chains all-reduces from callbacks while the next bucket's
+    starts; two ranks then crashed in Gloo with mismatched message sizes on this machine.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    x, y = teacher_classification(64, 32, 10)
+    models = {}
+    for name in ("ours", "torch"):
+        ddp = DDP(mlp(32, hidden, 3, 10, seed=0))
+        if name == "ours":
+            ddp.register_comm_hook(None, ddp_hook(PowerSGD(rank=rank, start_iter=2)))
+        else:
+            ddp.register_comm_hook(psgd.PowerSGDState(None, matrix_approximation_rank=rank,
+                                                      start_powerSGD_iter=2), psgd.powerSGD_hook)
+        models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
+
+    def go(name: str) -> float:
+        ddp, opt = models[name]
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        return time.perf_counter() - t0
+
+    for name in models:  # past start_iter and the bucket rebuild, outside the timing
+        go(name)
+    return [{name: go(name) for name in models} for _ in range(rounds)]

@@ -1,0 +1,71 @@
+"""The pipeline milestone's options (chapter 3): :class:`Config`, the balancing choices and the
+compute-dominated preset that ``bench bubble`` and the chapter measure the bubble on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...config import TrainConfig, opt, positive_int
+from .schedules import SCHEDULES, microbatches_run
+
+NAME = "pipeline"
+BALANCES = ("params", "time")
+# A compute-dominated model for measuring the bubble against its formula (chapter 3, ``python -m
+# lesson_lib bench bubble``): 16 hidden layers of width 1024, which 2 stages cut 8 + 8, between a
+# thin first layer and a thin head. With a full-width first layer (d_in = hidden) stage 0 would be
+# lighter in its backwards (its first layer computes no input gradient): unequal stages, which alone
+# put the replayed bubble above the formula. 128-256 samples per micro-batch make one forward take
+# several milliseconds and a message (0.5-1 MB) a small fraction of one. What each message costs beyond
+# its bytes (a core for Gloo's I/O thread and the link's threads while both stages compute) does not
+# grow with the work per micro-batch, so the more work per micro-batch, the closer the wall-clock
+# bubble comes to the formula (``bench bubble`` measures both).
+BUBBLE_PRESET = {"steps": 6, "global_batch": 1024, "hidden": 1024, "d_in": 32, "depth": 17, "samples": 4096}
+
+
+@dataclass
+class Config(TrainConfig):
+    world_size: int = opt(0, "derived: = stages, one rank per stage (leave unset)")
+    stages: int = opt(2, "pipeline stages P, one rank each (1: the unsplit model on one rank)")
+    microbatches: int = opt(4, "micro-batches M per step; must divide global_batch (naive ignores it)")
+    schedule: str = opt("1f1b", "naive (whole batch, one stage busy at a time) | gpipe | 1f1b")
+    balance: str = opt("params", "params | time: equal parameter counts or equal measured time per stage")
+    depth: int = opt(3, "hidden layers; the model has depth + 1 layers (Linear + ReLU) to cut into stages")
+    lr: float = opt(0.3, "SGD learning rate (momentum 0.9)")
+
+    def __post_init__(self):
+        if self.world_size == 0 and isinstance(self.stages, int) and not isinstance(self.stages, bool):
+            self.world_size = self.stages
+
+    def validate(self) -> "Config":
+        positive_int(self, "stages")
+        if self.world_size != self.stages:
+            raise ValueError(f"world_size={self.world_size} must equal stages={self.stages} "
+                             "(one rank per stage; leave world_size unset)")
+        super().validate()
+        positive_int(self, "microbatches")
+        if self.global_batch % self.microbatches:
+            raise ValueError(f"microbatches={self.microbatches} must divide global_batch="
+                             f"{self.global_batch} into equal micro-batches")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.balance not in BALANCES:
+            raise ValueError(f"balance must be one of {', '.join(BALANCES)}, got {self.balance!r}")
+        if self.stages > self.layers:
+            raise ValueError(f"stages={self.stages} is more than the {self.layers} layers of the model "
+                             f"(depth + 1); use at most {self.layers} stages or a deeper model")
+        return self
+
+    def replace(self, **changes) -> "Config":
+        if "stages" in changes and "world_size" not in changes:
+            changes["world_size"] = changes["stages"]
+        return super().replace(**changes)
+
+    @property
+    def layers(self) -> int:
+        return self.depth + 1
+
+    @property
+    def m(self) -> int:
+        """Micro-batches the schedule really runs (naive: 1, the whole batch)."""
+        return microbatches_run(self.schedule, self.microbatches)

@@ -1,0 +1,90 @@
+"""The pipeline's results (chapter 3): the summary of a run (bubble measured, replayed and by cause;
+memory per stage; bytes), and the checks against single-process training of the unsplit model.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from ...data import batch_indices, teacher_classification
+from ...models import flat_views, mlp, mlp_param_count
+from .config import Config
+from .schedules import all_actions, bubble_breakdown, bubble_formula, message_delays, step_bubbles
+from .stage import worker
+
+
+def summarize(cfg: Config, outs: list[dict]) -> dict:
+    events = sorted((e for o in outs for e in o["events"]), key=lambda e: e["start"])
+    measured = list(range(1, cfg.steps)) or [0]  # step 0 pays one-off costs
+    actions = all_actions(cfg.schedule, cfg.stages, cfg.m)
+    bubbles = [step_bubbles(actions, events, s) for s in range(cfg.steps)]
+    causes = [bubble_breakdown(actions, events, s) for s in measured]
+    B, H = cfg.global_batch, cfg.hidden
+    return {
+        "losses": outs[-1]["losses"], "events": events,
+        "bubble_fraction": statistics.median(bubbles[s]["wall"] for s in measured),
+        "bubble_busy": statistics.median(bubbles[s]["busy"] for s in measured),
+        "bubble_formula": bubble_formula(cfg.stages, cfg.m), "bubble_per_step": bubbles,
+        "bubble_breakdown": _median_breakdown(causes),
+        "message_delays_s": sorted(d for s in measured for d in message_delays(events, s).values()),
+        "microbatches_run": cfg.m, "partition": [list(b) for b in outs[0]["bounds"]],
+        "layer_costs": outs[0]["costs"],
+        "stage_memory": [{"stage": o["stage"], "layers": list(o["bounds"][o["stage"]]),
+                          "param_bytes": o["per_rank"]["memory"]["params"],
+                          "activation_peak": o["activation_peak"],
+                          "activation_per_microbatch": o["activation_per_microbatch"],
+                          "max_in_flight": o["max_in_flight"]} for o in outs],
+        "unsplit_param_bytes": 4 * mlp_param_count(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes),
+        # per step, each stage boundary carries the whole batch's activations one way, grads the other
+        "bytes_per_step_formula": {"send_activation": 4 * B * H, "send_grad": 4 * B * H},
+    }
+
+
+def _median_breakdown(causes: list[dict]) -> dict:
+    """Each rung of :func:`bubble_breakdown` and each per-stage share: its median over steps."""
+    med = {k: statistics.median(c[k] for c in causes) for k in ("stages", "busy", "messages", "wall")}
+    med["per_stage"] = [{"stage": s["stage"], **{k: statistics.median(c["per_stage"][i][k] for c in causes)
+                                                 for k in ("off_core", "recv", "between")}}
+                        for i, s in enumerate(causes[0]["per_stage"])]
+    return med
+
+
+def reference(cfg: Config) -> dict:
+    """Single-process SGD (momentum 0.9) of the unsplit model on the whole batch, no process group:
+    ``losses`` per step (those of ``data_parallel.reference(cfg, "sgd")``), the final ``params``
+    and the last step's ``grads`` (flat, in layer order)."""
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
+    flat, grads = flat_views(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    losses = []
+    for step in range(cfg.steps):
+        idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
+        grads.zero_()
+        loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return {"losses": losses, "params": flat.detach().clone(), "grads": grads.clone()}
+
+
+def state(outs: list[dict]) -> dict:
+    """The pipeline's losses, final parameters and last gradients, stages joined in layer order."""
+    return {"losses": outs[-1]["losses"], "params": torch.cat([o["params"] for o in outs]),
+            "grads": torch.cat([o["grads"] for o in outs])}
+
+
+def gaps(a: dict, b: dict) -> dict:
+    """Largest absolute differences of losses, parameters and gradients between two runs."""
+    return {"losses": max(abs(x - y) for x, y in zip(a["losses"], b["losses"], strict=True)),
+            "params": (a["params"] - b["params"]).abs().max().item(),
+            "grads": (a["grads"] - b["grads"]).abs().max().item()}
+
+
+def verify(cfg: Config, cluster) -> dict:
+    """Run the pipeline on ``cluster`` and compare it with :func:`reference` (``gaps``)."""
+    cfg.validate()
+    return gaps(state(cluster.run(worker, cfg)), reference(cfg))

@@ -1,0 +1,167 @@
+"""One pipeline stage (chapter 3): the model cut into layers, the layers balanced over the stages,
+and a stage's training loop (:func:`train_stage`), its actions in schedule order every step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ... import comm
+from ...data import batch_indices, teacher_classification
+from ...metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary, sync
+from ...models import flat_views, mlp
+from ...runtime import context
+from .comm import StageLink, Timeline
+from .config import Config
+from .schedules import partition, stage_actions
+
+# --------------------------------------------------------------------------- the model, cut
+
+
+def layer_units(model: nn.Sequential) -> list[list[nn.Module]]:
+    """The model's layers as the pipeline counts them: each ``Linear`` with the ``ReLU`` after it."""
+    units: list[list[nn.Module]] = []
+    for m in model:
+        if isinstance(m, nn.Linear):
+            units.append([m])
+        else:
+            units[-1].append(m)
+    return units
+
+
+def model_layers(cfg: Config) -> list[list[nn.Module]]:
+    """Every rank builds the whole model from the seed, so all agree on the initial weights."""
+    return layer_units(mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed))
+
+
+def build_stage(cfg: Config, lo: int, hi: int) -> nn.Sequential:
+    """Layers [lo, hi) of the model; the others are freed on return."""
+    return nn.Sequential(*[m for u in model_layers(cfg)[lo:hi] for m in u])
+
+
+def param_costs(cfg: Config) -> list[float]:
+    return [float(sum(p.numel() for m in u for p in m.parameters())) for u in model_layers(cfg)]
+
+
+def time_costs(cfg: Config, device: torch.device, repeats: int = 5) -> list[float]:
+    """Median seconds of one forward+backward of each layer on one micro-batch: busy (CPU) time,
+    or synchronized wall time on a GPU."""
+    clock = time.perf_counter if device.type == "cuda" else time.thread_time
+    x = torch.randn(cfg.global_batch // cfg.m, cfg.d_in, generator=torch.Generator().manual_seed(0))
+    x = x.to(device)
+    costs = []
+    for u in model_layers(cfg):
+        layer, samples = nn.Sequential(*u).to(device), []
+        for _ in range(repeats + 1):  # the first run pays one-off allocation costs
+            xin = x.detach().requires_grad_(bool(costs))  # the first layer needs no input gradient
+            sync(device)
+            t0 = clock()
+            out = layer(xin)
+            out.sum().backward()
+            sync(device)
+            samples.append(clock() - t0)
+        costs.append(statistics.median(samples[1:]))
+        x = out.detach()
+    return costs
+
+
+def choose_partition(cfg: Config, rank: int, device: torch.device) -> tuple[list, list[float]]:
+    """Layer bounds per stage and the per-layer costs they balance. By time: rank 0 measures and
+    sends its costs to every stage, so that all stages cut the model the same way."""
+    if cfg.balance == "params":
+        return partition(param_costs(cfg), cfg.stages), param_costs(cfg)
+    costs = torch.tensor(time_costs(cfg, device) if rank == 0 else [0.0] * cfg.layers, dtype=torch.float64,
+                         device=device)
+    for r in range(1, cfg.stages):
+        if rank == 0:
+            comm.send(costs, r, op="balance")
+    if rank > 0:
+        comm.recv(costs, 0, op="balance")
+    return partition(costs.tolist(), cfg.stages), costs.tolist()
+
+
+# --------------------------------------------------------------------------- one stage, training
+
+
+def train_stage(cfg: Config, k: int, device: torch.device, emit=None) -> dict:
+    """Stage ``k``'s training loop: its actions in schedule order, every step."""
+    P, M = cfg.stages, cfg.m
+    bounds, costs = choose_partition(cfg, k, device)
+    stage = build_stage(cfg, *bounds[k]).to(device)
+    flat, grads = flat_views(stage)
+    optimizer = torch.optim.SGD(stage.parameters(), lr=cfg.lr, momentum=0.9)
+    first, last = k == 0, k == P - 1
+    linears = [m for m in stage if isinstance(m, nn.Linear)]
+    rows = cfg.global_batch // M
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    x_all, y_all = x_all.to(device), y_all.to(device)
+    actions = stage_actions(cfg.schedule, P, M, k)
+    tl = Timeline(k, device)
+    # Receives are posted ahead so that a neighbour's message leaves as soon as it is computed; 1F1B,
+    # whose point is to bound what a stage holds, gets two buffers ahead, which costs its bubble no more
+    # than posting all M at once (``python -m lesson_lib bench bubble`` measures both schedules' bubble).
+    link = StageLink(k, P, M, (rows, linears[0].in_features), (rows, linears[-1].out_features), tl,
+                     ahead=2 if cfg.schedule == "1f1b" else None)
+    rec = StepRecorder(device, emit)
+    losses, act_peak, per_mb, in_flight = [], 0, 0, 0
+    try:
+        for step in range(cfg.steps):
+            tl.step = step
+            idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
+            mbs = [idx[i * rows:(i + 1) * rows] for i in range(M)]
+            with rec.step(step) as r:
+                grads.zero_()
+                link.begin_step()
+                held, live, loss_sum = {}, 0, 0.0
+                for kind, i in actions:
+                    if kind == "F":
+                        x = x_all[mbs[i]] if first else link.recv_activation(i).requires_grad_()
+                        meter = ActivationMeter(exclude=[flat])
+                        with tl.event("forward", i), meter.measure():
+                            out = stage(x)
+                            if last:
+                                out = F.cross_entropy(out, y_all[mbs[i]])
+                        if last:
+                            loss_sum += out.item()
+                        else:
+                            link.send_activation(out.detach(), i)
+                        held[i] = (x, out, meter.peak)  # live until its backward: what 1F1B bounds
+                        live, per_mb = live + meter.peak, meter.peak
+                        act_peak, in_flight = max(act_peak, live), max(in_flight, len(held))
+                    else:
+                        x, out, nbytes = held.pop(i)
+                        g = None if last else link.recv_grad(i)
+                        with tl.event("backward", i):
+                            if last:
+                                (out / M).backward()  # mean over micro-batches = whole-batch mean
+                            else:
+                                out.backward(g)
+                        live -= nbytes
+                        if not first:
+                            link.send_grad(x.grad, i)
+                link.flush()
+                optimizer.step()
+                if last:
+                    r["loss"] = loss_sum / M
+            if last:
+                losses.append(r["loss"])
+            if emit is not None:
+                emit("pp_events", step=step, events=tl.of_step(step))
+    finally:
+        link.close()
+    memory = memory_report(stage, optimizer, act_peak, device=device)
+    return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events,
+            "params": flat.detach().clone(), "grads": grads.clone(),
+            "activation_peak": act_peak, "activation_per_microbatch": per_mb, "max_in_flight": in_flight,
+            "per_rank": per_rank_summary(k, rec, memory)}
+
+
+def worker(cfg: Config) -> dict:
+    ctx = context()
+    counters().reset()
+    return train_stage(cfg, ctx.rank, ctx.device, ctx.emit)

@@ -1,0 +1,170 @@
+"""The ZeRO milestone (chapter 4): its ``Config``, one rank's training (:func:`worker`: shard, train,
+measure) and the summary against the memory and traffic formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ... import comm
+from ...config import TrainConfig, opt
+from ...costmodel import zero_memory, zero_traffic
+from ...data import batch_indices, shard, teacher_classification
+from ...metrics import (
+    ActivationMeter,
+    StepRecorder,
+    counters,
+    device_memory,
+    optimizer_tensors,
+    per_rank_summary,
+    storage_bytes,
+)
+from ...models import mlp, mlp_param_count
+from ...runtime import context
+from .layerwise import PieceOptimizer, layouts, norm_traffic
+from .shards import Flat, Transients, fetch_layer_by_layer, scatter_during_backward, sharded_step
+
+NAME = "zero"
+
+
+@dataclass
+class Config(TrainConfig):
+    stage: int = opt(0, "0 plain data parallel | 1 shard optimizer state | 2 + gradients | 3 + parameters")
+    precision: str = opt("fp32", "fp32 | mixed (bf16 params and grads, fp32 master and Adam: K=12)")
+    lr: float = opt(0.01, "learning rate")
+    optimizer: str = opt("adam", "adam | lamb | lars (layer-wise: their layer norms are all-reduced "
+                                 "from the shards, chapter 5)")
+    weight_decay: float = opt(0.0, "lamb/lars weight decay of the weight matrices (biases excluded)")
+    bucket_mb: float = opt(0.0, "stage 2: 0 scatter the gradients after the backward | > 0 in buckets of "
+                                "this many MiB during the backward, each freed once scattered (as ZeRO-2)")
+
+    def validate(self) -> "Config":
+        super().validate()
+        if isinstance(self.stage, bool) or self.stage not in (0, 1, 2, 3):
+            raise ValueError(f"stage must be 0, 1, 2 or 3, got {self.stage!r}")
+        if self.optimizer not in ("adam", "lamb", "lars"):
+            raise ValueError(f"optimizer must be 'adam', 'lamb' or 'lars', got {self.optimizer!r}")
+        if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1):
+            raise ValueError(f"weight_decay must be in [0, 1), got {self.weight_decay!r}")
+        if isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, (int, float)) \
+                or not 0 <= self.bucket_mb < 1e6:
+            raise ValueError(f"bucket_mb must be a number of MiB >= 0, got {self.bucket_mb!r}")
+        if self.bucket_mb and self.stage != 2:
+            raise ValueError(f"bucket_mb={self.bucket_mb} applies to stage 2 only (stage={self.stage}): "
+                             "stage 3 already scatters layer by layer")
+        if self.precision not in ("fp32", "mixed"):
+            raise ValueError(f"precision must be 'fp32' or 'mixed', got {self.precision!r}")
+        if self.global_batch % self.world_size:
+            raise ValueError(f"global_batch={self.global_batch} must divide evenly over "
+                             f"world_size={self.world_size} ranks")
+        if param_count(self) < self.world_size:
+            raise ValueError(f"world_size={self.world_size} is more ranks than the {param_count(self)} "
+                             "parameters to shard")
+        return self
+
+
+def param_count(cfg: TrainConfig) -> int:
+    return mlp_param_count(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes)
+
+
+def worker(cfg: Config) -> dict:
+    ctx = context()
+    counters().reset()
+    r, n, dev, stage = ctx.rank, ctx.world_size, ctx.device, cfg.stage
+    mixed = cfg.precision == "mixed"
+    dtype = torch.bfloat16 if mixed else torch.float32
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(dev, dtype)
+    layers = [m for m in model if isinstance(m, torch.nn.Linear)]
+    # Every stage shards layer by layer, so every stage adds the gradients in the same order.
+    units = [Flat(list(m.parameters()), n, r) for m in layers]
+    transient = Transients()
+    # --- the model states this rank keeps between steps
+    if stage == 3:
+        for u in units:
+            u.shard = u.full[u.lo:u.hi].clone()
+            u.free()
+        fetch_layer_by_layer(units, layers, n, transient)
+    overlap = None
+    if stage == 2 and cfg.bucket_mb > 0:
+        overlap = scatter_during_backward(units, layers, n, int(cfg.bucket_mb * 2**20), transient)
+    owned = [u.full if stage == 0 else (u.shard if stage == 3 else u.full[u.lo:u.hi]) for u in units]
+    masters = [o.float().clone() if mixed else o for o in owned]  # Adam updates these (fp32)
+    for u in units:
+        u.grad_shard = torch.zeros(u.hi - u.lo, dtype=dtype, device=dev) if stage >= 2 else None
+        if stage < 2:  # the full gradient stays allocated between steps
+            u.new_grad()
+    if cfg.optimizer == "adam":
+        optimizer = torch.optim.Adam(masters, lr=cfg.lr)
+    else:  # chapter 5: per-layer norms over the shards
+        spans = [(0, u.padded) if stage == 0 else (u.lo, u.hi) for u in units]
+        optimizer = PieceOptimizer(cfg.optimizer, masters, spans, layouts(units),
+                                             cfg.lr, cfg.weight_decay, sharded=stage > 0)
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    x_all, y_all = x_all.to(dev, dtype), y_all.to(dev)
+    meter, rec = ActivationMeter(exclude=model.parameters()), StepRecorder(dev, ctx.emit)
+    losses = []
+    try:
+        for step in range(cfg.steps):
+            idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), r, n)
+            with rec.step(step) as rs:
+                for u in units if stage < 3 and overlap is None else ():
+                    if stage == 2:  # built during backward, freed once scattered (a transient)
+                        u.new_grad(transient)
+                    else:
+                        u.bucket.zero_()
+                with meter.measure():
+                    loss = F.cross_entropy(model(x_all[idx]).float(), y_all[idx])
+                if overlap is not None:
+                    overlap.start()
+                loss.backward()  # stage 3: the hooks gather, free and reduce-scatter layer by layer
+                if overlap is not None:
+                    overlap.wait()  # stage 2 with buckets: scattered during the backward
+                sharded_step(units, masters, owned, optimizer, stage, n, mixed, transient,
+                             scattered=overlap is not None)
+                lt = loss.detach().reshape(1)
+                comm.ring_all_reduce(lt, op="loss_all_reduce")
+                rs["loss"] = float(lt) / n
+            losses.append(rs["loss"])
+    finally:
+        if overlap is not None:
+            overlap.close()
+    params_kept = [u.shard if stage == 3 else u.full for u in units]
+    grads_kept = [u.grad_shard if stage >= 2 else u.bucket for u in units]
+    memory = {"params": storage_bytes(params_kept), "grads": storage_bytes(grads_kept),
+              "optimizer": storage_bytes(optimizer_tensors(optimizer) + (masters if mixed else [])),
+              "activations": meter.peak, "buffers": transient.peak + counters().scratch_peak,
+              **device_memory(dev)}
+    final = []
+    for u in units:  # stage 3: gather the final parameters for checking (not part of training)
+        if stage == 3:
+            u.gather(op="final_check_gather")
+        final += u.full[: u.numel].float().tolist()
+    return {"losses": losses, "params": final, "padded": sum(u.padded for u in units),
+            "layer_bytes": [u.padded * u.full.element_size() for u in units],
+            "grads_peak": transient.grads_peak, "per_rank": per_rank_summary(r, rec, memory)}
+
+
+def summarize(cfg: Config, outs: list[dict]) -> dict:
+    psi, n = param_count(cfg), cfg.world_size
+    formula = zero_memory(psi, n, cfg.stage, cfg.precision)
+    esize = 2 if cfg.precision == "mixed" else 4
+    training_ops = ("grad_reduce_scatter", "grad_all_gather", "param_all_gather")
+    traffic = [sum(v["bytes_sent"] for k, v in o["per_rank"]["ops"].items() if k in training_ops)
+               / cfg.steps for o in outs]
+    padded = outs[0]["padded"]  # per layer in stage 3, for the whole model otherwise
+    # LAMB/LARS at stages 1-3: two scalar ring all-reduces per parameter tensor per step
+    norms = [o["per_rank"]["ops"].get("norm_all_reduce", {}).get("bytes_sent", 0) / cfg.steps for o in outs]
+    tensors = 2 * (cfg.depth + 1)  # a weight and a bias per linear layer
+    norm_formula = [norm_traffic(tensors, n, r) if cfg.optimizer != "adam" and cfg.stage > 0
+                    else 0 for r in range(n)]
+    return {"param_count": psi, "padded_param_count": padded, "formula": formula,
+            "traffic_per_step": traffic, "traffic_formula": zero_traffic(psi, n, cfg.stage, esize),
+            "traffic_formula_padded": zero_traffic(padded, n, cfg.stage, esize),
+            "norm_traffic_per_step": norms, "norm_traffic_formula": norm_formula,
+            "final_params": outs[0]["params"],
+            # the most bytes of full (unsharded) gradients a rank held at once, and each layer's
+            "full_grads_peak": [o["grads_peak"] for o in outs], "layer_bytes": outs[0]["layer_bytes"]}
+

@@ -1,0 +1,176 @@
+"""ZeRO's shards and hooks (chapter 4): each layer's parameters in one flat buffer of which rank r owns
+slice r (:class:`Flat`), the bytes a rank holds only for a moment (:class:`Transients`), the module
+hooks of stage 3 and of stage 2 with buckets, and one step after the backward (:func:`sharded_step`).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import torch
+
+from ... import buckets, comm
+from ...metrics import storage_bytes
+
+
+class Flat:
+    """One layer's parameters made views of one flat buffer, padded to a multiple of N, that can
+    be freed and refilled; rank r owns slice r."""
+
+    def __init__(self, params: list, n: int, rank: int):
+        self.params = params
+        self.numel = sum(p.numel() for p in params)
+        self.padded = -(-self.numel // n) * n
+        self.lo, self.hi = comm.chunk_bounds(self.padded, n)[rank]
+        self.full = torch.zeros(self.padded, dtype=params[0].dtype, device=params[0].device)
+        offset = 0
+        for p in params:
+            self.full[offset:offset + p.numel()].copy_(p.detach().view(-1))
+            p.data = self.full[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.shard: torch.Tensor | None = None  # stage 3: the only parameters a rank keeps
+        self.grad_shard: torch.Tensor | None = None  # stages 2-3: the only gradient kept
+        self.bucket: torch.Tensor | None = None
+        self.pending = 0
+
+    def point_grads(self, bucket: torch.Tensor | None) -> None:
+        offset = 0
+        for p in self.params:
+            p.grad = None if bucket is None else bucket[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+    def new_grad(self, transient: "Transients | None" = None) -> None:
+        """Allocate this layer's full gradient (zeros) and make the parameters' grads views of it."""
+        self.bucket = torch.zeros(self.padded, dtype=self.full.dtype, device=self.full.device)
+        if transient is not None:  # stages 2-3: it lives only until scattered
+            transient.add(self.bucket.untyped_storage().nbytes(), grads=True)
+        self.point_grads(self.bucket)
+
+    def drop_grad(self, transient: "Transients") -> None:
+        """Free the full gradient once this rank's shard of it is kept."""
+        self.point_grads(None)
+        transient.add(-self.bucket.untyped_storage().nbytes(), grads=True)
+        self.bucket = None
+
+    def free(self) -> None:  # the views stay valid; their storage is given back
+        self.full.untyped_storage().resize_(0)
+
+    def gather(self, op: str = "param_all_gather") -> None:
+        self.full.untyped_storage().resize_(self.padded * self.full.element_size())
+        self.full[self.lo:self.hi].copy_(self.shard)
+        comm.ring_all_gather(self.full, op=op)
+
+
+class Transients:
+    """Live bytes of the buffers a rank allocates only for a moment, and their peak; also of the
+    full (unsharded) gradients among them."""
+
+    def __init__(self):
+        self.live = self.peak = self.grads_live = self.grads_peak = 0
+        self.lock = threading.Lock()  # stage 2 with buckets frees them on the communication thread
+
+    def add(self, nbytes: int, grads: bool = False) -> None:
+        with self.lock:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            if grads:
+                self.grads_live += nbytes
+                self.grads_peak = max(self.grads_peak, self.grads_live)
+
+
+def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Transients) -> None:
+    """Stage 3: gather a layer's parameters just before its forward and again before its
+    backward, free them right after; reduce-scatter its gradient as soon as it is complete."""
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+
+    def gather(u):
+        u.gather()
+        transient.add(u.full.untyped_storage().nbytes())
+
+    def free(u):
+        transient.add(-u.full.untyped_storage().nbytes())
+        u.free()
+
+    def before_backward(u):
+        gather(u)
+        u.new_grad(transient)
+        u.pending = len(u.params)
+
+    def grad_ready(u):
+        u.pending -= 1
+        if u.pending:
+            return
+        u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
+        u.drop_grad(transient)
+        free(u)
+
+    for u, m in zip(units, modules):
+        m.register_forward_pre_hook(lambda mod, args, u=u: gather(u))
+        m.register_forward_hook(lambda mod, args, out, u=u: free(u))
+        m.register_full_backward_pre_hook(lambda mod, grad, u=u: before_backward(u))
+        for p in u.params:
+            p.register_post_accumulate_grad_hook(lambda p, u=u: grad_ready(u))
+
+
+def scatter_during_backward(units: list[Flat], modules: list, n: int, bucket_bytes: int,
+                            transient: Transients) -> buckets.Overlap:
+    """Stage 2 with buckets: reduce-scatter the gradients during the backward, a bucket at a time.
+
+    Just before a layer's backward, wait until the gradients not yet scattered fit in one bucket,
+    then allocate the layer's full gradient. When a bucket's layers are all written, the
+    communication thread reduce-scatters them, keeps this rank's slice and frees the rest.
+    """
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    plan = buckets.plan([u.padded * u.full.element_size() for u in units], bucket_bytes)
+
+    def allocate(u):
+        while transient.grads_live > bucket_bytes and overlap.wait_oldest():
+            pass  # the backward waits for the network: the price of a bounded memory
+        u.new_grad(transient)
+
+    def reduce(i):  # on the communication thread
+        for u in (units[j] for j in plan[i]):
+            u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
+            u.drop_grad(transient)
+
+    overlap = buckets.Overlap([[p for j in b for p in units[j].params] for b in plan], reduce)
+    for u, m in zip(units, modules):
+        m.register_full_backward_pre_hook(lambda mod, grad, u=u: allocate(u))
+    return overlap
+
+
+def sharded_step(units: list[Flat], masters: list, owned: list, optimizer, stage: int, n: int,
+                 mixed: bool, transient: Transients, scattered: bool = False) -> None:
+    """One ZeRO step after backward (shown in chapter 4): average the gradients, update, share.
+
+    Stages 0-2: reduce-scatter each layer's gradient so rank r holds the sum of slice r; stage 0
+    all-gathers it back (an all-reduce) and updates everything, stages 1-2 update only slice r
+    and all-gather the parameters. Stage 3's gradients were scattered during backward, and so
+    were stage 2's when it uses buckets (``scattered``).
+    """
+    grads = []
+    for u in units if stage < 3 and not scattered else ():
+        mine = comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter").div_(n)
+        if stage == 0:
+            grads.append(comm.ring_all_gather(u.bucket, op="grad_all_gather"))
+        elif stage == 1:
+            grads.append(mine)
+        else:
+            u.grad_shard.copy_(mine)
+            del mine
+            u.drop_grad(transient)  # the full gradient buffer is freed here
+    if stage >= 2:
+        grads = [u.grad_shard for u in units]
+    for m, g in zip(masters, grads):
+        m.grad = g.float() if mixed else g
+    if mixed:  # the fp32 copy of the gradients Adam reads
+        transient.add(storage_bytes([m.grad for m in masters]))
+        transient.add(-storage_bytes([m.grad for m in masters]))
+    optimizer.step()
+    for m, o in zip(masters, owned):
+        m.grad = None
+        if mixed:
+            o.copy_(m)
+    for u in units if stage in (1, 2) else ():
+        comm.ring_all_gather(u.full, op="param_all_gather")
