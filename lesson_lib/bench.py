@@ -202,13 +202,14 @@ def bubble(schedules=("gpipe", "1f1b"), microbatches=(4, 8), repeats: int = 3,
     from .experiments import run
     from .milestones import pipeline as pp
 
-    preset = {**pp.BUBBLE_PRESET, **({"steps": steps} if steps else {})}
+    preset = {"steps": steps} if steps else {}
     rows = []
     with Cluster(2, quiet=True) as cluster:
         for rep in range(repeats):
             for schedule in schedules:
                 for m in microbatches:
-                    cfg = pp.Config(stages=2, microbatches=m, schedule=schedule, **preset)
+                    cfg = pp.Config.from_preset("bubble", stages=2, microbatches=m, schedule=schedule,
+                                                **preset)
                     r = run("pipeline", cfg, cluster=cluster)
                     f, busy, wall = r["bubble_formula"], r["bubble_busy"], r["bubble_fraction"]
                     rows.append({"schedule": schedule, "microbatches": m, "run": rep, "formula": f,
@@ -221,7 +222,7 @@ def bubble(schedules=("gpipe", "1f1b"), microbatches=(4, 8), repeats: int = 3,
 
 
 def print_bubble(rows: list[dict]) -> None:
-    print("pipeline bubble, 2 stages, compute-dominated preset (pipeline.BUBBLE_PRESET), median over steps.\n"
+    print("pipeline bubble, 2 stages, compute-dominated preset 'bubble', median over steps.\n"
           "  stages: replayed with each stage's mean forward and backward; busy: each action's busy time;\n"
           "  msgs: busy + each message's measured delay; wall: measured on the wall clock;\n"
           "  per stage, as shares of the step's window: off its core while computing, waiting in recv, "

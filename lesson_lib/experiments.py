@@ -141,16 +141,17 @@ def experiment_of(cfg) -> str:
 
 
 def run_warm(cfg, live=None, label: str | None = None, ranks: int | None = None,
-             loss_rank: int = 0) -> Result:
+             loss_rank: int = 0, on_event: Callable[[dict], None] | None = None) -> Result:
     """Run ``cfg``'s experiment on the warm cluster of ``cfg.world_size`` ranks (kept for the kernel).
 
     With ``live`` (a ``plots.common.LiveRuns``) the steps stream into that figure as ``label``;
     ``ranks`` ranks report steps (default all) and ``loss_rank`` carries the loss (a parameter
-    server's first worker rather than a server). Every chapter's runs go through here.
+    server's first worker rather than a server); ``on_event`` takes the events instead (another
+    live figure, such as the pipeline's Gantt chart). Every chapter's runs go through here.
     """
     name = experiment_of(cfg)
     cfg.validate()
-    on_event = (live.track(label or name, cfg.steps, ranks or cfg.world_size, loss_rank=loss_rank)
-                if live is not None else None)
+    if live is not None:
+        on_event = live.track(label or name, cfg.steps, ranks or cfg.world_size, loss_rank=loss_rank)
     cluster = warm_cluster(cfg.world_size, cfg.backend, timeout_s=cfg.timeout_s)
     return run(name, cfg, cluster=cluster, on_event=on_event)

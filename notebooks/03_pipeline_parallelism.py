@@ -74,7 +74,8 @@ assert max(split["stage_bytes"]) < split["unsplit_bytes"] / 3   # each stage hol
 gaps = ch03.equivalence(stages=4, microbatches=4)
 
 # %%
-tol = numerics.pipeline_tolerance(microbatches=4, steps=ch03.SMALL["steps"], depth=ch03.SMALL["depth"])  # see numerics.pipeline_tolerance??
+small = pp.Config.tiny()  # the small model of the equality checks
+tol = numerics.pipeline_tolerance(microbatches=4, steps=small.steps, depth=small.depth)  # numerics.pipeline_tolerance??
 for schedule, g in gaps.items():
     assert max(g.values()) <= tol, (schedule, g, tol)
 
@@ -139,7 +140,7 @@ def my_pipeline(cfg):
 
 mine, library = {}, {}
 for schedule in ("gpipe", "1f1b"):
-    cfg = pp.Config(stages=4, microbatches=4, schedule=schedule, **ch03.SMALL).validate()
+    cfg = pp.Config.tiny(stages=4, microbatches=4, schedule=schedule)
     outs = warm_cluster(4).run(my_pipeline, cfg, timeout_s=30)
     mine[schedule] = {"losses": outs[-1][0], "params": torch.cat([o[1] for o in outs])}
     library[schedule] = pp.state(warm_cluster(4).run(pp.worker, cfg))

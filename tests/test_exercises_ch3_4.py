@@ -14,7 +14,7 @@ from lesson_lib.exercises import Exercise
 from lesson_lib.milestones.pipeline.schedules import stage_actions
 
 EX4 = ch04.exercises()
-EX3 = ch03_exercises.exercises(stages=4)  # smallest_m's real run is the chapter's (tested below)
+EX3 = ch03_exercises.exercises(stages=4, run=False)  # smallest_m's real run is tested below
 
 
 def verdict(ex: Exercise, answer):
@@ -318,7 +318,7 @@ def test_smallest_m_requires_the_integer(answer, ok):
 def test_smallest_m_reports_a_real_run_when_right(monkeypatch):
     from lesson_lib.chapters import ch03
 
-    monkeypatch.setattr(ch03, "_measured_bubble", lambda m, stages=4: f"measured with M={m}")
+    monkeypatch.setattr(ch03_exercises, "measured_bubble", lambda m, stages=4: f"measured with M={m}")
     assert ch03.exercises(4)["smallest_m"].check(28).message == "measured with M=28"
 
 
@@ -372,6 +372,6 @@ def test_1f1b_with_blocking_sends_deadlocks_as_the_notebook_says():
     from lesson_lib import WorkerTimeout, warm_cluster
     from lesson_lib.milestones import pipeline as pp
 
-    cfg = pp.Config(stages=4, microbatches=4, schedule="1f1b", **ch03_exercises.SMALL).validate()
+    cfg = pp.Config.tiny(stages=4, microbatches=4, schedule="1f1b")
     with pytest.raises(WorkerTimeout, match="send"):
         warm_cluster(4).run(one_f_one_b_with_blocking_sends, cfg, timeout_s=5)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lesson_lib import run
 from lesson_lib.chapters import ch03
 from lesson_lib.milestones import pipeline as pp
-from lesson_lib.milestones.pipeline import torch_ref as pp_torch
+from lesson_lib.milestones.pipeline import torch_ref
 from lesson_lib.milestones.pipeline.schedules import (
     SCHEDULES,
     all_actions,
@@ -108,7 +108,7 @@ def test_time_balance_and_an_odd_number_of_microbatches(clusters):
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_ours_equals_torch_distributed_pipelining(clusters, schedule):
     cfg = pp.Config(stages=2, schedule=schedule, microbatches=4, **SMALL)
-    c = pp_torch.compare(cfg, clusters(2))
+    c = torch_ref.compare(cfg, clusters(2))
     assert "error" not in c, c
     assert max(c["ours_vs_torch"].values()) < 1e-6 and max(c["torch_vs_reference"].values()) < 1e-5
 

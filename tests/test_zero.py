@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from lesson_lib import numerics, run
+from lesson_lib import experiments, numerics, run
 from lesson_lib.chapters import ch04
 from lesson_lib.costmodel import zero_memory
 from lesson_lib.milestones import zero
@@ -173,7 +173,7 @@ def test_explorer_offers_only_valid_rank_counts_and_checks_before_starting(monke
     assert sizes == [1, 2, 4]  # the preset's batch of 64 does not split over 3 ranks
     for n in sizes:
         ch04.config(3, n, precision="mixed")
-    monkeypatch.setattr(ch04, "warm_cluster", lambda n: pytest.fail("workers started"))
+    monkeypatch.setattr(experiments, "warm_cluster", lambda *a, **k: pytest.fail("workers started"))
     with pytest.raises(ValueError, match="global_batch"):
         ch04.stages(world_size=3)
     box = ch04.explorer()

@@ -12,9 +12,9 @@ from IPython.display import display
 
 from .. import plots, widgets
 from ..exercises import Exercise
-from ..experiments import Result, run
+from ..experiments import Result, run_warm
 from ..milestones import pipeline as pp
-from ..milestones.pipeline import torch_ref as pp_torch
+from ..milestones.pipeline import torch_ref
 from ..milestones.pipeline.schedules import (
     SCHEDULES,
     all_actions,
@@ -24,22 +24,10 @@ from ..runtime import warm_cluster
 from .ch03_exercises import exercises as _exercises
 from .ch03_exercises import microbatch_indices, stage_setup  # noqa: F401  (the notebook's cells use them)
 
-# The laptop preset: 8 hidden layers of width 1024 (8.4M parameters) between a thin first layer
-# and a thin head, so that one micro-batch's forward on a stage takes milliseconds and dwarfs the
-# cost of a message, and 2 or 4 stages get equal work (a full-width first layer, which computes
-# no input gradient, made stage 0 lighter); about a second per run.
-PRESET = {"steps": 5, "global_batch": 128, "hidden": 1024, "d_in": 32, "depth": 9, "samples": 1024}
-# For checks of exact equality: a small model, any number of stages up to 8.
-SMALL = {"steps": 4, "global_batch": 24, "hidden": 32, "d_in": 16, "depth": 7, "samples": 512}
 
-
-def _cfg(stages: int, microbatches: int, schedule: str, preset=PRESET, **options) -> pp.Config:
-    return pp.Config(stages=stages, microbatches=microbatches, schedule=schedule,
-                     **{**preset, **options}).validate()
-
-
-def _run(cfg: pp.Config, on_event=None) -> Result:
-    return run("pipeline", cfg, cluster=warm_cluster(cfg.stages), on_event=on_event)
+def _cfg(stages: int, microbatches: int, schedule: str, preset: str = "laptop", **options) -> pp.Config:
+    return pp.Config.from_preset(preset, stages=stages, microbatches=microbatches, schedule=schedule,
+                                 **options)
 
 
 def _shown_step(r: Result) -> int:
@@ -64,7 +52,7 @@ def timeline(r: Result, title: str):
 
 def split(stages: int = 4, balance: str = "params") -> dict:
     """Which layers each stage holds, and the parameter memory each stage measures."""
-    r = _run(_cfg(stages, 4, "1f1b", steps=2, balance=balance))
+    r = run_warm(_cfg(stages, 4, "1f1b", steps=2, balance=balance))
     mem = r["stage_memory"]
     costs = ", ".join(f"{c:.3g}" for c in r["layer_costs"])
     print(f"cost per layer ({'parameters' if balance == 'params' else 'busy seconds, measured'}): {costs}")
@@ -82,7 +70,7 @@ def equivalence(stages: int = 4, microbatches: int = 4) -> dict:
     """Every schedule against single-process SGD of the unsplit model on the whole batch."""
     out = {}
     for schedule in SCHEDULES:
-        out[schedule] = g = pp.verify(_cfg(stages, microbatches, schedule, SMALL), warm_cluster(stages))
+        out[schedule] = g = pp.verify(_cfg(stages, microbatches, schedule, "tiny"), warm_cluster(stages))
         print(f"{schedule:>6}: largest difference from one process — losses {g['losses']:.1e}, "
               f"gradients {g['grads']:.1e}, parameters {g['params']:.1e}")
     return out
@@ -93,7 +81,7 @@ def live(stages: int = 4, microbatches: int = 4, schedule: str = "gpipe") -> Res
     gantt = plots.pipeline.LiveGantt(stages, f"{schedule}: {stages} stages, {microbatches} micro-batches, "
                                              "every step as it is measured (live)")
     display(gantt)
-    r = _run(_cfg(stages, microbatches, schedule), on_event=gantt.track())
+    r = run_warm(_cfg(stages, microbatches, schedule), on_event=gantt.track())
     gantt.redraw()
     display(timeline(r, f"{schedule}, one step up close: numbers are micro-batches"))
     return r
@@ -103,7 +91,7 @@ def schedules(stages: int = 4, microbatches: int = 4) -> dict[str, Result]:
     """naive, GPipe and 1F1B on the same model and batch, one step of each."""
     runs = {}
     for schedule in SCHEDULES:
-        runs[schedule] = r = _run(_cfg(stages, microbatches, schedule))
+        runs[schedule] = r = run_warm(_cfg(stages, microbatches, schedule))
         m = r["microbatches_run"]
         display(timeline(r, f"{schedule}: {stages} stages, {m} micro-batch{'es' if m > 1 else ''} — "
                             f"formula bubble {r['bubble_formula']:.0%}"))
@@ -115,7 +103,7 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
     rows, runs = [], []
     for p in stages:
         for m in microbatches:
-            r = _run(_cfg(p, m, schedule))
+            r = run_warm(_cfg(p, m, schedule))
             runs.append(r)
             rows.append({"stages": p, "microbatches": m, "wall": r["bubble_fraction"],
                          "busy": r["bubble_busy"], "formula": r["bubble_formula"],
@@ -129,15 +117,15 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
 
 
 def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
-    """Where the idle time goes at P = 2 on the compute-dominated preset (``pp.BUBBLE_PRESET``):
+    """Where the idle time goes at P = 2 on the compute-dominated preset (``Config.from_preset("bubble")``):
     the bubble rebuilt one cause at a time, every rung measured in the same run
     (:func:`~lesson_lib.milestones.pipeline.schedules.bubble_breakdown`); then the same model with one
     hidden layer fewer, which 2 stages can only cut 7 + 8: unequal stages."""
     rows, runs = [], []
-    models = {"balanced": {}, "7 + 8 layers": {"depth": pp.BUBBLE_PRESET["depth"] - 1}}
+    models = {"balanced": {}, "7 + 8 layers": {"depth": pp.Config.PRESETS["bubble"]["depth"] - 1}}
     for model, change in models.items():
         for m in microbatches:
-            r = _run(_cfg(2, m, schedule, pp.BUBBLE_PRESET, **change))
+            r = run_warm(_cfg(2, m, schedule, "bubble", **change))
             runs.append(r)
             b, f = r["bubble_breakdown"], r["bubble_formula"]
             rows.append({"label": f"{model}, M={m}", "model": model, "microbatches": m, "formula": f,
@@ -164,7 +152,7 @@ def activation_memory(stages: int = 4, microbatches=(1, 2, 4, 8), rows_per_micro
     rows = []
     for schedule in ("gpipe", "1f1b"):
         for m in microbatches:
-            r = _run(_cfg(stages, m, schedule, steps=2, global_batch=m * rows_per_microbatch))
+            r = run_warm(_cfg(stages, m, schedule, steps=2, global_batch=m * rows_per_microbatch))
             rows += [{"schedule": schedule, "microbatches": m, "stage": s["stage"],
                       "peak": s["activation_peak"], "per_microbatch": s["activation_per_microbatch"],
                       "in_flight": s["max_in_flight"]} for s in r["stage_memory"]]
@@ -182,8 +170,8 @@ def against_torch(stages: int = 4, microbatches: int = 4) -> dict:
     """Our GPipe and 1F1B beside ``torch.distributed.pipelining``'s, same stages and batches."""
     out = {}
     for schedule in ("gpipe", "1f1b"):
-        cfg = _cfg(stages, microbatches, schedule, SMALL)
-        out[schedule] = c = pp_torch.compare(cfg, warm_cluster(stages))
+        cfg = _cfg(stages, microbatches, schedule, "tiny")
+        out[schedule] = c = torch_ref.compare(cfg, warm_cluster(stages))
         if "error" in c:
             print(f"{schedule}: torch.distributed.pipelining failed here: {c['error']}")
             continue
@@ -197,7 +185,7 @@ def explorer():
     import ipywidgets as W
 
     def go(stages, microbatches, schedule, balance):
-        r = _run(_cfg(stages, microbatches, schedule, balance=balance))
+        r = run_warm(_cfg(stages, microbatches, schedule, balance=balance))
         display(timeline(r, f"{schedule}: {stages} stages, {r['microbatches_run']} micro-batch(es)"))
         print(f"bubble: formula {r['bubble_formula']:.0%}, measured {r['bubble_fraction']:.0%} (wall clock), "
               f"{r['bubble_busy']:.0%} (busy time); peak activations per stage "
@@ -211,16 +199,6 @@ def explorer():
     }, go)
 
 
-def _measured_bubble(m: int, stages: int = 4) -> str:
-    """What a real 1F1B run with ``m`` micro-batches measured (the smallest_m exercise's reward)."""
-    r = _run(_cfg(stages, m, "1f1b", steps=3, global_batch=8 * m))
-    return (f"the formula gives {r['bubble_formula']:.1%}; the run measured {r['bubble_busy']:.1%} replayed "
-            f"from busy time and {r['bubble_fraction']:.1%} on the wall clock. The formula assumes every "
-            "forward and backward takes the same time; measured ones vary, and in 1F1B's steady state each "
-            "stage waits for the slower of its neighbours, so the variation becomes idle time (the wall "
-            "clock adds the cores the stages share)")
-
-
 def exercises(stages: int = 4) -> dict[str, Exercise]:
     """The chapter's exercises (defined in :mod:`.ch03_exercises`); smallest_m checks with a real run."""
-    return _exercises(stages, run_it=lambda m: _measured_bubble(m, stages))
+    return _exercises(stages)

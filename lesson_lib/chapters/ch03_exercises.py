@@ -14,13 +14,13 @@ import torch.nn.functional as F
 
 from ..data import batch_indices, teacher_classification
 from ..exercises import Exercise, Verdict, close_to, solution_text
+from ..experiments import run_warm
 from ..milestones import pipeline as pp
 from ..milestones.pipeline.schedules import bubble_formula, max_in_flight, partition, replay, stage_actions
 from ..models import mlp
 from ..runtime import WorkerError, warm_cluster
 
 # For exact checks: a small model (8 layers), any number of stages up to 8.
-SMALL = {"steps": 4, "global_batch": 24, "hidden": 32, "d_in": 16, "depth": 7, "samples": 512}
 
 
 def stage_setup(cfg: pp.Config, k: int):
@@ -79,7 +79,7 @@ def check_gpipe(fn: Callable, stages: int = 4, timeout_s: float = 10) -> Verdict
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. exercises['gpipe'].submit(my_gpipe_stage)")
     for m in (4, 3):
-        cfg = pp.Config(stages=stages, microbatches=m, schedule="gpipe", **SMALL).validate()
+        cfg = pp.Config.tiny(stages=stages, microbatches=m, schedule="gpipe")
         try:
             outs = warm_cluster(stages).run(gpipe_job, fn, cfg, timeout_s=timeout_s)
         except WorkerError as e:  # a deadlock's WorkerTimeout says where each stage waits
@@ -178,8 +178,19 @@ def smallest_m(p: int) -> int:
     return next(m for m in range(1, 10_000) if bubble_formula(p, m) < 0.1)
 
 
-def check_smallest_m(stages: int, run_it: Callable[[int], str] | None = None):
-    """``run_it(m)`` (the chapter's real run) adds what was measured to a correct answer."""
+def measured_bubble(m: int, stages: int = 4) -> str:
+    """What a real 1F1B run with ``m`` micro-batches measured (the smallest_m exercise's reward)."""
+    r = run_warm(pp.Config.laptop(stages=stages, microbatches=m, schedule="1f1b", steps=3,
+                                  global_batch=8 * m))
+    return (f"the formula gives {r['bubble_formula']:.1%}; the run measured {r['bubble_busy']:.1%} replayed "
+            f"from busy time and {r['bubble_fraction']:.1%} on the wall clock. The formula assumes every "
+            "forward and backward takes the same time; measured ones vary, and in 1F1B's steady state each "
+            "stage waits for the slower of its neighbours, so the variation becomes idle time (the wall "
+            "clock adds the cores the stages share)")
+
+
+def check_smallest_m(stages: int, run: bool = True):
+    """A correct answer is rewarded with what a real run of it measured (:func:`measured_bubble`)."""
 
     def check(answer) -> Verdict:
         if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or float(answer) != int(answer) \
@@ -189,7 +200,8 @@ def check_smallest_m(stages: int, run_it: Callable[[int], str] | None = None):
         if m != smallest_m(stages):
             return Verdict(False, f"with M = {m} the formula gives {bubble_formula(stages, m):.1%}; "
                                   "you want the smallest M that brings it under 10%")
-        return Verdict(True, run_it(m) if run_it else f"(P−1)/(M+P−1) = {bubble_formula(stages, m):.1%}")
+        return Verdict(True, measured_bubble(m, stages) if run
+                       else f"(P−1)/(M+P−1) = {bubble_formula(stages, m):.1%}")
 
     return check
 
@@ -208,7 +220,7 @@ def check_count(want: int, what: str):
 GPIPE_SOLUTION = solution_text(my_gpipe_stage)
 
 
-def exercises(stages: int = 4, run_it: Callable[[int], str] | None = None) -> dict[str, Exercise]:
+def exercises(stages: int = 4, run: bool = True) -> dict[str, Exercise]:
     P, M, k, order_m = stages, 8, 1, 6
     m_star = smallest_m(P)
     solution = " ".join(f"{a}{i}" for a, i in stage_actions("1f1b", P, order_m, k))
@@ -253,7 +265,7 @@ def exercises(stages: int = 4, run_it: Callable[[int], str] | None = None) -> di
             prompt=f"With P = {P} stages, what is the smallest number of micro-batches M that brings the "
                    "bubble under 10%? The check confirms your answer with a real run (8 samples per "
                    "micro-batch).",
-            check=check_smallest_m(P, run_it), hint="Solve (P−1)/(M+P−1) < 0.1 for M.",
+            check=check_smallest_m(P, run), hint="Solve (P−1)/(M+P−1) < 0.1 for M.",
             solution=f"(P−1)/(M+P−1) < 0.1 ⇔ M > 9(P−1) = {9 * (P - 1)}, so M = {m_star}.",
             reference=lambda: m_star),
         "in_flight": Exercise(

@@ -13,31 +13,28 @@ from IPython.display import display
 from .. import plots, widgets
 from ..costmodel import zero_memory
 from ..data import read_csv
-from ..experiments import Result, run
+from ..experiments import Result, run_warm
 from ..milestones import zero
 from ..numerics import adam_drift, max_gap
 from ..runtime import warm_cluster
 from .ch04_exercises import exercises, first_fitting_stage, task  # noqa: F401
 
-# A 150k-parameter MLP, 8 steps: a few seconds for all four stages on 2 cores.
-PRESET = {"steps": 8, "global_batch": 64, "hidden": 256, "depth": 3}
 CATEGORIES = ("params", "grads", "optimizer")
 
 
 def config(stage: int = 1, world_size: int = 4, **options) -> zero.Config:
-    """The chapter's run as a validated config (raises ValueError naming a bad field)."""
-    return zero.Config(stage=stage, world_size=world_size, **{**PRESET, **options}).validate()
+    """The chapter's run (``zero.Config.laptop()``), validated (raises ValueError naming a bad field)."""
+    return zero.Config.laptop(stage=stage, world_size=world_size, **options)
 
 
 def valid_world_sizes(most: int = 4) -> list[int]:
     """Rank counts the explorer offers: the preset's global batch must split evenly over them."""
-    return [n for n in range(1, most + 1) if PRESET["global_batch"] % n == 0]
+    batch = zero.Config.PRESETS["laptop"]["global_batch"]
+    return [n for n in range(1, most + 1) if batch % n == 0]
 
 
 def _run(stage: int, world_size: int = 4, live=None, **options) -> Result:
-    cfg = config(stage, world_size, **options)
-    on_event = live.track(f"stage {stage}", cfg.steps, world_size) if live else None
-    return run("zero", cfg, cluster=warm_cluster(world_size), on_event=on_event)
+    return run_warm(config(stage, world_size, **options), live, f"stage {stage}")
 
 
 def stages(world_size: int = 4, precision: str = "fp32") -> dict[int, Result]:

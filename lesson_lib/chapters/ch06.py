@@ -12,15 +12,11 @@ import math
 from IPython.display import display
 
 from .. import plots
-from ..experiments import Result, run
+from ..experiments import Result, run_warm
 from ..milestones import compression as cm
-from ..runtime import warm_cluster
 from .ch06_exercises import crossover_case, exercises  # noqa: F401  (the notebook calls them here)
 
-# The laptop preset: a 2-layer MLP of 77k parameters (307 KB of float32 gradients), 2 ranks,
-# plain SGD (the setting error feedback is analysed in), 150 steps.
-PRESET = {"world_size": 2, "steps": 150, "lr": 0.2, "momentum": 0.0, "global_batch": 64,
-          "hidden": 256, "depth": 2}
+WORLD_SIZE = cm.Config.PRESETS["laptop"]["world_size"]
 LATENCY_US = 100.0  # per emulated message; our choice, said on the figure
 GBPS = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 ACCURACY_RUNS = {  # label → options
@@ -37,12 +33,12 @@ ACCURACY_RUNS = {  # label → options
 
 
 def config(compressor: str = "none", **options) -> cm.Config:
-    return cm.Config(**{**PRESET, "compressor": compressor, **options}).validate()
+    """The chapter's task (``compression.Config.laptop()``) with ``compressor``."""
+    return cm.Config.laptop(compressor=compressor, **options)
 
 
 def run_one(cfg: cm.Config, live: plots.common.LiveRuns | None = None, label: str | None = None) -> Result:
-    on_event = live.track(label or cfg.compressor, cfg.steps, cfg.world_size) if live else None
-    return run("compression", cfg, cluster=warm_cluster(cfg.world_size), on_event=on_event)
+    return run_warm(cfg, live, label or cfg.compressor)
 
 
 def final_loss(r: Result, last: int = 30) -> float:
@@ -94,7 +90,7 @@ def bandwidth_sweep(compressors=("none", "fp16", "topk", "powersgd"), gbps=GBPS,
     predicted = {c: (xs, [predict(c, g) for g in xs]) for c in compressors}
     for row in rows:
         row["predicted_s"] = predict(row["compressor"], row["gbps"])
-    display(plots.compression.bandwidth_sweep(rows, predicted, latency_us, PRESET["world_size"]))
+    display(plots.compression.bandwidth_sweep(rows, predicted, latency_us, WORLD_SIZE))
     rivals = [c for c in compressors if c != "none"]
     cross = {c: cm.crossover_gbps(base["none"], base[c], latency_us * 1e-6) for c in rivals}
     measured = {c: measured_crossover(rows, c) for c in rivals}
@@ -124,7 +120,7 @@ def time_to_target(runs: dict, sweep: dict, target: float = 0.9) -> list[dict]:
     for r in sweep["rows"]:
         steps = steps_to_target(runs[SWEEP_LABELS[r["compressor"]]].losses, target)
         rows.append({**r, "steps": steps, "time_s": None if steps is None else steps * r["step_s"]})
-    display(plots.compression.time_to_target(rows, target, sweep["latency_s"] * 1e6, PRESET["world_size"]))
+    display(plots.compression.time_to_target(rows, target, sweep["latency_s"] * 1e6, WORLD_SIZE))
     return rows
 
 

@@ -10,7 +10,9 @@ import torch.distributed as dist
 
 from .. import comm
 from ..exercises import Exercise, Verdict
+from ..experiments import run_warm
 from ..metrics import counters
+from ..milestones import compression as cm
 from ..runtime import warm_cluster
 from ..source import source
 
@@ -140,10 +142,9 @@ def _check_crossover(answer, case: dict, run_check: bool = True) -> Verdict:
         return Verdict(False, f"{g:.3g} Gbit/s is not where the α-β model puts it — {hint}")
     if not run_check:
         return Verdict(True, f"{g:.3g} Gbit/s")
-    from . import ch06  # the emulator: both compressors just below and just above your answer
-
-    t = {(c, b): ch06.run_one(ch06.config(c, steps=10, rank=2, link_gbps=b,
-                                          link_latency_us=case["latency_s"] * 1e6)).median_step_time()
+    # the emulated link: both compressors just below and just above your answer
+    t = {(c, b): run_warm(cm.Config.laptop(compressor=c, steps=10, rank=2, link_gbps=b,
+                                           link_latency_us=case["latency_s"] * 1e6)).median_step_time()
          for b in (g / 3, g * 3) for c in ("none", "powersgd")}
     said = [f"at {b:.3g} Gbit/s (emulated) none {1e3 * t['none', b]:.2f} ms vs PowerSGD "
             f"{1e3 * t['powersgd', b]:.2f} ms per step" for b in (g / 3, g * 3)]

@@ -10,9 +10,8 @@ from __future__ import annotations
 from IPython.display import display
 
 from .. import costmodel, plots
-from ..experiments import Result, run
+from ..experiments import Result, run_warm
 from ..milestones import impact
-from ..runtime import warm_cluster
 from .ch07_exercises import exercises  # noqa: F401  (the notebook calls it here)
 
 # The talk's named model on a named cluster: GPT-3 (Brown et al., 2020: 175B parameters, 300B
@@ -101,7 +100,7 @@ def run_impact(preset: str = "quick", live: plots.common.LiveRuns | None = None,
             elif ev.get("kind") == "step" and ev.get("rank") in current:
                 current[ev["rank"]](ev)
 
-    return run("impact", cfg, cluster=warm_cluster(cfg.world_size), on_event=on_event)
+    return run_warm(cfg, on_event=on_event)
 
 
 def measured(preset: str = "quick", **options) -> Result:

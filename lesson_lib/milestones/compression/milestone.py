@@ -47,6 +47,12 @@ def make(name: str, ratio: float = 0.01, bits: int = 4, rank: int = 1, error_fee
 
 @dataclass
 class Config(TrainConfig):
+    # laptop: chapter 6's 2-layer MLP of 77k parameters (307 KB of float32 gradients), 2 ranks,
+    # plain SGD (the setting error feedback is analysed in), 150 steps.
+    PRESETS = {"laptop": {"world_size": 2, "steps": 150, "lr": 0.2, "momentum": 0.0, "global_batch": 64,
+                          "hidden": 256, "depth": 2},
+               "tiny": {"world_size": 2, "steps": 8, "hidden": 32, "depth": 2, "samples": 512}}
+
     compressor: str = opt("none", " | ".join(COMPRESSORS))
     ratio: float = opt(0.01, "top-k / random-k: the fraction of the gradient sent, in (0, 1]")
     bits: int = opt(4, "QSGD: bits per level (s = 2^bits − 1 levels; one sign bit more), 1–7")

@@ -19,7 +19,7 @@ from .milestone import (
     MILESTONES,
     NAME,
     OPTIMIZER,
-    PRESETS,
+    SIZES,
     Config,
     measure_machine,
     plans,
@@ -29,7 +29,7 @@ from .predict import powersgd_sizes, predict, predict_compression
 from .results import reached_at, record, slowest, smoothed, summarize
 
 __all__ = [
-    "COMPRESSOR", "LABELS", "MILESTONES", "NAME", "OPTIMIZER", "PRESETS", "Config", "measure_machine",
+    "COMPRESSOR", "LABELS", "MILESTONES", "NAME", "OPTIMIZER", "SIZES", "Config", "measure_machine",
     "plans", "powersgd_sizes", "predict", "predict_compression", "reached_at", "record", "slowest",
     "smoothed", "summarize", "worker",
 ]

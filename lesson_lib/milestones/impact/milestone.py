@@ -34,8 +34,9 @@ LABELS = {"parameter-server": "parameter server (sync)", "ring": "ring all-reduc
 # quick preset's steps and top-k at 10% compresses far less. It is also the compressor torch ships as a
 # DDP hook, which chapter 6 checks ours against (``python -m lesson_lib bench compression``).
 COMPRESSOR = {"compressor": "powersgd", "rank": 2, "error_feedback": True}
-# quick: under nbval on 2 cores; workshop: a longer run for a room of laptops with 4+ cores.
-PRESETS = {
+# What the ``preset`` option fills into the options left at 0. quick: under nbval on 2 cores;
+# workshop: a longer run for a room of laptops with 4+ cores.
+SIZES = {
     "quick": {"world_size": 3, "hidden": 128, "samples": 4096, "steps": 100, "large_batch_steps": 30,
               "target_loss": 1.0},
     "workshop": {"world_size": 4, "hidden": 256, "samples": 8192, "steps": 300, "large_batch_steps": 80,
@@ -45,6 +46,10 @@ PRESETS = {
 
 @dataclass
 class Config(TrainConfig):
+    PRESETS = {"laptop": {"preset": "quick"}, "workshop": {"preset": "workshop"},
+               "tiny": {"preset": "quick", "hidden": 16, "samples": 1024, "steps": 12, "large_batch_steps": 6,
+                        "target_loss": 2.25}}
+
     preset: str = opt("quick", "quick (nbval, 2 cores) | workshop (4+ cores); fills the options left at 0")
     world_size: int = opt(0, "ranks for every milestone (the parameter server: one server, the rest workers)")
     steps: int = opt(0, "steps of every small-batch milestone")
@@ -69,14 +74,14 @@ class Config(TrainConfig):
     lr: float = opt(0.01, "unused: each optimizer has its own rate", cli=False)
 
     def __post_init__(self):
-        preset = PRESETS.get(self.preset, {})
+        preset = SIZES.get(self.preset, {})
         for name, value in preset.items():
             if getattr(self, name) in (0, 0.0):
                 setattr(self, name, value)
 
     def validate(self) -> "Config":
-        if self.preset not in PRESETS:
-            raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        if self.preset not in SIZES:
+            raise ValueError(f"preset must be one of {', '.join(SIZES)}, got {self.preset!r}")
         if self.world_size < 2:
             raise ValueError(f"world_size must be at least 2 (a server and a worker), got {self.world_size}")
         for name in ("window", "large_batch_scale", "large_batch_steps", "microbatches"):

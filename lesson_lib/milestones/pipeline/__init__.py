@@ -16,11 +16,11 @@ Memory is measured: each micro-batch's saved activations (``ActivationMeter``) a
 forward until its backward finishes; the peak over the schedule is the stage's activation memory.
 """
 
-from .config import BALANCES, BUBBLE_PRESET, NAME, Config
+from .config import BALANCES, NAME, Config
 from .results import gaps, reference, state, summarize, verify
 from .stage import build_stage, layer_units, model_layers, param_costs, train_stage, worker
 
 __all__ = [
-    "BALANCES", "BUBBLE_PRESET", "NAME", "Config", "build_stage", "gaps", "layer_units", "model_layers",
+    "BALANCES", "NAME", "Config", "build_stage", "gaps", "layer_units", "model_layers",
     "param_costs", "reference", "state", "summarize", "train_stage", "verify", "worker",
 ]

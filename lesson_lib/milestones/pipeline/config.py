@@ -20,11 +20,18 @@ BALANCES = ("params", "time")
 # its bytes (a core for Gloo's I/O thread and the link's threads while both stages compute) does not
 # grow with the work per micro-batch, so the more work per micro-batch, the closer the wall-clock
 # bubble comes to the formula (``bench bubble`` measures both).
-BUBBLE_PRESET = {"steps": 6, "global_batch": 1024, "hidden": 1024, "d_in": 32, "depth": 17, "samples": 4096}
-
 
 @dataclass
 class Config(TrainConfig):
+    # laptop: chapter 3's 10-layer MLP; tiny: the smallest model that still has a layer per stage
+    # to spare (its equality checks and exercise); bubble: compute-dominated, so that the bubble's
+    # formula shows through what a message costs beyond its bytes (bench bubble measures it).
+    PRESETS = {"laptop": {"steps": 5, "global_batch": 128, "hidden": 1024, "d_in": 32, "depth": 9,
+                          "samples": 1024},
+               "tiny": {"steps": 4, "global_batch": 24, "hidden": 32, "d_in": 16, "depth": 7, "samples": 512},
+               "bubble": {"steps": 6, "global_batch": 1024, "hidden": 1024, "d_in": 32, "depth": 17,
+                          "samples": 4096}}
+
     world_size: int = opt(0, "derived: = stages, one rank per stage (leave unset)")
     stages: int = opt(2, "pipeline stages P, one rank each (1: the unsplit model on one rank)")
     microbatches: int = opt(4, "micro-batches M per step; must divide global_batch (naive ignores it)")

@@ -32,6 +32,10 @@ NAME = "zero"
 
 @dataclass
 class Config(TrainConfig):
+    # laptop: chapter 4's 4-layer MLP of 200k parameters, 8 steps.
+    PRESETS = {"laptop": {"steps": 8, "global_batch": 64, "hidden": 256, "depth": 3},
+               "tiny": {"steps": 4, "global_batch": 24, "hidden": 48, "depth": 2, "samples": 512}}
+
     stage: int = opt(0, "0 plain data parallel | 1 shard optimizer state | 2 + gradients | 3 + parameters")
     precision: str = opt("fp32", "fp32 | mixed (bf16 params and grads, fp32 master and Adam: K=12)")
     lr: float = opt(0.01, "learning rate")
