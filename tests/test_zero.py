@@ -63,7 +63,18 @@ def test_transient_buffers_are_reported_separately(stages):
     b = {s: stages["fp32", 2, s].per_rank[0]["memory"]["buffers"] for s in range(4)}
     psi, layer = stages["fp32", 2, 0]["padded_param_count"], 48 * 49
     assert b[1] < 4 * psi <= b[2]
-    assert 8 * layer <= b[3] < 8 * psi
+    # catches: stage 3 keeping more than one layer's gathered parameters or gradient at a time
+    # (one layer's parameters + its gradient + the ring's scratch chunk of it, 1/N of a layer)
+    assert 8 * layer <= b[3] <= 8 * layer + 4 * layer // 2
+
+
+@pytest.mark.parametrize("precision, esize", [("fp32", 4), ("mixed", 2)])
+@pytest.mark.parametrize("n", [2, 3])
+def test_stage_3_holds_one_layers_gathered_parameters_at_a_time(stages, precision, esize, n):
+    # catches: ZeRO-3 keeping a layer's gathered parameters after its forward (free hook removed),
+    # which leaves the traffic at 3 psi and the per-category accounting as it was
+    largest = 48 * 49 * esize  # 48 x 48 weights + 48 biases (divisible by N = 2, 3: no padding)
+    assert stages[precision, n, 3]["full_params_peak"] == [largest] * n
 
 
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])

@@ -148,6 +148,7 @@ class Transients:
 
     def __init__(self):
         self.live = self.peak = self.grads_live = self.grads_peak = 0
+        self.params_peak = 0  # stage 3: most bytes of gathered (full) parameters allocated at once
         self.lock = threading.Lock()  # stage 2 with buckets frees them on the communication thread
 
     def add(self, nbytes: int, grads: bool = False) -> None:
@@ -167,6 +168,8 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
     def gather(u):
         u.gather()
         transient.add(u.full.untyped_storage().nbytes())
+        allocated = sum(v.full.untyped_storage().nbytes() for v in units)  # measured, not bookkept
+        transient.params_peak = max(transient.params_peak, allocated)
 
     def free(u):
         transient.add(-u.full.untyped_storage().nbytes())
@@ -330,7 +333,8 @@ def worker(cfg: Config) -> dict:
         final += u.full[: u.numel].float().tolist()
     return {"losses": losses, "params": final, "padded": sum(u.padded for u in units),
             "layer_bytes": [u.padded * u.full.element_size() for u in units],
-            "grads_peak": transient.grads_peak, "per_rank": per_rank_summary(r, rec, memory)}
+            "grads_peak": transient.grads_peak, "params_peak": transient.params_peak,
+            "per_rank": per_rank_summary(r, rec, memory)}
 
 
 def summarize(cfg: Config, outs: list[dict]) -> dict:
@@ -352,7 +356,9 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
             "norm_traffic_per_step": norms, "norm_traffic_formula": norm_formula,
             "final_params": outs[0]["params"],
             # the most bytes of full (unsharded) gradients a rank held at once, and each layer's
-            "full_grads_peak": [o["grads_peak"] for o in outs], "layer_bytes": outs[0]["layer_bytes"]}
+            "full_grads_peak": [o["grads_peak"] for o in outs], "layer_bytes": outs[0]["layer_bytes"],
+            # stage 3: the most bytes of gathered (full) parameters a rank had allocated at once
+            "full_params_peak": [o["params_peak"] for o in outs]}
 
 
 def reference(cfg: Config) -> list[float]:
