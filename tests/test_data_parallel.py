@@ -36,6 +36,8 @@ def test_counted_gradient_traffic_equals_the_ring_formula(clusters):
         grads = pr["ops"]["grad_all_reduce"]
         assert grads["calls"] == SMALL["steps"]
         assert grads["bytes_sent"] == SMALL["steps"] * ring_bytes_sent(psi, 4, n, rank)
+        # catches: received bytes miscounted; a rank receives what its left neighbour sends it
+        assert grads["bytes_recv"] == SMALL["steps"] * ring_bytes_sent(psi, 4, n, (rank - 1) % n)
         assert abs(grads["bytes_sent"] / SMALL["steps"] - r["grad_bytes_formula"]) <= 8
 
 
@@ -54,11 +56,26 @@ def test_measured_memory_matches_what_the_rank_holds(clusters):
 
 
 def test_per_step_split_adds_up(clusters):
+    # catches: a step's comm_s not measured (0), not this step's share (a running total), or
+    # counting time outside comm calls; per-step bytes not this step's; steps recorded out of order
     r = run("data-parallel", dp.Config(world_size=2, **SMALL), cluster=clusters(2))
-    for pr in r.per_rank:
+    psi = r["param_count"]
+    for rank, pr in enumerate(r.per_rank):
+        ops_s = sum(v["seconds"] for v in pr["ops"].values() if not v["overlapped"])
+        assert sum(s["comm_s"] for s in pr["steps"]) == pytest.approx(ops_s, rel=1e-9, abs=1e-12)
         for s in pr["steps"]:
-            assert s["compute_s"] + s["comm_s"] == pytest.approx(s["wall_s"], abs=1e-6)
-            assert 0 <= s["busy_s"] <= s["wall_s"] + 1e-6
+            assert 0 < s["comm_s"] < s["wall_s"] and 0 <= s["busy_s"] <= s["wall_s"] + 1e-6
+            # the gradients' and the loss's ring all-reduces, and what the left neighbour sent
+            per_step = lambda r: ring_bytes_sent(psi, 4, 2, r) + ring_bytes_sent(1, 4, 2, r)  # noqa: E731
+            assert s["bytes_sent"] == per_step(rank) and s["bytes_recv"] == per_step(1 - rank)
+        assert [s["step"] for s in pr["steps"]] == list(range(SMALL["steps"]))
+        starts = [s["start"] for s in pr["steps"]]
+        assert starts == sorted(starts)
+    # one rank: nothing communicated, every second of the step is compute
+    alone = run("data-parallel", dp.Config(world_size=1, **SMALL), cluster=clusters(1))
+    for s in alone.per_rank[0]["steps"]:
+        assert s["comm_s"] == 0 and s["bytes_sent"] == s["bytes_recv"] == 0
+        assert s["compute_s"] == s["wall_s"] > 0
 
 
 def test_events_arrive_per_step_and_rank(clusters):
