@@ -50,8 +50,11 @@ def test_measured_memory_matches_what_the_rank_holds(clusters):
         assert m["grads"] == 4 * psi                       # the flat gradient bucket
         assert m["optimizer"] == 8 * psi + 4 * n_tensors   # Adam: exp_avg, exp_avg_sq, step
         assert m["buffers"] == 4 * -(-psi // 2)            # ring scratch: one chunk
-        # activations: inputs and outputs of each layer for 12 samples, measured via autograd
-        assert 0 < m["activations"] < 4 * 12 * (32 + 4 * 32 + 10)
+        # catches: activations mis-measured (a tensor missed or counted twice, a parameter counted).
+        # What autograd saves for 12 samples: the input (12 x 32) for the first layer's weight
+        # gradient, each ReLU's output (12 x 32, also the next layer's input: one storage), the
+        # log-softmax (12 x 10), the int64 targets and the loss's total weight (a float scalar)
+        assert m["activations"] == 4 * 12 * (32 + 32 + 32) + 4 * 12 * 10 + 8 * 12 + 4
         assert m["rss"] > 0
 
 
