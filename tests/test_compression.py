@@ -277,7 +277,10 @@ def test_measured_crossover_interpolates_between_sweep_points():
     rows = [{"compressor": c, "gbps": g, "step_s": t} for c, g, t in (
         ("none", 1, 10), ("none", 10, 1), ("powersgd", 1, 2), ("powersgd", 10, 2))]
     x = ch06.measured_crossover(rows, "powersgd")
-    assert 1 < x < 10
+    # catches: interpolation in another scale, or in the times rather than their log-ratio.
+    # log(none / powersgd) is log 5 at 1 Gbit/s and log 0.5 at 10: it crosses 0 at a fraction
+    # log 5 / (log 5 + log 2) = log 5 / log 10 of the way in log bandwidth, i.e. at 10^log10(5) = 5
+    assert x == pytest.approx(5.0, rel=1e-12)
     assert ch06.measured_crossover([{**r, "step_s": 0.5} if r["compressor"] == "powersgd" else r
                                     for r in rows], "powersgd") is None
 
