@@ -10,6 +10,7 @@ import torch
 from lesson_lib import run
 from lesson_lib.chapters import ch04
 from lesson_lib.costmodel import zero_memory
+from lesson_lib.milestones import data_parallel as dp
 from lesson_lib.milestones import zero
 
 pytestmark = pytest.mark.ch4
@@ -44,6 +45,33 @@ def test_fp32_stages_equal_single_process_adam(stages, n):
     ref, tol = zero.reference(cfg), ch04.tolerances(cfg)  # why this tolerance: its docstring
     for s in range(4):
         assert ch04.max_gap(stages["fp32", n, s].losses, ref) <= tol["loss_rel"] * max(ref)
+
+
+def _sgd_for_adam(on: bool) -> None:
+    """On every rank: make ZeRO's torch.optim.Adam momentum SGD for one run (and back)."""
+    import torch
+
+    if on:
+        torch.optim._adam = torch.optim.Adam
+        torch.optim.Adam = lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9)
+    else:
+        torch.optim.Adam = torch.optim._adam
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_stage_averages_the_gradients(clusters, n):
+    # catches: a missing 1/N on the reduce-scattered gradients, which Adam (nearly invariant to the
+    # gradient's scale) hides from the test above; SGD's step is proportional to the gradient
+    cfg = zero.Config(world_size=n, **SMALL)
+    ref = dp.reference(cfg, optimizer="sgd")  # single process, momentum 0.9, the combined batch
+    clusters(n).run(_sgd_for_adam, True)
+    try:
+        losses = [run("zero", cfg.replace(stage=s), cluster=clusters(n)).losses for s in range(4)]
+    finally:
+        clusters(n).run(_sgd_for_adam, False)
+    for s in range(4):
+        torch.testing.assert_close(torch.tensor(losses[s]), torch.tensor(ref), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
