@@ -23,6 +23,21 @@ OURS = ["ring", "halving-doubling", "naive"]
 # --------------------------------------------------------------------------- multi-rank
 
 
+def exact_bytes_recv(algorithm, numel, element_size, n, rank):
+    """What ``rank`` receives, from the schedules: every transfer is one rank's send to its peer."""
+    if n == 1:
+        return 0
+    if algorithm in ("ring", "pipelined-ring"):  # from the left neighbour, which sends only to us
+        return schedules.ring_bytes_sent(numel, element_size, n, (rank - 1) % n)
+    if algorithm == "naive":  # the root receives everyone's S, the others the root's result
+        return (n - 1) * numel * element_size if rank == 0 else numel * element_size
+    bounds = schedules.chunk_bounds(numel, schedules.power_of_two_below(n))
+    spans = (schedules.span(bounds, st.recv) for st in schedules.halving_doubling_schedule(n)
+             if st.rank == rank and st.recv is not None)
+    return element_size * sum(hi - lo for lo, hi in spans)
+
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 4), length=st.integers(0, 41),
        dtype=st.sampled_from(["float32", "float64", "bfloat16"]), seed=st.integers(0, 2**16))
@@ -33,6 +48,9 @@ def test_ours_equal_dist_all_reduce_for_any_length_and_world_size(clusters, n, l
     for r in rows:
         assert r["ok"], r
         assert r["bytes_sent"] == r["exact_bytes_sent"], r  # counted on the wire = exact count
+        # catches: received bytes miscounted (each rank receives its peers' sends to it)
+        es = torch.tensor([], dtype=getattr(torch, dtype)).element_size()
+        assert r["bytes_recv"] == exact_bytes_recv(r["algorithm"], length, es, n, r["rank"]), r
         size = length * torch.tensor([], dtype=getattr(torch, dtype)).element_size()
         formula = schedules.formula_bytes_sent(r["algorithm"], size, n, r["rank"])
         assert abs(r["bytes_sent"] - formula) <= 4 * 8, r   # = the formula up to chunk rounding
@@ -54,6 +72,8 @@ def test_milestone_runs_every_algorithm_correctly_with_counted_bytes(clusters, n
         assert r["counted"] == (alg != "library")
         if alg != "library":
             assert r["bytes_sent_per_call"] == r["exact_bytes_sent"]
+            # catches: received bytes miscounted (each rank receives its peers' sends to it)
+            assert r["bytes_recv_per_call"] == [exact_bytes_recv(alg, cfg.numel(), 4, n, k) for k in range(n)]
         for got, want in zip(r["bytes_sent_per_call"], r["formula_bytes_sent"]):
             assert abs(got - want) <= 16
         assert r["time_s"] > 0 and r["algbw_GBps"] >= 0

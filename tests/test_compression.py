@@ -178,7 +178,7 @@ def reduce_on_ranks(name: str, numel: int, **kw):
     comm_counters.reset()
     g = torch.randn(numel, generator=torch.Generator().manual_seed(dist.get_rank()))
     out = compression.make(name, **kw).reduce(g.clone(), [(numel,)])
-    return out, comm_counters.ops["grad"].bytes_sent
+    return out, comm_counters.ops["grad"].bytes_sent, comm_counters.ops["grad"].bytes_recv
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -195,8 +195,12 @@ def test_counted_bytes_per_compressor(clusters, world):
     }
     for name, want in expected.items():
         outs = clusters(world).run(reduce_on_ranks, name, numel, ratio=k / numel, bits=2)
-        assert [b for _, b in outs] == want, name
-        assert all(torch.equal(o, outs[0][0]) for o, _ in outs), name  # every rank, the same average
+        assert [b for _, b, _ in outs] == want, name
+        # catches: received bytes miscounted. The ring-based ones receive what the left neighbour
+        # sends; the all-gathered ones (top-k, QSGD, sign) receive every other rank's equal message
+        ring = name in ("none", "fp16", "randomk")
+        assert [b for _, _, b in outs] == ([want[(r - 1) % n] for r in range(n)] if ring else want), name
+        assert all(torch.equal(o, outs[0][0]) for o, _, _ in outs), name  # every rank, the same average
     mean = sum(torch.randn(numel, generator=torch.Generator().manual_seed(r)) for r in range(n)) / n
     got = clusters(world).run(reduce_on_ranks, "none", numel)[0][0]
     assert torch.allclose(got, mean, atol=1e-6)
