@@ -108,9 +108,15 @@ def test_stage_3_holds_one_layers_gathered_parameters_at_a_time(stages, precisio
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_counted_traffic_is_2_psi_and_3_psi_for_stage_3(stages, precision, n):
+    training_ops = ("grad_reduce_scatter", "grad_all_gather", "param_all_gather")
     for s in range(4):
         r = stages[precision, n, s]
         assert r["traffic_per_step"] == [r["traffic_formula_padded"]] * n
+        # catches: received bytes miscounted: padded to N equal chunks, each rank receives from its
+        # left neighbour exactly what it sends on
+        for rank in r.per_rank:
+            recv = sum(v["bytes_recv"] for k, v in rank["ops"].items() if k in training_ops)
+            assert recv / SMALL["steps"] == r["traffic_formula_padded"]
     s1, s3 = (stages[precision, n, s]["traffic_per_step"][0] for s in (1, 3))
     assert s3 == 1.5 * s1
 
