@@ -185,6 +185,7 @@ def fail_in_backward(bucket_mb):
         overlap.close()
 
 
+@pytest.mark.slow
 def test_a_rank_failing_mid_backward_surfaces_with_its_rank_and_the_cluster_recovers(clusters):
     from lesson_lib import WorkerError
 

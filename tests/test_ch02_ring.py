@@ -261,6 +261,7 @@ def cli(*args, timeout=120):
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_cli_run_writes_the_json(tmp_path):
     f = tmp_path / "ring.json"
     out = cli("run", "ring-allreduce", "--world-size", "2", "--size-mb", "0.05", "--steps", "3",
@@ -274,6 +275,7 @@ def test_cli_run_writes_the_json(tmp_path):
 
 @pytest.mark.parametrize("args, name", [(["--size-mb", "-1"], "size_mb"),
                                         (["--algorithm", "tree"], "algorithm")])
+@pytest.mark.slow
 def test_cli_bad_input_is_a_clear_error(args, name):
     out = cli("run", "ring-allreduce", *args, timeout=60)
     assert out.returncode != 0 and name in out.stderr and "Traceback" not in out.stderr

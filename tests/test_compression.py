@@ -303,6 +303,7 @@ def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
     assert len(worker_children()) == before
 
 
+@pytest.mark.slow
 def test_cli_writes_the_chapter_keys(tmp_path):
     out = tmp_path / "c.json"
     proc = subprocess.run(
@@ -379,6 +380,7 @@ def test_crossover_exercise_without_the_run():
         assert not verdict and says in verdict.message, (wrong, verdict)
 
 
+@pytest.mark.slow
 def test_crossover_exercise_runs_the_emulator(ex):
     verdict = ex["crossover"].submit(ex["crossover"].reference())
     assert verdict and "emulated" in verdict.message
@@ -447,6 +449,7 @@ def _randomk_deadlock(grad, residual, k, step):
     return torch.zeros_like(grad), residual
 
 
+@pytest.mark.slow
 def test_randomk_exercise_on_real_ranks(ex):
     assert ex["randomk"].submit(ex["randomk"].reference())
     for wrong, says in ((_randomk_rank_indices, "same indices"), (_randomk_no_feedback, "residual"),

@@ -126,6 +126,7 @@ def test_run_rejects_a_config_of_another_experiment_or_mixed_arguments():
         run("data-parallel", zero.Config(world_size=1))
 
 
+@pytest.mark.slow
 def test_the_ddp_benchmark_times_both_steps_on_the_same_model():
     from lesson_lib import bench
     from lesson_lib.models import mlp_param_count

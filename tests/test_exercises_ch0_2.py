@@ -30,6 +30,7 @@ def ch0():
 
 @pytest.mark.numerics  # losses compared with single-process training to a float tolerance
 @pytest.mark.ch0
+@pytest.mark.slow
 def test_ch0_reference_is_accepted(ch0):
     v = ch0.check(ch0.reference())
     assert v.ok, v.message
@@ -73,6 +74,7 @@ def _averages_the_weights(model):  # reduces the parameters, not their gradients
     (_does_nothing, "drifted apart"),
     (_averages_the_weights, "drifted apart"),
 ])
+@pytest.mark.slow
 def test_ch0_wrong_answers_are_rejected(ch0, wrong, words):
     v = ch0.check(wrong)
     assert not v.ok and words in v.message, v.message
@@ -80,6 +82,7 @@ def test_ch0_wrong_answers_are_rejected(ch0, wrong, words):
 
 
 @pytest.mark.ch0
+@pytest.mark.slow
 def test_ch0_a_deadlock_ends_with_the_timeout_message(ch0, monkeypatch):
     def everyone_receives(model):  # nobody sends: every rank waits
         for p in model.parameters():
@@ -92,6 +95,7 @@ def test_ch0_a_deadlock_ends_with_the_timeout_message(ch0, monkeypatch):
 
 
 @pytest.mark.ch0
+@pytest.mark.slow
 def test_ch0_an_error_in_the_answer_names_the_rank(ch0):
     def typo(model):
         for p in model.parameters():
@@ -157,6 +161,7 @@ def ch0_overlap():
 
 @pytest.mark.numerics
 @pytest.mark.ch0
+@pytest.mark.slow
 def test_ch0_overlap_reference_is_accepted(ch0_overlap):
     v = ch0_overlap.check(ch0_overlap.reference())
     assert v.ok, v.message
@@ -165,7 +170,7 @@ def test_ch0_overlap_reference_is_accepted(ch0_overlap):
 @pytest.mark.numerics
 @pytest.mark.ch0
 @pytest.mark.parametrize("wrong, words", [
-    (_blocks_in_the_hook, "blocked"),
+    pytest.param(_blocks_in_the_hook, "blocked", marks=pytest.mark.slow),  # waits for a timeout
     (_all_after_the_backward, "after the backward"),
     (lambda m: _overlap(m, divide=False), "averaged"),
     (lambda m: _overlap(m, skip_bias=True), "drifted apart"),
@@ -177,6 +182,7 @@ def test_ch0_overlap_wrong_answers_are_rejected(ch0_overlap, wrong, words):
 
 
 @pytest.mark.ch0
+@pytest.mark.slow
 def test_ch0_overlap_deadlock_and_template(ch0_overlap, monkeypatch, capsys):
     def everyone_receives(model):  # finish() waits for bytes nobody sends
         def finish():
@@ -204,6 +210,7 @@ def ch1():
 
 @pytest.mark.numerics  # losses compared with single-process training to a float tolerance
 @pytest.mark.ch1
+@pytest.mark.slow
 def test_ch1_worker_step_reference_is_accepted(ch1):
     v = ch1["worker_step"].check(ch1["worker_step"].reference())
     assert v.ok, v.message
@@ -232,6 +239,7 @@ def _whole_vector_to_each(grads, params, bounds):
 @pytest.mark.numerics  # losses compared with single-process training to a float tolerance
 @pytest.mark.ch1
 @pytest.mark.parametrize("wrong", [_swapped_shards, _push_only, _whole_vector_to_each])
+@pytest.mark.slow
 def test_ch1_worker_step_wrong_answers_are_rejected(ch1, wrong, monkeypatch):
     from lesson_lib.chapters import ch01_exercises
 
@@ -242,6 +250,7 @@ def test_ch1_worker_step_wrong_answers_are_rejected(ch1, wrong, monkeypatch):
 
 
 @pytest.mark.ch1
+@pytest.mark.slow
 def test_ch1_worker_step_pull_before_push_deadlocks_and_says_where(ch1, monkeypatch):
     from lesson_lib.chapters import ch01_exercises
 
@@ -334,6 +343,7 @@ def ch2():
 
 
 @pytest.mark.ch2
+@pytest.mark.slow
 def test_ch2_reduce_scatter_reference_is_accepted(ch2):
     v = ch2["reduce_scatter"].check(ch2["reduce_scatter"].reference())
     assert v.ok, v.message
@@ -380,6 +390,7 @@ def _steps_forward(chunks):  # index moves the wrong way round the ring
     (_copies_instead_of_adding, "each rank should own a different one"),
     (_steps_forward, "each rank should own a different one"),
 ])
+@pytest.mark.slow
 def test_ch2_reduce_scatter_wrong_answers_are_rejected(ch2, wrong, words):
     v = ch2["reduce_scatter"].check(wrong)
     assert not v.ok and words in v.message, v.message
@@ -387,6 +398,7 @@ def test_ch2_reduce_scatter_wrong_answers_are_rejected(ch2, wrong, words):
 
 
 @pytest.mark.ch2
+@pytest.mark.slow
 def test_ch2_reduce_scatter_deadlock_ends_with_the_timeout_message(ch2, monkeypatch):
     def only_rank_0(chunks):
         if dist.get_rank() == 0:

@@ -98,6 +98,7 @@ def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
     assert len(worker_children()) == before
 
 
+@pytest.mark.slow
 def test_cli_writes_the_chapter_keys(tmp_path):
     out = tmp_path / "lb.json"
     proc = subprocess.run(
@@ -177,6 +178,7 @@ def test_scaling_exercise_without_the_run(ex):
         assert not verdict and says in verdict.message, (wrong, verdict)
 
 
+@pytest.mark.slow
 def test_scaling_exercise_confirms_with_a_real_run(ex):
     verdict = ex["scaling"].submit(ex["scaling"].reference())
     assert verdict and "held-out accuracy" in verdict.message
@@ -211,6 +213,7 @@ def _deadlock(w_shard, u_shard):  # only rank 0 joins the all-reduce
     return (t[0].sqrt() / t[1].sqrt()).item()
 
 
+@pytest.mark.slow
 def test_sharded_exercise_on_real_ranks(ex):
     assert ex["sharded"].submit(ex["sharded"].reference())
     for wrong in (_local_only, _sum_of_norms, _no_sqrt):

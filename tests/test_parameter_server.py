@@ -63,6 +63,7 @@ def test_staleness_bound_holds_fast_workers_back(clusters):
     assert r["staleness"] == {"0": SMALL["steps"], "1": SMALL["steps"], "2": SMALL["steps"]}
 
 
+@pytest.mark.slow
 def test_async_goes_on_without_a_lost_worker(clusters):
     r = _run(clusters, mode="async", workers=3, fail_worker="1:2", lost_after_s=1.0)
     assert r["lost_workers"] == [1] and len(r.losses) == SMALL["steps"]
@@ -70,11 +71,13 @@ def test_async_goes_on_without_a_lost_worker(clusters):
     assert _run(clusters, mode="sync", workers=3).losses
 
 
+@pytest.mark.slow
 def test_sync_reports_the_lost_worker(clusters):
     with pytest.raises(WorkerError, match=r"worker 1 \(rank 2\) stopped responding"):
         _run(clusters, mode="sync", workers=3, fail_worker="1:2", lost_after_s=1.0)
 
 
+@pytest.mark.slow
 def test_a_dead_server_stops_training_with_its_rank(clusters):
     with pytest.raises(WorkerError, match="rank 0.*SIGKILL"):
         _run(clusters, mode="sync", workers=2, fail_server=2)

@@ -286,6 +286,7 @@ def cli(*args, timeout=180):
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_cli_writes_the_chapter_keys_and_stages_1_is_the_unsplit_model(tmp_path):
     small = ["--steps", "3", "--global-batch", "16", "--seed", "0", "--hidden", "16", "--depth", "3",
              "--samples", "256"]
@@ -310,6 +311,7 @@ def test_cli_writes_the_chapter_keys_and_stages_1_is_the_unsplit_model(tmp_path)
     (["--stages", "0"], "stages"),
     (["--stages", "9", "--depth", "3"], "stages"),
 ])
+@pytest.mark.slow
 def test_cli_bad_input_fails_fast_naming_the_parameter(args, name):
     out = cli("run", "pipeline", *args, timeout=60)
     assert out.returncode != 0 and name in out.stderr
@@ -318,6 +320,7 @@ def test_cli_bad_input_fails_fast_naming_the_parameter(args, name):
 # --------------------------------------------------------------------------- bench bubble (no timing)
 
 
+@pytest.mark.slow
 def test_bench_bubble_runs_and_prints_every_run(capsys):
     from lesson_lib import bench
 

@@ -201,6 +201,7 @@ def test_exercises():
     assert not ex["fit"].check(2)
 
 
+@pytest.mark.slow
 def test_cli_run_zero_writes_json(tmp_path):
     f = tmp_path / "z.json"
     args = ["run", "zero", "--stage", "3", "--world-size", "2", "--precision", "mixed", "--steps", "3",
