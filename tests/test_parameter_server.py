@@ -103,10 +103,13 @@ def test_bad_input_names_the_parameter(options, name):
 def test_exercise_references_pass_and_wrong_answers_fail():
     ex = ch01.exercises(param_bytes=1000)
     assert ex["average"].check(ex["average"].reference())
-    assert not ex["average"].check(lambda shard, grads, lr: shard - lr * sum(grads))
-    assert not ex["average"].check(lambda shard, grads, lr: None)
+    # catches: a checker rejecting for another reason than the mistake (or crashing on it)
+    v = ex["average"].check(lambda shard, grads, lr: shard - lr * sum(grads))
+    assert not v and "is 3× the expected length" in v.message, v.message  # summed, 3 workers
+    v = ex["average"].check(lambda shard, grads, lr: None)
+    assert not v and v.message.startswith("your function returned None"), v.message
     assert ex["traffic"].check(ex["traffic"].reference())
-    assert not ex["traffic"].check(2 * 1000)
+    assert ex["traffic"].check(2 * 1000).message == "you said 2000 bytes; check your formula"
     ex["traffic"].submit(...)  # unanswered: says so, does not fail
     assert not ex["traffic"].passed
     ex["traffic"].submit(2 * 4 * 1000)

@@ -236,17 +236,24 @@ def test_naive_is_a_relay_with_one_stage_busy(clusters):
 
 def test_exercise_references_pass_and_wrong_answers_fail():
     ex = ch03.exercises(stages=4)
-    assert ex["bubble"].check(ex["bubble"].reference()) and not ex["bubble"].check(0.75)
+    assert ex["bubble"].check(ex["bubble"].reference())
+    # catches (here and below): a checker rejecting for another reason than the mistake, or crashing
+    assert ex["bubble"].check(0.75).message == "you said 0.75; check your formula"
     order = ex["order"]
     assert order.check(order.reference())
     assert order.check(stage_actions("1f1b", 4, 6, 1))  # tuples are accepted too
-    assert not order.check(" ".join(f"{x}{i}" for x, i in stage_actions("gpipe", 4, 6, 1)))
+    v = order.check(" ".join(f"{x}{i}" for x, i in stage_actions("gpipe", 4, 6, 1)))
+    assert not v and "it is GPipe's" in v.message, v.message
     assert "B0 comes before F0" in order.check("B0 F0 F1 F2 F3 F4 F5 B1 B2 B3 B4 B5").message
-    assert not order.check("F0 F1 B0")
-    assert ex["in_flight"].check(ex["in_flight"].reference()) and not ex["in_flight"].check(8)
+    v = order.check("F0 F1 B0")
+    assert not v and v.message == "list each of F0…F5 and B0…B5 exactly once", v.message
+    assert ex["in_flight"].check(ex["in_flight"].reference())
+    v = ex["in_flight"].check(8)
+    assert not v and v.message.startswith("you said 8;"), v.message
     assert ex["smallest_m"].reference() == 28
     for wrong in (27, 29):
-        assert not ex["smallest_m"].check(wrong)  # wrong answers are rejected without a run
+        v = ex["smallest_m"].check(wrong)  # wrong answers are rejected without a run
+        assert not v and v.message.startswith(f"with M = {wrong} the formula gives"), v.message
     ex["bubble"].submit(...)  # unanswered: says so, does not fail
     assert ex["bubble"].passed is False
 
