@@ -188,6 +188,12 @@ def test_measured_activation_memory_gpipe_vs_1f1b(clusters):
     for schedule in ("gpipe", "1f1b"):
         cfg = pp.Config(stages=P, schedule=schedule, microbatches=M, **{**SMALL, "global_batch": 32})
         mem[schedule] = run("pipeline", cfg, cluster=clusters(P))["stage_memory"]
+    # catches: activations mis-measured per stage. A micro-batch is 4 samples, one Linear per stage:
+    # stage 0 keeps its input (4 x 8) and its ReLU's output (4 x 16); stages 1-2 the received
+    # input (4 x 16) and the ReLU's output; stage 3 its input, the log-softmax (4 x 4), the int64
+    # targets and the loss's total weight (a float scalar)
+    want = [4 * 4 * (8 + 16), 4 * 4 * (16 + 16), 4 * 4 * (16 + 16), 4 * 4 * (16 + 4) + 8 * 4 + 4]
+    assert [s["activation_per_microbatch"] for s in mem["1f1b"]] == want
     for k in range(P):
         g, f = mem["gpipe"][k], mem["1f1b"][k]
         assert g["activation_per_microbatch"] == f["activation_per_microbatch"] > 0
