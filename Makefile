@@ -44,7 +44,7 @@ test: install
 	$(MAKE) --no-print-directory test-numerics
 
 # The quick loop while editing: ruff and the unit tests only — no notebooks, no browser, no CLI or
-# torchrun subprocesses, no timeouts waited out (those are marked slow). About 2 minutes on 2 cores.
+# torchrun subprocesses, no timeouts waited out (those are marked slow). About 1 minute on 2 quiet cores.
 test-quick: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests -m "not slow and not browser" -p no:cacheprovider
