@@ -17,7 +17,7 @@ ifeq ($(origin TORCH_INDEX), undefined)
 TORCH_INDEX := $(shell if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then echo $(TORCH_CPU_INDEX); fi)
 endif
 
-.PHONY: install test test-numerics lint lab bench clean-notebooks sync-notebooks
+.PHONY: install test test-quick test-numerics lint lab bench clean-notebooks sync-notebooks
 
 # Idempotent: the venv is created only when missing, and the editable install is
 # redone only when pyproject.toml is newer than the stamp file.
@@ -42,6 +42,12 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory test-numerics
+
+# The quick loop while editing: ruff and the unit tests only — no notebooks, no browser, no CLI or
+# torchrun subprocesses, no timeouts waited out (those are marked slow). About 1 minute on 2 quiet cores.
+test-quick: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest tests -m "not slow and not browser" -p no:cacheprovider
 
 NUMERIC_NOTEBOOKS := notebooks/00_why_distributed.ipynb notebooks/03_pipeline_parallelism.ipynb \
 	notebooks/04_zero.ipynb notebooks/05_large_batch.ipynb notebooks/06_compression.ipynb

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.ch0
+pytestmark = [pytest.mark.ch0, pytest.mark.slow]  # every test runs the CLI in a subprocess (or torchrun)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--steps", "4", "--global-batch", "16", "--hidden", "16", "--samples", "256"]
 

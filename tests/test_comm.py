@@ -22,7 +22,11 @@ def test_ring_equals_the_sum_for_any_length_and_world_size(clusters, n, length, 
     for rank, (result, ops) in enumerate(out):
         assert result == expected  # small integers: exact in any order of summation
         sent = ops.get("ring_all_reduce", {}).get("bytes_sent", 0)
-        assert sent == ring_bytes_sent(length, 8 if dtype == "float64" else 4, n, rank)
+        recv = ops.get("ring_all_reduce", {}).get("bytes_recv", 0)
+        size = 8 if dtype == "float64" else 4
+        assert sent == ring_bytes_sent(length, size, n, rank)
+        # catches: received bytes miscounted; a rank receives what its left neighbour sends it
+        assert recv == ring_bytes_sent(length, size, n, (rank - 1) % n)
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "pipelined-ring"])
@@ -88,6 +92,8 @@ def test_pipelined_ring_equals_the_sum_for_any_segment_size(clusters, n, length,
     for rank, (result, ops, scratch_live) in enumerate(out):
         assert result == expected  # small integers: exact in any order, even in bfloat16
         assert ops.get("p", {}).get("bytes_sent", 0) == ring_bytes_sent(length, size, n, rank)
+        # catches: received bytes miscounted; a rank receives what its left neighbour sends it
+        assert ops.get("p", {}).get("bytes_recv", 0) == ring_bytes_sent(length, size, n, (rank - 1) % n)
         assert scratch_live == 0  # the scratch is given back
 
 

@@ -167,6 +167,7 @@ def test_assumptions_name_every_input_and_source():
         assert needle in text, needle
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table_and_writes_json(tmp_path):
     out = tmp_path / "e.json"
     proc = subprocess.run([sys.executable, "-m", "lesson_lib", "estimate", "--params", "175e9",
@@ -185,6 +186,7 @@ def test_cli_prints_the_table_and_writes_json(tmp_path):
     (["--device", "b300"], "device"), (["--link", "x"], "link"), (["--devices", "-4"], "devices"),
     (["--pipeline", "128"], "pipeline"),
 ])
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line_naming_the_parameter(args, name):
     base = ["--params", "175e9", "--tokens", "300e9", "--devices", "1024"]
     proc = subprocess.run([sys.executable, "-m", "lesson_lib", "estimate", *base, *args],

@@ -36,6 +36,8 @@ def test_counted_gradient_traffic_equals_the_ring_formula(clusters):
         grads = pr["ops"]["grad_all_reduce"]
         assert grads["calls"] == SMALL["steps"]
         assert grads["bytes_sent"] == SMALL["steps"] * ring_bytes_sent(psi, 4, n, rank)
+        # catches: received bytes miscounted; a rank receives what its left neighbour sends it
+        assert grads["bytes_recv"] == SMALL["steps"] * ring_bytes_sent(psi, 4, n, (rank - 1) % n)
         assert abs(grads["bytes_sent"] / SMALL["steps"] - r["grad_bytes_formula"]) <= 8
 
 
@@ -48,17 +50,35 @@ def test_measured_memory_matches_what_the_rank_holds(clusters):
         assert m["grads"] == 4 * psi                       # the flat gradient bucket
         assert m["optimizer"] == 8 * psi + 4 * n_tensors   # Adam: exp_avg, exp_avg_sq, step
         assert m["buffers"] == 4 * -(-psi // 2)            # ring scratch: one chunk
-        # activations: inputs and outputs of each layer for 12 samples, measured via autograd
-        assert 0 < m["activations"] < 4 * 12 * (32 + 4 * 32 + 10)
+        # catches: activations mis-measured (a tensor missed or counted twice, a parameter counted).
+        # What autograd saves for 12 samples: the input (12 x 32) for the first layer's weight
+        # gradient, each ReLU's output (12 x 32, also the next layer's input: one storage), the
+        # log-softmax (12 x 10), the int64 targets and the loss's total weight (a float scalar)
+        assert m["activations"] == 4 * 12 * (32 + 32 + 32) + 4 * 12 * 10 + 8 * 12 + 4
         assert m["rss"] > 0
 
 
 def test_per_step_split_adds_up(clusters):
+    # catches: a step's comm_s not measured (0), not this step's share (a running total), or
+    # counting time outside comm calls; per-step bytes not this step's; steps recorded out of order
     r = run("data-parallel", dp.Config(world_size=2, **SMALL), cluster=clusters(2))
-    for pr in r.per_rank:
+    psi = r["param_count"]
+    for rank, pr in enumerate(r.per_rank):
+        ops_s = sum(v["seconds"] for v in pr["ops"].values() if not v["overlapped"])
+        assert sum(s["comm_s"] for s in pr["steps"]) == pytest.approx(ops_s, rel=1e-9, abs=1e-12)
         for s in pr["steps"]:
-            assert s["compute_s"] + s["comm_s"] == pytest.approx(s["wall_s"], abs=1e-6)
-            assert 0 <= s["busy_s"] <= s["wall_s"] + 1e-6
+            assert 0 < s["comm_s"] < s["wall_s"] and 0 <= s["busy_s"] <= s["wall_s"] + 1e-6
+            # the gradients' and the loss's ring all-reduces, and what the left neighbour sent
+            per_step = lambda r: ring_bytes_sent(psi, 4, 2, r) + ring_bytes_sent(1, 4, 2, r)  # noqa: E731
+            assert s["bytes_sent"] == per_step(rank) and s["bytes_recv"] == per_step(1 - rank)
+        assert [s["step"] for s in pr["steps"]] == list(range(SMALL["steps"]))
+        starts = [s["start"] for s in pr["steps"]]
+        assert starts == sorted(starts)
+    # one rank: nothing communicated, every second of the step is compute
+    alone = run("data-parallel", dp.Config(world_size=1, **SMALL), cluster=clusters(1))
+    for s in alone.per_rank[0]["steps"]:
+        assert s["comm_s"] == 0 and s["bytes_sent"] == s["bytes_recv"] == 0
+        assert s["compute_s"] == s["wall_s"] > 0
 
 
 def test_events_arrive_per_step_and_rank(clusters):
@@ -106,6 +126,7 @@ def test_run_rejects_a_config_of_another_experiment_or_mixed_arguments():
         run("data-parallel", zero.Config(world_size=1))
 
 
+@pytest.mark.slow
 def test_the_ddp_benchmark_times_both_steps_on_the_same_model():
     from lesson_lib import bench
     from lesson_lib.models import mlp_param_count

@@ -23,6 +23,7 @@ def verdict(ex: Exercise, answer):
 
 
 @pytest.mark.parametrize("ex", [*EX3.values(), *EX4.values()], ids=lambda e: e.key)
+@pytest.mark.slow
 def test_every_reference_is_accepted(ex):
     assert verdict(ex, ex.reference())
 
@@ -91,6 +92,7 @@ def zero1_raises(params, grad, step):
     (zero1_returns_nothing, "returned None"),
     (zero1_raises, "undefined_name"),
 ])
+@pytest.mark.slow
 def test_zero1_rejects_wrong_answers(answer, words):
     v = verdict(EX4["zero1"], answer)
     assert not v and words in v.message, v.message
@@ -112,6 +114,7 @@ def zero1_deadlock(params, grad, step):
     return params
 
 
+@pytest.mark.slow
 def test_zero1_deadlock_ends_with_the_timeout_message():
     v = check_zero1(zero1_deadlock, timeout_s=4)
     assert not v and v.message.startswith("WorkerTimeout"), v.message
@@ -240,6 +243,7 @@ def gpipe_only_the_last_stage_backpropagates(stage, xs, ys):
 
 
 @pytest.mark.numerics  # float64 gradients against single-process backprop, within GRAD_RTOL
+@pytest.mark.slow
 def test_gpipe_accepts_another_correct_order():
     assert verdict(EX3["gpipe"], gpipe_reverse_backwards)
 
@@ -249,11 +253,13 @@ def test_gpipe_accepts_another_correct_order():
     (gpipe_first_microbatch_only, "differ from single-process"),
     (gpipe_input_without_grad, "rank"),  # x.grad is None: the send fails, the verdict names the rank
 ])
+@pytest.mark.slow
 def test_gpipe_rejects_wrong_answers(answer, words):
     v = verdict(EX3["gpipe"], answer)
     assert not v and words in v.message, v.message
 
 
+@pytest.mark.slow
 def test_gpipe_rejects_a_stage_that_never_backpropagates():
     v = check_gpipe(gpipe_only_the_last_stage_backpropagates, timeout_s=5)
     assert not v and "no gradient" in v.message, v.message
@@ -273,6 +279,7 @@ def gpipe_no_grad_back(stage, xs, ys):
 
 
 @pytest.mark.parametrize("answer", [gpipe_both_receive_first, gpipe_no_grad_back])
+@pytest.mark.slow
 def test_gpipe_deadlock_ends_with_the_timeout_message(answer):
     v = check_gpipe(answer, timeout_s=4)
     assert not v and v.message.startswith("WorkerTimeout") and "recv" in v.message, v.message
@@ -368,6 +375,7 @@ def one_f_one_b_with_blocking_sends(cfg):
                 dist.send(x.grad, k - 1)
 
 
+@pytest.mark.slow
 def test_1f1b_with_blocking_sends_deadlocks_as_the_notebook_says():
     from lesson_lib import WorkerTimeout, warm_cluster
     from lesson_lib.milestones import pipeline as pp

@@ -183,6 +183,7 @@ def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
     assert len(worker_children()) == before
 
 
+@pytest.mark.slow
 def test_cli_writes_one_record_per_milestone(tmp_path):
     out = tmp_path / "impact.json"
     proc = subprocess.run(
@@ -309,6 +310,7 @@ def both_receive_first(send, recv):
     (only_one_way, "one message each way"),
     (both_receive_first, "WorkerTimeout"),
 ])
+@pytest.mark.slow
 def test_pingpong_rejects_plausible_mistakes(exercises, fn, says):
     v = exercises["pingpong"].submit(fn)
     assert not v.ok and says in v.message, v.message

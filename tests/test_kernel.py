@@ -5,7 +5,7 @@ import queue
 
 import pytest
 
-pytestmark = pytest.mark.ch0
+pytestmark = [pytest.mark.ch0, pytest.mark.slow]  # starts a Jupyter kernel
 
 CELLS = [
     "import torch, torch.distributed as dist\nfrom lesson_lib import Cluster\n"

@@ -35,8 +35,34 @@ def test_two_ranks_equal_the_single_process_reference(clusters, optimizer):
     if optimizer in ("lamb", "lars"):  # one ratio per weight matrix per step, recorded on rank 0
         assert len(result["trust_ratios"]) == 16 and len(result["trust_ratios"][0]) == 4
         assert all(r > 0 for step in result["trust_ratios"] for r in step)
+        # catches: a ratio recorded for the wrong tensor, before the gradients are averaged, or
+        # from another formula than the paper's (first step: worked out from the weights below)
+        assert result["trust_ratios"][0] == pytest.approx(_first_trust_ratios(cfg), rel=1e-4)
     else:
         assert result["trust_ratios"] == []
+
+
+def _first_trust_ratios(cfg):
+    """The first step's trust ratio of each weight matrix, from the combined batch's gradient:
+    LARS η‖w‖/(‖g‖ + β‖w‖) with η = 0.001 (its default), ε = 0; LAMB at t = 1, where the corrected
+    moments are g and g², ‖w‖/‖g/(|g| + ε) + βw‖ with ε = 1e-6 (its default)."""
+    import torch.nn.functional as F
+
+    from lesson_lib.data import batch_indices, subspace_teacher
+    from lesson_lib.models import mlp
+
+    x, y = subspace_teacher(cfg.samples + cfg.eval_samples, cfg.d_in, classes=cfg.classes)
+    idx = batch_indices(cfg.samples, cfg.global_batch, 0, cfg.seed)
+    model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
+    F.cross_entropy(model(x[idx]), y[idx]).backward()
+    out, beta = [], cfg.weight_decay
+    for p in (p for p in model.parameters() if p.ndim > 1):
+        w, g = p.detach().double(), p.grad.double()
+        if cfg.optimizer == "lars":
+            out.append(float(0.001 * w.norm() / (g.norm() + beta * w.norm())))
+        else:
+            out.append(float(w.norm() / (g / (g.abs() + 1e-6) + beta * w).norm()))
+    return out
 
 
 def test_counted_gradient_bytes_fall_with_the_batch_and_equal_the_formula(clusters):
@@ -71,6 +97,7 @@ def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
     assert len(worker_children()) == before
 
 
+@pytest.mark.slow
 def test_cli_writes_the_chapter_keys(tmp_path):
     out = tmp_path / "lb.json"
     proc = subprocess.run(
@@ -150,6 +177,7 @@ def test_scaling_exercise_without_the_run(ex):
         assert not verdict and says in verdict.message, (wrong, verdict)
 
 
+@pytest.mark.slow
 def test_scaling_exercise_confirms_with_a_real_run(ex):
     verdict = ex["scaling"].submit(ex["scaling"].reference())
     assert verdict and "held-out accuracy" in verdict.message
@@ -184,6 +212,7 @@ def _deadlock(w_shard, u_shard):  # only rank 0 joins the all-reduce
     return (t[0].sqrt() / t[1].sqrt()).item()
 
 
+@pytest.mark.slow
 def test_sharded_exercise_on_real_ranks(ex):
     assert ex["sharded"].submit(ex["sharded"].reference())
     for wrong in (_local_only, _sum_of_norms, _no_sqrt):

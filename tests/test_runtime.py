@@ -117,6 +117,7 @@ def test_a_cell_function_traceback_shows_the_learners_line_not_the_runtime(clust
     assert "lesson_lib/runtime/" not in tb and "worker_main" not in tb, tb
 
 
+@pytest.mark.slow
 def test_a_deadlock_ends_at_the_run_timeout_naming_the_waiting_ranks(no_orphans):
     import torch.distributed as dist
 
@@ -147,6 +148,7 @@ def test_bad_run_timeout_names_the_parameter(clusters):
         clusters(1).run("not a function")
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_gets_a_clear_error_within_5s(tmp_path):
     script = tmp_path / "no_guard.py"
     script.write_text("from lesson_lib import Cluster, probes\n"
@@ -160,6 +162,7 @@ def test_a_script_without_a_main_guard_gets_a_clear_error_within_5s(tmp_path):
     assert "did not finish" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_same_script_with_a_guard_runs(tmp_path):
     script = tmp_path / "guard.py"
     script.write_text("from lesson_lib import Cluster\n"
@@ -205,6 +208,7 @@ def test_auto_falls_back_to_gloo_on_cpu_when_ranks_exceed_gpus():
     assert p.backend == "gloo" and p.device_type == "cpu" and "Gloo" in p.reason
 
 
+@pytest.mark.slow
 def test_a_raising_worker_surfaces_within_5s_with_rank_and_traceback(no_orphans):
     with Cluster(2, quiet=True, timeout_s=20) as c:
         pids = c.pids()
@@ -220,6 +224,7 @@ def test_a_raising_worker_surfaces_within_5s_with_rank_and_traceback(no_orphans)
         assert [o["rank"] for o in c.run(probes.whoami)] == [0, 1]
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_reported_not_a_hang(no_orphans):
     with Cluster(3, quiet=True, timeout_s=10) as c:
         pids = c.pids()
@@ -231,6 +236,7 @@ def test_a_killed_worker_is_reported_not_a_hang(no_orphans):
         assert not wait_no_workers(pids)
 
 
+@pytest.mark.slow
 def test_a_silent_rank_fails_at_the_collective_timeout(no_orphans):
     with Cluster(2, quiet=True, timeout_s=3) as c:
         pids = c.pids()
@@ -249,6 +255,7 @@ def test_deadline_bounds_a_job_even_without_collectives(no_orphans):
             c.run(probes.spin, 30, timeout_s=1.0)
 
 
+@pytest.mark.slow
 def test_keyboard_interrupt_ends_all_workers_within_5s(no_orphans):
     with Cluster(2, quiet=True) as c:
         pids = c.pids()
@@ -264,6 +271,7 @@ def test_keyboard_interrupt_ends_all_workers_within_5s(no_orphans):
         assert time.monotonic() - t0 < 5
 
 
+@pytest.mark.slow
 def test_workers_exit_when_their_parent_is_killed():
     code = ("import sys, time; from lesson_lib import Cluster\n"
             "c = Cluster(2, quiet=True); print(*c.pids(), flush=True); time.sleep(60)\n")

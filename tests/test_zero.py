@@ -10,6 +10,7 @@ import torch
 from lesson_lib import experiments, numerics, run
 from lesson_lib.chapters import ch04
 from lesson_lib.costmodel import zero_memory
+from lesson_lib.milestones import data_parallel as dp
 from lesson_lib.milestones import zero
 
 pytestmark = pytest.mark.ch4
@@ -46,6 +47,33 @@ def test_fp32_stages_equal_single_process_adam(stages, n):
         assert numerics.max_gap(stages["fp32", n, s].losses, ref) <= tol["loss_rel"] * max(ref)
 
 
+def _sgd_for_adam(on: bool) -> None:
+    """On every rank: make ZeRO's torch.optim.Adam momentum SGD for one run (and back)."""
+    import torch
+
+    if on:
+        torch.optim._adam = torch.optim.Adam
+        torch.optim.Adam = lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9)
+    else:
+        torch.optim.Adam = torch.optim._adam
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_stage_averages_the_gradients(clusters, n):
+    # catches: a missing 1/N on the reduce-scattered gradients, which Adam (nearly invariant to the
+    # gradient's scale) hides from the test above; SGD's step is proportional to the gradient
+    cfg = zero.Config(world_size=n, **SMALL)
+    ref = dp.reference(cfg, optimizer="sgd")  # single process, momentum 0.9, the combined batch
+    clusters(n).run(_sgd_for_adam, True)
+    try:
+        losses = [run("zero", cfg.replace(stage=s), cluster=clusters(n)).losses for s in range(4)]
+    finally:
+        clusters(n).run(_sgd_for_adam, False)
+    for s in range(4):
+        torch.testing.assert_close(torch.tensor(losses[s]), torch.tensor(ref), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_measured_model_states_match_the_paper_within_5_percent(stages, precision, n):
@@ -63,15 +91,32 @@ def test_transient_buffers_are_reported_separately(stages):
     b = {s: stages["fp32", 2, s].per_rank[0]["memory"]["buffers"] for s in range(4)}
     psi, layer = stages["fp32", 2, 0]["padded_param_count"], 48 * 49
     assert b[1] < 4 * psi <= b[2]
-    assert 8 * layer <= b[3] < 8 * psi
+    # catches: stage 3 keeping more than one layer's gathered parameters or gradient at a time
+    # (one layer's parameters + its gradient + the ring's scratch chunk of it, 1/N of a layer)
+    assert 8 * layer <= b[3] <= 8 * layer + 4 * layer // 2
+
+
+@pytest.mark.parametrize("precision, esize", [("fp32", 4), ("mixed", 2)])
+@pytest.mark.parametrize("n", [2, 3])
+def test_stage_3_holds_one_layers_gathered_parameters_at_a_time(stages, precision, esize, n):
+    # catches: ZeRO-3 keeping a layer's gathered parameters after its forward (free hook removed),
+    # which leaves the traffic at 3 psi and the per-category accounting as it was
+    largest = 48 * 49 * esize  # 48 x 48 weights + 48 biases (divisible by N = 2, 3: no padding)
+    assert stages[precision, n, 3]["full_params_peak"] == [largest] * n
 
 
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_counted_traffic_is_2_psi_and_3_psi_for_stage_3(stages, precision, n):
+    training_ops = ("grad_reduce_scatter", "grad_all_gather", "param_all_gather")
     for s in range(4):
         r = stages[precision, n, s]
         assert r["traffic_per_step"] == [r["traffic_formula_padded"]] * n
+        # catches: received bytes miscounted: padded to N equal chunks, each rank receives from its
+        # left neighbour exactly what it sends on
+        for rank in r.per_rank:
+            recv = sum(v["bytes_recv"] for k, v in rank["ops"].items() if k in training_ops)
+            assert recv / SMALL["steps"] == r["traffic_formula_padded"]
     s1, s3 = (stages[precision, n, s]["traffic_per_step"][0] for s in (1, 3))
     assert s3 == 1.5 * s1
 
@@ -151,11 +196,16 @@ def test_exercises():
     ex = ch04.exercises()
     for key in ex:
         assert ex[key].check(ex[key].reference()), key
-    assert not ex["stage2"].check(lambda psi, n: 16 * psi / n)
-    assert not ex["stage1"].check(lambda params, grads, rank, world_size, lr: params - lr * grads)
-    assert not ex["fit"].check(2)
+    # catches: a checker rejecting for another reason than the mistake (or crashing on it)
+    v = ex["stage2"].check(lambda psi, n: 16 * psi / n)
+    assert not v and "which parts are replicated and which are split" in v.message, v.message
+    v = ex["stage1"].check(lambda params, grads, rank, world_size, lr: params - lr * grads)
+    assert not v and "rank 0 returned 10 values; each rank owns ceil(10/4) = 3" in v.message, v.message
+    v = ex["fit"].check(2)
+    assert not v and v.message.startswith("you said stage 2"), v.message
 
 
+@pytest.mark.slow
 def test_cli_run_zero_writes_json(tmp_path):
     f = tmp_path / "z.json"
     args = ["run", "zero", "--stage", "3", "--world-size", "2", "--precision", "mixed", "--steps", "3",

@@ -145,10 +145,11 @@ def compare_with_library(cases: list[tuple[int, str, int]], algorithms: list[str
             comm.all_reduce(y, a, op="check")
             err = float((y.double() - ref.double()).abs().max()) if length else 0.0
             sent = counters().ops["check"].bytes_sent if "check" in counters().ops else 0
+            recv = counters().ops["check"].bytes_recv if "check" in counters().ops else 0
             exact = BYTES_SENT[a](length, dt.itemsize, ctx.world_size, ctx.rank) if a in BYTES_SENT else None
             rows.append({"length": length, "dtype": dtype, "algorithm": a, "rank": ctx.rank,
                          "max_error": err, "ok": err <= TOLERANCE[dtype] * ctx.world_size,
-                         "bytes_sent": sent, "exact_bytes_sent": exact})
+                         "bytes_sent": sent, "bytes_recv": recv, "exact_bytes_sent": exact})
     counters().reset()
     return rows
 

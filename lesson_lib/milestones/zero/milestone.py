@@ -148,7 +148,8 @@ def worker(cfg: Config) -> dict:
         final += u.full[: u.numel].float().tolist()
     return {"losses": losses, "params": final, "padded": sum(u.padded for u in units),
             "layer_bytes": [u.padded * u.full.element_size() for u in units],
-            "grads_peak": transient.grads_peak, "per_rank": per_rank_summary(r, rec, memory)}
+            "grads_peak": transient.grads_peak, "params_peak": transient.params_peak,
+            "per_rank": per_rank_summary(r, rec, memory)}
 
 
 def summarize(cfg: Config, outs: list[dict]) -> dict:
@@ -170,5 +171,7 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
             "norm_traffic_per_step": norms, "norm_traffic_formula": norm_formula,
             "final_params": outs[0]["params"],
             # the most bytes of full (unsharded) gradients a rank held at once, and each layer's
-            "full_grads_peak": [o["grads_peak"] for o in outs], "layer_bytes": outs[0]["layer_bytes"]}
+            "full_grads_peak": [o["grads_peak"] for o in outs], "layer_bytes": outs[0]["layer_bytes"],
+            # stage 3: the most bytes of gathered (full) parameters a rank had allocated at once
+            "full_params_peak": [o["params_peak"] for o in outs]}
 

@@ -68,6 +68,7 @@ class Transients:
 
     def __init__(self):
         self.live = self.peak = self.grads_live = self.grads_peak = 0
+        self.params_peak = 0  # stage 3: most bytes of gathered (full) parameters allocated at once
         self.lock = threading.Lock()  # stage 2 with buckets frees them on the communication thread
 
     def add(self, nbytes: int, grads: bool = False) -> None:
@@ -87,6 +88,8 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
     def gather(u):
         u.gather()
         transient.add(u.full.untyped_storage().nbytes())
+        allocated = sum(v.full.untyped_storage().nbytes() for v in units)  # measured, not bookkept
+        transient.params_peak = max(transient.params_peak, allocated)
 
     def free(u):
         transient.add(-u.full.untyped_storage().nbytes())
