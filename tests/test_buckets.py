@@ -16,7 +16,7 @@ from lesson_lib.models import mlp
 
 pytestmark = pytest.mark.ch0
 
-SMALL = dict(steps=6, global_batch=24, hidden=32, depth=2, samples=512)
+SMALL = dp.Config.PRESETS["tiny"]
 LAYER_MB = 4 * 33 * 32 / 2**20  # one 32x32 layer with its bias, fp32
 
 
@@ -133,7 +133,7 @@ def test_zero_buckets_apply_to_stage_2_only(stage):
         zero.Config(world_size=2, stage=stage, bucket_mb=1).validate()
 
 
-ZSMALL = dict(steps=4, global_batch=24, hidden=48, depth=2, samples=512)
+ZSMALL = zero.Config.PRESETS["tiny"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])

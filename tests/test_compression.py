@@ -248,7 +248,7 @@ def test_set_link_rejects_bad_values():
 
 # --------------------------------------------------------------------------- the experiment
 
-SMALL = dict(world_size=2, steps=8, hidden=32, depth=2, samples=512)
+SMALL = cm.Config.PRESETS["tiny"]
 
 
 @pytest.mark.numerics

@@ -9,7 +9,7 @@ from lesson_lib.milestones import data_parallel as dp
 
 pytestmark = pytest.mark.ch0
 
-SMALL = dict(steps=6, global_batch=24, hidden=32, depth=2, samples=512)
+SMALL = dp.Config.PRESETS["tiny"]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -18,7 +18,7 @@ from lesson_lib.models import mlp_param_count
 pytestmark = pytest.mark.ch7
 
 # A 3-rank run in seconds: a 16-wide MLP, 12 small-batch steps, 6 at 8× the batch.
-SMALL = dict(preset="quick", hidden=16, samples=1024, steps=12, large_batch_steps=6, target_loss=2.25)
+SMALL = impact.Config.PRESETS["tiny"]
 KEYS = {"time_to_target_s", "reached_target", "steps", "bytes_per_step_busiest", "peak_memory_per_rank",
         "predicted_step_s", "median_step_s", "milestone", "link_gbps"}
 

@@ -16,7 +16,7 @@ from lesson_lib.milestones import large_batch as lb
 
 pytestmark = pytest.mark.ch5
 
-SMALL = dict(samples=512, eval_samples=128, epochs=2, hidden=16, depth=3, global_batch=64)
+SMALL = lb.Config.PRESETS["tiny"]
 
 
 @pytest.mark.numerics

@@ -9,7 +9,7 @@ from lesson_lib.milestones import parameter_server as ps
 
 pytestmark = pytest.mark.ch1
 
-SMALL = dict(steps=6, global_batch=24, hidden=32, depth=2, samples=512, lr=0.1)
+SMALL = ps.Config.PRESETS["tiny"]
 
 
 def _run(clusters, **kw):

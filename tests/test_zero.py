@@ -15,7 +15,7 @@ from lesson_lib.milestones import zero
 
 pytestmark = pytest.mark.ch4
 
-SMALL = dict(steps=4, global_batch=24, hidden=48, depth=2, samples=512)
+SMALL = zero.Config.PRESETS["tiny"]
 
 
 @pytest.fixture(scope="module")
