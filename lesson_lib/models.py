@@ -4,7 +4,10 @@ cuts them into stages, ZeRO shards their flat parameters, data parallelism repli
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from .data import batch_indices, teacher_classification
 
 
 def mlp(d_in: int, hidden: int, depth: int, d_out: int, seed: int) -> nn.Sequential:
@@ -51,3 +54,21 @@ def flat_views(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         p.grad = grads[offset:offset + n].view_as(p)
         offset += n
     return flat, grads
+
+
+def fit_whole_batch(cfg, model: nn.Module, optimizer: torch.optim.Optimizer) -> list[float]:
+    """Train ``model`` in this process on ``cfg``'s whole global batch for ``cfg.steps`` steps.
+
+    The single-process loop the milestones' references share (no process group); the losses per
+    step. Gradients are zeroed in place, so flat gradient views (:func:`flat_views`) stay views.
+    """
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    losses = []
+    for step in range(cfg.steps):
+        idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
+        optimizer.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

@@ -7,10 +7,8 @@ from __future__ import annotations
 import statistics
 
 import torch
-import torch.nn.functional as F
 
-from ...data import batch_indices, teacher_classification
-from ...models import flat_views, mlp, mlp_param_count
+from ...models import fit_whole_batch, flat_views, mlp, mlp_param_count
 from .config import Config
 from .schedules import all_actions, bubble_breakdown, bubble_formula, message_delays, step_bubbles
 from .stage import worker
@@ -58,16 +56,7 @@ def reference(cfg: Config) -> dict:
     and the last step's ``grads`` (flat, in layer order)."""
     model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
     flat, grads = flat_views(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
-    losses = []
-    for step in range(cfg.steps):
-        idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
-        grads.zero_()
-        loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = fit_whole_batch(cfg, model, torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9))
     return {"losses": losses, "params": flat.detach().clone(), "grads": grads.clone()}
 
 

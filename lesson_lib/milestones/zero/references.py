@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ... import optim
 from ...data import batch_indices, shard, teacher_classification
 from ...metrics import optimizer_tensors, storage_bytes
-from ...models import mlp
+from ...models import fit_whole_batch, mlp
 from ...runtime import context
 from .milestone import Config
 
@@ -27,16 +27,7 @@ def reference(cfg: Config) -> list[float]:
 def layerwise_reference(cfg: Config) -> dict:
     """Single-process LAMB or LARS (lesson_lib.optim, biases excluded) on the combined batch."""
     model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
-    opt_ = optim.make(cfg.optimizer, model, cfg.lr, cfg.weight_decay)
-    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
-    losses = []
-    for step in range(cfg.steps):
-        idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
-        opt_.zero_grad()
-        loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
-        loss.backward()
-        opt_.step()
-        losses.append(float(loss.detach()))
+    losses = fit_whole_batch(cfg, model, optim.make(cfg.optimizer, model, cfg.lr, cfg.weight_decay))
     return {"losses": losses, "params": torch.cat([p.detach().view(-1) for p in model.parameters()]).tolist()}
 
 
