@@ -236,7 +236,7 @@ def test_pipelined_animation_is_built_from_the_slots():
 
 
 def test_animation_is_built_from_the_schedule():
-    fig = plots.ring_animation(schedules.ring_states(4))
+    fig = plots.collectives.ring_animation(schedules.ring_states(4))
     assert len(fig.frames) == 1 + 2 * 2 * 3  # start, then (sending, landed) for each of 6 steps
 
 
