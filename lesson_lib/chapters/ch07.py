@@ -49,11 +49,11 @@ def ps_sharding(servers=(1, 8, 64, 256, 1024), **overrides) -> list[dict]:
     args = job["params"], job["tokens"], job["devices"]
     rows = [costmodel.estimate(costmodel.plan_for("parameter-server", *args, **options, servers=k))
             for k in servers] + [costmodel.estimate(costmodel.plan_for("ring", *args, **options))]
-    print(f"{'':<22} {'machines':>9} {'GB/server':>10} {'GB/worker':>10} {'latency s':>10} "
+    print(f"{'':<24} {'machines':>9} {'GB/server':>10} {'GB/worker':>10} {'latency s':>10} "
           f"{'bandwidth s':>12} {'step s':>9} {'days':>9}")
     for r in rows:
         name = f"parameter server K={r['servers']:,}" if r["servers"] else "ring"
-        print(f"{name:<22} {r['machines']:>9,} "
+        print(f"{name:<24} {r['machines']:>9,} "
               f"{format(r['memory']['server'] / 1e9, ',.1f') if r['servers'] else '-':>10} "
               f"{r['memory']['total'] / 1e9:>10,.1f} {r['terms']['latency']:>10.3g} "
               f"{r['terms']['bandwidth']:>12.4g} {r['step_s']:>9.4g} {r['days']:>9,.1f}")
