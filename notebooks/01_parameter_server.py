@@ -16,9 +16,10 @@
 # %% [markdown]
 # # Chapter 1 — The parameter server
 #
-# The first systems that trained one model on many machines put the model on a **central server**
-# (DistBelief, Dean et al., 2012; the parameter server, Li et al., OSDI 2014). Workers compute
-# gradients on their share of the data, **push** them to the server, and **pull** fresh parameters.
+# The first systems that trained one model on many machines put the model on a **server** — from the
+# start a group of server machines, each owning a shard of the parameters (DistBelief, Dean et al.,
+# 2012; the parameter server, Li et al., OSDI 2014). Workers compute gradients on their share of the
+# data, **push** them to the servers, and **pull** fresh parameters. We begin with one server.
 #
 # * **Synchronous**: everyone waits, the server averages, everyone moves together — simple, exact,
 #   but held back by the slowest worker.
@@ -26,8 +27,8 @@
 #   arrives — no waiting, but the gradients are *stale*, computed on parameters that others have since
 #   changed; whether that costs more than the extra updates bring depends on the learning rate.
 #
-# As workers are added the server becomes the choke point — a stadium emptying through one door —
-# and it is a single point of failure. Every figure below is measured from real processes: rank 0 is
+# As workers are added a single server becomes the choke point — a stadium emptying through one
+# door — and it is a single point of failure. Every figure below is measured from real processes: rank 0 is
 # the server, ranks 1…N the workers, talking point-to-point through `torch.distributed`.
 
 # %% [markdown]
@@ -178,9 +179,13 @@ traffic = ch01.bottleneck(worker_counts=(1, 2, 4))
 assert all(r["counted"] == r["formula"] for r in traffic), traffic
 
 # %% [markdown]
-# The historical fix is to **shard** the server: K servers each own 1/K of the parameters (Li et al.,
-# 2014), so each carries 1/K of the traffic. (The total is unchanged — the door got wider, the crowd
-# did not get smaller.)
+# Real parameter servers were never one machine: DistBelief (Dean et al., 2012) already **sharded**
+# its parameters over many server machines, and so did Li et al. (2014). K servers each own 1/K of
+# the parameters, so each carries 1/K of the traffic — at the price of K server machines besides the
+# workers. (The total is unchanged — the door got wider, the crowd did not get smaller.) With as many
+# shards as workers a server's link carries 2·S per step, as a worker's does, about what a ring
+# all-reduce moves per rank (chapter 2); chapter 7 prints what that means for GPT-3, server machines
+# and each server's share of Adam's state included.
 
 # %%
 shards = ch01.sharding(workers=2, server_counts=(1, 2, 4))
@@ -274,7 +279,9 @@ exercises["divergence"].submit(...)  # replace ... with a learning rate
 # %% [markdown]
 # ## What comes next
 #
-# The server moves 2·N·S bytes a step through one door. Chapter 2 removes the door: the ranks form a
-# **ring** and each sends only about 2·S, however many there are.
+# One server moves 2·N·S bytes a step through one door; N shards widen it to 2·S each, on N more
+# machines. Chapter 2 removes the door and the extra machines: the ranks form a **ring** and each
+# sends only about 2·S, however many there are — the bytes of a fully sharded server, with no
+# server at all.
 #
 # From a shell: `python -m lesson_lib run parameter-server --mode async --workers 4 --straggler 0:3 --json ps.json`.

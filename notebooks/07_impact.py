@@ -29,6 +29,8 @@
 #   machine, predicts those steps, and we print how far off it is.
 
 # %%
+import math
+
 import torch.distributed as dist  # noqa: F401  (your ping_pong below uses dist and comm)
 
 from lesson_lib import comm, costmodel, show_source  # noqa: F401
@@ -40,8 +42,10 @@ from lesson_lib.chapters import ch07
 # A step costs **compute** (FLOPs over the rate the devices deliver: 6·Ψ per token for forward and
 # backward, Kaplan et al. 2020, 8·Ψ when the forward is recomputed, Narayanan et al. 2021), the
 # pipeline's **bubble** ((P−1)/(M+P−1) of its time, chapter 3), and the **bandwidth** and **latency**
-# of its messages — the α-β formulas: 2·N·S/K for a parameter server (chapter 1), 2(N−1)/N·S·β +
-# 2(N−1)α for a ring (chapter 2), 1.5× the ring's bytes for ZeRO-3 (chapter 4). How much of the
+# of its messages — the α-β formulas: for a parameter server with K shards (chapter 1) the busiest
+# endpoint's 2·max(N/K, 1)·S·β + 2·max(N, K)·α (a server takes 2N messages, a worker sends 2K:
+# `costmodel.ps_terms`), 2(N−1)/N·S·β + 2(N−1)α for a ring (chapter 2), 1.5× the ring's bytes for
+# ZeRO-3 (chapter 4). How much of the
 # communication hides behind compute is an explicit input (`overlap`, 0 unless you say otherwise).
 # This is the whole step model the chart uses:
 
@@ -68,7 +72,8 @@ for nbytes, n, alpha, beta in [(350e9, 1024, 5e-6, 1 / 25e9), (16e6, 4, 3e-4, 1 
 # the 140 TFLOP/s per GPU they measured — next to the days they report:
 
 # %%
-for case, p in costmodel.published().items():
+published = costmodel.published()
+for case, p in ((c, p) for c, p in published.items() if p["use"] == "calibration"):
     days = 8 * p["tokens"] * p["params"] / (p["devices"] * p["achieved_tflops_per_device"] * 1e12) / 86400
     print(f"{case}: {days:.1f} days from the formula; the paper says about {p['published_days']:g}")
     assert abs(days / p["published_days"] - 1) <= 0.02  # the paper rounds to whole days
@@ -77,21 +82,38 @@ for case, p in costmodel.published().items():
 
 # %% [markdown]
 # The step model must do more than that closed form: it has to *predict* the 140 TFLOP/s from the
-# hardware. Given the paper's layout (tensor-parallel 8, pipeline 8 for GPT-3; 8 and 64 for the
-# 1T-parameter model), kernels at 50 % of the A100's peak (our one assumed efficiency) and nothing
-# overlapped, it lands within 25 % of the reported throughput and days:
+# hardware. It is given the paper's layout (tensor-parallel 8, pipeline 8 for GPT-3; 8 and 64 for the
+# 1T-parameter model) and nothing overlapped, and one number that is not a datasheet's: kernels run at
+# **50 % of the A100's peak**. That efficiency is a **calibration** — a round value chosen so that
+# these two SC21 runs land within 25 % of the reported throughput and days — so their agreement is a
+# fit, not a test.
+#
+# The test is a run the model was not fitted on: **LLaMA-65B** (Touvron et al., 2023), 2,048
+# A100-80GB, about 380 tokens/s per GPU, 1.4T tokens, about 21 days (`data/published.csv`, its
+# `use` column says `out-of-sample`). From the paper we take its shape, its batch of 4M tokens and
+# that it saves the linear layers' outputs instead of recomputing them (6·Ψ FLOPs per token). Its
+# tensor and pipeline layout is not reported: we assume t = 8 (one DGX node) and the fewest
+# pipeline stages at which the model fits it, p = 4. The calibrated efficiency then predicts:
 
 # %%
-for case, p in costmodel.published().items():
-    plan = costmodel.Plan(p["params"], p["tokens"], int(p["devices"]), tensor=int(p["tensor"]),
-                          pipeline=int(p["pipeline"]), batch_tokens=p["global_batch"] * p["seq_len"],
-                          layers=int(p["layers"]), hidden=int(p["hidden"]), heads=int(p["heads"]))
-    e = costmodel.estimate(plan)
-    print(f"{case}: modelled {e['tflops_per_device']:.0f} TFLOP/s per GPU (paper "
-          f"{p['achieved_tflops_per_device']:g}), {e['days']:.0f} days (paper {p['published_days']:g}), "
-          f"{e['memory']['total'] / 1e9:.0f} GB per GPU, {e['dominant']} dominates")
-    assert abs(e["tflops_per_device"] / p["achieved_tflops_per_device"] - 1) <= 0.25
-    assert abs(e["days"] / p["published_days"] - 1) <= 0.25 and e["fits"]
+checks = ch07.published_check()
+for r in checks:  # the bound: the calibration rows' own 25 % (one efficiency for every matrix size,
+    # no overlap, no interleaved schedule, and for LLaMA an assumed layout)
+    assert r["estimate"]["fits"] and r["estimate"]["dominant"] == "compute", r["case"]
+    assert abs(r["rate_error"]) <= 0.25 and abs(r["days_error"]) <= 0.25, r
+llama = next(r for r in checks if r["use"] == "out-of-sample")
+worst_fit = max((r for r in checks if r["use"] == "calibration"), key=lambda r: abs(r["days_error"]))
+assert llama["days_error"] > 0 and worst_fit["days_error"] > 0  # the model is slower than both runs
+print(f"out of sample, LLaMA-65B: {llama['modelled_days']:.1f} days predicted against about "
+      f"{llama['published_days']:g} published ({llama['days_error']:+.0%}), "
+      f"{llama['modelled_rate']:.0f} tokens/s per GPU against about {llama['published_rate']:g} "
+      f"({llama['rate_error']:+.0%})")
+
+# %% [markdown]
+# The out-of-sample error has the sign of the calibration rows' largest one: the model is slower
+# than the runs it describes, by the percentage printed above. One efficiency for every matrix size
+# is the likeliest reason — LLaMA's matrices (h = 8192) are smaller than GPT-3's, yet its kernels
+# evidently ran faster than 50 % of peak — so the model is good to a quarter, not to a few percent.
 
 # %% [markdown]
 # ## 2. The talk's chart, for GPT-3 on 1,024 A100s
@@ -107,10 +129,24 @@ rows = {r["milestone"]: r for r in ch07.talk_chart()}
 # %% [markdown]
 # What the model says, and what it does not:
 #
-# * A **parameter server** and a plain **ring** need the whole 2.8 TB of model state (16 bytes per
-#   parameter) on every device; **ZeRO-1** and **ZeRO-2** still keep 2–4 bytes per parameter there.
-#   None fits. **Pipeline parallelism** fits by cutting the layers into stages; **ZeRO-3** by
-#   sharding everything.
+# * The **parameter server** is drawn twice. With one server (K = 1, chapter 1's section 4) its
+#   link carries 2·N·S per step: the hotspot, by far the slowest bar. That is not how it was
+#   deployed: DistBelief (Dean et al., 2012) and the parameter server of Li et al. (2014) shard the
+#   parameters over many server machines. With K = N shards (`ps-sharded`) each server's link
+#   carries 2·N·S/K = 2·S, a worker's 2·S too, and the step is the ring's — at the price of K more
+#   machines, each holding 1/K of Adam's state. The sweep below prints K, the machines, the bytes per
+#   server and the days.
+# * **What the ring removed**, then, is not bytes per worker — a fully sharded server moves as many
+#   — but the hotspot of an under-sharded server and the extra server machines: the ring runs on the
+#   workers alone. The counter-example is BytePS (Jiang et al., OSDI 2020): it gave the spare CPU
+#   machines of a GPU cluster the servers' role and beat all-reduce, since with push and pull on both
+#   directions of a link at once a worker sends S while it receives S. This model runs push and pull
+#   one after the other, so it does not show that gain.
+# * A plain **ring** needs the whole model state (16 bytes per parameter) on every device; a
+#   parameter-server **worker** keeps only the 16-bit weights and gradients, 4 bytes per parameter,
+#   while the servers hold Adam's 12 (printed below); **ZeRO-1** and **ZeRO-2** still keep 2–4 bytes
+#   per parameter on each device. None fits. **Pipeline parallelism** fits by cutting the layers into
+#   stages; **ZeRO-3** by sharding everything.
 # * ZeRO-3 on HDR InfiniBand is **bandwidth-bound** here: it moves 1.5× a ring's bytes through a
 #   25 GB/s port per step. The talk's "time falls with every milestone" is not what this model says
 #   about ZeRO-3 alone — in practice it is combined with pipeline and tensor parallelism (as in
@@ -120,12 +156,38 @@ rows = {r["milestone"]: r for r in ch07.talk_chart()}
 #   which stops holding past a critical batch size (McCandlish et al., 2018).
 
 # %%
-for name in ("parameter-server", "ring", "zero-1", "zero-2"):
+for name in ("parameter-server", "ps-sharded", "ring", "zero-1", "zero-2"):
     assert not rows[name]["fits"], name
 for name in ("pipeline", "zero-3", "lamb", "compression"):
     assert rows[name]["fits"], name
 assert rows["zero-3"]["dominant"] == "bandwidth"
 assert rows["lamb"]["days"] < rows["zero-3"]["days"] and rows["compression"]["days"] < rows["lamb"]["days"]
+one, sharded, ring = rows["parameter-server"], rows["ps-sharded"], rows["ring"]
+N, psi = ring["data_parallel"], ring["plan"].params
+# K = N: a worker's bytes are 2·S, the ring's 2(N−1)/N·S, so the same step up to N/(N−1)
+bandwidth_ratio = sharded["terms"]["bandwidth"] / ring["terms"]["bandwidth"]
+assert sharded["servers"] == N and math.isclose(bandwidth_ratio, N / (N - 1))
+assert abs(sharded["days"] / ring["days"] - 1) <= 1 / (N - 1) and one["days"] > 100 * sharded["days"]
+assert one["memory"]["server"] == 12 * psi and sharded["memory"]["server"] == 12 * psi / N
+print(f"memory per device: ring {ring['memory']['total'] / 1e12:.2f} TB "
+      f"({ring['memory']['total'] - ring['memory']['activations']:.3g} bytes of model state); "
+      f"parameter-server worker {one['memory']['total'] / 1e9:.0f} GB; "
+      f"Adam's state on the servers {one['memory']['server'] / 1e12:.2f} TB in all, "
+      f"{sharded['memory']['server'] / 1e9:.2f} GB per server at K = {N:,}")
+print(f"machines: ring {ring['machines']:,}, single server {one['machines']:,}, "
+      f"sharded {sharded['machines']:,} "
+      f"({sharded['machine_days'] / ring['machine_days']:.2f}× the ring's machine-days)")
+
+# %% [markdown]
+# Between the two extremes, the sharded server's days fall as 1/K until K = N, while its server
+# machines grow as K (the latency term 2·max(N, K)·α never vanishes: each server still hears every
+# worker, and each worker talks to K servers):
+
+# %%
+sweep = ch07.ps_sharding((1, 8, 64, 256, N))
+days = [r["days"] for r in sweep[:-1]]
+assert all(b < a for a, b in zip(days, days[1:])) and abs(days[-1] / sweep[-1]["days"] - 1) <= 1 / (N - 1)
+assert all(r["terms"]["latency"] >= sweep[-1]["terms"]["latency"] * (N - 1) / N for r in sweep[:-1])
 
 # %% [markdown]
 # ## 3. What if…
@@ -295,7 +357,7 @@ exercises["pingpong"].submit(ping_pong)
 # | chapter | milestone | what it moved, in the chart and in the dashboard |
 # |---|---|---|
 # | [0](00_why_distributed.ipynb) | data parallelism | compute shared by n devices; the memory bill (16 bytes per parameter) that does not fit |
-# | [1](01_parameter_server.ipynb) | parameter server | the first bar: the server's link carries 2·N·S per step, the **bandwidth** term that grows with N |
+# | [1](01_parameter_server.ipynb) | parameter server | the first bars: one server's link carries 2·N·S per step, the **bandwidth** term that grows with N; K shards divide it by K, for K more machines |
 # | [2](02_ring_allreduce.ipynb) | ring all-reduce | bytes per rank fall to 2(N−1)/N·S, independent of N: the **bandwidth** bar; α adds a **latency** term |
 # | [3](03_pipeline_parallelism.ipynb) | pipeline (1F1B) | **memory per device** divided by the stages; the **bubble** (P−1)/(M+P−1) added |
 # | [4](04_zero.ipynb) | ZeRO-1/2/3 | **memory per device** from 16Ψ to 16Ψ/N; ZeRO-3 pays 1.5× the **bandwidth** |

@@ -121,7 +121,8 @@ def bottleneck(worker_counts=(1, 2, 4)) -> list[dict]:
 
 
 def sharding(workers: int = 2, server_counts=(1, 2, 4)) -> list[dict]:
-    """Split the server into K shards (Li et al., 2014): each shard carries 1/K of the traffic."""
+    """Split the server into K shards, as DistBelief (Dean et al., 2012) and Li et al. (2014) did from
+    the start: each shard carries 1/K of the traffic."""
     rows = []
     for k in server_counts:
         r = _run("sync", workers, servers=k, steps=10)

@@ -18,8 +18,8 @@ from .ch07_exercises import exercises  # noqa: F401  (the notebook calls it here
 # tokens) on 1,024 A100s with one HDR InfiniBand port each, as Narayanan et al. (SC21) trained it.
 GPT3 = {"params": 175e9, "tokens": 300e9, "devices": 1024, "device": "a100-80gb", "link": "ib-hdr"}
 
-__all__ = ["GPT3", "exercises", "measured", "run_impact", "talk_chart", "table", "validation_table",
-           "what_if"]
+__all__ = ["GPT3", "exercises", "measured", "ps_sharding", "published_check", "run_impact", "talk_chart",
+           "table", "validation_table", "what_if"]
 
 
 def talk_chart(names=costmodel.MILESTONES, **overrides) -> list[dict]:
@@ -30,13 +30,59 @@ def talk_chart(names=costmodel.MILESTONES, **overrides) -> list[dict]:
     dev = costmodel.devices()[job["device"]]["name"]
     title = (f"{job['params']:.3g} parameters, {job['tokens']:.3g} tokens on {job['devices']:,} × {dev}: "
              "modelled time and memory per device, milestone by milestone")
-    base = costmodel.assumptions(rows[0]["plan"])  # what every bar shares, then what the last adds
-    notes = base + [a for a in costmodel.assumptions(rows[-1]["plan"])
-                    if a not in base and "tokens per step" not in a]
+    notes = costmodel.assumptions(rows[0]["plan"])  # what every bar shares, then what each adds
+    for r in rows[1:]:
+        notes += [a for a in costmodel.assumptions(r["plan"])
+                  if a not in notes and "tokens per step" not in a]
     notes.append("pipeline: the fewest stages (dividing the devices) at which the model fits; "
-                 "lamb and compression build on ZeRO-3")
+                 "ps-sharded: as many server machines as workers; lamb and compression build on ZeRO-3")
     display(plots.impact.talk_chart(rows, title, notes))
     print(costmodel.table(rows))
+    return rows
+
+
+def ps_sharding(servers=(1, 8, 64, 256, 1024), **overrides) -> list[dict]:
+    """Chapter 1's parameter server for GPT-3 (or ``overrides``) with K server machines, beside the
+    ring: days, machines, bytes per server and per worker, the step's latency and bandwidth terms."""
+    job = {**GPT3, **overrides}
+    options = {k: v for k, v in job.items() if k not in ("params", "tokens", "devices")}
+    args = job["params"], job["tokens"], job["devices"]
+    rows = [costmodel.estimate(costmodel.plan_for("parameter-server", *args, **options, servers=k))
+            for k in servers] + [costmodel.estimate(costmodel.plan_for("ring", *args, **options))]
+    print(f"{'':<24} {'machines':>9} {'GB/server':>10} {'GB/worker':>10} {'latency s':>10} "
+          f"{'bandwidth s':>12} {'step s':>9} {'days':>9}")
+    for r in rows:
+        name = f"parameter server K={r['servers']:,}" if r["servers"] else "ring"
+        print(f"{name:<24} {r['machines']:>9,} "
+              f"{format(r['memory']['server'] / 1e9, ',.1f') if r['servers'] else '-':>10} "
+              f"{r['memory']['total'] / 1e9:>10,.1f} {r['terms']['latency']:>10.3g} "
+              f"{r['terms']['bandwidth']:>12.4g} {r['step_s']:>9.4g} {r['days']:>9,.1f}")
+    return rows
+
+
+def published_check() -> list[dict]:
+    """The step model against every published run (data/published.csv), each with its use: the
+    rows the efficiency was calibrated on, and the out-of-sample ones. Prints the table."""
+    rows = []
+    for case, p in costmodel.published().items():
+        e = costmodel.estimate(costmodel.published_plan(case))
+        tokens_s = e["plan"].batch_tokens / e["step_s"] / e["plan"].devices
+        if p["use"] == "calibration":  # SC21 reports FLOP/s per GPU, LLaMA tokens per second per GPU
+            paper, model, unit = p["achieved_tflops_per_device"], e["tflops_per_device"], "TFLOP/s"
+        else:
+            paper, model, unit = p["tokens_per_s_per_device"], tokens_s, "tokens/s"
+        rows.append({"case": case, "use": p["use"], "estimate": e, "unit": unit, "published_rate": paper,
+                     "modelled_rate": model, "rate_error": model / paper - 1,
+                     "published_days": p["published_days"], "modelled_days": e["days"],
+                     "days_error": e["days"] / p["published_days"] - 1})
+    print(f"{'case':<10} {'use':<14} {'per GPU: paper':>16} {'model':>7} {'error':>6} "
+          f"{'days: paper':>12} {'model':>6} {'error':>6}  layout, dominant term")
+    for r in rows:
+        e = r["estimate"]
+        print(f"{r['case']:<10} {r['use']:<14} {r['published_rate']:>7g} {r['unit']:<8} "
+              f"{r['modelled_rate']:>7.0f} {r['rate_error']:>+6.0%} {r['published_days']:>12g} "
+              f"{r['modelled_days']:>6.1f} {r['days_error']:>+6.0%}  t={e['plan'].tensor} "
+              f"p={e['plan'].pipeline}, {e['dominant']}")
     return rows
 
 

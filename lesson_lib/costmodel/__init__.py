@@ -7,7 +7,7 @@
   ``python -m lesson_lib estimate``.
 """
 
-from .plan import MILESTONE_PLANS, MILESTONES, TERMS, Plan
+from .plan import MILESTONE_PLANS, MILESTONES, TERMS, Plan, published_plan
 from .planner import (
     assumptions,
     cli_estimate,
@@ -35,9 +35,12 @@ from .terms import (
     latency_crossover_bytes,
     links,
     memory_bill,
+    ps_terms,
     ps_time,
     published,
+    recompute_activation_bytes,
     ring_time,
+    server_memory,
     zero_memory,
     zero_traffic,
 )
@@ -47,6 +50,7 @@ __all__ = [
     "allreduce_terms", "allreduce_time", "assumptions", "bubble_fraction", "cli_estimate",
     "days_from_throughput", "devices", "devices_needed", "estimate", "fit_alpha_beta",
     "fit_point_to_point", "fits", "latency_crossover_bytes", "links", "memory", "memory_bill",
-    "milestones", "plan_for", "ps_time", "published", "ring_time", "step_time", "table", "to_json",
+    "milestones", "plan_for", "ps_terms", "ps_time", "published", "published_plan",
+    "recompute_activation_bytes", "ring_time", "server_memory", "step_time", "table", "to_json",
     "zero_memory", "zero_traffic",
 ]

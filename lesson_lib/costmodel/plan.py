@@ -8,15 +8,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .terms import devices, links
+from .terms import devices, links, published
 
 # Every number of a Plan is an input that ``planner.assumptions()`` prints; the devices and links
 # come from data/devices.csv and data/links.csv (a source per row).
 
-MILESTONES = ("parameter-server", "ring", "pipeline", "zero-1", "zero-2", "zero-3", "lamb", "compression")
+MILESTONES = ("parameter-server", "ps-sharded", "ring", "pipeline", "zero-1", "zero-2", "zero-3", "lamb",
+              "compression")
 # What each milestone of the talk changes, on top of plain data parallelism with a ring.
 MILESTONE_PLANS = {
-    "parameter-server": {"comm": "ps"},
+    "parameter-server": {"comm": "ps"},                       # one server: the hotspot (chapter 1)
+    "ps-sharded": {"comm": "ps", "servers": "workers"},      # K = N shards, as deployed (Li et al. 2014)
     "ring": {},
     "pipeline": {"pipeline": "auto"},
     "zero-1": {"zero": 1}, "zero-2": {"zero": 2}, "zero-3": {"zero": 3},
@@ -38,7 +40,7 @@ class Plan:
     link: str = "ib-hdr"               # between nodes, per device (data/links.csv)
     intra_link: str = "nvlink3"        # within a node: tensor parallelism only
     comm: str = "ring"                 # ring | ps (data-parallel gradient exchange)
-    servers: int = 1                   # K parameter-server shards (ps only)
+    servers: int = 1                   # K parameter-server shards (ps only), machines besides the n
     pipeline: int = 1                  # P stages (1F1B)
     tensor: int = 1                    # t, tensor-parallel ranks (Shoeybi et al., 2019)
     zero: int = 0                      # ZeRO stage over the data-parallel ranks
@@ -110,3 +112,14 @@ class Plan:
             raise ValueError(f"batch_tokens={self.batch_tokens:g} gives each of the {self.data_parallel} "
                              f"replicas less than one micro-batch of {self.micro_batch} × {self.seq_len}")
         return self
+
+
+def published_plan(case: str, **options) -> Plan:
+    """The Plan of a published run (data/published.csv): its devices, layout, batch, shape and
+    recomputation; ``options`` override them (chapter 7 checks the model against these)."""
+    p = published()[case]
+    chosen = dict(device=p["device"], tensor=int(p["tensor"]), pipeline=int(p["pipeline"]),
+                  batch_tokens=p["global_batch"] * p["seq_len"], seq_len=int(p["seq_len"]),
+                  layers=int(p["layers"]), hidden=int(p["hidden"]), heads=int(p["heads"]),
+                  recompute=bool(p["recompute"]))
+    return Plan(p["params"], p["tokens"], int(p["devices"]), **{**chosen, **options}).validate()

@@ -12,20 +12,32 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .plan import MILESTONE_PLANS, MILESTONES, TERMS, Plan
-from .terms import activation_bytes, allreduce_terms, devices, links, zero_memory
+from .terms import (
+    activation_bytes,
+    allreduce_terms,
+    devices,
+    links,
+    ps_terms,
+    recompute_activation_bytes,
+    server_memory,
+    zero_memory,
+)
 
 
 def plan_for(milestone: str, params: float, tokens: float, devices: int, **options) -> Plan:
     """The Plan of one milestone of the talk (:data:`MILESTONE_PLANS`); ``options`` override it.
 
     The pipeline milestone takes the fewest stages (a divisor of n, at most the layers) at which
-    the model fits, or the most stages allowed when it fits at none.
+    the model fits, or the most stages allowed when it fits at none. The sharded parameter server
+    takes as many server machines as there are workers (``servers="workers"``: K = N).
     """
     if milestone not in MILESTONE_PLANS:
         raise ValueError(f"milestone must be one of {', '.join(MILESTONES)}, got {milestone!r}")
     chosen = {**MILESTONE_PLANS[milestone], **options}
-    if milestone == "parameter-server":  # chapter 1's server is plain data parallelism
+    if MILESTONE_PLANS[milestone].get("comm") == "ps":  # chapter 1's server: plain data parallelism
         chosen.update(comm="ps", zero=0, pipeline=1)
+    if chosen.get("servers") == "workers":
+        chosen["servers"] = devices // chosen.get("tensor", 1)
     if chosen.get("pipeline") == "auto":
         base = Plan(params, tokens, devices, **{**chosen, "pipeline": 1}).validate()
         ok = [p for p in range(1, base.shape()[0] + 1) if devices % (p * base.tensor) == 0
@@ -38,7 +50,9 @@ def plan_for(milestone: str, params: float, tokens: float, devices: int, **optio
 
 def memory(plan: Plan) -> dict:
     """Bytes per device: model states (chapter 4's formulas, 16-bit with fp32 Adam: 16 bytes per
-    parameter) split over P·t and sharded over the d data-parallel ranks, plus activations."""
+    parameter) split over P·t and sharded over the d data-parallel ranks, plus activations.
+    ``server``: bytes on each parameter-server machine (Adam's 12Ψ/K; 0 without one), not in
+    ``total``, which is a worker's."""
     layers, hidden, heads = plan.shape()
     psi = plan.params / (plan.pipeline * plan.tensor)
     if plan.comm == "ps":  # workers keep parameters and gradients; the servers keep Adam
@@ -50,14 +64,15 @@ def memory(plan: Plan) -> dict:
     # 1F1B: the first stage holds P micro-batches of its L/P layers, so L layer-micro-batches
     # (Narayanan et al., 2021); without a pipeline, one micro-batch of all L layers.
     held = layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
-    if plan.recompute:  # keep each layer's input, rebuild one layer's activations at a time
-        act = held * 2 * plan.seq_len * plan.micro_batch * hidden / plan.tensor + full
+    if plan.recompute:  # keep each layer's input (not divided by t), rebuild one layer at a time
+        act = recompute_activation_bytes(plan.seq_len, plan.micro_batch, hidden, held) + full
     else:
         act = held * full
     out = {**states, "activations": act}
     out["total"] = sum(out.values())
     out["device"] = devices()[plan.device]["memory"]
     out["fits"] = out["total"] <= out["device"]
+    out["server"] = server_memory(plan.params, plan.servers) if plan.comm == "ps" else 0.0
     return out
 
 
@@ -74,8 +89,8 @@ def step_time(plan: Plan) -> dict:
     compute = flops / (plan.devices * dev["peak_flops"] * plan.efficiency)  # Kaplan et al., 2020
     bubble = compute * (P - 1) / m  # the idle (P−1)/(M+P−1) of the pipeline's time
     grads = 2 * plan.params / (P * t) / plan.compression  # bf16 gradients of my part of the model
-    if plan.comm == "ps":  # the busiest server: 2·N·S/K (chapter 1)
-        lat, bw = 2 * d / plan.servers, 2 * d / plan.servers * grads
+    if plan.comm == "ps":  # the busiest endpoint: a server (2N messages, 2·N·S/K) or a worker (2K, 2S)
+        lat, bw = ps_terms(d, plan.servers, grads)
     elif plan.zero == 3:  # per layer: parameters gathered twice, gradients scattered once: 1.5×
         lat = 3 * layers / P * (d - 1)
         bw = (d - 1) / d * (4 * plan.params / (P * t) + grads)
@@ -101,7 +116,10 @@ def estimate(plan: Plan) -> dict:
     steps = plan.tokens / (plan.batch_tokens * plan.batch_scale)
     mem = memory(plan)
     layers, hidden, heads = plan.shape()
+    servers = plan.servers if plan.comm == "ps" else 0
     return {"plan": plan, "fits": mem["fits"], "memory": mem, "terms": terms,
+            "servers": servers, "machines": plan.devices + servers,
+            "machine_days": (plan.devices + servers) * steps * terms["step"] / 86400,
             "step_s": terms["step"], "steps": steps, "train_s": steps * terms["step"],
             "days": steps * terms["step"] / 86400, "dominant": max(TERMS, key=terms.get),
             "tflops_per_device": terms["flops"] / terms["step"] / plan.devices / 1e12,
@@ -135,9 +153,15 @@ def assumptions(plan: Plan) -> list[str]:
         "pipeline and tensor-parallel messages never hidden",
         "memory: 2 + 2 + 12 bytes per parameter (bf16 weights and gradients, fp32 Adam; "
         "Rajbhandari et al. 2020), activations s·b·h·(10 + 24/t + 5as/(ht)) per layer "
-        "(Korthikanti et al. 2022)" + (", only each layer's input kept when recomputing"
-                                       if plan.recompute else ""),
+        "(Korthikanti et al. 2022)" + ("; recomputing, only each layer's input, 2·s·b·h bytes, not "
+                                       "divided by t (no sequence parallelism)" if plan.recompute else ""),
     ]
+    if plan.comm == "ps":
+        lines.append(
+            f"parameter server: K = {plan.servers} server machine(s) besides the {plan.devices} workers, "
+            f"one {net['name']} link each, holding Adam's 12 bytes per parameter over K: "
+            f"{server_memory(plan.params, plan.servers) / 1e9:,.4g} GB per server; per step each worker "
+            "sends 2K messages of S/K and each server 2N (Dean et al. 2012, Li et al. 2014)")
     if plan.tensor > 1:
         lines.append(f"tensor parallel over {plan.tensor} devices of a node: {node['name']}, "
                      f"{1e-9 / node['beta']:g} GB/s — {node['source']}")
@@ -152,12 +176,16 @@ def assumptions(plan: Plan) -> list[str]:
 
 def table(rows: list[dict]) -> str:
     """The estimates as text: one line per milestone."""
-    lines = [f"{'milestone':<17} {'P':>4} {'d':>5} {'fits':>5} {'GB/device':>10} {'step s':>9} "
-             f"{'days':>9} {'TFLOP/s':>8}  dominant"]
+    lines = [f"{'milestone':<17} {'P':>4} {'d':>5} {'K':>5} {'fits':>5} {'GB/device':>10} "
+             f"{'GB/server':>10} {'step s':>9} {'days':>9} {'machines':>9} {'TFLOP/s':>8}  dominant"]
     for r in rows:
+        ps = r["servers"] > 0
         lines.append(f"{r.get('milestone', '-'):<17} {r['plan'].pipeline:>4} {r['data_parallel']:>5} "
-                     f"{'yes' if r['fits'] else 'NO':>5} {r['memory']['total'] / 1e9:>10.1f} "
-                     f"{r['step_s']:>9.3g} {r['days']:>9.3g} {r['tflops_per_device']:>8.1f}  {r['dominant']}")
+                     f"{r['servers'] if ps else '-':>5} {'yes' if r['fits'] else 'NO':>5} "
+                     f"{r['memory']['total'] / 1e9:>10.1f} "
+                     f"{format(r['memory']['server'] / 1e9, '.1f') if ps else '-':>10} "
+                     f"{r['step_s']:>9.3g} {r['days']:>9.3g} {r['machines']:>9,} "
+                     f"{r['tflops_per_device']:>8.1f}  {r['dominant']}")
     return "\n".join(lines)
 
 

@@ -191,8 +191,10 @@ def links() -> dict[str, dict]:
 
 
 def published() -> dict[str, dict]:
-    """End-to-end figures a paper reports (data/published.csv), to check the model against."""
-    return {r["case"]: {k: (v if k in ("case", "device", "source") or v == "" else float(v))
+    """End-to-end figures a paper reports (data/published.csv), to check the model against. ``use``
+    says whether a row calibrated the model's efficiency ("calibration") or was left out of that
+    fit to test it ("out-of-sample")."""
+    return {r["case"]: {k: (v if k in ("case", "device", "use", "source") or v == "" else float(v))
                         for k, v in r.items()} for r in read_csv("published.csv")}
 
 
@@ -212,12 +214,55 @@ def ring_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
     return allreduce_time("ring", n, nbytes, alpha, beta)
 
 
+def ps_terms(workers: int, servers: int, nbytes: float) -> tuple[float, float]:
+    """(a, b) such that a synchronous parameter-server step takes a·α + b·β (chapters 1 and 7).
+
+    Each of N workers pushes its gradient of S bytes as K slices of S/K, one per server, then pulls
+    K slices of parameters back; each of K servers (Dean et al., 2012; Li et al., 2014) takes N
+    slices in and sends N out. As for the naive all-reduce, an endpoint handles its messages one
+    after another, each costing α + m·β, and push and pull are two phases, not overlapped:
+
+    * a server: 2·N messages, 2·N·S/K bytes — the hotspot while K < N;
+    * a worker: 2·K messages, 2·S bytes — its message count grows with K.
+
+    The step lasts as long as the busiest endpoint: 2·max(N, K)·α + 2·max(N/K, 1)·S·β. The
+    latency never falls below 2·N·α (each server still hears every worker) nor below 2·K·α;
+    at K = N it is the ring's 2(N−1)α and 2(N−1)/N·S·β up to a factor N/(N−1).
+    """
+    for name, v in (("workers", workers), ("servers", servers)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be non-negative, got {nbytes}")
+    return 2.0 * max(workers, servers), 2.0 * max(workers / servers, 1.0) * nbytes
+
+
 def ps_time(nbytes: float, workers: int, servers: int, alpha: float, beta: float) -> float:
-    """The busiest server's link per synchronous step: 2·N·S/K bytes in and out (chapter 1)."""
-    return 2 * workers / servers * (alpha + nbytes * beta)
+    """Seconds of one synchronous parameter-server exchange: :func:`ps_terms` priced at α, β."""
+    a, b = ps_terms(workers, servers, nbytes)
+    return a * alpha + b * beta
+
+
+def server_memory(params: float, servers: int) -> float:
+    """Bytes each of K servers holds: mixed-precision Adam's 12 bytes per parameter (fp32 master
+    weights, momentum, variance; Rajbhandari et al., 2020) over K shards, 12·Ψ/K. The workers keep
+    the 16-bit weights and gradients; a server's buffer summing the N incoming gradient slices
+    (one more 4·Ψ/K in fp32) is left out, as the ring's transient buffers are."""
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+        raise ValueError(f"servers must be a positive int, got {servers!r}")
+    return 12 * params / servers
 
 
 def activation_bytes(seq: int, micro: int, hidden: int, heads: int, tensor: int = 1) -> float:
     """One transformer layer's saved activations for one micro-batch, 16-bit, no sequence
     parallelism: s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes (Korthikanti et al., 2022, Eq. 2)."""
     return seq * micro * hidden * (10 + 24 / tensor + 5 * heads * seq / (hidden * tensor))
+
+
+def recompute_activation_bytes(seq: int, micro: int, hidden: int, layers: float) -> float:
+    """Activations kept under full recomputation, without sequence parallelism: each of the L
+    layers' inputs, s·b·h values in 16 bits, so 2·s·b·h·L bytes (Korthikanti et al., 2022, §4.1
+    and Table 2, "full recompute"). Not divided by t: without sequence parallelism the layer input
+    is replicated on every tensor-parallel rank (only sequence parallelism divides it by t).
+    The one layer being recomputed in the backward pass comes on top (:func:`activation_bytes`)."""
+    return 2 * seq * micro * hidden * layers

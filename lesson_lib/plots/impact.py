@@ -25,30 +25,39 @@ def label(record: dict) -> str:
 
 def talk_chart(rows: list[dict], title: str, assumptions: list[str]) -> go.Figure:
     """Modelled days to train and memory per device, one bar per milestone in the talk's order;
-    grey bars with "does not fit" where the model's states and activations exceed the device."""
-    names = [r["milestone"] for r in rows]
+    grey bars with "does not fit" where the model's states and activations exceed the device. A
+    parameter server's bars name its K and its server machines; beside its workers' memory, a
+    hatched bar gives each server's (Adam's state over K)."""
+    names = [r["milestone"] + (f" (K={r['servers']:,})" if r.get("servers") else "") for r in rows]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
-        "days to train (modelled)", "memory per device, GB (modelled)"))
+        "days to train (modelled)", "memory per device and per server, GB (modelled)"))
     colors = [FITS if r["fits"] else NO_FIT for r in rows]
-    text = [f"{r['days']:.3g} d" + ("" if r["fits"] else "<br>does not fit") for r in rows]
+    text = [f"{r['days']:.3g} d" + ("" if r["fits"] else "<br>does not fit")
+            + (f"<br>+{r['servers']:,} servers" if r.get("servers") else "") for r in rows]
     fig.add_bar(x=names, y=[r["days"] for r in rows], marker_color=colors, text=text,
                 textposition="outside", showlegend=False, row=1, col=1,
                 hovertext=[f"dominant: {r['dominant']}" for r in rows])
     fig.add_bar(x=names, y=[r["memory"]["total"] / 1e9 for r in rows], marker_color=colors,
-                showlegend=False, row=1, col=2,
+                name="per device (a worker)", row=1, col=2,
                 text=[f"{r['memory']['total'] / 1e9:.3g}" for r in rows], textposition="outside")
+    server = [r["memory"].get("server", 0) / 1e9 or None for r in rows]
+    if any(server):
+        fig.add_bar(x=names, y=server, marker_color=COLORS["optimizer"], marker_pattern_shape="/",
+                    name="per server machine (12Ψ/K)", row=1, col=2,
+                    text=[f"{g:.3g}" if g else "" for g in server], textposition="outside")
     cap = rows[0]["memory"]["device"] / 1e9
     fig.add_hline(y=cap, line_dash="dash", annotation_text=f"device memory {cap:g} GB",
                   annotation_position="bottom right", row=1, col=2)
     # log axes with labels above the bars: plotly's autorange runs away, so give the range
-    gb = [r["memory"]["total"] / 1e9 for r in rows]
+    gb = [r["memory"]["total"] / 1e9 for r in rows] + [g for g in server if g]
     for col, values in ((1, [r["days"] for r in rows]), (2, gb + [cap])):
         lo, hi = math.log10(min(values)), math.log10(max(values))
         fig.update_yaxes(type="log", range=[lo - 0.3, hi + 0.5], title_text="days" if col == 1 else "GB",
                          row=1, col=col)
     notes = "<br>".join(wrap("• " + a, 150) for a in assumptions)
-    fig.update_layout(height=520 + 15 * notes.count("<br>"), title=wrap(title, 100),
-                      margin={"t": 110, "b": 140 + 15 * notes.count("<br>")})
+    fig.update_layout(height=520 + 15 * notes.count("<br>"), title=wrap(title, 100), barmode="group",
+                      margin={"t": 110, "b": 140 + 15 * notes.count("<br>")},
+                      legend={"orientation": "h", "x": 0.55, "y": 1.02, "yanchor": "bottom"})
     fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=-0.22, showarrow=False,
                        align="left", xanchor="left", yanchor="top", font={"size": 10})
     return fig
