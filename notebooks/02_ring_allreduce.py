@@ -300,8 +300,8 @@ assert all(f["rms_rel_error"] < 0.5 for o in pipelining.values() for f in (o["ri
 # With α and β fitted on 2 ranks, the time of an all-reduce of 100 MB (25 million fp32 gradients) as
 # the cluster grows. The ring's bandwidth term barely moves (2(N−1)/N → 2), so its time grows only
 # through the latency term; the naive root's grows linearly with N; halving-doubling pays log₂N
-# latencies instead of N−1. This is the "near-linear scaling" of ring-based data parallelism: adding
-# ranks adds compute without adding per-rank traffic.
+# latencies instead of N−1. Per-rank *traffic* stays flat as ranks are added; whether *time* does
+# depends on the latency term, which the next cell looks at with a real network's numbers.
 
 # %%
 model = ch02.model_scaling(bw['fits'][2], nbytes=100e6)
@@ -310,6 +310,47 @@ model = ch02.model_scaling(bw['fits'][2], nbytes=100e6)
 t = {(r["algorithm"], r["world_size"]): r["time_s"] for r in model}
 assert t["ring", 128] < t["naive", 128] / 5
 assert t["halving-doubling", 128] <= t["ring", 128]     # fewer latencies, same bytes
+
+# %% [markdown]
+# **A fit made on loopback is not a cluster's.** The α fitted above is mostly waiting: on 2 shared
+# cores a ring step's fixed cost is the time the scheduler takes to run the peer process (hundreds of
+# microseconds to milliseconds here), and β is a memory copy. On a cluster α is a network's
+# microseconds and β its link. So here is the same model with a real interconnect's α and β
+# (`data/links.csv`: InfiniBand HDR, one 200 Gb/s port per GPU as on a DGX A100; its bandwidth is the
+# datasheet's, its α an assumed round figure, said on the figure) beside this laptop's fit, for three
+# gradient sizes: 25 MB (one bucket of PyTorch DDP's default size), 100 MB and 1 GB. Left, the ring's
+# predicted time; right, the share of it spent in latency, 2(N−1)·α. All these figures are the model's,
+# not measurements.
+
+# %%
+big = ch02.at_scale(bw["fits"][2], link="ib-hdr")
+
+# %%
+share = {(r["link"], r["algorithm"], r["size_bytes"], r["world_size"]): r["latency_share"]
+         for r in big["rows"]}
+ib, n_star = big["link"]["name"], big["crossover_n"]
+assert n_star[25e6] == 25e6 * big["link"]["beta"] / big["link"]["alpha"]   # N* = S·β/α
+assert share[ib, "ring", 25e6, 8] < 0.1            # a small cluster: the bandwidth term decides
+assert share[ib, "ring", 25e6, 1024] > 0.5         # past N*, the ring's 2(N−1) latencies decide
+assert share[ib, "halving-doubling", 25e6, 1024] < 0.1   # 2·log₂N latencies, the same bytes
+assert n_star[1e9] > n_star[25e6]                  # bigger messages push N* up
+
+# %% [markdown]
+# **"Near-linear scaling", with its condition.** The ring's bytes per rank stay at 2(N−1)/N·S, so its
+# bandwidth term is flat in N (Patarasuk & Yuan, 2009, proved that volume optimal); its latency term
+# is not. The ring scales nearly linearly while S·β ≫ N·α, that is while N < N* = S·β/α (printed
+# above for each size); past N* a ring all-reduce is mostly its 2(N−1) fixed costs. What clusters do
+# about it:
+#
+# * **fewer, longer steps**: tree all-reduce — NCCL's double binary trees (NCCL 2.4, 2019), after the
+#   two-tree algorithm of Sanders, Speck & Träff (2009) — and recursive halving-doubling (Thakur,
+#   Rabenseifner & Gropp, 2005), the algorithm of section 3 that this chapter ran on real ranks: both
+#   pay about log₂N latencies for the same bytes (the dashed lines);
+# * **shorter rings**: hierarchical all-reduce — a ring inside each node over NVLink, then one across
+#   nodes (Jia et al., 2018, trained ImageNet on 2,048 GPUs that way) — so the long ring has nodes, not
+#   GPUs, as its members;
+# * **bigger messages**: gradients are bucketed (DDP's 25 MB) rather than all-reduced tensor by tensor,
+#   which pushes N* up.
 
 # %% [markdown]
 # ## 9. Training: the ring against the parameter server

@@ -300,3 +300,22 @@ def test_fit_recovers_alpha_and_beta():
 
 
 # The chapter's exercises are tested in tests/test_exercises_ch0_2.py (on real ranks).
+
+
+def test_the_model_at_cluster_scale_puts_the_ring_latency_crossover_at_s_beta_over_alpha(monkeypatch):
+    # bug caught: N* computed from the laptop's fit, or a latency share that ignores the 2(N−1) steps
+    from lesson_lib.chapters import ch02
+
+    monkeypatch.setattr(ch02, "display", lambda fig: None)
+    out = ch02.at_scale({"alpha_s": 1e-3, "beta_s_per_byte": 1e-9, "bandwidth_GBps": 1.0},
+                        world_sizes=(2, 200, 1024))
+    net = out["link"]
+    assert out["crossover_n"][25e6] == pytest.approx(25e6 * net["beta"] / net["alpha"])
+    rows = {(r["link"], r["algorithm"], r["size_bytes"], r["world_size"]): r for r in out["rows"]}
+    n = round(out["crossover_n"][25e6])  # at N* latency and bandwidth terms are equal
+    r = rows[net["name"], "ring", 25e6, n] if n in (2, 200, 1024) else None
+    assert r is not None and r["latency_share"] == pytest.approx(0.5)
+    ring = rows[net["name"], "ring", 25e6, 1024]
+    assert ring["time_s"] == pytest.approx(2 * 1023 * net["alpha"] + 2 * 1023 / 1024 * 25e6 * net["beta"])
+    laptop = rows["this laptop (fitted)", "ring", 25e6, 1024]
+    assert laptop["time_s"] == pytest.approx(2 * 1023 * 1e-3 + 2 * 1023 / 1024 * 25e6 * 1e-9)
