@@ -52,13 +52,14 @@ def talk_chart(rows: list[dict], title: str, assumptions: list[str]) -> go.Figur
     gb = [r["memory"]["total"] / 1e9 for r in rows] + [g for g in server if g]
     for col, values in ((1, [r["days"] for r in rows]), (2, gb + [cap])):
         lo, hi = math.log10(min(values)), math.log10(max(values))
-        fig.update_yaxes(type="log", range=[lo - 0.3, hi + 0.5], title_text="days" if col == 1 else "GB",
+        fig.update_yaxes(type="log", range=[lo - 0.3, hi + 0.9], title_text="days" if col == 1 else "GB",
                          row=1, col=col)
     notes = "<br>".join(wrap("• " + a, 150) for a in assumptions)
     fig.update_layout(height=520 + 15 * notes.count("<br>"), title=wrap(title, 100), barmode="group",
-                      margin={"t": 110, "b": 140 + 15 * notes.count("<br>")},
-                      legend={"orientation": "h", "x": 0.55, "y": 1.02, "yanchor": "bottom"})
-    fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=-0.22, showarrow=False,
+                      margin={"t": 130, "b": 170 + 15 * notes.count("<br>")},
+                      legend={"orientation": "h", "x": 0.55, "y": 1.09, "yanchor": "bottom"})
+    # below the rotated milestone names, whatever the plot's height (a shift in pixels, not paper units)
+    fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=0, yshift=-150, showarrow=False,
                        align="left", xanchor="left", yanchor="top", font={"size": 10})
     return fig
 
