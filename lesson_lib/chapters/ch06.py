@@ -119,7 +119,7 @@ def scaling(worlds=SCALING_WORLDS, steps: int = 2, runs: dict | None = None, up_
         kind = "all-gather" if label in gathered else f"{rings[label]} ring" + "s" * (rings[label] > 1)
         print(f"{label:>28} {kind:>11} " + " ".join(f"{counted[label][n]:>10,.0f}" for n in worlds)
               + f" {counted[label][big] / payload[label]:>13.2f}× "
-              + f"{f'N = {even[label]}' if label in even else 'never':>16}")
+              + f"{f'N = {even[label]}' if label in even else 'never' if label != 'none' else '—':>16}")
     return {"bytes": counted, "payload": payload, "param_count": S, "all_gathered": gathered,
             "rings": rings, "break_even": even, "worlds": tuple(worlds), "oversubscribed": note is not None}
 
