@@ -204,19 +204,20 @@ assert by[ch06.QSGD_LABEL]["wire_bytes_per_step"] == (n - 1) * (4 * blocks + -(-
 # random-k (a seed shared by the ranks picks the same coordinates everywhere) and PowerSGD add in
 # place, so they ride a **ring all-reduce**: 2(N−1)/N·P, below 2P whatever N. At N = 2 both are one
 # payload exactly. Here every compressor runs a few steps of the same model on 2, 4 and 8 real ranks
-# (8 ranks share this machine's cores: too slow to time, but every byte is counted exactly):
+# (where ranks outnumber the cores they time-share them, too slowly to time, but every byte is still
+# counted exactly; the figure says so when it happens):
 
 # %%
 scale = ch06.scaling()
 
 # %% [markdown]
-# The all-gathered lines climb with slope one and cross the uncompressed ring (stars): top-k at 1%
-# stops saving bytes at N = S/k, about 1/ratio ranks (each rank receives N−1 lists of k pairs);
-# QSGD's 4-bit codes stop much sooner (the table prints each N), and at 8 ranks they already send
-# more than plain fp16. This is
-# the reason PowerSGD was designed to be all-reduce compatible, its factors adding in place: Vogels
-# et al. (2019) point out that sparse and quantized schemes need an all-gather and scale badly with
-# the number of workers. The cell checks it against the counted payloads:
+# The all-gathered lines climb in proportion to N−1 and cross the uncompressed ring (stars): top-k
+# at 1% stops saving bytes at N = S/k, about 1/ratio ranks (each rank receives N−1 lists of k
+# pairs); QSGD's 4-bit codes stop much sooner (the table prints each N), and at 8 ranks they already
+# send more than plain fp16. This is why PowerSGD was designed to be all-reduce compatible (Vogels et
+# al., 2019): its factors P and Q add in place, so its bytes per rank stay flat as ranks are added,
+# where sparse and quantized messages must be all-gathered. The cell checks it against the counted
+# payloads:
 
 # %%
 b, P, S = scale["bytes"], scale["payload"], scale["param_count"]
@@ -228,6 +229,7 @@ for label, rings in scale["rings"].items():  # 2(N−1)/N of the payload, up to 
 assert set(scale["rings"]) == {"none", "fp16", "bf16", "randomk 1%", "powersgd, rank 2"}
 assert P["topk 1%"] == 8 * k  # k int32 indices and k float32 values
 assert scale["break_even"]["topk 1%"] == -(-S // k)  # (N−1)·8k ≥ 2(N−1)/N·4S from N = S/k on
+assert scale["break_even"][ch06.QSGD_LABEL] < scale["break_even"]["topk 1%"]  # QSGD stops first
 assert all(n > 8 for n in scale["break_even"].values())  # nothing has stopped saving yet at 8 ...
 assert b[ch06.QSGD_LABEL][8] > b["fp16"][8]  # ... but at 8 ranks 4-bit QSGD sends more than fp16
 print("break-even N against the uncompressed ring:", scale["break_even"])
