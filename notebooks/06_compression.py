@@ -18,11 +18,14 @@
 #
 # Even with the ring (chapter 2) and larger batches (chapter 5), every step still ships the whole
 # gradient. **Compression** ships less: *sparsification* sends only some coordinates — the largest
-# (top-k, Lin et al., Deep Gradient Compression, ICLR 2018) or random ones; *quantization* sends fewer
-# bits per number — 16-bit floats, a few levels (QSGD, Alistarh et al., NeurIPS 2017) or just the sign
-# (Karimireddy et al., ICML 2019); *low rank* sends two thin matrices instead of each weight
-# gradient (PowerSGD, Vogels et al., NeurIPS 2019). What a compressor drops is not lost if each rank
-# keeps it and adds it to its next gradient: **error feedback**.
+# (those above a threshold, Strom, 2015; a fixed fraction, Aji & Heafield, 2017; Deep Gradient
+# Compression, Lin et al., 2018, added momentum correction, local gradient clipping and a warm-up
+# to keep the accuracy while sending far fewer) or random ones; *quantization* sends fewer bits per
+# number — 16-bit floats, a few levels (QSGD, Alistarh et al., 2017) or just the sign (1-bit SGD,
+# Seide et al., 2014; signSGD, Bernstein et al., 2018; with a scale and error feedback, EF-SignSGD,
+# Karimireddy et al., 2019); *low rank* sends two thin matrices instead of each weight gradient
+# (PowerSGD, Vogels et al., 2019). What a compressor drops is not lost if each rank keeps it and adds
+# it to its next gradient: **error feedback**, which 1-bit SGD introduced (Seide et al., 2014).
 #
 # This chapter runs every one of them in real data-parallel training on your machine, counts the
 # bytes that cross, and asks the question users of real systems ask: *I turned compression on — why
@@ -163,7 +166,7 @@ final = {label: ch06.final_loss(r) for label, r in runs.items()}
 assert abs(final["fp16"] - final["none"]) < 0.02, final
 assert final["topk 1%, no error feedback"] > final["topk 1%"] + 0.3, final
 assert final["sign, no error feedback"] > final["sign"] + 0.15, final
-for label in ("topk 1%", "sign", "powersgd, rank 2", "qsgd, 2 bits"):
+for label in ("topk 1%", "sign", "powersgd, rank 2", ch06.QSGD_LABEL):
     assert final[label] < 1.5 * final["none"], (label, final)
 
 # %% [markdown]
@@ -171,7 +174,9 @@ for label in ("topk 1%", "sign", "powersgd, rank 2", "qsgd, 2 bits"):
 #
 # Counted bytes per step on the busiest rank, against the uncompressed ring's 2(N−1)/N·S. Indices,
 # norms and scales are included: top-k sends 8 bytes per kept value (4 of them the index), QSGD and
-# sign one float32 per 512-element block besides their packed bits.
+# sign one float32 per 512-element block besides their packed bits. QSGD's `bits=2` sets s = 3
+# levels a side; a code (sign and level, 7 values) needs 3 bits and crosses in 4, which the label
+# says.
 
 # %%
 wire = ch06.wire_table(runs)
@@ -187,10 +192,50 @@ assert by["topk 1%"]["wire_bytes_per_step"] == (n - 1) * 8 * k  # an all-gather 
 assert by["randomk 1%"]["wire_bytes_per_step"] == 4 * k  # shared indices: a ring of k values only
 blocks = -(-S // compression.BLOCK)
 assert by["sign"]["wire_bytes_per_step"] == (n - 1) * (4 * blocks + -(-S // 8))
-assert by["qsgd, 2 bits"]["wire_bytes_per_step"] == (n - 1) * (4 * blocks + -(-S // 2))  # 4-bit codes
+width = compression.qsgd_width(2)  # s = 3 levels a side: 7 codes, packed in 4 bits
+assert by[ch06.QSGD_LABEL]["wire_bytes_per_step"] == (n - 1) * (4 * blocks + -(-S * width // 8))
 
 # %% [markdown]
-# ## 5. When does it pay? An emulated link
+# ## 5. More ranks: all-gather against all-reduce
+#
+# Everything so far ran on 2 ranks, where one thing cannot be seen. Top-k, QSGD and sign send each
+# rank's own message (own indices, own norms or scales): messages cannot be added on the way, so
+# they are **all-gathered**, and each rank sends its payload P to N−1 others: (N−1)·P. fp16/bf16,
+# random-k (a seed shared by the ranks picks the same coordinates everywhere) and PowerSGD add in
+# place, so they ride a **ring all-reduce**: 2(N−1)/N·P, below 2P whatever N. At N = 2 both are one
+# payload exactly. Here every compressor runs a few steps of the same model on 2, 4 and 8 real ranks
+# (where ranks outnumber the cores they time-share them, too slowly to time, but every byte is still
+# counted exactly; the figure says so when it happens):
+
+# %%
+scale = ch06.scaling()
+
+# %% [markdown]
+# The all-gathered lines climb in proportion to N−1 and cross the uncompressed ring (stars): top-k
+# at 1% stops saving bytes at N = S/k, about 1/ratio ranks (each rank receives N−1 lists of k
+# pairs); QSGD's 4-bit codes stop much sooner (the table prints each N), and at 8 ranks they already
+# send more than plain fp16. This is why PowerSGD was designed to be all-reduce compatible (Vogels et
+# al., 2019): its factors P and Q add in place, so its bytes per rank stay flat as ranks are added,
+# where sparse and quantized messages must be all-gathered. The cell checks it against the counted
+# payloads:
+
+# %%
+b, P, S = scale["bytes"], scale["payload"], scale["param_count"]
+for label in scale["all_gathered"]:  # (N−1) payloads, exactly
+    assert all(b[label][n] == (n - 1) * P[label] for n in ch06.SCALING_WORLDS), (label, b[label])
+for label, rings in scale["rings"].items():  # 2(N−1)/N of the payload, up to 2 elements per ring
+    for n in ch06.SCALING_WORLDS:
+        assert abs(b[label][n] - 2 * (n - 1) / n * P[label]) < 2 * 4 * rings, (label, n, b[label])
+assert set(scale["rings"]) == {"none", "fp16", "bf16", "randomk 1%", "powersgd, rank 2"}
+assert P["topk 1%"] == 8 * k  # k int32 indices and k float32 values
+assert scale["break_even"]["topk 1%"] == -(-S // k)  # (N−1)·8k ≥ 2(N−1)/N·4S from N = S/k on
+assert scale["break_even"][ch06.QSGD_LABEL] < scale["break_even"]["topk 1%"]  # QSGD stops first
+assert all(n > 8 for n in scale["break_even"].values())  # nothing has stopped saving yet at 8 ...
+assert b[ch06.QSGD_LABEL][8] > b["fp16"][8]  # ... but at 8 ranks 4-bit QSGD sends more than fp16
+print("break-even N against the uncompressed ring:", scale["break_even"])
+
+# %% [markdown]
+# ## 6. When does it pay? An emulated link
 #
 # On one machine every "link" is a memory copy at several GB/s: compression mostly costs time. To see
 # a network, `lesson_lib.comm.set_link` makes every transfer take at least α + bytes/B — the real copy
@@ -238,10 +283,10 @@ for c in ("topk", "powersgd"):
     assert ttt[c, slow]["time_s"] < ttt["none", slow]["time_s"] / 2, (c, ttt[c, slow], ttt["none", slow])
 
 # %% [markdown]
-# ## 6. Try it
+# ## 7. Try it
 #
-# Choose a compressor, its parameter (k/S for top-k and random-k, bits for QSGD, rank for PowerSGD),
-# error feedback, and a link. Each click trains on real ranks.
+# Choose a compressor, its parameter (k/S for top-k and random-k, b for QSGD: s = 2^b − 1 levels,
+# rank for PowerSGD), error feedback, and a link. Each click trains on real ranks.
 
 # %%
 ch06.explorer()

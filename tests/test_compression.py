@@ -175,37 +175,60 @@ def test_powersgd_differences_from_torch_are_the_documented_ones(clusters):
 # --------------------------------------------------------------------------- counted bytes on real ranks
 
 
-def reduce_on_ranks(name: str, numel: int, **kw):
+def reduce_on_ranks(name: str, shapes: list, **kw):
     comm_counters = __import__("lesson_lib.metrics", fromlist=["counters"]).counters()
     comm_counters.reset()
+    numel = sum(math.prod(s) for s in shapes)
     g = torch.randn(numel, generator=torch.Generator().manual_seed(dist.get_rank()))
-    out = compression.make(name, **kw).reduce(g.clone(), [(numel,)])
+    out = compression.make(name, **kw).reduce(g.clone(), shapes)
     return out, comm_counters.ops["grad"].bytes_sent, comm_counters.ops["grad"].bytes_recv
 
 
-@pytest.mark.parametrize("world", [2, 3])
+# A 50 × 59 weight that PowerSGD compresses at rank 1 ((50 + 59)·2 < 2950) and its 1-D bias
+BYTE_SHAPES = [(50, 59), (50,)]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
 def test_counted_bytes_per_compressor(clusters, world):
     numel, n = 3000, world
-    k, blocks = 60, math.ceil(3000 / compression.BLOCK)
-    expected = {
-        "none": [comm.ring_bytes_sent(numel, 4, n, r) for r in range(n)],
-        "fp16": [comm.ring_bytes_sent(numel, 2, n, r) for r in range(n)],
+    k, blocks, width = 60, math.ceil(3000 / compression.BLOCK), compressors.qsgd_width(2)
+    ring = lambda m, e: [comm.ring_bytes_sent(m, e, n, r) for r in range(n)]  # noqa: E731
+    expected = {  # bytes each rank sends
+        "none": ring(numel, 4),
+        "fp16": ring(numel, 2),
+        "bf16": ring(numel, 2),
         "topk": [(n - 1) * 8 * k] * n,
-        "randomk": [comm.ring_bytes_sent(k, 4, n, r) for r in range(n)],
-        "qsgd": [(n - 1) * (4 * blocks + numel // 2)] * n,  # bits=2: 4-bit codes
+        "randomk": ring(k, 4),
+        "qsgd": [(n - 1) * (4 * blocks + math.ceil(numel * width / 8))] * n,  # bits=2: 4-bit codes
         "sign": [(n - 1) * (4 * blocks + math.ceil(numel / 8))] * n,
+        # three rings: the bias (50), P = M·Q (50 × 1) and Q = Mᵀ·P (59 × 1)
+        "powersgd": [a + b + c for a, b, c in zip(ring(50, 4), ring(50, 4), ring(59, 4))],
     }
+    assert width == 4
     for name, want in expected.items():
-        outs = clusters(world).run(reduce_on_ranks, name, numel, ratio=k / numel, bits=2)
+        outs = clusters(world).run(reduce_on_ranks, name, BYTE_SHAPES, ratio=k / numel, bits=2, rank=1)
         assert [b for _, b, _ in outs] == want, name
         # catches: received bytes miscounted. The ring-based ones receive what the left neighbour
         # sends; the all-gathered ones (top-k, QSGD, sign) receive every other rank's equal message
-        ring = name in ("none", "fp16", "randomk")
-        assert [b for _, _, b in outs] == ([want[(r - 1) % n] for r in range(n)] if ring else want), name
+        gathered = name in compression.ALL_GATHERED
+        assert [b for _, _, b in outs] == (want if gathered else [want[(r - 1) % n] for r in range(n)]), name
         assert all(torch.equal(o, outs[0][0]) for o, _, _ in outs), name  # every rank, the same average
     mean = sum(torch.randn(numel, generator=torch.Generator().manual_seed(r)) for r in range(n)) / n
-    got = clusters(world).run(reduce_on_ranks, "none", numel)[0][0]
+    got = clusters(world).run(reduce_on_ranks, "none", BYTE_SHAPES)[0][0]
     assert torch.allclose(got, mean, atol=1e-6)
+    if world == 8:  # the 8 workers are not kept for the rest of the session
+        clusters(world).close()
+
+
+def test_all_gather_break_even_is_where_the_gather_meets_the_ring():
+    # P = 8k with k = S/100: (N−1)·8k ≥ 2(N−1)/N·4S from N = S/k = 100 on (an exact chunking)
+    assert cm.all_gather_break_even(8 * 100, 10_000) == 100
+    for payload, numel in ((6144, 76_810), (39_009, 76_810), (10_206, 76_810), (70, 1000), (10**6, 10)):
+        n = cm.all_gather_break_even(payload, numel)
+        assert (n - 1) * payload >= cm.ring_busiest_bytes(numel, 4, n)
+        assert n == 2 or (n - 2) * payload < cm.ring_busiest_bytes(numel, 4, n - 1)
+    assert cm.all_gather_break_even(10**6, 10) == 2  # a payload above the ring's: no saving even at 2
+    assert cm.ring_busiest_bytes(10, 4, 4) == 4 * (2 * 10 - 2 - 2)  # chunks 3, 3, 2, 2: skip two 2s
 
 
 # --------------------------------------------------------------------------- the link emulator

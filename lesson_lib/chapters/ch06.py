@@ -8,6 +8,7 @@ returns measurements for the notebook's asserts.
 from __future__ import annotations
 
 import math
+import os
 
 from IPython.display import display
 
@@ -19,10 +20,18 @@ from .ch06_exercises import crossover_case, exercises  # noqa: F401  (the notebo
 WORLD_SIZE = cm.Config.PRESETS["laptop"]["world_size"]
 LATENCY_US = 100.0  # per emulated message; our choice, said on the figure
 GBPS = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+
+
+def qsgd_label(bits: int) -> str:
+    """A QSGD run named by what crosses the wire: s = 2^bits − 1 levels a side, in packed codes."""
+    return f"qsgd, {2**bits - 1} levels ({cm.qsgd_width(bits)}-bit codes)"
+
+
+QSGD_LABEL = qsgd_label(2)  # "qsgd, 3 levels (4-bit codes)"
 ACCURACY_RUNS = {  # label → options
     "none": {"compressor": "none"},
     "fp16": {"compressor": "fp16"},
-    "qsgd, 2 bits": {"compressor": "qsgd", "bits": 2},
+    QSGD_LABEL: {"compressor": "qsgd", "bits": 2},
     "powersgd, rank 2": {"compressor": "powersgd", "rank": 2},
     "randomk 1%": {"compressor": "randomk", "ratio": 0.01},
     "topk 1%": {"compressor": "topk", "ratio": 0.01},
@@ -66,6 +75,53 @@ def wire_table(runs: dict) -> list[dict]:
         for label, r in runs.items() if r.config["error_feedback"] or r.config["compressor"] == "none"]
     display(plots.compression.wire_bytes(rows))
     return rows
+
+
+SCALING_WORLDS = (2, 4, 8)
+SCALING_RUNS = {**{c: {"compressor": c} for c in ("none", "fp16", "bf16")},  # every compressor, once
+                **{label: opts for label, opts in ACCURACY_RUNS.items()
+                   if opts.get("error_feedback", True) and opts["compressor"] not in ("none", "fp16")}}
+
+
+def scaling(worlds=SCALING_WORLDS, steps: int = 2, runs: dict | None = None, up_to: int = 128) -> dict:
+    """Counted gradient bytes per step on the busiest rank for every compressor at N = ``worlds``
+    ranks (real runs of ``steps`` steps of the chapter's model), against the uncompressed ring.
+
+    At N = 2 an all-gather and a ring all-reduce both send exactly one payload, so the counted bytes
+    at 2 ranks ARE each compressor's payload P. From it: the all-gathered ones' (N−1)·P, the others'
+    2(N−1)/N·P, and the N at which each all-gathered one stops saving against the ring (drawn to
+    ``up_to`` ranks; the lines past the largest measured N are the formulas).
+    """
+    runs, big = runs or SCALING_RUNS, max(worlds)
+    if 2 not in worlds:
+        raise ValueError(f"worlds must include 2 (its counted bytes are the payloads), got {worlds!r}")
+    res = {(label, n): run_one(config(**opts, world_size=n, steps=steps)) for n in worlds
+           for label, opts in runs.items()}
+    S = res["none", worlds[0]]["param_count"]
+    counted = {label: {n: res[label, n]["wire_bytes_per_step"] for n in worlds} for label in runs}
+    payload = {label: counted[label][2] for label in runs}
+    gathered = [label for label, opts in runs.items() if opts["compressor"] in cm.ALL_GATHERED]
+    # ring all-reduces per step: the messages, 2(N−1) per ring, less the loss's ring
+    rings = {label: res[label, big]["messages_per_step"] // (2 * (big - 1)) - 1
+             for label in runs if label not in gathered}
+    even = {label: cm.all_gather_break_even(payload[label], S) for label in gathered}
+    xs = sorted({2, *worlds, *range(2, up_to + 1, 2), *(n for n in even.values() if n <= up_to)})
+    lines = {label: (xs, [(n - 1) * payload[label] if label in gathered else 2 * (n - 1) / n * payload[label]
+                          for n in xs]) for label in runs}
+    ring = (xs, [cm.ring_busiest_bytes(S, 4, n) for n in xs])
+    note = (f"{big} ranks share {os.cpu_count()} CPU cores: time-shared, so no times here; the byte "
+            "counts are exact regardless" if any(r.oversubscribed for r in res.values()) else None)
+    display(plots.compression.bytes_vs_ranks(counted, lines, ring, {
+        label: (n, (n - 1) * payload[label]) for label, n in even.items() if n <= up_to}, note))
+    print(f"{'compressor':>28} {'collective':>11} " + " ".join(f"{f'N = {n}':>10}" for n in worlds)
+          + f" {f'N = {big} / N = 2':>14} {'stops saving at':>16}")
+    for label in runs:
+        kind = "all-gather" if label in gathered else f"{rings[label]} ring" + "s" * (rings[label] > 1)
+        print(f"{label:>28} {kind:>11} " + " ".join(f"{counted[label][n]:>10,.0f}" for n in worlds)
+              + f" {counted[label][big] / payload[label]:>13.2f}× "
+              + f"{f'N = {even[label]}' if label in even else 'never' if label != 'none' else '—':>16}")
+    return {"bytes": counted, "payload": payload, "param_count": S, "all_gathered": gathered,
+            "rings": rings, "break_even": even, "worlds": tuple(worlds), "oversubscribed": note is not None}
 
 
 def bandwidth_sweep(compressors=("none", "fp16", "topk", "powersgd"), gbps=GBPS, steps: int = 12,
@@ -150,6 +206,8 @@ def explorer():
             f"{compressor}, error feedback {'on' if error_feedback else 'off'}, {link}")
         display(live)
         r = run_one(cfg, live)
+        if compressor == "qsgd":
+            print(f"{qsgd_label(bits)} cross the wire")
         print(f"loss (last 30 steps) {final_loss(r):.3f}; {r['wire_bytes_per_step']:,.0f} bytes per step "
               f"(×{r['compression_ratio']:.1f} fewer than the ring); {1e3 * r.median_step_time():.2f} ms "
               f"per step ({link})")
@@ -159,7 +217,7 @@ def explorer():
                                  description="compressor"),
         "ratio": W.FloatLogSlider(value=0.01, base=10, min=-3, max=0, step=0.25, description="k / S",
                                   readout_format=".3g"),
-        "bits": W.IntSlider(value=2, min=1, max=7, description="QSGD bits"),
+        "bits": W.IntSlider(value=2, min=1, max=7, description="QSGD b"),  # s = 2^b − 1 levels
         "rank": W.IntSlider(value=2, min=1, max=8, description="PowerSGD r"),
         "error_feedback": W.Checkbox(value=True, description="error feedback"),
         "link_gbps": W.Dropdown(options=[("real link (no emulation)", 0.0)] + [(f"{g:g} Gbit/s (emulated)", g)

@@ -1,5 +1,5 @@
-"""Chapter 6's figures: loss against steps and bytes, counted bytes per compressor, time per step
-against an EMULATED link's bandwidth with the α-β prediction beside it."""
+"""Chapter 6's figures: loss against steps and bytes, counted bytes per compressor and against the
+number of ranks, time per step against an EMULATED link's bandwidth with the α-β prediction beside it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ COMP_COLORS = {"none": "#4C78A8", "fp16": "#72B7B2", "bf16": "#B279A2", "topk": 
 
 
 def _style(label: str) -> dict:
-    name = label.split(",")[0].split(" ")[0]
+    name = label.split(",")[0].split(" ")[0].lower()
     return {"color": COMP_COLORS.get(name), "dash": "dot" if "no error feedback" in label else "solid"}
 
 
@@ -47,6 +47,34 @@ def wire_bytes(rows: list[dict]) -> go.Figure:
     fig.update_yaxes(type="log", title_text="bytes per step, busiest rank (log)")
     fig.update_layout(height=400, title="Bytes that really crossed per step (label: compression ratio)",
                       margin={"t": 60}, legend={"orientation": "h", "y": -0.3})
+    return fig
+
+
+def bytes_vs_ranks(counted: dict, lines: dict, ring: tuple, break_even: dict,
+                   note: str | None = None) -> go.Figure:
+    """Counted bytes per step on the busiest rank against the number of ranks N (markers: real runs),
+    each compressor's formula from its payload (lines: (N−1)·P all-gathered, 2(N−1)/N·P all-reduced),
+    the uncompressed ring (black) and where each all-gathered line crosses it (stars)."""
+    fig = go.Figure()
+    fig.add_scatter(x=ring[0], y=ring[1], mode="lines", name="uncompressed ring 2(N−1)/N·4S",
+                    line={"color": "black", "dash": "dash"})
+    for label, by_n in counted.items():
+        color = _style(label)["color"]
+        if label != "none":
+            fig.add_scatter(x=lines[label][0], y=lines[label][1], mode="lines", showlegend=False,
+                            line={"color": color, "width": 1.5}, hoverinfo="skip")
+        fig.add_scatter(x=list(by_n), y=list(by_n.values()), mode="markers", name=label,
+                        marker={"size": 9, "color": color})
+    for label, (n, y) in break_even.items():
+        fig.add_scatter(x=[n], y=[y], mode="markers+text", showlegend=False, text=[f"{label}: N = {n}"],
+                        textposition="top left", marker={"symbol": "star", "size": 14,
+                                                         "color": _style(label)["color"]})
+    fig.update_xaxes(type="log", title_text="ranks N (log; markers measured, lines their formulas)")
+    fig.update_yaxes(type="log", title_text="gradient bytes per step, busiest rank (log)")
+    fig.update_layout(height=480, margin={"t": 90}, legend={"orientation": "h", "y": -0.25},
+                      title=_with_note("Bytes per rank as ranks are added<br><sup>all-gathered: (N−1)·"
+                                       "payload; all-reduced: 2(N−1)/N·payload; ★ where an all-gathered "
+                                       "one stops saving against the ring</sup>", note))
     return fig
 
 

@@ -7,22 +7,36 @@ the AVERAGE over the ranks of what the ranks sent, in place. All traffic goes th
 * ``none`` — chapter 0's ring all-reduce of float32.
 * ``fp16`` / ``bf16`` — cast, ring all-reduce in 16 bits, cast back (like torch's
   ``fp16_compress_hook``; torch's ``bf16_compress_hook`` needs NCCL, this one runs on Gloo).
-* ``topk`` — the k largest magnitudes, with error feedback (Lin et al., Deep Gradient Compression,
-  ICLR 2018). Each rank picks its own indices, so contributions do not add in place: indices and
-  values are ALL-GATHERED (int32 + float32 per kept element) and summed by each rank.
+* ``topk`` — the k largest magnitudes, with error feedback. Sending only the large entries and
+  keeping the rest is older than its best-known paper: Strom (2015) sent the entries above a
+  threshold, Aji & Heafield (2017) a fixed fraction (the top 1%); Deep Gradient Compression (Lin et
+  al., 2018) added momentum correction, local gradient clipping and a warm-up of the sparsity, none
+  of which is here. Each rank picks its own indices, so contributions do not add in place: indices
+  and values are ALL-GATHERED (int32 + float32 per kept element) and summed by each rank.
 * ``randomk`` — k random coordinates, the SAME on every rank (a shared seed), so the values add in
   place: one ring all-reduce of k floats, no indices on the wire (Stich et al., NeurIPS 2018).
-* ``qsgd`` — stochastic quantization to s = 2^bits − 1 levels per 512-element block, unbiased
-  (Alistarh et al., QSGD, NeurIPS 2017); codes bit-packed, one float32 norm per block, all-gathered.
-* ``sign`` — one bit per element and one float32 scale (mean |x|) per block, with error feedback
-  (Karimireddy et al., EF-SignSGD, ICML 2019); all-gathered.
+* ``qsgd`` — stochastic quantization to s = 2^bits − 1 levels a side per 512-element block, unbiased
+  (Alistarh et al., QSGD, 2017). A code (sign and level: 2s + 1 values) is packed in bits + 1 bits
+  rounded up to 2, 4 or 8 (:func:`qsgd_width`: ``bits=2`` is s = 3 levels in 4-bit codes), with one
+  float32 norm per block; all-gathered.
+* ``sign`` — one bit per element and one float32 scale (mean |x|) per block, with error feedback;
+  all-gathered. One bit per value and error feedback both go back to 1-bit SGD (Seide et al., 2014);
+  signSGD (Bernstein et al., 2018) analysed the sign alone, and EF-SignSGD (Karimireddy et al., 2019)
+  the scaled sign with error feedback that this is.
 * ``powersgd`` — rank-r approximation M ≈ P Qᵀ by one power iteration, warm-started from the last
   step's Q, with error feedback (Vogels et al., PowerSGD, NeurIPS 2019); P and Q add in place (two
   ring all-reduces). Laid out like torch's ``powerSGD_hook`` so the two can be compared.
 
-Error feedback keeps what a rank did not send (its residual) and adds it to the next gradient, so
-over the steps everything is sent eventually. :func:`.ddp.ddp_hook` turns any compressor into a DDP
-communication hook for ``DistributedDataParallel.register_comm_hook``.
+The split matters as ranks are added. An all-gather sends (N−1) payloads from each rank; a ring
+all-reduce sends 2(N−1)/N of one, below two whatever N. At N = 2 both send one payload, so two ranks
+cannot tell them apart; at N ranks an all-gathered scheme pays N/2 times what an all-reduce of the
+same payload would, and past N = 2·(uncompressed bytes)/payload it sends more than no compression at
+all (:func:`~.milestone.all_gather_break_even`). That is why PowerSGD was designed to be all-reduce
+compatible (Vogels et al., 2019); fp16/bf16 and shared-seed random-k are too.
+
+Error feedback (Seide et al., 2014) keeps what a rank did not send (its residual) and adds it to
+the next gradient, so over the steps everything is sent eventually. :func:`.ddp.ddp_hook` turns any
+compressor into a DDP communication hook for ``DistributedDataParallel.register_comm_hook``.
 
 This module holds :class:`Compressor` (the shape of them all) and the compressors that work element
 by element, with the counted collectives and the bit-packing they send through; PowerSGD (low rank)
@@ -150,7 +164,8 @@ class _Sparse(Compressor):
 
 
 class TopK(_Sparse):
-    """The k = ratio·S largest magnitudes; (int32 index, float32 value) pairs all-gathered."""
+    """The k = ratio·S largest magnitudes (Strom, 2015; Aji & Heafield, 2017); (int32 index, float32
+    value) pairs all-gathered: (N−1)·8k bytes sent per rank."""
 
     name = "topk"
 
@@ -187,7 +202,8 @@ class RandomK(_Sparse):
 
 
 def qsgd_width(bits: int) -> int:
-    """Bits per packed code: a sign and a level in 0..2^bits−1 → 2s+1 codes, rounded up to 2/4/8."""
+    """Bits per packed code, what crosses per value: a sign and a level in 0..s (s = 2^bits − 1) are
+    2s + 1 codes, which need bits + 1 bits, rounded up to 2, 4 or 8 (bits 1 → 2, 2–3 → 4, 4–7 → 8)."""
     return next(w for w in (2, 4, 8) if 2 ** (bits + 1) - 1 <= 2**w)
 
 
@@ -206,6 +222,8 @@ def qsgd_dequantize(norms, q, levels: int, numel: int) -> torch.Tensor:
 
 
 class QSGD(Compressor):
+    """QSGD (Alistarh et al., 2017): ``bits`` sets s = 2^bits − 1 levels; ``width`` bits cross per value."""
+
     name = "qsgd"
 
     def __init__(self, bits: int = 4, **kw):
@@ -228,7 +246,8 @@ class QSGD(Compressor):
 
 
 class Sign(Compressor):
-    """One bit per element, one scale (mean |x|) per block: δ = scale·sign(x)."""
+    """One bit per element, one scale (mean |x|) per block: δ = scale·sign(x) (1-bit SGD, Seide et al.,
+    2014; with this scale and error feedback, EF-SignSGD, Karimireddy et al., 2019)."""
 
     name, biased = "sign", True
 

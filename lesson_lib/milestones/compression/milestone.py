@@ -23,6 +23,9 @@ from .powersgd import PowerSGD
 
 NAME = "compression"
 COMPRESSORS = ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "sign", "powersgd")
+# Each rank's message is its own (own indices, own norms or scales): they cannot be added on the way,
+# so they are all-gathered and each rank sends (N−1) payloads. The others add in place (ring all-reduce).
+ALL_GATHERED = ("topk", "qsgd", "sign")
 
 
 def make(name: str, ratio: float = 0.01, bits: int = 4, rank: int = 1, error_feedback: bool = True,
@@ -55,7 +58,8 @@ class Config(TrainConfig):
 
     compressor: str = opt("none", " | ".join(COMPRESSORS))
     ratio: float = opt(0.01, "top-k / random-k: the fraction of the gradient sent, in (0, 1]")
-    bits: int = opt(4, "QSGD: bits per level (s = 2^bits − 1 levels; one sign bit more), 1–7")
+    bits: int = opt(4, "QSGD: s = 2^bits − 1 levels a side, 1–7; a code (sign and level) crosses "
+                       "in bits + 1 bits rounded up to 2, 4 or 8 (bits 2: 4-bit codes)")
     rank: int = opt(1, "PowerSGD: the rank r of the approximation P Qᵀ")
     error_feedback: bool = opt(True, "keep what was not sent and add it to the next gradient "
                                      "(top-k, random-k, sign, PowerSGD)")
@@ -150,7 +154,7 @@ def messages_per_step(cfg: Config, shapes: list) -> int:
     if n == 1:
         return 0
     ring, gather = 2 * (n - 1), n - 1
-    grads = {"topk": gather, "qsgd": gather, "sign": gather}.get(cfg.compressor, ring)
+    grads = gather if cfg.compressor in ALL_GATHERED else ring
     if cfg.compressor == "powersgd":
         mats, plain = cfg.make_compressor().split(torch.empty(sum(math.prod(s) for s in shapes)), shapes)
         grads = ring * (bool(plain) + 2 * bool(mats))
@@ -195,3 +199,21 @@ def crossover_gbps(a: dict, b: dict, latency_s: float) -> float | None:
     if saved_bits <= 0 or extra_time <= 0:
         return None
     return saved_bits / extra_time / 1e9
+
+
+def ring_busiest_bytes(numel: int, element_size: int, world_size: int) -> int:
+    """Bytes the busiest rank sends in our ring all-reduce of ``numel`` elements (exact)."""
+    return max(comm.ring_bytes_sent(numel, element_size, world_size, r) for r in range(world_size))
+
+
+def all_gather_break_even(payload_bytes: int, numel: int, element_size: int = 4) -> int:
+    """The smallest N at which an all-gather of ``payload_bytes`` per rank sends at least as much as
+    the uncompressed ring all-reduce of ``numel`` elements, busiest rank, chunks' rounding included.
+
+    The all-gather sends (N−1)·P, the ring 2(N−1)/N·eS: they meet at N = 2eS/P. At N = 2 the two
+    are one payload each; every further rank costs the all-gather a whole payload more.
+    """
+    n = max(2, int(2 * element_size * numel / payload_bytes) - 1)  # just below where they meet
+    while (n - 1) * payload_bytes < ring_busiest_bytes(numel, element_size, n):
+        n += 1
+    return n
