@@ -40,11 +40,18 @@ class LiveRuns:
 
         base = make_subplots(rows=1, cols=2, subplot_titles=(
             "global training loss", "slowest rank's step (ms), from step 1"))
-        base.update_layout(title=title, height=340, legend={"orientation": "h", "y": -0.2})
+        # No fixed width: the figure takes the notebook's width. The legend sits at the foot of the
+        # figure (container coordinates) in a margin of its own, below the x-axis titles "step".
+        base.update_layout(title=title, height=400, autosize=True, margin={"b": 110, "t": 80},
+                           legend={"orientation": "h", "yref": "container", "y": 0.01, "yanchor": "bottom",
+                                   "x": 0, "xanchor": "left"})
         base.update_xaxes(title_text="step")
+        base.add_annotation(text="", showarrow=False, xref="x domain", yref="y domain", x=1, y=1,
+                            xanchor="right", yanchor="top", align="right", name="coincide",
+                            font={"size": 11, "color": "#555"}, bgcolor="rgba(255,255,255,0.8)")
         self.fig = go.FigureWidget(base)
         self.progress = W.IntProgress(value=0, min=0, max=1, description="waiting")
-        self.widget = W.VBox([self.progress, self.fig])
+        self.widget = W.VBox([self.progress, self.fig], layout=W.Layout(width="100%"))
         self.min_interval_s = min_interval_s
         self._runs: dict[str, dict] = {}
 
@@ -100,6 +107,55 @@ class LiveRuns:
             self.fig.data[wt].y = [1e3 * max(run["wall"][s].values()) for s in full]
             self.fig.data[bt].x = full  # the busiest rank's CPU time: what the wall clock hides
             self.fig.data[bt].y = [1e3 * max(run["busy"][s].values()) for s in full]
+            if len(run["loss"]) == run["steps"]:
+                self._mark_coinciding()
+
+    def coinciding(self) -> list[tuple[list[str], float]]:
+        """Finished runs whose loss curves cannot be told apart on the figure: (labels, largest gap).
+
+        Two curves coincide when they differ nowhere by more than 0.2 % of the loss axis' span.
+        """
+        done = {k: [r["loss"][s] for s in sorted(r["loss"])] for k, r in self._runs.items()
+                if len(r["loss"]) == r["steps"]}
+        values = [v for ys in done.values() for v in ys]
+        if len(done) < 2 or not values:
+            return []
+        tol = 2e-3 * max(max(values) - min(values), 1e-12)
+        groups: list[list] = []  # [labels, largest gap from the group's first run]
+        for label, ys in done.items():
+            for g in groups:
+                first = done[g[0][0]]
+                gap = max((abs(a - b) for a, b in zip(ys, first)), default=0.0)
+                if len(ys) == len(first) and gap <= tol:
+                    g[0].append(label)
+                    g[1] = max(g[1], gap)
+                    break
+            else:
+                groups.append([[label], 0.0])
+        return [(labels, gap) for labels, gap in groups if len(labels) > 1]
+
+    def _mark_coinciding(self) -> None:
+        """Say on the figure which loss curves lie on top of each other, and dash them all visible."""
+        groups = self.coinciding()
+        lines = []
+        for labels, gap in groups:
+            scale = max(abs(v) for v in self._runs[labels[0]]["loss"].values())
+            if gap <= 1e-5 * max(scale, 1e-12):
+                lines.append(f"curves coincide: {', '.join(labels)} <br>are equal to float rounding "
+                             f"(largest gap {gap:.1e})")
+            else:
+                lines.append(f"curves overlap: {', '.join(labels)}<br>differ by at most {gap:.1e}")
+            for j, label in enumerate(labels):  # longer dashes underneath, shorter on top
+                self.fig.data[self._runs[label]["traces"][0]].line.dash = DASHES[j % len(DASHES)]
+        self.note.text = "<br>".join(lines)
+
+    @property
+    def note(self):
+        """The figure's note on coinciding curves (empty until runs coincide)."""
+        return next(a for a in self.fig.layout.annotations if a.name == "coincide")
+
+
+DASHES = ["solid", "longdash", "dash", "dot", "dashdot", "longdashdot"]
 
 
 def wrap(text: str, width: int = 80) -> str:
