@@ -42,3 +42,42 @@ def test_live_figure_says_nothing_of_curves_that_differ():
     _feed(live, "a", 20, 1, lambda s: 2.0 * math.exp(-s / 8))
     _feed(live, "b", 20, 1, lambda s: 2.0 * math.exp(-s / 3))
     assert live.coinciding() == [] and not live.note.text
+
+
+def _oversubscribed(n=4):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(oversubscribed=True, world_size=n)]
+
+
+def test_cpu_fallback_note_mentions_busy_time_only_where_the_figure_shows_it():
+    assert "Busy time" in plots.common.oversubscription_note(_oversubscribed())
+    bare = plots.common.oversubscription_note(_oversubscribed(), busy_shown=False)
+    assert bare.startswith("CPU fallback: 4 ranks share") and "usy" not in bare and "beside" not in bare
+    assert plots.common.oversubscription_note([]) is None
+
+
+def test_cpu_fallback_note_sits_above_the_subplot_titles_and_is_wrapped_once():
+    note = plots.common.oversubscription_note(_oversubscribed(), busy_shown=False)
+    rows = [{"world_size": n, "algorithm": "ring", "size_bytes": s, "algbw_GBps": 0.1}
+            for n in (2, 4) for s in (1e3, 1e6)]
+    title = plots.collectives.allreduce_bandwidth(rows, {}, note).layout.title
+    assert note in title.text and "Busy" not in title.text
+    # Anchored at its bottom above the plot area, room left for the subplot titles, margin pushed.
+    assert title.yref == "paper" and title.yanchor == "bottom" and title.y == 1
+    assert title.automargin is True and title.pad.b >= 40
+    # A note already broken into lines is not broken again into one-word lines ("(CPU time / of / ...").
+    long = plots.common.oversubscription_note(_oversubscribed())
+    text = plots.common._with_note("t", plots.common.wrap(long, 60))["text"]
+    lines = [seg.split("</sup>")[0] for seg in text.split("<sup style='color:#a33'>")[1:]]
+    assert len(lines) == len(plots.common.wrap(long, 60).split("<br>"))
+    assert all(len(line.split()) > 3 for line in lines)
+
+
+def test_bytes_per_rank_says_modelled_for_the_library_collective():
+    row = {"algorithm": "library (modelled)", "kind": "modelled", "rank": 0, "sent": 1e6, "recv": 1e6}
+    assert plots.collectives.bytes_per_rank([row], "t").layout.yaxis.title.text == \
+        "MB sent + received (modelled)"
+    row = {"algorithm": "ring (counted)", "rank": 0, "sent": 1e6, "recv": 1e6}
+    assert plots.collectives.bytes_per_rank([row], "t").layout.yaxis.title.text == \
+        "MB sent + received (counted)"

@@ -34,7 +34,7 @@ def grid(optimizers=("sgd", "adam", "lars", "lamb"), batches=(64, 512, 2048), **
     runs = {(o, b): run_warm(lb.at_batch(o, b, **options), live, f"{o}, B={b}")
             for o in optimizers for b in batches}
     rows = [row(o, b, r) for (o, b), r in runs.items()]
-    note = plots.common.oversubscription_note(list(runs.values()))
+    note = plots.common.oversubscription_note(list(runs.values()), busy_shown=False)
     display(plots.large_batch.curves(runs, note))
     display(plots.large_batch.quality_vs_batch(rows, lb.BASE_BATCH))
     print(table(rows))

@@ -15,12 +15,19 @@ COLORS = {"compute": "#4C78A8", "comm": "#F58518", "busy": "#54A24B", "idle": "#
           "activations": "#E45756", "buffers": "#B279A2"}
 
 
-def oversubscription_note(results) -> str | None:
+def oversubscription_note(results, busy_shown: bool = True) -> str | None:
+    """The CPU-fallback note for a figure of ``results``, or None when no run had ranks outnumber cores.
+
+    ``busy_shown``: the figure draws each rank's busy (CPU) time beside the wall clock; a figure
+    that does not (a timeline, a bandwidth chart, loss curves) passes False, and the note says
+    only that its wall-clock times are stretched.
+    """
     worst = max((r for r in results if r.oversubscribed), key=lambda r: r.world_size, default=None)
     if worst is None:
         return None
-    return (f"CPU fallback: {worst.world_size} ranks share {cpu_count()} cores, so wall-clock times are "
-            "stretched by time-sharing. Busy time (CPU time of each rank) is shown beside them.")
+    note = (f"CPU fallback: {worst.world_size} ranks share {cpu_count()} cores, so wall-clock times are "
+            "stretched by time-sharing.")
+    return note + (" Busy time (CPU time of each rank) is shown beside them." if busy_shown else "")
 
 
 def _annotate(fig, note: str | None) -> None:
@@ -164,6 +171,15 @@ def wrap(text: str, width: int = 80) -> str:
 
 
 def _with_note(title: str, note: str | None) -> dict:
-    """The oversubscription note as a subtitle, where it cannot collide with the axis titles."""
-    lines = textwrap.wrap(note, 110) if note else []
-    return {"text": title + "".join(f"<br><sup style='color:#a33'>{line}</sup>" for line in lines)}
+    """The oversubscription note as a subtitle, where it cannot collide with the axis titles.
+
+    Lines already broken (``<br>``) are kept and long ones wrapped once. The title block then sits
+    above the plot area (``yref="paper"``, anchored at its bottom) with room for subplot titles
+    under it (``pad``), and pushes the top margin as far as its lines need (``automargin``).
+    """
+    lines = [line for part in (note or "").split("<br>") for line in textwrap.wrap(part, 110)]
+    text = title + "".join(f"<br><sup style='color:#a33'>{line}</sup>" for line in lines)
+    if not lines:
+        return {"text": text}
+    return {"text": text, "automargin": True, "yref": "paper", "y": 1, "yanchor": "bottom",
+            "pad": {"b": 45}}
