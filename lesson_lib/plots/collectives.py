@@ -164,7 +164,7 @@ def bytes_per_rank(rows: list[dict], title: str) -> go.Figure:
     for alg in dict.fromkeys(r["algorithm"] for r in rows):
         rs = [r for r in rows if r["algorithm"] == alg]
         fig.add_bar(x=[f"rank {r['rank']}" for r in rs], y=[(r["sent"] + r["recv"]) / 1e6 for r in rs],
-                    name=alg, marker_color=ALG_COLORS.get(alg))
+                    name=alg, marker_color=ALG_COLORS.get(alg.split(" (")[0]))
     fig.update_layout(title=title, yaxis_title=f"MB sent + received ({kind})", barmode="group", height=360)
     return fig
 
