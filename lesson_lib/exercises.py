@@ -17,9 +17,18 @@ from typing import Any, Callable
 class Verdict:
     ok: bool
     message: str
+    printed: bool = field(default=False, repr=False, compare=False)
+    """Set by :meth:`Exercise.submit`, which has printed it: a notebook cell then shows nothing more."""
 
     def __bool__(self) -> bool:
         return self.ok
+
+    def _ipython_display_(self):
+        """A cell ending in ``ex.submit(answer)`` shows the printed line once, not that and this repr."""
+        if not self.printed:
+            from IPython.display import display
+
+            display({"text/plain": repr(self)}, raw=True)
 
 
 @dataclass(kw_only=True)
@@ -54,12 +63,13 @@ class Exercise:
             verdict = Verdict(False, f"your answer raised {type(e).__name__}: {e}")
         print(f"[{self.title}] {'✓ correct' if verdict.ok else '✗ not yet'} — {verdict.message}")
         self.passed = verdict.ok
+        verdict.printed = True
         return verdict
 
     def _not_yet(self) -> Verdict:
         print(f"[{self.title}] not answered yet — replace the ... with your answer and run again.")
         self.passed = False
-        return Verdict(False, "not answered yet")
+        return Verdict(False, "not answered yet", printed=True)
 
     def widget(self):
         import ipywidgets as W

@@ -123,7 +123,7 @@ def overlap(bucket_mb: float = 2.0, world_size: int = 2, hidden: int = 1024, glo
         comm = sum(b["end"] - b["start"] for b in t["buckets"])
         inside = sum(max(0.0, min(b["end"], t1) - max(b["start"], t0)) for b in t["buckets"])
         hidden_share.append(inside / comm if comm else 0.0)
-    notes = [n for n in (plots.common.oversubscription_note([bucketed]),
+    notes = [n for n in (plots.common.oversubscription_note([bucketed], busy_shown=False),
                          f"emulated link: {link_gbps:g} Gbit/s" if link_gbps is not None else None) if n]
     link = f", emulated {link_gbps:g} Gbit/s link" if link_gbps is not None else ""
     title = f"One step of a {flat['param_count']:,}-parameter model on {world_size} ranks{link}"

@@ -54,7 +54,7 @@ def sync_vs_async(workers: int = 3, **options) -> dict[str, Result]:
     display(live)
     runs = {m: _run(m, workers, live=live, **options) for m in ("sync", "async")}
     display(plots.training.loss_curves({m: curve(r) for m, r in runs.items()}))
-    note = plots.common.oversubscription_note(runs.values())
+    note = plots.common.oversubscription_note(runs.values(), busy_shown=False)
     for m, r in runs.items():
         display(plots.training.timeline(r["segments"], f"{m}: what each worker did, step by step", note))
     display(plots.training.staleness_histogram(runs["async"]["staleness"]))
@@ -96,7 +96,7 @@ def stragglers(workers: int = 3, factor: float = 4.0) -> dict:
     """Worker 0 does ``factor`` times the work: sync makes everyone wait, async does not."""
     runs = {m: _run(m, workers, straggler=f"0:{factor}", hidden=128, global_batch=96)
             for m in ("sync", "async")}
-    note = plots.common.oversubscription_note(runs.values())
+    note = plots.common.oversubscription_note(runs.values(), busy_shown=False)
     for m, r in runs.items():
         display(plots.training.timeline(r["segments"], f"{m}, worker 0 × {factor:g}", note))
     shares = {m: waiting_share(r) for m, r in runs.items()}
@@ -180,7 +180,7 @@ def explorer():
                  straggler=f"0:{slowdown}" if slowdown > 1 else "")
         display(plots.training.loss_curves({mode: curve(r)}))
         display(plots.training.timeline(r["segments"], f"{mode}: {workers} workers, {servers} shard(s)",
-                                        plots.common.oversubscription_note([r])))
+                                        plots.common.oversubscription_note([r], busy_shown=False)))
 
     return widgets.run_button("Run", {
         "workers": W.IntSlider(value=3, min=1, max=4, description="workers"),

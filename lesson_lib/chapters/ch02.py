@@ -122,7 +122,7 @@ def bandwidth(sizes=SIZES, world_sizes=(2, 4), repeats: int = 3,
                                                        and r["world_size"] == n])
             models[n][a] = (xs, [s / costmodel.allreduce_time("ring", n, s, f["alpha_s"],
                                                              f["beta_s_per_byte"]) / 1e9 for s in xs])
-    note = plots.common.oversubscription_note([SimpleNamespace(**r) for r in rows])
+    note = plots.common.oversubscription_note([SimpleNamespace(**r) for r in rows], busy_shown=False)
     display(plots.collectives.allreduce_bandwidth(rows, models, note))
     ratios = {a: {(r["world_size"], r["size_bytes"]): r["vs_library"] for r in rows if r["algorithm"] == a}
               for a in rings}
@@ -265,7 +265,8 @@ def scaling(world_sizes=(1, 2, 4), steps: int = 8, **options) -> list[dict]:
             results.append(r)
     else:
         print("the parameter-server experiment is not registered here: showing the ring alone")
-    display(plots.collectives.ring_vs_parameter_server(rows, plots.common.oversubscription_note(results)))
+    display(plots.collectives.ring_vs_parameter_server(
+        rows, plots.common.oversubscription_note(results, busy_shown=False)))
     return rows
 
 
@@ -278,10 +279,10 @@ def _config(cls, **options):
 def allreduce_once(world_size: int = 4, size_mb: float = 4.0, algorithm: str = "ring") -> dict:
     """One run of the milestone: counted bytes per rank against the formula, time and bandwidth."""
     r = _run(world_size, size_mb, algorithm, steps=3)
-    rows = [{"algorithm": f"{algorithm} (counted)", "rank": i, "sent": s, "recv": v}
+    kind = "counted" if r["counted"] else "modelled"  # the library's collective reports no traffic
+    rows = [{"algorithm": f"{algorithm} ({kind})", "kind": kind, "rank": i, "sent": s, "recv": v}
             for i, (s, v) in enumerate(zip(r["bytes_sent_per_call"], r["bytes_recv_per_call"]))]
     display(plots.collectives.bytes_per_rank(rows, f"{algorithm}, {world_size} rank(s), {size_mb:g} MiB"))
-    kind = "counted" if r["counted"] else "modelled (the library does not report its traffic)"
     print(f"{kind}: {[f'{b / 1e6:.3f}' for b in r['bytes_sent_per_call']]} MB sent per rank; formula "
           f"{[f'{b / 1e6:.3f}' for b in r['formula_bytes_sent']]} MB; time {1e3 * r['time_s']:.2f} ms "
           f"(median of 3), {r['algbw_GBps']:.3f} GB/s; result correct: {r['correct']}")

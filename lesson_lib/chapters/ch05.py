@@ -34,7 +34,7 @@ def grid(optimizers=("sgd", "adam", "lars", "lamb"), batches=(64, 512, 2048), **
     runs = {(o, b): run_warm(lb.at_batch(o, b, **options), live, f"{o}, B={b}")
             for o in optimizers for b in batches}
     rows = [row(o, b, r) for (o, b), r in runs.items()]
-    note = plots.common.oversubscription_note(list(runs.values()))
+    note = plots.common.oversubscription_note(list(runs.values()), busy_shown=False)
     display(plots.large_batch.curves(runs, note))
     display(plots.large_batch.quality_vs_batch(rows, lb.BASE_BATCH))
     print(table(rows))
@@ -77,10 +77,21 @@ def explorer():
         r = run_warm(cfg, live, f"{cfg.optimizer}, B={cfg.global_batch}")
         print(table([row(optimizer, batch, r)]))
 
-    return widgets.run_button("Train", {
+    controls = {
         "optimizer": W.Dropdown(options=list(lb.BASE_LR), value="lamb", description="optimizer"),
         "batch": W.Dropdown(options=batches, value=512, description="global batch"),
-        "lr": W.FloatLogSlider(value=lb.scaled_lr("lamb", 512), base=10, min=-4, max=1, step=0.1,
+        "lr": W.FloatLogSlider(value=lb.scaled_lr("lamb", 512), base=10, min=-4, max=3, step=0.1,
                                description="peak lr", readout_format=".3g"),
         "warmup_steps": W.IntSlider(value=12, min=0, max=200, description="warm-up steps"),
-    }, go)
+    }
+
+    def rescale(_=None):
+        """A new optimizer or batch starts from its own scaled rate and a warm-up of a tenth of the steps."""
+        cfg = lb.at_batch(controls["optimizer"].value, controls["batch"].value)
+        controls["warmup_steps"].max = max(cfg.steps, 1)
+        controls["lr"].value, controls["warmup_steps"].value = cfg.lr, cfg.warmup_steps
+
+    for name in ("optimizer", "batch"):
+        controls[name].observe(rescale, names="value")
+    rescale()
+    return widgets.run_button("Train", controls, go)

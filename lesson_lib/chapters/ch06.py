@@ -61,7 +61,8 @@ def accuracy(runs: dict | None = None) -> dict:
     live = plots.common.LiveRuns("Compressed gradients: loss per step, live")
     display(live)
     out = {label: run_one(config(**opts), live, label) for label, opts in (runs or ACCURACY_RUNS).items()}
-    display(plots.compression.loss_curves(out, plots.common.oversubscription_note(list(out.values()))))
+    note = plots.common.oversubscription_note(list(out.values()), busy_shown=False)
+    display(plots.compression.loss_curves(out, note))
     print(f"{'run':>28} {'loss (last 30 steps)':>21} {'bytes/step':>11} {'ratio':>7}")
     for label, r in out.items():
         print(f"{label:>28} {final_loss(r):>21.3f} {r['wire_bytes_per_step']:>11,.0f} "

@@ -154,7 +154,7 @@ def measured(preset: str = "quick", **options) -> Result:
     live = plots.common.LiveRuns("One model through every milestone: loss per step, live")
     display(live)
     r = run_impact(preset, live, **options)
-    note = plots.common.oversubscription_note([r])
+    note = plots.common.oversubscription_note([r], busy_shown=False)
     display(plots.impact.dashboard(r["milestones"], r["target_loss"], note))
     print(table(r["milestones"]))
     return r

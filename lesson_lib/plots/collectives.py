@@ -155,13 +155,17 @@ def pipelined_ring_animation(frames: list[dict], title: str = "Pipelined ring: e
 
 
 def bytes_per_rank(rows: list[dict], title: str) -> go.Figure:
-    """rows: {algorithm, rank, sent, recv} — bytes through each rank's link, per algorithm."""
+    """rows: {algorithm, rank, sent, recv[, kind]} — bytes through each rank's link, per algorithm.
+
+    ``kind``: "counted" (the default: our own collectives count their bytes) or "modelled" (the
+    library's collective reports none, so its bytes are the formula's); the y axis says which."""
+    kind = "modelled" if any(r.get("kind") == "modelled" for r in rows) else "counted"
     fig = go.Figure()
     for alg in dict.fromkeys(r["algorithm"] for r in rows):
         rs = [r for r in rows if r["algorithm"] == alg]
         fig.add_bar(x=[f"rank {r['rank']}" for r in rs], y=[(r["sent"] + r["recv"]) / 1e6 for r in rs],
-                    name=alg, marker_color=ALG_COLORS.get(alg))
-    fig.update_layout(title=title, yaxis_title="MB sent + received (counted)", barmode="group", height=360)
+                    name=alg, marker_color=ALG_COLORS.get(alg.split(" (")[0]))
+    fig.update_layout(title=title, yaxis_title=f"MB sent + received ({kind})", barmode="group", height=360)
     return fig
 
 

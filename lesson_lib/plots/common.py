@@ -15,12 +15,19 @@ COLORS = {"compute": "#4C78A8", "comm": "#F58518", "busy": "#54A24B", "idle": "#
           "activations": "#E45756", "buffers": "#B279A2"}
 
 
-def oversubscription_note(results) -> str | None:
+def oversubscription_note(results, busy_shown: bool = True) -> str | None:
+    """The CPU-fallback note for a figure of ``results``, or None when no run had ranks outnumber cores.
+
+    ``busy_shown``: the figure draws each rank's busy (CPU) time beside the wall clock; a figure
+    that does not (a timeline, a bandwidth chart, loss curves) passes False, and the note says
+    only that its wall-clock times are stretched.
+    """
     worst = max((r for r in results if r.oversubscribed), key=lambda r: r.world_size, default=None)
     if worst is None:
         return None
-    return (f"CPU fallback: {worst.world_size} ranks share {cpu_count()} cores, so wall-clock times are "
-            "stretched by time-sharing. Busy time (CPU time of each rank) is shown beside them.")
+    note = (f"CPU fallback: {worst.world_size} ranks share {cpu_count()} cores, so wall-clock times are "
+            "stretched by time-sharing.")
+    return note + (" Busy time (CPU time of each rank) is shown beside them." if busy_shown else "")
 
 
 def _annotate(fig, note: str | None) -> None:
@@ -40,11 +47,18 @@ class LiveRuns:
 
         base = make_subplots(rows=1, cols=2, subplot_titles=(
             "global training loss", "slowest rank's step (ms), from step 1"))
-        base.update_layout(title=title, height=340, legend={"orientation": "h", "y": -0.2})
+        # No fixed width: the figure takes the notebook's width. The legend sits at the foot of the
+        # figure (container coordinates) in a margin of its own, below the x-axis titles "step".
+        base.update_layout(title=title, height=400, autosize=True, margin={"b": 110, "t": 80},
+                           legend={"orientation": "h", "yref": "container", "y": 0.01, "yanchor": "bottom",
+                                   "x": 0, "xanchor": "left"})
         base.update_xaxes(title_text="step")
+        base.add_annotation(text="", showarrow=False, xref="x domain", yref="y domain", x=1, y=1,
+                            xanchor="right", yanchor="top", align="right", name="coincide",
+                            font={"size": 11, "color": "#555"}, bgcolor="rgba(255,255,255,0.8)")
         self.fig = go.FigureWidget(base)
         self.progress = W.IntProgress(value=0, min=0, max=1, description="waiting")
-        self.widget = W.VBox([self.progress, self.fig])
+        self.widget = W.VBox([self.progress, self.fig], layout=W.Layout(width="100%"))
         self.min_interval_s = min_interval_s
         self._runs: dict[str, dict] = {}
 
@@ -100,6 +114,55 @@ class LiveRuns:
             self.fig.data[wt].y = [1e3 * max(run["wall"][s].values()) for s in full]
             self.fig.data[bt].x = full  # the busiest rank's CPU time: what the wall clock hides
             self.fig.data[bt].y = [1e3 * max(run["busy"][s].values()) for s in full]
+            if len(run["loss"]) == run["steps"]:
+                self._mark_coinciding()
+
+    def coinciding(self) -> list[tuple[list[str], float]]:
+        """Finished runs whose loss curves cannot be told apart on the figure: (labels, largest gap).
+
+        Two curves coincide when they differ nowhere by more than 0.2 % of the loss axis' span.
+        """
+        done = {k: [r["loss"][s] for s in sorted(r["loss"])] for k, r in self._runs.items()
+                if len(r["loss"]) == r["steps"]}
+        values = [v for ys in done.values() for v in ys]
+        if len(done) < 2 or not values:
+            return []
+        tol = 2e-3 * max(max(values) - min(values), 1e-12)
+        groups: list[list] = []  # [labels, largest gap from the group's first run]
+        for label, ys in done.items():
+            for g in groups:
+                first = done[g[0][0]]
+                gap = max((abs(a - b) for a, b in zip(ys, first)), default=0.0)
+                if len(ys) == len(first) and gap <= tol:
+                    g[0].append(label)
+                    g[1] = max(g[1], gap)
+                    break
+            else:
+                groups.append([[label], 0.0])
+        return [(labels, gap) for labels, gap in groups if len(labels) > 1]
+
+    def _mark_coinciding(self) -> None:
+        """Say on the figure which loss curves lie on top of each other, and dash them all visible."""
+        groups = self.coinciding()
+        lines = []
+        for labels, gap in groups:
+            scale = max(abs(v) for v in self._runs[labels[0]]["loss"].values())
+            if gap <= 1e-5 * max(scale, 1e-12):
+                lines.append(f"curves coincide: {', '.join(labels)} <br>are equal to float rounding "
+                             f"(largest gap {gap:.1e})")
+            else:
+                lines.append(f"curves overlap: {', '.join(labels)}<br>differ by at most {gap:.1e}")
+            for j, label in enumerate(labels):  # longer dashes underneath, shorter on top
+                self.fig.data[self._runs[label]["traces"][0]].line.dash = DASHES[j % len(DASHES)]
+        self.note.text = "<br>".join(lines)
+
+    @property
+    def note(self):
+        """The figure's note on coinciding curves (empty until runs coincide)."""
+        return next(a for a in self.fig.layout.annotations if a.name == "coincide")
+
+
+DASHES = ["solid", "longdash", "dash", "dot", "dashdot", "longdashdot"]
 
 
 def wrap(text: str, width: int = 80) -> str:
@@ -108,6 +171,15 @@ def wrap(text: str, width: int = 80) -> str:
 
 
 def _with_note(title: str, note: str | None) -> dict:
-    """The oversubscription note as a subtitle, where it cannot collide with the axis titles."""
-    lines = textwrap.wrap(note, 110) if note else []
-    return {"text": title + "".join(f"<br><sup style='color:#a33'>{line}</sup>" for line in lines)}
+    """The oversubscription note as a subtitle, where it cannot collide with the axis titles.
+
+    Lines already broken (``<br>``) are kept and long ones wrapped once. The title block then sits
+    above the plot area (``yref="paper"``, anchored at its bottom) with room for subplot titles
+    under it (``pad``), and pushes the top margin as far as its lines need (``automargin``).
+    """
+    lines = [line for part in (note or "").split("<br>") for line in textwrap.wrap(part, 110)]
+    text = title + "".join(f"<br><sup style='color:#a33'>{line}</sup>" for line in lines)
+    if not lines:
+        return {"text": text}
+    return {"text": text, "automargin": True, "yref": "paper", "y": 1, "yanchor": "bottom",
+            "pad": {"b": 45}}

@@ -107,7 +107,7 @@ def pipeline_gantt(panels: dict, stages: int, title: str, note: str | None = Non
     fig.update_layout(title=title, barmode="overlay", height=130 + (60 + 45 * stages) * len(panels),
                       margin={"t": 105 if note else 80}, legend={"orientation": "h", "y": -0.12},
                       title_y=0.98, title_yanchor="top")
-    _annotate(fig, wrap(note, 110) if note else None)
+    _annotate(fig, note)
     return fig
 
 

@@ -81,7 +81,7 @@ class Cluster:
         self._job_id = 0
         self.start_seconds = float("nan")
         note = (f"{world_size} ranks on {cpu_count()} CPU cores: ranks time-share the cores, so "
-                "wall-clock times stretch; compare the per-rank busy time shown beside them")
+                "wall-clock times stretch; compare each rank's busy (CPU) time where a figure shows it")
         if not quiet:
             print(f"lesson_lib: {world_size} rank(s) — {self.placement.reason}"
                   + (f"\n  warning: {note}" if self.oversubscribed else ""))

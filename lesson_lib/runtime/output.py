@@ -72,15 +72,18 @@ class StartProgress:
 
     def __init__(self, world_size: int, quiet: bool):
         self.n, self.quiet, self.t0, self.last, self.shown = world_size, quiet, time.monotonic(), 0.0, False
+        self.width = 0  # the longest line shown: the last one is padded to cover all of it
 
     def __call__(self, ready: int) -> None:
         now = time.monotonic()
         if self.quiet or ready == self.n or now - self.last < 1.0 or (self.n < 8 and now - self.t0 < 3):
             return
         self.last, self.shown = now, True
-        print(f"\rlesson_lib: starting {self.n} ranks: {ready}/{self.n} ready "
-              f"({now - self.t0:.0f} s)", end="", flush=True)
+        line = f"lesson_lib: starting {self.n} ranks: {ready}/{self.n} ready ({now - self.t0:.0f} s)"
+        self.width = max(self.width, len(line))
+        print(f"\r{line}", end="", flush=True)
 
     def done(self) -> None:
-        if self.shown:
-            print(f"\rlesson_lib: {self.n} ranks started in {time.monotonic() - self.t0:.0f} s" + " " * 10)
+        if self.shown:  # padded, or the tail of a longer progress line (its ")") would stay on screen
+            line = f"lesson_lib: {self.n} ranks started in {time.monotonic() - self.t0:.0f} s"
+            print(f"\r{line.ljust(self.width)}")

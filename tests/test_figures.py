@@ -1,0 +1,83 @@
+"""Figures say only what they show: layout and notes, checked without starting workers."""
+
+import math
+
+from lesson_lib import plots
+
+
+def _feed(live, label, steps, world, loss):
+    cb = live.track(label, steps, world)
+    for s in range(steps):
+        for r in range(world):
+            cb({"kind": "step", "step": s, "rank": r, "wall_s": 0.01, "busy_s": 0.008, "loss": loss(s)})
+
+
+def test_live_figure_takes_the_notebook_width_and_keeps_its_legend_off_the_axis_titles():
+    layout = plots.common.LiveRuns("t").fig.layout
+    assert layout.autosize is True and layout.width is None
+    # The legend sits at the foot of the figure in a bottom margin of its own, under "step".
+    assert layout.legend.orientation == "h" and layout.legend.yref == "container"
+    assert layout.legend.yanchor == "bottom" and layout.legend.y < 0.05
+    assert layout.margin.b >= 100
+    assert layout.xaxis.title.text == "step" and layout.xaxis2.title.text == "step"
+
+
+def test_live_figure_says_when_loss_curves_coincide_and_dashes_them_all_visible():
+    live = plots.common.LiveRuns("t")
+    for n in (1, 2, 4):
+        _feed(live, f"{n} rank(s)", 20, n, lambda s, n=n: 2.3 * math.exp(-s / 8) + 1e-7 * n)
+    _feed(live, "apart", 20, 1, lambda s: 3.0 * math.exp(-s / 4))
+    [(labels, gap)] = live.coinciding()
+    assert labels == ["1 rank(s)", "2 rank(s)", "4 rank(s)"] and gap < 1e-6
+    assert "curves coincide: 1 rank(s), 2 rank(s), 4 rank(s)" in live.note.text
+    assert "float rounding" in live.note.text and "apart" not in live.note.text
+    dashes = [live.fig.data[live._runs[lb]["traces"][0]].line.dash for lb in labels]
+    assert len(set(dashes)) == 3
+    # The subplot titles are untouched.
+    assert [a.text for a in live.fig.layout.annotations if a.name != "coincide"][0] == "global training loss"
+
+
+def test_live_figure_says_nothing_of_curves_that_differ():
+    live = plots.common.LiveRuns("t")
+    _feed(live, "a", 20, 1, lambda s: 2.0 * math.exp(-s / 8))
+    _feed(live, "b", 20, 1, lambda s: 2.0 * math.exp(-s / 3))
+    assert live.coinciding() == [] and not live.note.text
+
+
+def _oversubscribed(n=4):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(oversubscribed=True, world_size=n)]
+
+
+def test_cpu_fallback_note_mentions_busy_time_only_where_the_figure_shows_it():
+    assert "Busy time" in plots.common.oversubscription_note(_oversubscribed())
+    bare = plots.common.oversubscription_note(_oversubscribed(), busy_shown=False)
+    assert bare.startswith("CPU fallback: 4 ranks share") and "usy" not in bare and "beside" not in bare
+    assert plots.common.oversubscription_note([]) is None
+
+
+def test_cpu_fallback_note_sits_above_the_subplot_titles_and_is_wrapped_once():
+    note = plots.common.oversubscription_note(_oversubscribed(), busy_shown=False)
+    rows = [{"world_size": n, "algorithm": "ring", "size_bytes": s, "algbw_GBps": 0.1}
+            for n in (2, 4) for s in (1e3, 1e6)]
+    title = plots.collectives.allreduce_bandwidth(rows, {}, note).layout.title
+    assert note in title.text and "Busy" not in title.text
+    # Anchored at its bottom above the plot area, room left for the subplot titles, margin pushed.
+    assert title.yref == "paper" and title.yanchor == "bottom" and title.y == 1
+    assert title.automargin is True and title.pad.b >= 40
+    # A note already broken into lines is not broken again into one-word lines ("(CPU time / of / ...").
+    long = plots.common.oversubscription_note(_oversubscribed())
+    text = plots.common._with_note("t", plots.common.wrap(long, 60))["text"]
+    lines = [seg.split("</sup>")[0] for seg in text.split("<sup style='color:#a33'>")[1:]]
+    assert len(lines) == len(plots.common.wrap(long, 60).split("<br>"))
+    assert all(len(line.split()) > 3 for line in lines)
+
+
+def test_bytes_per_rank_says_modelled_for_the_library_collective():
+    row = {"algorithm": "library (modelled)", "kind": "modelled", "rank": 0, "sent": 1e6, "recv": 1e6}
+    assert plots.collectives.bytes_per_rank([row], "t").layout.yaxis.title.text == \
+        "MB sent + received (modelled)"
+    row = {"algorithm": "ring (counted)", "rank": 0, "sent": 1e6, "recv": 1e6}
+    assert plots.collectives.bytes_per_rank([row], "t").layout.yaxis.title.text == \
+        "MB sent + received (counted)"

@@ -1,0 +1,37 @@
+"""Output says a thing once: exercise verdicts, the start-up progress line."""
+
+import IPython.display
+from IPython.core.formatters import DisplayFormatter
+
+from lesson_lib.exercises import Exercise, Verdict
+from lesson_lib.runtime.output import StartProgress
+
+
+def _exercise():
+    return Exercise(key="k", title="T", prompt="p", check=lambda a: Verdict(a == 1, "m"), hint="h",
+                    solution="s")
+
+
+def test_a_cell_ending_in_submit_shows_the_verdict_once(capsys, monkeypatch):
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: shown.append(a))
+    ex = _exercise()
+    for answer, ok in ((1, True), (2, False), (..., False)):
+        verdict = ex.submit(answer)
+        assert isinstance(verdict, Verdict) and bool(verdict) is ok  # tests still read the object
+        data, _ = DisplayFormatter().format(verdict)  # what a notebook's Out[] would carry
+        assert data == {} and shown == []
+        assert len(capsys.readouterr().out.strip().splitlines()) == 1  # the printed line alone
+    # A Verdict nobody printed still shows itself.
+    DisplayFormatter().format(Verdict(True, "direct"))
+    assert shown and "direct" in str(shown[0])
+
+
+def test_start_progress_final_line_covers_the_longest_progress_line(capsys):
+    p = StartProgress(4, quiet=False)
+    p.t0 -= 12.0  # started 12 s ago: "(12 s)" is longer than the final line's tail
+    p(0)
+    p.done()
+    segments = capsys.readouterr().out.rstrip("\n").split("\r")[1:]
+    assert segments[-1].startswith("lesson_lib: 4 ranks started in")
+    assert len(segments[-1]) >= max(len(s) for s in segments[:-1])  # no stray ")" left on screen
