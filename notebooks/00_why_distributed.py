@@ -322,15 +322,20 @@ assert ov["loss_gap"] <= tol, ov
 # next run **emulates** a 2 Gbit/s link (chapter 6's `comm.set_link`: after each real transfer the
 # rank sleeps out the rest of bytes ÷ bandwidth, leaving its core free, as waiting on a network card
 # would) and gives the backward more work (a global batch of 1024). Without buckets, every byte waits
-# for the whole backward; with buckets, much of the transfer happens during it, and the time a rank
-# waits for communication after its backward shrinks.
+# for the whole backward; with buckets, part of every rank's transfer runs during it (measured from
+# the buckets' timeline, and asserted). Whether that shortens the time a rank waits after its backward
+# varies here: the transfers' real memory copies and Gloo's threads compete with the backward for the
+# same 2 cores, so in a busy run (a browser beside it) the backward slows by what the overlap saved. On
+# a cluster a network card moves the bytes while the cores compute. Both waits are printed.
 
 # %%
 ov_link = ch00.overlap(bucket_mb=2.0, global_batch=1024, link_gbps=2.0)
 
 # %%
 flat_wait, bucketed_wait = ov_link["exposed_comm_ms"].values()
-assert bucketed_wait < flat_wait, ov_link  # the backward hid part of the transfer
+print(f"waiting for communication after the backward: {flat_wait:.1f} ms with one all-reduce, "
+      f"{bucketed_wait:.1f} ms with buckets (measured, this run)")
+assert min(ov_link["hidden_share"]) > 0.1, ov_link  # every rank's backward hid part of its transfer
 assert ov_link["loss_gap"] <= tol, ov_link
 
 # %% [markdown]
