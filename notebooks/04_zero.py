@@ -63,36 +63,6 @@ ratios = ch04.memory_ratios(results)
 assert all(abs(v - 1) <= 0.05 for per_stage in ratios.values() for v in per_stage.values()), ratios
 
 # %% [markdown]
-# ### An inventory, and a measurement
-#
-# The bars above are an **inventory**: each rank adds up the bytes of the storages the code knows
-# it keeps. That shows the shards are 1/N, but it agrees with the formulas almost by construction,
-# and it cannot see what the code does not list. So here we also **measure**: on CPU the kernel
-# keeps each process's high-water mark of resident memory (`VmHWM`), which we reset just before
-# the steps and read after them; on GPU the CUDA allocator's peak. A rank's footprint is that peak
-# minus its memory before the model was built — a number that knows nothing of the formula. The
-# model is the `memory` preset's, large enough that the model states dominate (its size, the rank
-# count and every figure are printed by the run).
-#
-# The measured peak is above the inventory, and the gap is what a real training step adds: the
-# full gradient of stage 2 before it is scattered and the one layer of gathered full parameters
-# and gradient of stage 3, the ring's reduce-scatter and all-gather buffers, the temporaries
-# inside Adam's update, the activations, the data set, and memory the C allocator keeps cached
-# after a free. What the formula says, the measurement confirms in its own units: the peak falls
-# with the stage. It falls by less than the formula's 1 − 1/N, because the part that is not model
-# states does not shrink with N.
-
-# %%
-measured = ch04.measured_memory()
-
-# %%
-rows = {row["stage"]: row for row in measured["rows"]}
-# the inventory never claims more than the process really allocated
-assert all(min(row["peaks"]) >= row["inventory"] for row in rows.values()), rows
-# the peak falls with the stage: stage 3 saves at least half the fraction the formula saves
-assert measured["measured_ratio"] < 1 - measured["formula_saving"] / 2, measured
-
-# %% [markdown]
 # ## 2. Without hurting results
 #
 # Sharding changes *where* the numbers live, not *what* is computed. Our stages even sum the

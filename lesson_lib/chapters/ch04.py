@@ -190,34 +190,3 @@ def explorer():
         "world_size": W.Dropdown(options=valid_world_sizes(), value=2, description="ranks"),
         "precision": W.ToggleButtons(options=["fp32", "mixed"], description="precision"),
     }, go)
-
-
-def measured_memory(preset: str = "memory") -> dict:
-    """Stages 0–3 on the ``memory`` preset (a model whose states dominate): each rank's peak
-    footprint during the steps as the system measured it (:mod:`lesson_lib.peakmem`: the kernel's
-    high-water mark of the RSS on CPU, the CUDA allocator's peak on GPU), beside the inventory of
-    the model states it holds and the paper's formula. Returns what the notebook asserts."""
-    base = zero.Config.from_preset(preset)
-    # a first run in a fresh worker also pays torch's and Gloo's one-time set-up: spend it here
-    run_warm(zero.Config.from_preset(preset, stage=3, steps=1))
-    rows = []
-    for s in range(4):
-        r = run_warm(zero.Config.from_preset(preset, stage=s))
-        mem = [p["memory"] for p in r.per_rank]
-        rows.append({"label": f"stage {s}", "stage": s, "peaks": [m["measured_peak"] for m in mem],
-                     "inventory": max(sum(m[c] for c in CATEGORIES) for m in mem),
-                     "formula": r["formula"]["total"], "method": mem[0]["measured_method"]})
-    n, psi = base.world_size, zero.param_count(base)
-    display(plots.memory.measured_vs_inventory(
-        rows, f"{psi / 1e6:.1f}M parameters, {n} ranks, fp32 Adam: peak each rank allocated during the "
-              f"steps (measured: {rows[0]['method']}), model states held (inventory), formula"))
-    for row in rows:
-        peaks = ", ".join(f"{p / 1e6:,.0f} MB" for p in row["peaks"])
-        print(f"{row['label']}: measured peak per rank {peaks}; inventory {row['inventory'] / 1e6:,.0f} MB; "
-              f"formula {row['formula'] / 1e6:,.0f} MB; "
-              f"measured − inventory {(min(row['peaks']) - row['inventory']) / 1e6:,.0f} MB or more")
-    saving = 1 - rows[3]["formula"] / rows[0]["formula"]  # the formula's: 1 − 1/N of the model states
-    ratio = max(rows[3]["peaks"]) / min(rows[0]["peaks"])
-    print(f"the formula saves {saving:.0%} from stage 0 to stage 3; the measured peak falls to "
-          f"{ratio:.0%} of stage 0's (the worst rank against the best)")
-    return {"rows": rows, "formula_saving": saving, "measured_ratio": ratio, "world_size": n}

@@ -56,22 +56,3 @@ def gradient_peaks(rows: list[dict], whole: int, title: str) -> go.Figure:
     fig.update_layout(title=wrap(title), yaxis_title="kB", height=380,
                       legend={"orientation": "h", "y": -0.2})
     return fig
-
-
-def measured_vs_inventory(rows: list[dict], title: str) -> go.Figure:
-    """rows: {label, peaks: [bytes per rank] (measured), inventory: bytes (model states the code
-    holds), formula: bytes (the paper)} — a bar per rank for the measured peak, a bar for the
-    inventory, the formula as a mark (chapter 4)."""
-    fig = go.Figure()
-    labels = [r["label"] for r in rows]
-    for k in range(max(len(r["peaks"]) for r in rows)):
-        fig.add_bar(x=labels, y=[r["peaks"][k] / 1e6 for r in rows], name=f"measured peak, rank {k}",
-                    marker_color=COLORS["buffers"], opacity=1 - 0.3 * k)
-    fig.add_bar(x=labels, y=[r["inventory"] / 1e6 for r in rows], name="inventory: model states held",
-                marker_color=COLORS["params"])
-    fig.add_scatter(x=labels, y=[r["formula"] / 1e6 for r in rows], mode="markers",
-                    marker={"symbol": "line-ew-open", "size": 60, "line": {"width": 4}, "color": "black"},
-                    name="paper's formula (model states)")
-    fig.update_layout(barmode="group", title=wrap(title, 70), yaxis_title="MB per rank", height=460,
-                      margin={"t": 90}, legend={"orientation": "h", "y": -0.12})
-    return fig
