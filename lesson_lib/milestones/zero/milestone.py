@@ -23,7 +23,6 @@ from ...metrics import (
     storage_bytes,
 )
 from ...models import mlp, mlp_param_count
-from ...peakmem import PeakMemory
 from ...runtime import context
 from .layerwise import PieceOptimizer, layouts, norm_traffic
 from .shards import Flat, Transients, fetch_layer_by_layer, scatter_during_backward, sharded_step
@@ -33,12 +32,9 @@ NAME = "zero"
 
 @dataclass
 class Config(TrainConfig):
-    # laptop: chapter 4's 4-layer MLP of 200k parameters, 8 steps. memory: 16.9M parameters, so
-    # that the model states (270 MB in fp32 Adam at stage 0) dominate the measured peak of each rank.
+    # laptop: chapter 4's 4-layer MLP of 200k parameters, 8 steps.
     PRESETS = {"laptop": {"steps": 8, "global_batch": 64, "hidden": 256, "depth": 3},
-               "tiny": {"steps": 4, "global_batch": 24, "hidden": 48, "depth": 2, "samples": 512},
-               "memory": {"steps": 2, "global_batch": 16, "hidden": 2048, "depth": 5, "samples": 256,
-                          "world_size": 2}}
+               "tiny": {"steps": 4, "global_batch": 24, "hidden": 48, "depth": 2, "samples": 512}}
 
     stage: int = opt(0, "0 plain data parallel | 1 shard optimizer state | 2 + gradients | 3 + parameters")
     precision: str = opt("fp32", "fp32 | mixed (bf16 params and grads, fp32 master and Adam: K=12)")
@@ -84,7 +80,6 @@ def worker(cfg: Config) -> dict:
     r, n, dev, stage = ctx.rank, ctx.world_size, ctx.device, cfg.stage
     mixed = cfg.precision == "mixed"
     dtype = torch.bfloat16 if mixed else torch.float32
-    watch = PeakMemory(dev).base()  # before the model exists: the rank's footprint starts here
     model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(dev, dtype)
     layers = [m for m in model if isinstance(m, torch.nn.Linear)]
     # Every stage shards layer by layer, so every stage adds the gradients in the same order.
@@ -116,28 +111,27 @@ def worker(cfg: Config) -> dict:
     meter, rec = ActivationMeter(exclude=model.parameters()), StepRecorder(dev, ctx.emit)
     losses = []
     try:
-        with watch.window():  # the peak the process really allocated during the steps
-            for step in range(cfg.steps):
-                idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), r, n)
-                with rec.step(step) as rs:
-                    for u in units if stage < 3 and overlap is None else ():
-                        if stage == 2:  # built during backward, freed once scattered (a transient)
-                            u.new_grad(transient)
-                        else:
-                            u.bucket.zero_()
-                    with meter.measure():
-                        loss = F.cross_entropy(model(x_all[idx]).float(), y_all[idx])
-                    if overlap is not None:
-                        overlap.start()
-                    loss.backward()  # stage 3: the hooks gather, free and reduce-scatter layer by layer
-                    if overlap is not None:
-                        overlap.wait()  # stage 2 with buckets: scattered during the backward
-                    sharded_step(units, masters, owned, optimizer, stage, n, mixed, transient,
-                                 scattered=overlap is not None)
-                    lt = loss.detach().reshape(1)
-                    comm.ring_all_reduce(lt, op="loss_all_reduce")
-                    rs["loss"] = float(lt) / n
-                losses.append(rs["loss"])
+        for step in range(cfg.steps):
+            idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), r, n)
+            with rec.step(step) as rs:
+                for u in units if stage < 3 and overlap is None else ():
+                    if stage == 2:  # built during backward, freed once scattered (a transient)
+                        u.new_grad(transient)
+                    else:
+                        u.bucket.zero_()
+                with meter.measure():
+                    loss = F.cross_entropy(model(x_all[idx]).float(), y_all[idx])
+                if overlap is not None:
+                    overlap.start()
+                loss.backward()  # stage 3: the hooks gather, free and reduce-scatter layer by layer
+                if overlap is not None:
+                    overlap.wait()  # stage 2 with buckets: scattered during the backward
+                sharded_step(units, masters, owned, optimizer, stage, n, mixed, transient,
+                             scattered=overlap is not None)
+                lt = loss.detach().reshape(1)
+                comm.ring_all_reduce(lt, op="loss_all_reduce")
+                rs["loss"] = float(lt) / n
+            losses.append(rs["loss"])
     finally:
         if overlap is not None:
             overlap.close()
@@ -146,7 +140,7 @@ def worker(cfg: Config) -> dict:
     memory = {"params": storage_bytes(params_kept), "grads": storage_bytes(grads_kept),
               "optimizer": storage_bytes(optimizer_tensors(optimizer) + (masters if mixed else [])),
               "activations": meter.peak, "buffers": transient.peak + counters().scratch_peak,
-              **device_memory(dev), **watch.as_dict()}
+              **device_memory(dev)}
     final = []
     for u in units:  # stage 3: gather the final parameters for checking (not part of training)
         if stage == 3:
