@@ -3,6 +3,7 @@ measured memory, torch.distributed.pipelining, exercises, bad input and the CLI.
 
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -23,9 +24,11 @@ from lesson_lib.milestones.pipeline.schedules import (
     bubble_formula,
     idle_share,
     max_in_flight,
+    paced_bubble,
     partition,
     replay,
     stage_actions,
+    stage_pace,
 )
 
 pytestmark = pytest.mark.ch3
@@ -354,6 +357,31 @@ def test_bench_bubble_runs_and_prints_every_run(capsys):
     bench.print_bubble(rows)
     out = capsys.readouterr().out
     assert "gpipe M=2: busy/formula" in out and out.count("\n") >= len(rows) + 4
+
+
+@pytest.mark.parametrize("stages, microbatches", [(2, 1), (2, 4), (2, 8), (3, 5), (4, 8)])
+def test_paced_bubble_is_gpipes_replay_with_unequal_stages(stages, microbatches):
+    # catches: a pace taken from the slowest stage's forward + backward (wrong when one stage is the
+    # slower in forwards and another in backwards, as in the first draw's stage 0 and 1), a mean
+    # over the wrong stages, or a formula that is not GPipe's flow shop
+    rng = random.Random(stages * 100 + microbatches)
+    acts = all_actions("gpipe", stages, microbatches)
+    for draw in range(5):
+        fwd = [rng.uniform(0.5, 2.0) for _ in range(stages)]
+        bwd = [rng.uniform(0.5, 2.0) for _ in range(stages)]
+        if draw == 0:  # one stage slower forward, the other slower backward
+            fwd[0], bwd[0], fwd[1], bwd[1] = 2.0, 1.0, 1.0, 2.0
+        durations = {(k, x, i): fwd[k] if x == "F" else bwd[k] for k in range(stages) for x, i in acts[k]}
+        events = [{"rank": k, "step": 0, "kind": "forward" if x == "F" else "backward", "microbatch": i,
+                   "start": s, "end": e, "busy": durations[k, x, i]}
+                  for (k, x, i), (s, e) in replay(acts, durations).items()]
+        b = bubble_breakdown(acts, events, 0)
+        pace = stage_pace(b["per_stage"])
+        assert b["pace"] == pace
+        assert [s["forward"] for s in b["per_stage"]] == pytest.approx(fwd)
+        assert b["stages"] == pytest.approx(paced_bubble(stages, microbatches, pace), abs=1e-12)
+        assert pace >= 1 and b["stages"] >= bubble_formula(stages, microbatches) - 1e-12
+    assert paced_bubble(stages, microbatches, 1.0) == pytest.approx(bubble_formula(stages, microbatches))
 
 
 def test_bubble_breakdown_of_a_synthetic_step():

@@ -129,6 +129,7 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
             runs.append(r)
             b, f = r["bubble_breakdown"], r["bubble_formula"]
             rows.append({"label": f"{model}, M={m}", "model": model, "microbatches": m, "formula": f,
+                         "pace": b["pace"],
                          **{k: b[k] for k in ("stages", "busy", "wall", "per_stage")}})
             print(f"{model}, M={m}: formula {f:.1%}; + unequal stages {b['stages']:.1%} "
                   f"({b['stages'] / f:.2f}× the formula); + variation between micro-batches {b['busy']:.1%} "
@@ -139,8 +140,12 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
                   f"{statistics.median(d):.2f} ms, 90th percentile {d[int(0.9 * (len(d) - 1))]:.2f} ms, "
                   f"longest {d[-1]:.2f} ms (one forward takes {1e3 * fwd:.1f} ms of busy time)")
             for s in b["per_stage"]:
-                print(f"    stage {s['stage']}: off its core while computing {s['off_core']:.1%} of the "
-                      f"step, waiting for a message {s['recv']:.1%}, between actions {s['between']:.1%}")
+                print(f"    stage {s['stage']}: forward + backward {1e3 * s['forward']:.1f} + "
+                      f"{1e3 * s['backward']:.1f} ms of busy time per micro-batch; off its core while "
+                      f"computing {s['off_core']:.1%} of the step, waiting for a message {s['recv']:.1%}, "
+                      f"between actions {s['between']:.1%}")
+            print(f"    pace (slowest forward + slowest backward over the mean stage's): "
+                  f"{rows[-1]['pace']:.3f}")
     display(plots.pipeline.bubble_causes(
         rows, f"{schedule}, 2 stages: the bubble rebuilt one cause at a time",
         plots.common.oversubscription_note(runs)))

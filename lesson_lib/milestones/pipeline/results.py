@@ -42,10 +42,14 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
 
 
 def _median_breakdown(causes: list[dict]) -> dict:
-    """Each rung of :func:`bubble_breakdown` and each per-stage share: its median over steps."""
-    med = {k: statistics.median(c[k] for c in causes) for k in ("stages", "busy", "messages", "wall")}
+    """Each rung of :func:`bubble_breakdown`, its pace and each per-stage figure: its median over steps."""
+    med = {k: statistics.median(c[k] for c in causes) for k in ("busy", "messages", "wall")}
+    # the lower median: a step's own figures, so that the stages rung stays paced_bubble of its pace
+    # (one grows with the other)
+    med.update({k: statistics.median_low(c[k] for c in causes) for k in ("stages", "pace")})
+    figures = ("forward", "backward", "off_core", "recv", "between")
     med["per_stage"] = [{"stage": s["stage"], **{k: statistics.median(c["per_stage"][i][k] for c in causes)
-                                                 for k in ("off_core", "recv", "between")}}
+                                                 for k in figures}}
                         for i, s in enumerate(causes[0]["per_stage"])]
     return med
 

@@ -63,6 +63,22 @@ def bubble_formula(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
+def paced_bubble(stages: int, microbatches: int, pace: float) -> float:
+    """GPipe's idle share when the stages' times differ: 1 − M/(P + (M−1)·pace).
+
+    ``pace`` is the slowest forward plus the slowest backward over the mean stage's forward plus
+    backward (1 for equal stages). With identical micro-batches each phase is a flow shop, whose
+    makespan is the sum of the stage times plus M−1 times the slowest one: the slowest stage sets
+    the pace. At pace 1 this is :func:`bubble_formula`."""
+    return 1 - microbatches / (stages + (microbatches - 1) * pace)
+
+
+def stage_pace(per_stage: list[dict]) -> float:
+    """The ``pace`` of :func:`paced_bubble` from each stage's mean ``forward`` and ``backward``."""
+    mean = sum(s["forward"] + s["backward"] for s in per_stage) / len(per_stage)
+    return (max(s["forward"] for s in per_stage) + max(s["backward"] for s in per_stage)) / mean
+
+
 # --------------------------------------------------------------------------- balancing
 
 
@@ -201,7 +217,8 @@ def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int)
     """One step's bubble rebuilt one cause at a time, each rung measured in the same step.
 
     * ``stages``: the schedule replayed with each stage's mean forward and mean backward (busy
-      time): what unequal stages cost over the formula, which assumes equal ones;
+      time): what unequal stages cost over the formula, which assumes equal ones; ``pace`` (see
+      :func:`stage_pace`) says how unequal, and for GPipe this rung is :func:`paced_bubble`;
     * ``busy``: replayed with each action's own busy time: adds the variation between
       micro-batches (a stage that waits for a slower neighbour turns it into idle time);
     * ``messages``: replayed with each action's busy time and each message's measured delay
@@ -211,7 +228,8 @@ def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int)
     * ``wall``: measured on the wall clock: adds the rest — the stage's own work between actions
       and cores shared with other threads and processes.
 
-    Beside them, per stage, as shares of the step's window (first forward to last backward):
+    Beside them, per stage: its mean ``forward`` and ``backward`` busy time per micro-batch (s), and
+    as shares of the step's window (first forward to last backward):
     ``off_core`` — wall minus busy time inside its forwards and backwards (its core ran something
     else meanwhile); between its own first and last action, ``recv`` — waiting for a neighbour's
     message, and ``between`` — neither computing nor waiting (handing messages over, bookkeeping).
@@ -229,10 +247,13 @@ def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int)
         wall = sum(e["end"] - e["start"] for e in mine)
         recv = sum(max(0.0, min(e["end"], t1) - max(e["start"], t0)) for e in events
                    if e["step"] == step and e["rank"] == k and e["kind"] == "recv")
-        stages.append({"stage": k, "off_core": (wall - sum(e["busy"] for e in mine)) / window,
+        stages.append({"stage": k, "forward": mean.get((k, "forward"), 0.0),
+                       "backward": mean.get((k, "backward"), 0.0),
+                       "off_core": (wall - sum(e["busy"] for e in mine)) / window,
                        "recv": recv / window, "between": max(0.0, t1 - t0 - wall - recv) / window})
     delays = message_delays(events, step)
     return {"step": step, "stages": _replay_with(actions, comp, lambda e: mean[e["rank"], e["kind"]]),
+            "pace": stage_pace(stages),
             "busy": _replay_with(actions, comp, lambda e: e["busy"]),
             "messages": idle_share(replay(actions, {span_key(e): e["busy"] for e in comp}, delays)),
             "wall": idle_share(measured_spans(events, step)), "per_stage": stages}
