@@ -236,7 +236,8 @@ ch01.explorer()
 # Each exercise checks your answer when you call `submit`. Hints and solutions are folded away.
 
 # %%
-exercises = ch01.exercises(param_bytes=runs["sync"]["param_bytes"])
+exercises = ch01.exercises()  # S: the chapter's model, as in the runs above
+assert f"S = {runs['sync']['param_bytes']:,} bytes" in exercises["traffic"].prompt
 
 # %% [markdown]
 # The first one runs on real ranks: your function is the push and pull of every worker, against server

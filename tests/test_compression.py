@@ -22,6 +22,7 @@ from lesson_lib.chapters.ch06_exercises import (
     exercises,
 )
 from lesson_lib.data import teacher_classification
+from lesson_lib.exercises import assess
 from lesson_lib.milestones import compression
 from lesson_lib.milestones import compression as cm
 from lesson_lib.milestones.compression import compressors
@@ -361,6 +362,8 @@ def test_topk_bytes_exercise(ex):
                   (2 * (n - 1) / n * 8 * k, s // n), 240000, ("a", "b")):
         verdict = ex["topk_bytes"].submit(wrong)
         assert not verdict and f"{s // n:,}" not in verdict.message, (wrong, verdict)
+    for right in ((str(right_bytes), str(s // n)), [torch.tensor(right_bytes), float(s // n)]):
+        assert ex["topk_bytes"].submit(right), right
 
 
 def _qsgd_round(x, s):
@@ -401,8 +404,10 @@ def test_crossover_exercise_without_the_run():
     no_latency = saved_bits / (c["compute_powersgd_s"] - c["compute_none_s"]) / 1e9
     for wrong, says in ((want / 8, "bits"), (want * 8, "bits"), (no_latency, "latency"), (want * 2, "solve"),
                         ("fast", "one number")):
-        verdict = _check_crossover(wrong, c, run_check=False)
+        verdict = assess(lambda a: _check_crossover(a, c, run_check=False), wrong)
         assert not verdict and says in verdict.message, (wrong, verdict)
+    for right in (str(want), torch.tensor(want), f"{want:.6g}"):  # other forms of the same number
+        assert _check_crossover(right, c, run_check=False), right
 
 
 @pytest.mark.slow

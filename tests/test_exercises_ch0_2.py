@@ -154,6 +154,51 @@ def _overlap(model, wait=True, divide=True, skip_bias=False):
     return finish
 
 
+def _waits_in_the_hook(model):  # async_op=True, then waits at once: nothing is ever in flight
+    def hook(p):
+        dist.all_reduce(p.grad, async_op=True).wait()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for p in model.parameters():
+            p.grad /= dist.get_world_size()
+
+    return finish
+
+
+def _reduces_a_copy(model):  # overlaps, but sums a copy that nobody reads
+    in_flight = []
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(
+            lambda p: in_flight.append(dist.all_reduce(p.grad.clone(), async_op=True)))
+
+    def finish():
+        for w in in_flight:
+            w.wait()
+        in_flight.clear()
+        for p in model.parameters():
+            p.grad /= dist.get_world_size()
+
+    return finish
+
+
+def _futures_and_one_hook_late(model):  # right, in other forms: futures, and a wait one gradient behind
+    in_flight = []
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(
+            lambda p: in_flight.append(dist.all_reduce(p.grad, async_op=True).get_future()))
+
+    def finish():
+        torch.futures.wait_all(in_flight)
+        in_flight.clear()
+        for p in model.parameters():
+            p.grad.div_(dist.get_world_size())
+
+    return finish
+
+
 @pytest.fixture(scope="module")
 def ch0_overlap():
     return ch00_exercises.exercises()["start_overlap"]
@@ -165,6 +210,8 @@ def ch0_overlap():
 def test_ch0_overlap_reference_is_accepted(ch0_overlap):
     v = ch0_overlap.check(ch0_overlap.reference())
     assert v.ok, v.message
+    v = ch0_overlap.check(_futures_and_one_hook_late)
+    assert v.ok, v.message
 
 
 @pytest.mark.numerics
@@ -172,8 +219,11 @@ def test_ch0_overlap_reference_is_accepted(ch0_overlap):
 @pytest.mark.parametrize("wrong, words", [
     pytest.param(_blocks_in_the_hook, "blocked", marks=pytest.mark.slow),  # waits for a timeout
     (_all_after_the_backward, "after the backward"),
-    (lambda m: _overlap(m, divide=False), "averaged"),
+    (lambda m: _overlap(m, divide=False), "whole batch"),
     (lambda m: _overlap(m, skip_bias=True), "drifted apart"),
+    (lambda m: _overlap(m, wait=False), "without waiting"),
+    (_waits_in_the_hook, "waited for each all-reduce inside its hook"),
+    (_reduces_a_copy, "drifted apart"),
 ])
 def test_ch0_overlap_wrong_answers_are_rejected(ch0_overlap, wrong, words):
     v = ch0_overlap.check(wrong)
@@ -347,6 +397,8 @@ def ch2():
 def test_ch2_reduce_scatter_reference_is_accepted(ch2):
     v = ch2["reduce_scatter"].check(ch2["reduce_scatter"].reference())
     assert v.ok, v.message
+    v = ch2["reduce_scatter"].check(_isend_irecv)
+    assert v.ok, v.message
 
 
 def _step(chunks, send_i, into_i, add=True):
@@ -377,6 +429,37 @@ def _copies_instead_of_adding(chunks):
         _step(chunks, (rank - s) % n, (rank - s - 1) % n, add=False)
 
 
+def _rebinds_the_entries(chunks):  # right sums, in new tensors: the tensor handed in is unchanged
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for s in range(n - 1):
+        send_i, into_i = (rank - s) % n, (rank - s - 1) % n
+        incoming = torch.empty_like(chunks[into_i])
+        comm.exchange(chunks[send_i], (rank + 1) % n, incoming, (rank - 1) % n).wait()
+        chunks[into_i] = chunks[into_i] + incoming
+
+
+def _sends_everything(chunks):  # right sums, but each step sends the whole tensor
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for s in range(n - 1):
+        into_i = (rank - s - 1) % n
+        whole = torch.cat(chunks)
+        incoming = torch.empty_like(whole)
+        comm.exchange(whole, (rank + 1) % n, incoming, (rank - 1) % n).wait()
+        lo = sum(c.numel() for c in chunks[:into_i])
+        chunks[into_i] += incoming[lo:lo + chunks[into_i].numel()]
+
+
+def _isend_irecv(chunks):  # right, in another form: torch's own point-to-point calls
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for s in range(n - 1):
+        send_i, into_i = (rank - s) % n, (rank - s - 1) % n
+        incoming = torch.empty_like(chunks[into_i])
+        reqs = [dist.isend(chunks[send_i], (rank + 1) % n), dist.irecv(incoming, (rank - 1) % n)]
+        for q in reqs:
+            q.wait()
+        chunks[into_i].add_(incoming)
+
+
 def _steps_forward(chunks):  # index moves the wrong way round the ring
     rank, n = dist.get_rank(), dist.get_world_size()
     for s in range(n - 1):
@@ -388,6 +471,8 @@ def _steps_forward(chunks):  # index moves the wrong way round the ring
     (_adds_into_the_chunk_it_sent, "the one your left neighbour sends"),  # sizes differ: Gloo aborts
     (_n_steps, "exactly N − 1"),
     (_copies_instead_of_adding, "each rank should own a different one"),
+    (_rebinds_the_entries, "in place"),
+    (_sends_everything, "more than a chunk"),
     (_steps_forward, "each rank should own a different one"),
 ])
 @pytest.mark.slow
@@ -429,6 +514,11 @@ def test_ch2_reduce_scatter_template_is_not_answered_yet(ch2, capsys):
 @pytest.mark.ch2
 def test_ch2_bytes_and_crossover(ch2):
     assert ch2["bytes"].check(ch2["bytes"].reference()).ok
+    for right in (lambda n, s: 2 * (n - 1) * s // n,                  # whole bytes
+                  lambda n, s: torch.tensor(2 * (n - 1) / n * s, dtype=torch.float64),
+                  lambda n, s: str(2 * (n - 1) / n * s)):
+        v = ch2["bytes"].check(right)
+        assert v.ok, v.message
     for wrong in (lambda n, s: 2 * (n - 1) * s,      # the naive root's traffic
                   lambda n, s: (n - 1) / n * s,       # one phase only
                   lambda n, s: 2 * s,                 # the limit, not the value

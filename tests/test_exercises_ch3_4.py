@@ -79,6 +79,42 @@ def zero1_returns_nothing(params, grad, step):
     comm.ring_all_gather(params)
 
 
+def zero1_all_reduce_then_gather(params, grad, step):  # right numbers, no reduce-scatter at all
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dist.all_reduce(grad)
+    size = params.numel() // n
+    step(params[rank * size:(rank + 1) * size], grad[rank * size:(rank + 1) * size] / n)
+    comm.ring_all_gather(params)
+    return params
+
+
+def zero1_torch_collectives(params, grad, step):  # right, with torch's own collectives
+    rank, n = dist.get_rank(), dist.get_world_size()
+    size = params.numel() // n
+    mine = torch.empty(size)
+    dist.reduce_scatter_single(mine, grad)
+    step(params[rank * size:(rank + 1) * size], mine / n)
+    dist.all_gather_single(params, params[rank * size:(rank + 1) * size].clone())
+    return params
+
+
+def zero1_by_hand(params, grad, step):  # right, a ring of point-to-point exchanges written out
+    rank, n = dist.get_rank(), dist.get_world_size()
+    size = params.numel() // n
+    right, left = (rank + 1) % n, (rank - 1) % n
+    g, p = grad.view(n, size), params.view(n, size)
+    for s in range(n - 1):  # reduce-scatter: rank ends with the sum of slice `rank`
+        send_i, into_i = (rank - s - 1) % n, (rank - s - 2) % n
+        incoming = torch.empty(size)
+        comm.exchange(g[send_i], right, incoming, left).wait()
+        g[into_i] += incoming
+    step(p[rank], g[rank] / n)
+    for s in range(n - 1):  # all-gather
+        send_i, into_i = (rank - s) % n, (rank - s - 1) % n
+        comm.exchange(p[send_i].clone(), right, p[into_i], left).wait()
+    return params
+
+
 def zero1_raises(params, grad, step):
     return params[dist.get_rank()] + undefined_name  # noqa: F821
 
@@ -91,11 +127,19 @@ def zero1_raises(params, grad, step):
     (zero1_wrong_slice, "own slice"),
     (zero1_returns_nothing, "returned None"),
     (zero1_raises, "undefined_name"),
+    (zero1_all_reduce_then_gather, "ran dist.all_reduce ×1 (48 bytes) + comm.ring_all_gather"),
 ])
 @pytest.mark.slow
 def test_zero1_rejects_wrong_answers(answer, words):
     v = verdict(EX4["zero1"], answer)
     assert not v and words in v.message, v.message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", [zero1_torch_collectives, zero1_by_hand])
+def test_zero1_accepts_right_answers_in_other_forms(answer):
+    v = verdict(EX4["zero1"], answer)
+    assert v, v.message
 
 
 def test_zero1_template_is_not_answered_yet():
@@ -167,15 +211,27 @@ def test_stage1_rejects_wrong_answers(answer, words):
     lambda psi, n: 4 * psi + 12 * psi / n,  # stage 1
     lambda psi, n: 2 * psi + 12 * psi / n,  # gradients forgotten
     lambda psi, n: 16 * psi,  # stage 0
-    lambda psi, n: str(2 * psi + 14 * psi / n),
 ])
 def test_stage2_rejects_wrong_formulas(answer):
     v = verdict(EX4["stage2"], answer)
     assert not v and "replicated" in v.message, v.message
+    a, b = v.message.split("returned ")[1].split("; expected ")
+    assert a != b.split(";")[0]  # never two equal-looking numbers
+
+
+@pytest.mark.parametrize("answer", [  # the one normaliser: the same answer in every form is right
+    lambda psi, n: str(2 * psi + 14 * psi / n),
+    lambda psi, n: torch.tensor(2 * psi + 14 * psi / n, dtype=torch.float64),
+    lambda psi, n: (2 * psi * n + 14 * psi) // n,  # whole bytes
+])
+def test_stage2_accepts_the_formula_in_other_forms(answer):
+    v = verdict(EX4["stage2"], answer)
+    assert v, v.message
 
 
 @pytest.mark.parametrize("answer, ok", [(1, True), (1.0, True), (1.9, False), (0, False), (2, False),
-                                        (3, False), (True, False), ("1", False), (-1, False)])
+                                        (3, False), (True, False), ("1", True), (" 1 ", True),
+                                        (torch.tensor(1), True), (-1, False), ("one", False)])
 def test_fit_requires_the_integer_stage(answer, ok):
     v = verdict(EX4["fit"], answer)
     assert bool(v) is ok, (answer, v.message)
@@ -316,7 +372,7 @@ def test_order_rejects_wrong_answers_with_the_right_reason(answer, words):
 
 
 @pytest.mark.parametrize("answer, ok", [(28, True), (28.0, True), (28.7, False), (27, False), (29, False),
-                                        (True, False), ("28", False), (0, False)])
+                                        (True, False), ("28", True), (torch.tensor(28), True), (0, False)])
 def test_smallest_m_requires_the_integer(answer, ok):
     v = verdict(EX3["smallest_m"], answer)
     assert bool(v) is ok, (answer, v.message)
@@ -330,7 +386,7 @@ def test_smallest_m_reports_a_real_run_when_right(monkeypatch):
 
 
 @pytest.mark.parametrize("answer, ok", [(4, True), (4.0, True), (4.5, False), (8, False), (3, False),
-                                        ("4", False)])
+                                        ("4", True), ("four", False)])
 def test_in_flight_requires_a_whole_count(answer, ok):
     assert bool(verdict(EX3["in_flight"], answer)) is ok
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import torch.distributed as dist
 from conftest import worker_children
 
@@ -249,12 +250,17 @@ def test_days_rejects_plausible_mistakes(exercises, answer, says):
 
 
 @pytest.mark.parametrize("answer, says", [
-    (0, "still holds"), (1, "still holds"), (3, "smaller stage"), (2.0, "ZeRO stage"), (True, "ZeRO stage"),
-    ("2", "ZeRO stage"),
+    (0, "still holds"), (1, "still holds"), (3, "smaller stage"), (2.5, "ZeRO stage"), (True, "ZeRO stage"),
+    ("two", "ZeRO stage"), (4, "ZeRO stage"),
 ])
 def test_stage_rejects_plausible_mistakes(exercises, answer, says):
     v = exercises["stage"].submit(answer)
     assert not v.ok and says in v.message
+
+
+@pytest.mark.parametrize("answer", [2, 2.0, "2", torch.tensor(2)])
+def test_stage_accepts_the_stage_in_every_form(exercises, answer):
+    assert exercises["stage"].submit(answer)
 
 
 def test_link_rejects_plausible_mistakes(exercises):
@@ -267,6 +273,7 @@ def test_link_rejects_plausible_mistakes(exercises):
         (("bandwidth", t["compute"] + (t["bandwidth"] + t["latency"]) / 10), "latency α stays"),
         (("bandwidth", e["step_s"]), "divide"),
         ("bandwidth", "pair"),
+        (("bandwidth", "soon"), "pair"),
     ]
     for answer, says in cases:
         v = exercises["link"].submit(answer)

@@ -12,6 +12,7 @@ from conftest import worker_children
 
 from lesson_lib import run
 from lesson_lib.chapters.ch05_exercises import exercises
+from lesson_lib.exercises import assess
 from lesson_lib.milestones import large_batch as lb
 
 pytestmark = pytest.mark.ch5
@@ -173,8 +174,10 @@ def test_scaling_exercise_without_the_run(ex):
     assert _check_scaling(ex["scaling"].reference(), run_check=False)
     for wrong, says in (((0.1 * 8**0.5, 12), "square-root"), ((0.1, 12), "linear rule"),
                         ((0.8, 0), "warm-up"), ((0.8, 100), "warm-up"), (0.8, "pair")):
-        verdict = _check_scaling(wrong, run_check=False)
+        verdict = assess(lambda a: _check_scaling(a, run_check=False), wrong)
         assert not verdict and says in verdict.message, (wrong, verdict)
+    for right in ((0.8, 12.0), ("0.8", "12"), [torch.tensor(0.8), 12]):  # the same answer in other forms
+        assert _check_scaling(right, run_check=False), right
 
 
 @pytest.mark.slow
@@ -184,7 +187,7 @@ def test_scaling_exercise_confirms_with_a_real_run(ex):
 
 
 def test_zero_choice_exercise(ex):
-    assert ex["zero"].submit("b") and ex["zero"].submit(" B ")
+    assert all(ex["zero"].submit(a) for a in ("b", " B ", "(b)", "b)", "b."))
     for wrong in ("a", "c", "d", "e", 2):
         assert not ex["zero"].submit(wrong)
 
@@ -212,13 +215,41 @@ def _deadlock(w_shard, u_shard):  # only rank 0 joins the all-reduce
     return (t[0].sqrt() / t[1].sqrt()).item()
 
 
+def _gather_slices(w_shard, u_shard):  # the right number, but every rank receives the whole layer
+    n = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(n)]
+    dist.all_gather(sizes, torch.tensor([w_shard.numel()]))
+    parts = [[torch.zeros(int(k)) for k in sizes] for _ in range(2)]
+    dist.all_gather(parts[0], w_shard)
+    dist.all_gather(parts[1], u_shard)
+    return (torch.cat(parts[0]).norm() / torch.cat(parts[1]).norm()).item()
+
+
+def _two_all_reduces_tensor(w_shard, u_shard):  # right, in another form: two calls, a 0-d tensor back
+    w2, u2 = w_shard.square().sum(), u_shard.square().sum()
+    dist.all_reduce(w2)
+    dist.all_reduce(u2)
+    return (w2 / u2).sqrt()
+
+
+def _comm_all_reduce(w_shard, u_shard):  # right, through the course's own ring
+    from lesson_lib import comm
+    sq = torch.stack([w_shard.square().sum(), u_shard.square().sum()])
+    comm.ring_all_reduce(sq)
+    return float(sq[0].sqrt() / sq[1].sqrt())
+
+
 @pytest.mark.slow
 def test_sharded_exercise_on_real_ranks(ex):
     assert ex["sharded"].submit(ex["sharded"].reference())
-    for wrong in (_local_only, _sum_of_norms, _no_sqrt):
+    for right in (_two_all_reduces_tensor, _comm_all_reduce):
+        right.__module__ = "__main__"
+        assert ex["sharded"].submit(right), right.__name__
+    for wrong, says in ((_local_only, "same number"), (_sum_of_norms, "whole layer"),
+                        (_no_sqrt, "whole layer"), (_gather_slices, "dist.all_gather")):
         wrong.__module__ = "__main__"  # as a learner's cell function: sent by value
         verdict = ex["sharded"].submit(wrong)
-        assert not verdict, wrong.__name__
+        assert not verdict and says in verdict.message, (wrong.__name__, verdict.message)
     _deadlock.__module__ = "__main__"
     verdict = ex["sharded"].submit(_deadlock)
     assert not verdict and "timeout_s=10" in verdict.message, verdict.message

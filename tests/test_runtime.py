@@ -149,13 +149,16 @@ def test_bad_run_timeout_names_the_parameter(clusters):
 
 
 @pytest.mark.slow
-def test_a_script_without_a_main_guard_gets_a_clear_error_within_5s(tmp_path):
+def test_a_script_without_a_main_guard_gets_a_clear_error_long_before_the_start_deadline(tmp_path):
     script = tmp_path / "no_guard.py"
     script.write_text("from lesson_lib import Cluster, probes\n"
                       "with Cluster(2, quiet=True) as c:\n    print(c.run(probes.noop))\n")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    assert time.monotonic() - t0 < 5 + 3  # + the parent's own import of torch
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100)
+    # catches: the parent waiting out its start-up deadline (120 s + timeout_s) for children that
+    # died at once. Quiet, the error comes in about 5 s; 30 s leaves room for a loaded machine (9.4 s
+    # was seen with two other test runs beside it).
+    assert time.monotonic() - t0 < 30
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()
     assert any('if __name__ == "__main__":' in line for line in last), proc.stderr[-2000:]

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import batch_indices, shard, teacher_classification
-from ..exercises import Exercise, Verdict, solution_text
+from ..exercises import Exercise, Log, Property, Verdict, judge, observe, pair, solution_text, summary
 from ..milestones import data_parallel as dp
 from ..models import mlp
 from ..numerics import sum_order_tolerance
@@ -67,43 +67,48 @@ def reference_losses() -> list[float]:
     return dp.reference(dp.Config(world_size=1, optimizer="sgd", **TASK))
 
 
-def _judge(fn: Callable, worker: Callable, drift_hint: str, gap_hint: str,
-           check_calls: Callable | None = None) -> Verdict:
-    """Run ``worker(fn, TASK)`` on every rank of each world size; judge the ranks' models (equal
-    bit for bit) and losses (single-process training within ``numerics.sum_order_tolerance``)."""
+def _cases(fn: Callable, worker: Callable):
+    """One case per world size: ``worker(fn, TASK)`` on every rank of a warm cluster."""
+    def case(n: int):
+        def run():
+            try:
+                return warm_cluster(n).run(worker, fn, TASK, timeout_s=TIMEOUT_S)
+            except WorkerTimeout as e:
+                return Verdict(False, f"on {n} ranks the training did not finish: {e}")
+            except WorkerError as e:
+                return Verdict(False, f"on {n} ranks your function failed — {e}")
+        return f"{n} ranks", run
+    return [case(n) for n in WORLD_SIZES]
+
+
+def _same_model(outs: list[dict]) -> str | None:
+    names = [f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}" for i in range(2 * (TASK["depth"] + 1))]
+    for r, out in enumerate(outs[1:], start=1):
+        for i, (a, b) in enumerate(zip(outs[0]["params"], out["params"])):
+            if not torch.equal(a, b):
+                return (f"after {TASK['steps']} steps rank {r}'s {names[i]} differs from rank 0's: the "
+                        "copies drifted apart")
+
+
+def _whole_batch(outs: list[dict]) -> str | None:
     ref = reference_losses()
     tol = sum_order_tolerance(ref)
-    names = [f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}" for i in range(2 * (TASK["depth"] + 1))]
-    for n in WORLD_SIZES:
-        try:
-            outs = warm_cluster(n).run(worker, fn, TASK, timeout_s=TIMEOUT_S)
-        except WorkerTimeout as e:
-            return Verdict(False, f"on {n} ranks the training did not finish: {e}")
-        except WorkerError as e:
-            return Verdict(False, f"on {n} ranks your function failed — {e}")
-        if check_calls is not None and (v := check_calls(outs)) is not None:
-            return v
-        for r, out in enumerate(outs[1:], start=1):
-            for i, (a, b) in enumerate(zip(outs[0]["params"], out["params"])):
-                if not torch.equal(a, b):
-                    return Verdict(False, f"on {n} ranks, after {TASK['steps']} steps rank {r}'s {names[i]} "
-                                          f"differs from rank 0's: the copies drifted apart. {drift_hint}")
-        losses = outs[0]["losses"]
-        gaps = [abs(a - b) for a, b in zip(losses, ref)]
-        if max(gaps) > tol:
-            s = next(i for i, g in enumerate(gaps) if g > tol)
-            return Verdict(False, f"on {n} ranks the ranks agree with each other, but training is not the "
-                                  f"single-process training on the whole batch: at step {s} the loss is "
-                                  f"{losses[s]:.6f}, expected {ref[s]:.6f}. {gap_hint}")
-    return Verdict(True, f"on {' and '.join(map(str, WORLD_SIZES))} ranks the losses equal single-process "
-                         f"training (within {tol:.1e}) and every rank holds the same model")
+    gaps = [abs(a - b) for a, b in zip(outs[0]["losses"], ref)]
+    if max(gaps) > tol:
+        s = next(i for i, g in enumerate(gaps) if g > tol)
+        a, b = pair(outs[0]["losses"][s], ref[s])
+        return (f"at step {s} the loss is {a}, single-process training's {b} (within {tol:.1e}): is each "
+                "gradient that of the whole batch — its size included?")
+
+
+SAME_MODEL = Property("every rank holds the same model, step after step", _same_model)
+WHOLE_BATCH = Property("training equals single-process training on the whole batch", _whole_batch)
 
 
 def check_average_gradients(fn: Callable) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(average_gradients)")
-    return _judge(fn, train_with, "Every rank must apply the same gradient to every parameter.",
-                  "Is each rank's gradient that of the whole batch — its size included?")
+    return judge(_cases(fn, train_with), [SAME_MODEL, WHOLE_BATCH])
 
 
 def _reference_average_gradients():
@@ -117,43 +122,72 @@ def _reference_average_gradients():
 
 
 def train_overlapped_with(start_overlap: Callable, task: dict) -> dict:
-    """:func:`_train` with ``finish = start_overlap(model)`` called after each backward. Every
-    ``dist.all_reduce`` the learner makes is recorded: was autograd running (a hook during the
-    backward) and was it non-blocking (``async_op=True``)."""
-    original, calls = dist.all_reduce, []
+    """:func:`_train` with ``finish = start_overlap(model)`` called after each backward, every
+    communication call the learner makes observed (:func:`~lesson_lib.exercises.observe`), and two
+    kinds of moments marked: each gradient becoming ready (a hook registered after the learner's)
+    and each return from ``finish()``."""
+    reduce = dist.all_reduce  # the loop's own sum of the losses, left out of the log
 
-    def recorded(tensor, *args, **kwargs):
-        calls.append({"in_backward": torch._C._current_graph_task_id() != -1,
-                      "async": bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))})
-        return original(tensor, *args, **kwargs)
+    with observe() as log:
+        def setup(model):
+            finish = start_overlap(model)
+            for p in model.parameters():
+                p.register_post_accumulate_grad_hook(lambda p: log.mark("gradient ready"))
 
-    dist.all_reduce = recorded
-    try:
-        out = _train(start_overlap, task, all_reduce=original)
-    finally:
-        dist.all_reduce = original
-    return {**out, "calls": calls}
+            def after():
+                finish()
+                log.mark("finish returned", settle=True)
+            return after
+
+        out = _train(setup, task, all_reduce=reduce)
+    return {**out, **log.as_data()}
+
+
+def _overlapped(outs: list[dict]) -> str | None:
+    """Some all-reduce was still running (started, not yet finished for the code) when autograd
+    produced a later gradient: the communication overlapped the backward."""
+    for o in outs:
+        log = Log()
+        log.extend(o["calls"])
+        if any(m["label"] == "gradient ready" and log.in_flight(m["at"], "all_reduce") for m in o["marks"]):
+            continue
+        reduces = [c for c in o["calls"] if c["op"] == "all_reduce"]
+        if not reduces:
+            return f"your code ran {summary(o['calls'])}, no all-reduce"
+        if not any(c["in_backward"] for c in reduces):
+            return ("your all-reduces all started after the backward had finished (in finish()), so they "
+                    "overlapped nothing: start each one from a hook that autograd calls as soon as that "
+                    "gradient is complete")
+        if not any(c["async"] for c in reduces):
+            return ("each all-reduce blocked inside its hook: the backward stopped until its bytes had "
+                    "arrived. Start it with async_op=True, keep the handle, and wait in finish()")
+        return ("you waited for each all-reduce inside its hook, so none was still running when autograd "
+                "produced the next gradient: keep the handles and wait for them in finish()")
+
+
+def _finished(outs: list[dict]) -> str | None:
+    """Every all-reduce started before finish() returned had been waited for by then."""
+    for r, o in enumerate(outs):
+        ends = [m["at"] for m in o["marks"] if m["label"] == "finish returned"]
+        for c in o["calls"]:
+            end = next((t for t in ends if t > c["start"]), None)
+            if end is not None and c["done"] is None:
+                return (f"on rank {r} finish() returned without waiting for an all-reduce ({c['api']}, "
+                        f"{c['bytes']:,} bytes): its sum may not have arrived yet (here it may have by luck; "
+                        "on a GPU it would not). Wait for every handle before the step uses the gradients")
+            if end is not None and c["done"] > end:
+                return (f"on rank {r} finish() returned while an all-reduce ({c['api']}, "
+                        f"{c['bytes']:,} bytes) was still running: wait for every handle before the step "
+                        "uses the gradients")
 
 
 def check_start_overlap(fn: Callable) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(start_overlap)")
-
-    def check_calls(outs):
-        calls = [c for o in outs for c in o["calls"]]
-        if any(c["in_backward"] and not c["async"] for c in calls):
-            return Verdict(False, "an all_reduce inside a hook blocked: the backward stopped until its bytes "
-                                  "had arrived, so nothing overlapped. Start it with async_op=True, keep the "
-                                  "handle, and wait for it in finish().")
-        if not any(c["in_backward"] for c in calls):
-            return Verdict(False, "your all-reduces all started after the backward had finished, so "
-                                  "the communication overlapped nothing. Start each one from a hook that "
-                                  "autograd calls as soon as that gradient is complete.")
-
-    v = _judge(fn, train_overlapped_with, "Every rank must apply the same, completely summed gradient: are "
-               "all the all-reduces finished before finish() returns?",
-               "Is each gradient completely summed, and averaged, before the step?", check_calls)
-    return Verdict(True, v.message + "; your all-reduces started during the backward") if v else v
+    return judge(_cases(fn, train_overlapped_with), [
+        Property("an all-reduce is still running while autograd produces later gradients", _overlapped),
+        Property("finish() waits for every all-reduce", _finished),
+        SAME_MODEL, WHOLE_BATCH])
 
 
 def _reference_start_overlap():

@@ -12,7 +12,7 @@ import statistics
 from IPython.display import display
 
 from .. import plots, widgets
-from ..exercises import Exercise, Verdict, close_to
+from ..exercises import Exercise, Verdict, close_to, number
 from ..experiments import Result, run_warm
 from ..milestones import parameter_server as ps
 from ..runtime import WorkerError
@@ -231,7 +231,7 @@ def _reference_average():
 
 
 def _check_divergence(lr) -> Verdict:
-    lr = float(lr)
+    lr = number(lr, "a learning rate")
     if not 0 < lr <= 5:
         return Verdict(False, "pick a learning rate between 0 and 5")
     out = {m: _run(m, 4, lr=lr, global_batch=64) for m in ("sync", "async")}
@@ -249,9 +249,14 @@ def _check_divergence(lr) -> Verdict:
     return Verdict(True, msg)
 
 
-def exercises(param_bytes: int = 0) -> dict[str, Exercise]:
-    """The chapter's exercises; ``param_bytes`` (S) comes from a run in the notebook."""
+def exercises(param_bytes: int | None = None) -> dict[str, Exercise]:
+    """The chapter's exercises. S, the model's bytes, is the chapter's own model's (``ps.Config.laptop()``)
+    unless given: no prompt depends on a cell run earlier."""
     n = 4
+    if param_bytes is None:
+        param_bytes = 4 * ps.param_count(ps.Config.laptop())
+    if param_bytes <= 0:
+        raise ValueError(f"param_bytes must be a positive number of bytes, got {param_bytes}")
     return {
         "worker_step": worker_step_exercise(),
         "average": Exercise(
@@ -280,8 +285,10 @@ def exercises(param_bytes: int = 0) -> dict[str, Exercise]:
             check=_check_divergence,
             hint="Async applies 4 updates per round, each computed on parameters that are several updates "
                  "old; try learning rates a few times larger than the preset's 0.1.",
-            solution="Around 0.3–1.0 here. Each async worker's gradient is applied with the full learning "
-                     "rate, so a round moves the weights about N times further than a sync step, and in "
-                     "directions computed for older weights; momentum amplifies it.",
+            solution="0.5, for example (the check runs both at your rate; near the edge between learning "
+                     "and diverging, a run can go either way, because async losses depend on the order in "
+                     "which gradients arrive). Each async worker's gradient is applied with the full "
+                     "learning rate, so a round moves the weights about N times further than a sync "
+                     "step, and in directions computed for older weights; momentum amplifies it.",
             reference=lambda: 0.5),
     }

@@ -15,8 +15,19 @@ import torch.distributed as dist
 
 from ..comm.schedules import chunk_bounds
 from ..costmodel import latency_crossover_bytes
-from ..exercises import Exercise, Verdict, close_to, solution_text
-from ..metrics import counters
+from ..exercises import (
+    Exercise,
+    Property,
+    Verdict,
+    close_to,
+    compare,
+    judge,
+    mismatch,
+    number,
+    observe,
+    solution_text,
+    summary,
+)
 from ..runtime import WorkerError, WorkerTimeout, warm_cluster
 
 # (world size, tensor length): lengths that do not divide evenly, and one shorter than the ring.
@@ -26,7 +37,9 @@ TIMEOUT_S = 10.0  # a learner's deadlock ends here, with the runtime saying wher
 
 def run_reduce_scatter(fn: Callable, length: int, seed: int) -> dict:
     """On every rank: cut this rank's tensor into N chunks (views), run ``fn(chunks)``, and return
-    the chunks, the library's sums of every chunk, and what went through ``lesson_lib.comm``.
+    the chunks of the tensor it was given, the list's entries afterwards (a learner may have
+    rebound them), the library's sums of every chunk, and the communication ``fn`` made
+    (:func:`~lesson_lib.exercises.observe`).
 
     Each rank's values are small integers, so sums are exact in any order.
     """
@@ -37,50 +50,89 @@ def run_reduce_scatter(fn: Callable, length: int, seed: int) -> dict:
     dist.all_reduce(total)  # the library's answer for every chunk
     bounds = chunk_bounds(length, n)
     chunks = [x[lo:hi] for lo, hi in bounds]
-    counters().reset()
-    fn(chunks)
-    c = counters()
-    calls = sum(op.calls for op in c.ops.values())
-    out = {"chunks": [t.clone() for t in chunks], "total": [total[lo:hi] for lo, hi in bounds],
-           "calls": calls, "bytes_sent": c.bytes_sent}
-    counters().reset()
-    return out
+    with observe() as log:
+        fn(chunks)
+    return {"chunks": [x[lo:hi].clone() for lo, hi in bounds],
+            "entries": [torch.as_tensor(t).detach().clone() for t in chunks],
+            "total": [total[lo:hi] for lo, hi in bounds], "calls": log.as_data()["calls"],
+            "chunk_bytes": 4 * max(hi - lo for lo, hi in bounds)}
+
+
+def _owned(out: dict, key: str) -> list[int]:
+    return [c for c, (mine, want) in enumerate(zip(out[key], out["total"]))
+            if mine.shape == want.shape and mine.numel() and torch.equal(mine, want)]
+
+
+def _owners(outs: list[dict], key: str = "chunks") -> list[int] | None:
+    n = len(outs)
+    empty = {c for c in range(n) if outs[0]["total"][c].numel() == 0}
+    return _distinct_owners([_owned(o, key) for o in outs], n, empty)
+
+
+def _steps(outs: list[dict]) -> str | None:
+    n = len(outs)
+    sends = [sum(c["op"] == "send" for c in o["calls"]) for o in outs]
+    if sends == [n - 1] * n:
+        return None
+    made = "; ".join(f"rank {r}: {summary(o['calls'])}" for r, o in enumerate(outs))
+    if not any(sends):
+        return (f"no rank sent anything ({made}). This exercise builds the ring from point-to-point "
+                "steps: comm.exchange(send_t, right, recv_t, left).wait() (or dist.isend + dist.irecv)")
+    return f"the ranks sent {sends} messages ({made}); reduce-scatter takes exactly N − 1 = {n - 1} steps"
+
+
+def _one_chunk_per_step(outs: list[dict]) -> str | None:
+    for r, o in enumerate(outs):
+        big = [c["bytes"] for c in o["calls"] if c["op"] == "send" and c["bytes"] > o["chunk_bytes"]]
+        if big:
+            return (f"rank {r} sent {big[0]:,} bytes in one step, more than a chunk ({o['chunk_bytes']:,} "
+                    "bytes): each step sends one chunk, which is what makes the ring bandwidth-optimal")
+
+
+def _summed_in_place(outs: list[dict]) -> str | None:
+    if _owners(outs) is not None:
+        return None
+    if _owners(outs, "entries") is not None:
+        return ("the sums are in new tensors your function put into the list (chunks[i] = ...), and the "
+                "tensor the rank handed you is unchanged: add into the chunk in place (+= or .add_)")
+    return (f"the chunks each rank holds summed over all ranks are {[_owned(o, 'chunks') for o in outs]} "
+            "(by chunk index): each rank should own a different one. Which chunk arrives from the left at "
+            "step s, and is it added to what you hold?")
 
 
 def check_reduce_scatter(fn: Callable) -> Verdict:
-    """Every rank must end owning one fully summed chunk, no two ranks the same, after exactly N−1
-    exchanges (the bandwidth-optimal count), for N = 2…4 and lengths not divisible by N."""
+    """Every rank must end owning one fully summed chunk of the tensor it was given, no two ranks the
+    same, after exactly N−1 steps of one chunk each (the bandwidth-optimal count), for N = 2…4 and
+    lengths not divisible by N."""
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(my_reduce_scatter)")
     if Ellipsis in getattr(getattr(fn, "__code__", None), "co_consts", ()):
         # The template's "send_i = ..." would fail on every rank: say "not answered yet" instead.
         raise TypeError("the template's ... (an ellipsis) is still in the function")
-    for n, length in CASES:
+
+    def case(n: int, length: int):
         where = f"with N = {n} ranks and a tensor of {length} elements"
-        try:
-            outs = warm_cluster(n).run(run_reduce_scatter, fn, length, n * 100 + length, timeout_s=TIMEOUT_S)
-        except WorkerTimeout as e:
-            return Verdict(False, f"{where} the ranks did not finish: {e}\nDoes every rank post as many "
-                                  "sends as its neighbour posts receives?")
-        except WorkerError as e:
-            why = ""
-            if "SIGABRT" in str(e):  # what Gloo does when a message does not fit the receive buffer
-                why = ("\nGloo aborts a rank whose receive buffer has another size than the message that "
-                       "arrives: is the chunk you receive into the one your left neighbour sends?")
-            return Verdict(False, f"{where} a rank failed — {e}{why}")
-        calls = [o["calls"] for o in outs]
-        if calls != [n - 1] * n:
-            return Verdict(False, f"{where} the ranks made {calls} counted exchanges (comm.exchange(...)"
-                                  f".wait()); reduce-scatter takes exactly N − 1 = {n - 1} steps")
-        owned = [[c for c, (mine, want) in enumerate(zip(out["chunks"], out["total"]))
-                  if mine.numel() and torch.equal(mine, want)] for out in outs]
-        empty = {c for c in range(n) if outs[0]["total"][c].numel() == 0}
-        if _distinct_owners(owned, n, empty) is None:
-            return Verdict(False, f"{where} the chunks each rank holds summed over all ranks are {owned} "
-                                  "(by chunk index): each rank should own a different one. Which chunk "
-                                  "arrives from the left at step s, and is it added to what you hold?")
-    return Verdict(True, "on real ranks, every rank owns a different fully summed chunk after N−1 exchanges, "
-                         "for N = 2…4")
+
+        def run():
+            try:
+                return warm_cluster(n).run(run_reduce_scatter, fn, length, n * 100 + length,
+                                           timeout_s=TIMEOUT_S)
+            except WorkerTimeout as e:
+                return Verdict(False, f"{where} the ranks did not finish: {e}\nDoes every rank post as many "
+                                      "sends as its neighbour posts receives?")
+            except WorkerError as e:
+                why = ""
+                if "SIGABRT" in str(e):  # what Gloo does when a message does not fit the receive buffer
+                    why = ("\nGloo aborts a rank whose receive buffer has another size than the message "
+                           "that arrives: is the chunk you receive into the one your left neighbour sends?")
+                return Verdict(False, f"{where} a rank failed — {e}{why}")
+        return where, run
+
+    return judge([case(n, length) for n, length in CASES], [
+        Property("N − 1 steps", _steps),
+        Property("of one chunk each", _one_chunk_per_step),
+        Property("leave every rank owning a different chunk of its tensor, summed over all ranks",
+                 _summed_in_place)])
 
 
 def _distinct_owners(owned: list[list[int]], n: int, empty: set) -> list[int] | None:
@@ -120,9 +172,9 @@ def check_ring_bytes(fn: Callable) -> Verdict:
     for n in (1, 2, 3, 4, 8, 64, 1024):
         for s in (1e6, 4e8, 123_456_789.0):
             want = 2 * (n - 1) / n * s
-            got = float(fn(n, s))
-            if abs(got - want) > 1e-9 * max(want, 1.0):
-                return Verdict(False, f"ring_bytes({n}, {s:g}) returned {got:g}; expected {want:g}")
+            got = number(fn(n, s), "a number of bytes")
+            if not compare(got, want, abs_=1.0):  # whole bytes (floor division) are as right
+                return Verdict(False, mismatch(got, want, said=f"ring_bytes({n}, {s:g}) returned"))
     return Verdict(True, "2(N−1)/N · S: just under 2·S per rank, however many ranks")
 
 

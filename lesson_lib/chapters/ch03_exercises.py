@@ -5,7 +5,6 @@ Nothing here imports IPython: ``stage_setup`` and ``gpipe_job`` run inside the w
 
 from __future__ import annotations
 
-import numbers
 from typing import Callable
 
 import torch
@@ -13,7 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import batch_indices, teacher_classification
-from ..exercises import Exercise, Verdict, close_to, solution_text
+from ..exercises import Exercise, Verdict, close_to, solution_text, whole_number
 from ..experiments import run_warm
 from ..milestones import pipeline as pp
 from ..milestones.pipeline.schedules import bubble_formula, max_in_flight, partition, replay, stage_actions
@@ -193,10 +192,9 @@ def check_smallest_m(stages: int, run: bool = True):
     """A correct answer is rewarded with what a real run of it measured (:func:`measured_bubble`)."""
 
     def check(answer) -> Verdict:
-        if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or float(answer) != int(answer) \
-                or answer < 1:
-            return Verdict(False, f"you said {answer!r}: M counts micro-batches, a whole number ≥ 1")
-        m = int(answer)
+        m = whole_number(answer, "M, a whole number of micro-batches ≥ 1")
+        if m < 1:
+            return Verdict(False, f"you said {m}: M counts micro-batches, a whole number ≥ 1")
         if m != smallest_m(stages):
             return Verdict(False, f"with M = {m} the formula gives {bubble_formula(stages, m):.1%}; "
                                   "you want the smallest M that brings it under 10%")
@@ -208,11 +206,10 @@ def check_smallest_m(stages: int, run: bool = True):
 
 def check_count(want: int, what: str):
     def check(answer) -> Verdict:
-        if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or float(answer) != int(answer):
-            return Verdict(False, f"you said {answer!r}: count whole {what}")
-        ok = int(answer) == want
-        return Verdict(ok, f"you said {int(answer)}" + ("" if ok else "; walk through stage 0's 1F1B order "
-                                                                      "and count F's minus B's"))
+        got = whole_number(answer, f"a count of whole {what}")
+        ok = got == want
+        return Verdict(ok, f"you said {got}" + ("" if ok else "; walk through stage 0's 1F1B order "
+                                                              "and count F's minus B's"))
 
     return check
 

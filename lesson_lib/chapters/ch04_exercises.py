@@ -5,7 +5,6 @@ Nothing here imports IPython: ``task`` and ``zero1_job`` run inside the workers.
 
 from __future__ import annotations
 
-import numbers
 from typing import Callable
 
 import torch
@@ -14,7 +13,19 @@ import torch.distributed as dist
 from .. import comm
 from ..costmodel import zero_memory
 from ..data import batch_indices, shard, teacher_classification
-from ..exercises import Exercise, Verdict, solution_text
+from ..exercises import (
+    Exercise,
+    Property,
+    Verdict,
+    compare,
+    judge,
+    mismatch,
+    number,
+    observe,
+    solution_text,
+    summary,
+    whole_number,
+)
 from ..models import mlp
 from ..runtime import WorkerError, warm_cluster
 
@@ -53,63 +64,101 @@ def zero1_job(fn: Callable, numel: int, seed: int) -> dict:
         p.sub_(ZERO1_LR * grad)
 
     before = params.clone()
-    out = fn(params, grads[rank].clone(), step)
+    with observe() as log:
+        out = fn(params, grads[rank].clone(), step)
     if out is not None and not isinstance(out, torch.Tensor):
         return {"error": f"returned a {type(out).__name__}, not the parameters tensor"}
     return {"params": None if out is None else out.detach().float().reshape(-1).tolist(),
-            "touched": touched, "before": before.tolist(), "mean": (torch.stack(grads).sum(0) / n).tolist()}
+            "touched": touched, "before": before.tolist(), "mean": (torch.stack(grads).sum(0) / n).tolist(),
+            "calls": log.as_data()["calls"]}
 
 
 def check_zero1(fn: Callable, world_size: int = 4, timeout_s: float = 15) -> Verdict:
     """The learner's ZeRO-1 step on real ranks against the single-process SGD step: every rank
-    ends with params − lr·mean(grads), having updated only its own slice."""
+    ends with params − lr·mean(grads), having updated only its own slice, and its gradient's sum
+    came by a reduce-scatter (the communication it made, observed)."""
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. exercises['zero1'].submit(my_zero1_step)")
-    for numel, seed in ((world_size * 3, 1), (world_size * 250, 2)):
-        try:
-            outs = warm_cluster(world_size).run(zero1_job, fn, numel, seed, timeout_s=timeout_s)
-        except WorkerError as e:  # a deadlock's WorkerTimeout says where each rank waits
-            return Verdict(False, f"{type(e).__name__}: {e}")
-        verdict = judge_zero1(outs)
-        if not verdict:
-            return verdict
-    return Verdict(True, "reduce-scatter, a step on your slice only, all-gather: every rank holds what "
-                         "single-process SGD gives, and an optimizer keeps state for 1/N of the parameters")
+
+    def case(numel: int, seed: int):
+        def run():
+            try:
+                return warm_cluster(world_size).run(zero1_job, fn, numel, seed, timeout_s=timeout_s)
+            except WorkerError as e:  # a deadlock's WorkerTimeout says where each rank waits
+                return Verdict(False, f"{type(e).__name__}: {e}")
+        return f"{world_size} ranks, {numel} parameters", run
+
+    return judge([case(world_size * 3, 1), case(world_size * 250, 2)], [
+        Property("each rank returns the parameters", _returned),
+        Property("each rank steps on its own slice only, once", _own_slice),
+        Property("the gradients are reduce-scattered (each rank receives the sum of its own slice only)",
+                 _reduce_scattered),
+        Property("every rank ends with what single-process SGD gives", _same_as_sgd)],
+        done="An optimizer keeps state for 1/N of the parameters.")
 
 
-def judge_zero1(outs: list[dict]) -> Verdict:
-    n = len(outs)
+def _returned(outs: list[dict]) -> str | None:
     for r, o in enumerate(outs):
         if "error" in o:
-            return Verdict(False, f"rank {r} {o['error']}")
+            return f"rank {r} {o['error']}"
         if o["params"] is None:
-            return Verdict(False, f"rank {r} returned None: return the parameters after the step")
+            return f"rank {r} returned None: return the parameters after the step"
+
+
+def _own_slice(outs: list[dict]) -> str | None:
+    n = len(outs)
+    for r, o in enumerate(outs):
         numel = len(o["before"])
         size = numel // n
         sizes = [t[1] for t in o["touched"]]
         if sizes != [size]:
-            return Verdict(False, f"rank {r} called step on {sizes or 'no'} elements (of {numel}): in ZeRO-1 "
-                                  f"each rank updates exactly its own slice ({size} elements here), once")
+            return (f"rank {r} called step on {sizes or 'no'} elements (of {numel}): in ZeRO-1 each rank "
+                    f"updates exactly its own slice ({size} elements here), once")
         offset = o["touched"][0][0]
         if offset not in (r * size, None):
-            return Verdict(False, f"rank {r} updated the slice starting at element {offset}; its own slice, "
-                                  "the one the reduce-scatter summed for it, starts elsewhere")
+            return (f"rank {r} updated the slice starting at element {offset}; its own slice, the one the "
+                    "reduce-scatter summed for it, starts elsewhere")
+
+
+def _reduce_scattered(outs: list[dict]) -> str | None:
+    """A reduce-scatter by any API, or one built by hand from point-to-point messages that send no
+    more than a reduce-scatter and an all-gather do (2(N−1)/N of the gradient's bytes); never an
+    all-reduce of the gradient, which hands every rank the whole sum."""
+    n = len(outs)
+    for r, o in enumerate(outs):
+        calls, grad_bytes = o["calls"], 4 * len(o["before"])
+        ops = {c["op"] for c in calls}
+        if any(c["op"] == "all_reduce" and c["bytes"] >= grad_bytes // n for c in calls):
+            return (f"rank {r}'s step ran {summary(calls)}: an all-reduce hands every rank the whole summed "
+                    "gradient, of which it needs 1/N; ZeRO-1 reduce-scatters")
+        if "reduce_scatter" in ops:
+            continue
+        sent = sum(c["bytes"] for c in calls if c["op"] == "send")
+        if ops and ops <= {"send", "recv"} and sent <= 2 * (n - 1) / n * grad_bytes + 4 * n:
+            continue  # built by hand, as a ring: as few bytes as reduce-scatter + all-gather
+        return f"rank {r}'s step ran {summary(calls)}: no reduce-scatter of the gradient"
+
+
+def _same_as_sgd(outs: list[dict]) -> str | None:
+    n = len(outs)
+    for r, o in enumerate(outs):
+        numel = len(o["before"])
+        size = numel // n
         before, mean, got = (torch.tensor(o[k]) for k in ("before", "mean", "params"))
         want = before - ZERO1_LR * mean
         if got.shape != want.shape:
-            return Verdict(False, f"rank {r} returned {got.numel()} values; the parameters have {numel}")
+            return f"rank {r} returned {got.numel()} values; the parameters have {numel}"
         if torch.equal(got, want):
             continue
         if torch.equal(got, before - ZERO1_LR * n * mean):
-            return Verdict(False, "every update is N times too large: the global gradient is the mean of "
-                                  "the ranks' gradients, and a reduce-scatter gives their sum")
+            return ("every update is N times too large: the global gradient is the mean of the ranks' "
+                    "gradients, and a reduce-scatter gives their sum")
         wrong = [k for k in range(n) if not torch.equal(_chunk(got, k, size), _chunk(want, k, size))]
         if r not in wrong and all(torch.equal(_chunk(got, k, size), _chunk(before, k, size)) for k in wrong):
-            return Verdict(False, f"on rank {r}, slices {wrong} still hold the old parameters: the other "
-                                  "ranks' updated slices never arrived")
-        return Verdict(False, f"on rank {r}, slices {wrong} differ from single-process SGD "
-                              "(params − lr · the mean of the ranks' gradients)")
-    return Verdict(True, "")
+            return (f"on rank {r}, slices {wrong} still hold the old parameters: the other ranks' updated "
+                    "slices never arrived")
+        return (f"on rank {r}, slices {wrong} differ from single-process SGD (params − lr · the mean of the "
+                "ranks' gradients)")
 
 
 def _chunk(t: torch.Tensor, k: int, size: int) -> torch.Tensor:
@@ -133,10 +182,11 @@ def check_stage2(fn) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit a function stage2(psi, n)")
     for psi, n in ((7.5e9, 64), (1e6, 4), (3e9, 1), (13e9, 8)):
-        got, want = fn(psi, n), zero_memory(psi, n, 2, "mixed")["total"]
-        if not isinstance(got, numbers.Real) or abs(float(got) - want) > 1e-9 * want:
-            return Verdict(False, f"for Ψ={psi:g}, N={n} you gave {got}; think about which parts are "
-                                  "replicated and which are split")
+        got = number(fn(psi, n), "a number of bytes")
+        want = zero_memory(psi, n, 2, "mixed")["total"]
+        if not compare(got, want, abs_=1.0):  # whole bytes (floor division) are as right
+            return Verdict(False, mismatch(got, want, said=f"stage2({psi:g}, {n}) returned") + "; think "
+                                  "about which parts are replicated and which are split")
     return Verdict(True, "2Ψ + 14Ψ/N: fp16 parameters replicated, gradients and optimizer state sharded")
 
 
@@ -180,10 +230,11 @@ def first_fitting_stage(params: float, world_size: int, device_gb: float, precis
 
 def check_fit(answer) -> Verdict:
     want = first_fitting_stage(13e9, 8, 80)
-    if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or float(answer) != int(answer):
-        return Verdict(False, f"you said {answer!r}: a stage is one of the whole numbers 0, 1, 2, 3")
-    ok = int(answer) == want
-    return Verdict(ok, f"you said stage {int(answer)}" + ("" if ok else "; compute 16Ψ, 4Ψ+12Ψ/N, … in GB"))
+    got = whole_number(answer, "a stage, one of the whole numbers 0, 1, 2, 3")
+    if got not in (0, 1, 2, 3):
+        return Verdict(False, f"you said {got}: a stage is one of the whole numbers 0, 1, 2, 3")
+    ok = got == want
+    return Verdict(ok, f"you said stage {got}" + ("" if ok else "; compute 16Ψ, 4Ψ+12Ψ/N, … in GB"))
 
 
 def exercises() -> dict[str, Exercise]:

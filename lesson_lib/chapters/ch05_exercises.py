@@ -9,11 +9,25 @@ import torch
 import torch.distributed as dist
 
 from ..comm.schedules import chunk_bounds
-from ..exercises import Exercise, Verdict, solution_text
+from ..exercises import (
+    Exercise,
+    Property,
+    Verdict,
+    choice,
+    compare,
+    judge,
+    number,
+    numbers_of,
+    observe,
+    pair,
+    solution_text,
+    summary,
+    whole_number,
+)
 from ..experiments import run_warm
 from ..milestones import large_batch as lb
 from ..optim import LAMB
-from ..runtime import warm_cluster
+from ..runtime import WorkerError, warm_cluster
 
 # Printed in the notebook for the by-hand trust ratio.
 LARS_CASE = {"eta": 0.001, "w_norm": 12.0, "g_norm": 0.05, "beta": 5e-4}
@@ -23,15 +37,18 @@ def lars_ratio(eta: float, w_norm: float, g_norm: float, beta: float) -> float:
     return eta * w_norm / (g_norm + beta * w_norm)
 
 
+RATIO_REL = 5e-3  # the prompt asks for 3 significant digits
+
+
 def _check_ratio(answer) -> Verdict:
-    value = float(answer)
+    value = number(answer, "the trust ratio λ, a number")
     expected = lars_ratio(**LARS_CASE)
-    if math.isclose(value, expected, rel_tol=1e-3):
+    if compare(value, expected, RATIO_REL):
         return Verdict(True, f"λ = {value:.4g}: this layer's step is {value:.3g} × the global rate")
     c = LARS_CASE
-    if math.isclose(value, c["eta"] * c["w_norm"] / c["g_norm"], rel_tol=1e-3):
+    if compare(value, c["eta"] * c["w_norm"] / c["g_norm"], RATIO_REL):
         return Verdict(False, "close: the weight decay adds a term to the denominator too")
-    if math.isclose(value, 1 / expected, rel_tol=1e-3):
+    if compare(value, 1 / expected, RATIO_REL):
         return Verdict(False, "upside down: a large weight and a small gradient should give a large ratio")
     return Verdict(False, f"you said {value:.4g}; write λ from the norms printed above")
 
@@ -85,15 +102,12 @@ def lamb_step(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
 
 def _check_scaling(answer, run_check: bool = True) -> Verdict:
     """``(lr, warmup_steps)`` for SGD at 8 × B₀; the rate must follow the linear rule."""
-    try:
-        lr, warmup = answer
-        lr, warmup = float(lr), int(warmup)
-    except (TypeError, ValueError):
-        return Verdict(False, "answer with a pair: (learning rate, warm-up steps)")
+    lr, warmup = numbers_of(answer, 2, "a pair: (learning rate, warm-up steps)")
+    warmup = whole_number(warmup, "the warm-up steps, a whole number")
     base, batch = lb.BASE_LR["sgd"], 8 * lb.BASE_BATCH
-    if math.isclose(lr, base * math.sqrt(8), rel_tol=0.01):
+    if compare(lr, base * math.sqrt(8), 0.01):
         return Verdict(False, "that is the square-root rule; Goyal et al. scale SGD's rate linearly")
-    if not math.isclose(lr, 8 * base, rel_tol=0.01):
+    if not compare(lr, 8 * base, 0.01):
         return Verdict(False, f"you said lr={lr:g}: how does the linear rule scale {base:g} for 8 × B₀?")
     steps = lb.at_batch("sgd", batch).steps
     if not 1 <= warmup <= steps // 2:
@@ -116,9 +130,7 @@ ZERO_CHOICES = {
 
 
 def _check_zero_choice(answer) -> Verdict:
-    key = str(answer).strip().lower()
-    if key not in ZERO_CHOICES:
-        return Verdict(False, f"answer with one letter of {', '.join(ZERO_CHOICES)}")
+    key = choice(answer, ZERO_CHOICES)
     if key == "b":
         return Verdict(True, "‖w‖² is a sum over the whole layer: all-reduce the partial sums of "
                              "squares (a few bytes per layer), then take the square root")
@@ -131,27 +143,56 @@ def _check_zero_choice(answer) -> Verdict:
 # --------------------------------------------------------------------------- on real ranks
 
 
-def sharded_ratio_harness(fn, numel: int, seed: int):
-    """On each rank: this rank's slice of a seeded layer (w and u), the learner's ratio from it."""
+def sharded_ratio_harness(fn, numel: int, seed: int) -> dict:
+    """On each rank: this rank's slice of a seeded layer (w and u), the learner's ratio from it,
+    the whole layer's ‖w‖/‖u‖, and the communication the learner's function made."""
     rank, n = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(seed)
     w, u = torch.randn(numel, generator=g), torch.randn(numel, generator=g) * 0.01
     lo, hi = chunk_bounds(numel, n)[rank]
-    return float(fn(w[lo:hi].clone(), u[lo:hi].clone())), float(w.norm() / u.norm())
+    with observe() as log:
+        got = fn(w[lo:hi].clone(), u[lo:hi].clone())
+    return {"got": number(got, "the ratio, one number"), "expected": float(w.norm() / u.norm()),
+            "calls": log.as_data()["calls"], "slice_bytes": 4 * (hi - lo)}
 
 
 def _check_sharded(fn) -> Verdict:
-    for world, numel in ((2, 37), (3, 100)):
-        outs = warm_cluster(world).run(sharded_ratio_harness, fn, numel, world, timeout_s=10)
-        expected = outs[0][1]
-        got = [o[0] for o in outs]
-        if not all(math.isclose(x, got[0], rel_tol=1e-6) for x in got):
-            return Verdict(False, f"the ranks disagree ({', '.join(f'{x:.4g}' for x in got)}) on "
-                                  f"{world} ranks: every rank must end with the whole layer's ratio")
-        if not math.isclose(got[0], expected, rel_tol=1e-4):
-            return Verdict(False, f"on {world} ranks you got {got[0]:.4g} but the layer's ‖w‖/‖u‖ is "
-                                  f"{expected:.4g}: what adds up across slices — norms or squares?")
-    return Verdict(True, "every rank gets the whole layer's ‖w‖/‖u‖, on 2 and 3 real ranks")
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. ex.submit(sharded_trust_ratio)")
+
+    def case(world: int, numel: int):
+        def run():
+            try:
+                return warm_cluster(world).run(sharded_ratio_harness, fn, numel, world, timeout_s=10)
+            except WorkerError as e:
+                return Verdict(False, f"on {world} ranks a rank failed — {e}")
+        return f"{world} ranks, {numel} elements", run
+
+    def agree(outs):
+        got = [o["got"] for o in outs]
+        if not all(compare(x, got[0], 1e-6) for x in got):
+            return f"the ranks returned {', '.join(f'{x:.6g}' for x in got)}"
+
+    def whole_layer(outs):
+        got, want = outs[0]["got"], outs[0]["expected"]
+        if not compare(got, want, 1e-4):
+            a, b = pair(got, want)
+            return (f"you got {a} and the layer's ‖w‖/‖u‖ is {b}: what adds up across slices — norms or "
+                    "squares?")
+
+    def few_bytes(outs):
+        for r, o in enumerate(outs):
+            sent = sum(c["bytes"] for c in o["calls"])
+            if not o["calls"]:
+                return f"rank {r} made no communication call: a slice alone cannot know the layer's norms"
+            if sent >= o["slice_bytes"]:
+                return (f"rank {r} handed {summary(o['calls'])} to the network, as much as its whole "
+                        f"slice ({o['slice_bytes']:,} bytes): only two sums need to travel")
+
+    return judge([case(2, 37), case(3, 100)], [
+        Property("every rank returns the same number", agree),
+        Property("it is the whole layer's ‖w‖/‖u‖", whole_layer),
+        Property("only a few numbers travel, not the slices", few_bytes)])
 
 
 def sharded_trust_ratio(w_shard, u_shard):
@@ -166,7 +207,8 @@ def exercises() -> dict[str, Exercise]:
         "ratio": Exercise(
             key="ratio", title="a LARS trust ratio by hand",
             prompt=f"A layer has ‖w‖ = {c['w_norm']}, ‖∇L‖ = {c['g_norm']}; LARS uses η = {c['eta']} and "
-                   f"weight decay β = {c['beta']}. What is its local learning rate λ (the trust ratio)?",
+                   f"weight decay β = {c['beta']}. What is its local learning rate λ (the trust ratio), to 3 "
+                   "significant digits?",
             check=_check_ratio, hint="λ = η‖w‖ / (‖∇L‖ + β‖w‖) (You, Gitman & Ginsburg, 2017).",
             solution=f"λ = {c['eta']} × {c['w_norm']} / ({c['g_norm']} + {c['beta']} × {c['w_norm']}) = "
                      f"{lars_ratio(**c):.4g}", reference=lambda: lars_ratio(**c)),

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..exercises import Exercise, Verdict
+from ..exercises import Exercise, Verdict, number, numbers_of
 from ..experiments import run_warm
 from ..metrics import counters
 from ..milestones import compression as cm
@@ -26,10 +26,7 @@ def topk_bytes(params: int, world: int, k: int) -> tuple[int, int]:
 
 
 def _check_topk(answer) -> Verdict:
-    try:
-        sent, even = (float(a) for a in answer)
-    except (TypeError, ValueError):
-        return Verdict(False, "answer with a pair: (bytes each rank sends, k where top-k stops saving)")
+    sent, even = numbers_of(answer, 2, "a pair: (bytes each rank sends, k where top-k stops saving)")
     c = TOPK_CASE
     want_sent, want_even = topk_bytes(**c)
     n, k = c["world"], c["k"]
@@ -122,10 +119,7 @@ def crossover(c: dict) -> float:
 
 
 def _check_crossover(answer, case: dict, run_check: bool = True) -> Verdict:
-    try:
-        g = float(answer)
-    except (TypeError, ValueError):
-        return Verdict(False, "answer with one number: the bandwidth in Gbit/s")
+    g = number(answer, "one number: the bandwidth in Gbit/s")
     want = crossover(case)
     if want <= 0:
         return Verdict(False, "with these measurements PowerSGD never costs more time than it saves; "

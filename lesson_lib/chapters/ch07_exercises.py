@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm, costmodel
-from ..exercises import Exercise, Verdict
+from ..exercises import AnswerError, Exercise, Verdict, number, whole_number
 from ..metrics import counters
 from ..runtime import warm_cluster
 from ..source import source
@@ -28,7 +28,7 @@ def gpt3_days(params, tokens, devices, flops) -> float:
 
 
 def _check_days(answer) -> Verdict:
-    value = float(answer)
+    value = number(answer, "a number of days")
     c = DAYS_CASE
     expected = gpt3_days(**c)
     if math.isclose(value, expected, rel_tol=0.02):
@@ -49,7 +49,8 @@ def fit_stage(params, devices, device) -> int:
 
 
 def _check_stage(answer) -> Verdict:
-    if isinstance(answer, bool) or not isinstance(answer, int) or answer not in (0, 1, 2, 3):
+    answer = whole_number(answer, "a ZeRO stage: 0, 1, 2 or 3")
+    if answer not in (0, 1, 2, 3):
         return Verdict(False, "answer with a ZeRO stage: 0, 1, 2 or 3")
     c = FIT_CASE
     cap = costmodel.devices()[c["device"]]["memory"]
@@ -74,11 +75,10 @@ def faster_link(e: dict) -> tuple[str, float]:
 
 
 def _check_link(answer) -> Verdict:
-    try:
-        term, seconds = answer
-        seconds = float(seconds)
-    except (TypeError, ValueError):
-        return Verdict(False, "answer with a pair: (term, step seconds with the faster link)")
+    what = "a pair: (term, step seconds with the faster link)"
+    if isinstance(answer, str) or not hasattr(answer, "__len__") or len(answer) != 2:
+        raise AnswerError(f"you gave {answer!r}; the answer is {what}")
+    term, seconds = answer[0], number(answer[1], what)
     e = link_case()
     term = str(term).strip().lower()
     if term not in costmodel.TERMS:

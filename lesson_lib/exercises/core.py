@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .answers import AnswerError
+
 
 @dataclass
 class Verdict:
@@ -53,14 +55,9 @@ class Exercise:
         whose body is only ``...``, or one that trips over a ``...`` when run) is "not answered
         yet", so that Run All goes through a notebook whose exercises are still open.
         """
-        if unanswered(answer):
+        verdict = assess(self.check, answer)
+        if verdict is None:
             return self._not_yet()
-        try:
-            verdict = self.check(answer)
-        except Exception as e:  # a learner's function may raise: that is feedback, not a crash
-            if "ellipsis" in str(e).lower():
-                return self._not_yet()
-            verdict = Verdict(False, f"your answer raised {type(e).__name__}: {e}")
         print(f"[{self.title}] {'✓ correct' if verdict.ok else '✗ not yet'} — {verdict.message}")
         self.passed = verdict.ok
         verdict.printed = True
@@ -87,6 +84,22 @@ class Exercise:
         from IPython.display import display
 
         display(self.widget())
+
+
+def assess(check: Callable[[Any], Verdict], answer: Any) -> Verdict | None:
+    """``check(answer)`` as :meth:`Exercise.submit` judges it, printing nothing: ``None`` while the
+    answer is still the template's ``...``; an answer no exercise can read (:class:`AnswerError`)
+    or a learner's function that raises is a verdict, never a crash."""
+    if unanswered(answer):
+        return None
+    try:
+        return check(answer)
+    except AnswerError as e:  # an answer in a form no exercise reads: say what was given
+        return Verdict(False, str(e))
+    except Exception as e:  # a learner's function may raise: that is feedback, not a crash
+        if "ellipsis" in str(e).lower():
+            return None
+        return Verdict(False, f"your answer raised {type(e).__name__}: {e}")
 
 
 def solution_text(fn: Callable) -> str:
@@ -123,14 +136,3 @@ def unanswered(answer: Any) -> bool:
         return any(a is Ellipsis for a in answer.values())
     code = getattr(answer, "__code__", None)
     return code is not None and code.co_code == _stub.__code__.co_code  # does nothing, returns None
-
-
-def close_to(expected: float, rtol: float = 0.01, unit: str = "") -> Callable[[Any], Verdict]:
-    """A check that a number is within ``rtol`` of ``expected``."""
-
-    def check(answer: Any) -> Verdict:
-        value = float(answer)
-        ok = abs(value - expected) <= rtol * max(abs(expected), 1e-12)
-        return Verdict(ok, f"you said {value:g}{unit}" + ("" if ok else "; check your formula"))
-
-    return check

@@ -1,0 +1,42 @@
+"""The one way an exercise judges: the properties it teaches, each verified on what happened.
+
+A checker lists :class:`Property` objects — each says, in a sentence, what must be true
+("every rank ends with one different chunk, summed over all ranks") and tests it on what was
+observed (the ranks' results, the :mod:`~lesson_lib.exercises.observe` log of their communication,
+the tensors they were handed). :func:`judge` runs the properties in order on each case (world
+sizes, lengths that do not divide evenly): the first that fails gives the verdict, naming the
+case and what was observed instead; when all hold on every case, the verdict lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from .core import Verdict
+
+
+@dataclass(frozen=True)
+class Property:
+    says: str
+    """What must hold, as the learner would read it."""
+    test: Callable[[Any], str | None]
+    """Given what was observed in one case: ``None`` if it holds, else what was seen instead."""
+
+
+def judge(cases: Iterable[tuple[str, Callable[[], Any]]], properties: list[Property],
+          done: str = "") -> Verdict:
+    """Each case is ``(where, run)``: ``run()`` returns what was observed, or a :class:`Verdict`
+    (the run itself failed: a deadlock, a rank's exception). Every property is checked on every case."""
+    wheres = []
+    for where, run in cases:
+        observed = run()
+        if isinstance(observed, Verdict):
+            return observed
+        for p in properties:
+            problem = p.test(observed)
+            if problem:
+                return Verdict(False, f"{where}: {p.says} — but {problem}")
+        wheres.append(where)
+    held = "; ".join(p.says for p in properties)
+    return Verdict(True, f"{held} ({', '.join(wheres)}){'. ' + done if done else ''}")

@@ -1,0 +1,174 @@
+"""What a learner's code did on a rank, for the checkers: :func:`observe` records every
+communication call made through ``torch.distributed`` or :mod:`lesson_lib.comm`.
+
+Each call becomes a plain dict (it travels back to the notebook with the run's result):
+
+* ``op`` — what it is, whichever API made it: ``all_reduce``, ``reduce_scatter``, ``all_gather``,
+  ``broadcast``, ``reduce``, ``gather``, ``scatter``, ``all_to_all``, ``send``, ``recv`` (an
+  ``exchange`` is one ``send`` plus one ``recv``), ``barrier``;
+* ``api`` — the name the code called (``dist.reduce_scatter_tensor``, ``comm.ring_reduce_scatter``);
+* ``bytes`` — of the tensors handed in (for a send: sent; for a receive: the buffer);
+* ``async`` — it returned a handle to wait for; ``start``/``done`` — when it was called and when
+  it had finished for the caller (returned, or, for a handle, when ``wait()`` returned; ``None``
+  if nobody waited); ``in_backward`` — autograd was running (a hook during ``backward()``).
+
+Only the outermost call counts: the point-to-point messages inside ``comm.ring_reduce_scatter``
+are its own business. :meth:`Log.mark` notes a moment (a gradient becoming ready) to compare with
+the calls' times: :meth:`Log.in_flight` says which calls were still outstanding then.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+# the API's name -> what it is
+DIST_OPS = {
+    **dict.fromkeys(("all_reduce", "all_reduce_coalesced"), "all_reduce"),
+    **dict.fromkeys(("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"), "reduce_scatter"),
+    **dict.fromkeys(("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced"),
+                    "all_gather"),
+    **dict.fromkeys(("all_to_all", "all_to_all_single"), "all_to_all"),
+    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "send": "send", "isend": "send", "recv": "recv", "irecv": "recv", "barrier": "barrier",
+}
+COMM_OPS = {
+    "ring_all_reduce": "all_reduce", "pipelined_ring_all_reduce": "all_reduce", "all_reduce": "all_reduce",
+    "naive_all_reduce": "all_reduce", "halving_doubling_all_reduce": "all_reduce",
+    "ring_reduce_scatter": "reduce_scatter", "ring_all_gather": "all_gather",
+    "send": "send", "recv": "recv", "recv_any": "recv", "exchange": "exchange",
+}
+_STATE = threading.local()
+
+
+def _nbytes(args: tuple, kwargs: dict) -> int:
+    total = 0
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            total += a.numel() * a.element_size()
+        elif isinstance(a, (list, tuple)):
+            total += sum(t.numel() * t.element_size() for t in a if isinstance(t, torch.Tensor))
+    return total
+
+
+class _Handle:
+    """A handle the learner waits on, which notes when the wait returned."""
+
+    def __init__(self, inner: Any, calls: list[dict]):
+        self._inner, self._calls, self._future = inner, calls, False
+
+    def get_future(self):
+        self._future = True
+        return self._inner.get_future()
+
+    def settle(self, at: float) -> None:
+        """Waited for through its future (``torch.futures.wait_all``, ``fut.wait()``), and complete:
+        done by ``at``. A handle nobody waited for stays undone, even if its work happens to have
+        completed (Gloo's small messages often have; a GPU's would not be)."""
+        if self._future and any(c["done"] is None for c in self._calls) and self._inner.get_future().done():
+            for c in self._calls:
+                c["done"] = c["done"] or at
+
+    def wait(self, *args, **kwargs):
+        out = self._inner.wait(*args, **kwargs)
+        for c in self._calls:
+            if c["done"] is None:
+                c["done"] = time.perf_counter()
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class Log(list):
+    """The calls, in the order they were made (a list of dicts), and the marks."""
+
+    def __init__(self):
+        super().__init__()
+        self.marks: list[dict] = []
+        self.handles: list[_Handle] = []
+
+    def mark(self, label: str, settle: bool = False) -> None:
+        """Note this moment; with ``settle``, a handle waited for through its future counts as done
+        by now if its work has completed. Otherwise a call is done when ``wait()`` returned: work the
+        code has not waited for is still in flight as far as the code is concerned."""
+        at = time.perf_counter()
+        if settle:
+            for h in self.handles:
+                h.settle(at)
+        self.marks.append({"label": label, "at": at})
+
+    def ops(self) -> list[str]:
+        return [c["op"] for c in self]
+
+    def in_flight(self, at: float, op: str | None = None) -> list[dict]:
+        """The calls begun before ``at`` and not yet finished for the caller then."""
+        return [c for c in self if c["start"] < at and (c["done"] is None or c["done"] > at)
+                and (op is None or c["op"] == op)]
+
+    def as_data(self) -> dict:
+        return {"calls": [dict(c) for c in self], "marks": list(self.marks)}
+
+
+def summary(calls: list[dict]) -> str:
+    """"all_reduce ×2 (1,024 bytes) + all_gather ×1 (512 bytes)", in order of first use."""
+    seen: dict[str, list[int]] = {}
+    for c in calls:
+        n = seen.setdefault(c["api"], [0, 0])
+        n[0] += 1
+        n[1] += c["bytes"]
+    return " + ".join(f"{api} ×{k} ({b:,} bytes)" for api, (k, b) in seen.items()) or "no communication"
+
+
+def _wrap(fn, api: str, op: str, log: Log):
+    @functools.wraps(fn)
+    def recorded(*args, **kwargs):
+        if getattr(_STATE, "depth", 0):  # inside another recorded call: its own business
+            return fn(*args, **kwargs)
+        in_backward = torch._C._current_graph_task_id() != -1
+        made = []
+        ops = ("send", "recv") if op == "exchange" else (op,)
+        for o in ops:
+            made.append({"op": o, "api": api, "bytes": _nbytes(args, kwargs) // len(ops), "async": False,
+                         "in_backward": in_backward, "start": time.perf_counter(), "done": None})
+        log.extend(made)
+        _STATE.depth = getattr(_STATE, "depth", 0) + 1
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            _STATE.depth -= 1
+        if out is not None and hasattr(out, "wait"):
+            for c in made:
+                c["async"] = True
+            log.handles.append(_Handle(out, made))
+            return log.handles[-1]
+        for c in made:
+            c["done"] = time.perf_counter()
+        return out
+
+    return recorded
+
+
+@contextmanager
+def observe() -> Iterator[Log]:
+    """On a rank: every communication call made inside, recorded in the :class:`Log` yielded."""
+    from .. import comm
+
+    log = Log()
+    patched = [(dist, name, getattr(dist, name)) for name in DIST_OPS if hasattr(dist, name)]
+    patched += [(comm, name, getattr(comm, name)) for name in COMM_OPS if hasattr(comm, name)]
+    try:
+        for module, name, fn in patched:
+            ops = DIST_OPS if module is dist else COMM_OPS
+            prefix = "dist" if module is dist else "comm"
+            setattr(module, name, _wrap(fn, f"{prefix}.{name}", ops[name], log))
+        yield log
+    finally:
+        for module, name, fn in patched:
+            setattr(module, name, fn)

@@ -1,0 +1,134 @@
+"""The one judging mechanism every exercise uses: the answer normaliser, the log of what ran on
+the ranks, and property-by-property verdicts."""
+
+from decimal import Decimal
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from lesson_lib import comm
+from lesson_lib.exercises import (
+    AnswerError,
+    Exercise,
+    Property,
+    Verdict,
+    assess,
+    choice,
+    close_to,
+    compare,
+    judge,
+    mismatch,
+    number,
+    numbers_of,
+    observe,
+    pair,
+    whole_number,
+)
+from lesson_lib.runtime import warm_cluster
+
+THE_SAME_NUMBER = [1500000, 1.5e6, "1.5e6", " 1500000 ", "1_500_000", "1,500,000", np.float32(1.5e6),
+                   np.int64(1500000), np.array(1.5e6), torch.tensor(1.5e6), torch.tensor([1500000]),
+                   torch.tensor(1.5e6, dtype=torch.float64), Fraction(3000000, 2), Decimal("1.5e6")]
+
+
+@pytest.mark.parametrize("answer", THE_SAME_NUMBER, ids=lambda a: f"{type(a).__name__}:{a!r}")
+def test_every_form_of_a_number_reads_the_same(answer):
+    assert number(answer) == 1.5e6
+    assert whole_number(answer) == 1500000
+    assert close_to(1.5e6)(answer)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (True, "truth value"), ("fast", "does not read"), ("1,5", "point for decimals"), ([1, 2], "one value"),
+    (torch.ones(2), "shape (2,)"), (float("nan"), "finite"), (float("inf"), "finite"), (None, "NoneType"),
+    ({"a": 1}, "dict"),
+])
+def test_what_is_not_a_number_says_what_was_given(answer, says):
+    with pytest.raises(AnswerError, match=None) as e:
+        number(answer, "the bandwidth in Gbit/s")
+    assert says in str(e.value) and "the bandwidth in Gbit/s" in str(e.value), str(e.value)
+
+
+def test_whole_numbers_pairs_and_choices():
+    assert whole_number("2") == whole_number(2.0) == whole_number(torch.tensor(2)) == 2
+    with pytest.raises(AnswerError, match="whole"):
+        whole_number(2.5, "a whole number of steps")
+    assert numbers_of(("0.8", torch.tensor(12)), 2, "a pair") == [0.8, 12.0]
+    for bad in (0.8, "0.8, 12", (1, 2, 3)):
+        with pytest.raises(AnswerError, match="2 values"):
+            numbers_of(bad, 2, "a pair")
+    assert all(choice(a, ("a", "b")) == "b" for a in ("b", "B", " (b) ", "b)", "b."))
+    with pytest.raises(AnswerError, match="one letter of a, b"):
+        choice("e", ("a", "b"))
+
+
+def test_compare_and_mismatch_never_show_equal_looking_numbers():
+    assert compare(4e6 // 3, 4e6 / 3)  # floor division: a millionth apart, right
+    assert not compare(1.05, 1.0, rel=0.02) and compare(1.01, 1.0, rel=0.02)
+    for a, b in ((1333333.0, 1333333.3), (0.1 + 0.2, 0.3), (1e-9, 1.0000001e-9), (2.0, 2.5)):
+        x, y = pair(a, b)
+        assert x != y and float(x) == pytest.approx(a) and float(y) == pytest.approx(b)
+        msg = mismatch(a, b, said="f(4) returned")
+        assert msg.startswith("f(4) returned ") and f"{x};" in msg and msg.endswith(y)
+
+
+def test_submit_turns_an_unreadable_answer_into_a_verdict(capsys):
+    ex = Exercise(key="k", title="t", prompt="p", check=close_to(3.0), hint="h", solution="s")
+    v = ex.submit("three")
+    assert not v and "does not read as a number" in v.message
+    assert "✗ not yet" in capsys.readouterr().out
+    assert assess(ex.check, ...) is None and assess(ex.check, "3") and ex.submit(torch.tensor(3.0))
+
+
+def test_judge_reports_the_first_property_that_fails_in_the_first_case_it_fails():
+    seen = []
+
+    def case(where, value):
+        return where, lambda: seen.append(where) or value
+
+    props = [Property("it is positive", lambda v: None if v > 0 else f"it is {v}"),
+             Property("it is even", lambda v: None if v % 2 == 0 else f"{v} is odd")]
+    v = judge([case("N = 2", 4), case("N = 3", 3), case("N = 4", -1)], props)
+    assert not v and v.message == "N = 3: it is even — but 3 is odd" and seen == ["N = 2", "N = 3"]
+    v = judge([case("N = 2", 4), case("N = 4", 8)], props, done="Well done.")
+    assert v and v.message == "it is positive; it is even (N = 2, N = 4). Well done."
+    failed = Verdict(False, "on 3 ranks the run did not finish")
+    assert judge([("N = 3", lambda: failed)], props) is failed
+
+
+def _observed_job():
+    x, y = torch.ones(8), torch.ones(2)
+    reduce, ring = dist.all_reduce, comm.ring_all_reduce  # taken before observe: not in the log
+    with observe() as log:
+        dist.all_reduce(x)
+        comm.ring_all_reduce(x)  # one call: its point-to-point messages inside are not listed
+        h = dist.all_reduce(y, async_op=True)
+        log.mark("before wait")
+        h.wait()
+        log.mark("after wait")
+        out = torch.empty(4)
+        dist.reduce_scatter_single(out, x)
+    reduce(y)
+    dist.all_reduce(y)  # after the block: not in the log either
+    data = log.as_data()
+    marks = {m["label"]: m["at"] for m in data["marks"]}
+    return {"calls": data["calls"],
+            "in_flight_before": [c["api"] for c in log.in_flight(marks["before wait"])],
+            "in_flight_after": [c["api"] for c in log.in_flight(marks["after wait"])],
+            "restored": dist.all_reduce is reduce and comm.ring_all_reduce is ring}
+
+
+@pytest.mark.slow
+def test_observe_records_each_outermost_call_with_its_bytes_and_whether_it_was_waited_for():
+    outs = warm_cluster(2).run(_observed_job, timeout_s=20)
+    for o in outs:
+        assert [(c["api"], c["op"], c["bytes"], c["async"]) for c in o["calls"]] == [
+            ("dist.all_reduce", "all_reduce", 32, False), ("comm.ring_all_reduce", "all_reduce", 32, False),
+            ("dist.all_reduce", "all_reduce", 8, True),
+            ("dist.reduce_scatter_single", "reduce_scatter", 48, False)]
+        assert all(c["done"] is not None and c["done"] >= c["start"] for c in o["calls"])
+        assert o["in_flight_before"] == ["dist.all_reduce"] and o["in_flight_after"] == []
+        assert o["restored"]
