@@ -9,11 +9,10 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..exercises import Exercise, Verdict, number, numbers_of
+from ..exercises import Exercise, Property, Verdict, judge, number, numbers_of, observe, summary
 from ..experiments import run_warm
-from ..metrics import counters
 from ..milestones import compression as cm
-from ..runtime import warm_cluster
+from ..runtime import WorkerError, warm_cluster
 from ..source import source
 
 TOPK_CASE = {"params": 1_000_000, "world": 4, "k": 10_000}
@@ -148,16 +147,17 @@ def _check_crossover(answer, case: dict, run_check: bool = True) -> Verdict:
 # --------------------------------------------------------------------------- on real ranks
 
 
-def randomk_harness(fn, numel: int, k: int, steps: int):
-    """On each rank: ``steps`` seeded gradients through the learner's random-k; outputs and bytes."""
+def randomk_harness(fn, numel: int, k: int, steps: int) -> dict:
+    """On each rank: ``steps`` seeded gradients through the learner's random-k; its outputs and the
+    communication it made (:func:`~lesson_lib.exercises.observe`), whichever API made it."""
     rank = dist.get_rank()
-    counters().reset()
     residual, outs = torch.zeros(numel), []
-    for step in range(steps):
-        g = torch.randn(numel, generator=torch.Generator().manual_seed(100 * rank + step))
-        avg, residual = fn(g.clone(), residual.clone(), k, step)
-        outs.append(torch.as_tensor(avg).detach().clone().reshape(-1))
-    return outs, counters().bytes_sent
+    with observe() as log:
+        for step in range(steps):
+            g = torch.randn(numel, generator=torch.Generator().manual_seed(100 * rank + step))
+            avg, residual = fn(g.clone(), residual.clone(), k, step)
+            outs.append(torch.as_tensor(avg).detach().clone().reshape(-1))
+    return {"outs": outs, "calls": log.as_data()["calls"]}
 
 
 def _randomk_reference(world: int, numel: int, k: int, steps: int) -> list[torch.Tensor]:
@@ -176,32 +176,59 @@ def _randomk_reference(world: int, numel: int, k: int, steps: int) -> list[torch
     return outs
 
 
+RANDOMK = {"numel": 1000, "k": 50, "steps": 3}
+
+
 def _check_randomk(fn) -> Verdict:
-    numel, k, steps = 1000, 50, 3
-    for world in (2, 3):
-        outs = warm_cluster(world).run(randomk_harness, fn, numel, k, steps, timeout_s=15)
-        ref = _randomk_reference(world, numel, k, steps)
-        ring = max(comm.ring_bytes_sent(k, 4, world, r) for r in range(world)) * steps
-        sent = max(b for _, b in outs)
-        if sent == 0:
-            return Verdict(False, "nothing went through lesson_lib.comm, so no byte was counted: "
-                                  "add the values with comm.all_reduce")
-        if sent > 1.01 * ring:
-            return Verdict(False, f"on {world} ranks a rank sent {sent:,} bytes in {steps} steps, more than "
-                                  f"a ring all-reduce of the k values ({ring:,}): send only the k values")
-        for step in range(steps):
-            mine = [o[step] for o, _ in outs]
-            if any(not torch.equal(m, mine[0]) for m in mine):
-                return Verdict(False, f"step {step}: the ranks ended with different averages on {world} "
-                                      "ranks — do they all pick the same indices?")
-            err = float((mine[0] - ref[step]).abs().max())
-            if err > 1e-5:
-                where = "the first step" if step == 0 else f"step {step} (the first ones were right)"
-                hint = ("is the residual added before choosing, and kept for next time?" if step
-                        else "is the sum divided by the number of ranks, and only at the chosen indices?")
-                return Verdict(False, f"on {world} ranks your average differs at {where}: {hint}")
-    return Verdict(True, "equal to the single-process reference on 2 and 3 real ranks, over 3 steps, "
-                         "sending only k values per ring step")
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. ex.submit(randomk_step)")
+    numel, k, steps = RANDOMK["numel"], RANDOMK["k"], RANDOMK["steps"]
+
+    def case(world: int):
+        def run():
+            try:
+                outs = warm_cluster(world).run(randomk_harness, fn, numel, k, steps, timeout_s=15)
+            except WorkerError as e:
+                return Verdict(False, f"on {world} ranks {type(e).__name__}: {e}")
+            return {"world": world, "ranks": outs, "ref": _randomk_reference(world, numel, k, steps)}
+        return f"{world} ranks", run
+
+    return judge([case(2), case(3)], [
+        Property("only the k chosen values travel", _k_values_only),
+        Property("every rank ends each step with the same average", _ranks_agree),
+        Property("it is random-k with error feedback, as on one process", _as_reference)],
+        done=f"{steps} steps of k = {k} of {numel} values")
+
+
+def _k_values_only(o: dict) -> str | None:
+    k, steps = RANDOMK["k"], RANDOMK["steps"]
+    for r, out in enumerate(o["ranks"]):
+        handed = sum(c["bytes"] for c in out["calls"])
+        if handed == 0:
+            return (f"rank {r} made no communication call: the ranks' values must be summed (comm.all_reduce "
+                    "or dist.all_reduce)")
+        if handed > 4 * k * steps * 1.01:
+            return (f"rank {r} handed {summary(out['calls'])} to the network in {steps} steps, more than the "
+                    f"k values ({4 * k * steps:,} bytes): send only the k values")
+
+
+def _ranks_agree(o: dict) -> str | None:
+    for step in range(RANDOMK["steps"]):
+        mine = [out["outs"][step] for out in o["ranks"]]
+        if any(m.shape != mine[0].shape or not torch.equal(m, mine[0]) for m in mine):
+            return (f"at step {step} the ranks ended with different averages — do they all pick the same "
+                    "indices?")
+
+
+def _as_reference(o: dict) -> str | None:
+    for step, ref in enumerate(o["ref"]):
+        mine = o["ranks"][0]["outs"][step]
+        err = float((mine - ref).abs().max()) if mine.shape == ref.shape else float("inf")
+        if err > 1e-5:
+            where = "the first step" if step == 0 else f"step {step} (the first ones were right)"
+            hint = ("is the residual added before choosing, and kept for next time?" if step
+                    else "is the sum divided by the number of ranks, and only at the chosen indices?")
+            return f"your average differs at {where}: {hint}"
 
 
 def randomk_step(grad, residual, k, step):
@@ -256,8 +283,9 @@ def exercises(case: dict | None = None) -> dict[str, Exercise]:
                    "<code>(average, new_residual)</code>: add the residual, keep the k coordinates "
                    "<code>torch.randperm(n, generator=torch.Generator().manual_seed(step))[:k]</code> (the "
                    "same on every rank, so they add in place), sum their values with "
-                   "<code>comm.all_reduce</code> (counted), divide by the ranks; the residual keeps "
-                   "everything not sent. Checked on 2 and 3 real ranks over 3 steps (15 s timeout).",
+                   "<code>comm.all_reduce</code> (or <code>dist.all_reduce</code>), divide by the ranks; the "
+                   "residual keeps everything not sent. Checked on 2 and 3 real ranks over 3 steps (15 s "
+                   "timeout), from your results and the communication each rank made.",
             check=_check_randomk,
             hint="Only k numbers should cross; the residual is the accumulated gradient with the sent "
                  "coordinates zeroed.",

@@ -10,9 +10,18 @@ import torch
 import torch.distributed as dist
 
 from .. import comm, costmodel
-from ..exercises import AnswerError, Exercise, Verdict, number, whole_number
-from ..metrics import counters
-from ..runtime import warm_cluster
+from ..exercises import (
+    AnswerError,
+    Exercise,
+    Property,
+    Verdict,
+    judge,
+    number,
+    observe,
+    summary,
+    whole_number,
+)
+from ..runtime import WorkerError, warm_cluster
 from ..source import source
 
 # Narayanan et al. (SC21): GPT-3 175B, 300B tokens, 1,024 A100s at 140 TFLOP/s each.
@@ -107,45 +116,68 @@ PING_REPS = 5
 
 def pingpong_harness(fn, sizes=PING_SIZES, reps: int = PING_REPS) -> dict:
     """On each of 2 ranks: rank 0's ``send`` holds a pattern, rank 1's zeros; after each of the
-    learner's round trips both ranks' ``recv`` must hold the pattern. Times ``reps`` round trips."""
+    learner's round trips both ranks' ``recv`` must hold the pattern. Times ``reps`` round trips,
+    and observes the messages (:func:`~lesson_lib.exercises.observe`), whichever API sent them."""
     rank = dist.get_rank()
-    counters().reset()
+    barrier = dist.barrier
     rows = []
-    for size in sizes:
-        pattern = torch.arange(size // 4, dtype=torch.float32) + 1
-        send = pattern.clone() if rank == 0 else torch.zeros(size // 4)
-        recv = torch.zeros(size // 4)
-        fn(send, recv)  # the first round opens the connection: checked, not timed
-        ok = torch.equal(recv, pattern)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn(send, recv)
-        rows.append({"size": size, "ok": ok, "one_way_s": (time.perf_counter() - t0) / reps / 2})
-    c = counters()
-    return {"rank": rank, "rows": rows, "sent": c.bytes_sent, "recv": c.bytes_recv}
+    with observe() as log:
+        for size in sizes:
+            pattern = torch.arange(size // 4, dtype=torch.float32) + 1
+            send = pattern.clone() if rank == 0 else torch.zeros(size // 4)
+            recv = torch.zeros(size // 4)
+            fn(send, recv)  # the first round opens the connection: checked, not timed
+            ok = torch.equal(recv, pattern)
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn(send, recv)
+            rows.append({"size": size, "ok": ok, "one_way_s": (time.perf_counter() - t0) / reps / 2})
+    calls = log.as_data()["calls"]
+    return {"rank": rank, "rows": rows, "calls": calls,
+            "sent": sum(c["bytes"] for c in calls if c["op"] == "send"),
+            "recv": sum(c["bytes"] for c in calls if c["op"] == "recv")}
 
 
-def _check_pingpong(fn) -> Verdict:
-    outs = warm_cluster(2).run(pingpong_harness, fn, timeout_s=10)
-    expected = (PING_REPS + 1) * sum(PING_SIZES)
-    for o in outs:
-        if o["sent"] == o["recv"] == 0:
-            return Verdict(False, "no bytes were counted: send and receive with lesson_lib.comm "
-                                  "(comm.send, comm.recv) so the check can count them")
-        if (o["sent"], o["recv"]) != (expected, expected):
-            return Verdict(False, f"rank {o['rank']} sent {o['sent']:,} B and received {o['recv']:,} B "
-                                  f"over all round trips; one round trip is one message each way")
+def _arrives(outs: list[dict]) -> str | None:
     for o in outs:
         bad = [r["size"] for r in o["rows"] if not r["ok"]]
         if bad:
             who = "rank 1 did not receive rank 0's message" if o["rank"] == 1 else \
                 "rank 0 did not get its own message back: rank 1 must return what it received"
-            return Verdict(False, f"{who} (at {bad[0]:,} bytes)")
+            return f"{who} (at {bad[0]:,} bytes)"
+
+
+def _one_message_each_way(outs: list[dict]) -> str | None:
+    expected = (PING_REPS + 1) * sum(PING_SIZES)
+    for o in outs:
+        if (o["sent"], o["recv"]) != (expected, expected):
+            return (f"rank {o['rank']} sent {o['sent']:,} B and received {o['recv']:,} B over all "
+                    f"{PING_REPS + 1} round trips of each size ({summary(o['calls'])}); one round trip is "
+                    f"one message each way, {expected:,} B in all")
+
+
+def _check_pingpong(fn) -> Verdict:
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. ex.submit(ping_pong)")
+    outs = []
+
+    def run():
+        try:
+            outs[:] = warm_cluster(2).run(pingpong_harness, fn, timeout_s=10)
+        except WorkerError as e:
+            return Verdict(False, f"{type(e).__name__}: {e}")
+        return outs
+
+    v = judge([("2 ranks", run)], [
+        Property("one message each way per round trip", _one_message_each_way),
+        Property("rank 0's message reaches rank 1 and comes back", _arrives)])
+    if not v:
+        return v
     rows = outs[0]["rows"]
     fit = costmodel.fit_point_to_point([r["size"] for r in rows], [r["one_way_s"] for r in rows])
     ring = costmodel.ring_time(16e6, 4, fit["alpha_s"], fit["beta_s_per_byte"])
-    return Verdict(True, f"on this machine α ≈ {fit['alpha_s'] * 1e6:.0f} µs and 1/β ≈ "
+    return Verdict(True, f"{v.message}. On this machine α ≈ {fit['alpha_s'] * 1e6:.0f} µs and 1/β ≈ "
                          f"{fit['bandwidth_GBps']:.2f} GB/s (noisy on shared cores); fed to the cost "
                          f"model, a 16 MB ring all-reduce on 4 such ranks takes about {ring * 1e3:.0f} ms")
 
@@ -196,7 +228,8 @@ def exercises() -> dict[str, Exercise]:
             prompt="Write <code>ping_pong(send, recv)</code>, run on 2 ranks: rank 0 sends "
                    "<code>send</code> to rank 1 and receives the reply into <code>recv</code>; rank 1 "
                    "receives into <code>recv</code> and sends it back. Use "
-                   "<code>comm.send</code>/<code>comm.recv</code> (counted). The check times it at 4 KB, "
+                   "<code>comm.send</code>/<code>comm.recv</code> (or <code>dist.send</code>/"
+                   "<code>dist.recv</code>). The check sees each message, times the round trips at 4 KB, "
                    "256 KB and 4 MB (10 s timeout), fits t = α + m·β and feeds α and β to the cost model.",
             check=_check_pingpong,
             hint="Half a round trip is one message; the order of send and receive must differ between the "
