@@ -306,7 +306,7 @@ def test_gpipe_accepts_another_correct_order():
 
 @pytest.mark.parametrize("answer, words", [
     (gpipe_unscaled, "M times too large"),
-    (gpipe_first_microbatch_only, "differ from single-process"),
+    (gpipe_first_microbatch_only, "stage 0 sent 1 activation(s) to stage 1"),
     (gpipe_input_without_grad, "rank"),  # x.grad is None: the send fails, the verdict names the rank
 ])
 @pytest.mark.slow
@@ -318,7 +318,32 @@ def test_gpipe_rejects_wrong_answers(answer, words):
 @pytest.mark.slow
 def test_gpipe_rejects_a_stage_that_never_backpropagates():
     v = check_gpipe(gpipe_only_the_last_stage_backpropagates, timeout_s=5)
-    assert not v and "no gradient" in v.message, v.message
+    assert not v and "0 gradient(s) to stage" in v.message, v.message
+
+
+def gpipe_one_f_one_b(stage, xs, ys):  # right gradients, but each backward follows its forward at once
+    k, P = dist.get_rank(), dist.get_world_size()
+    for i in range(len(xs)):
+        if k > 0:
+            dist.recv(xs[i], k - 1)
+            xs[i].requires_grad_()
+        out = stage(xs[i])
+        if k < P - 1:
+            dist.send(out.detach(), k + 1)
+            g = torch.empty_like(out)
+            dist.recv(g, k + 1)
+            out.backward(g)
+        else:
+            (F.cross_entropy(out, ys[i]) / len(xs)).backward()
+        if k > 0:
+            dist.send(xs[i].grad, k - 1)
+
+
+@pytest.mark.numerics
+@pytest.mark.slow
+def test_gpipe_rejects_a_schedule_that_is_not_gpipes():
+    v = check_gpipe(gpipe_one_f_one_b, timeout_s=10)
+    assert not v and "not GPipe's schedule" in v.message, v.message
 
 
 def gpipe_both_receive_first(stage, xs, ys):

@@ -12,7 +12,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import batch_indices, teacher_classification
-from ..exercises import Exercise, Verdict, close_to, solution_text, whole_number
+from ..exercises import (
+    Exercise,
+    Property,
+    Verdict,
+    close_to,
+    judge,
+    observe,
+    solution_text,
+    summary,
+    whole_number,
+)
 from ..experiments import run_warm
 from ..milestones import pipeline as pp
 from ..milestones.pipeline.schedules import bubble_formula, max_in_flight, partition, replay, stage_actions
@@ -50,11 +60,13 @@ def gpipe_job(fn: Callable, cfg: pp.Config) -> dict:
     rows = len(mbs[0])
     xs = [x_all[i].double() if k == 0 else torch.empty(rows, width, dtype=torch.float64) for i in mbs]
     ys = [y_all[i] for i in mbs] if k == P - 1 else None
-    fn(stage, xs, ys)
+    with observe() as log:
+        fn(stage, xs, ys)
     grads = [p.grad for p in stage.parameters()]
+    calls = [{k_: c[k_] for k_ in ("op", "api", "peer", "bytes")} for c in log.as_data()["calls"]]
     if any(g is None for g in grads):
-        return {"grads": None}
-    return {"grads": torch.cat([g.reshape(-1) for g in grads]).tolist()}
+        return {"grads": None, "calls": calls}
+    return {"grads": torch.cat([g.reshape(-1) for g in grads]).tolist(), "calls": calls}
 
 
 def reference_grads(cfg: pp.Config) -> list[torch.Tensor]:
@@ -75,31 +87,79 @@ GRAD_RTOL = 1e-9
 
 
 def check_gpipe(fn: Callable, stages: int = 4, timeout_s: float = 10) -> Verdict:
+    """GPipe on real ranks: each micro-batch's activation goes forward once and its gradient back
+    once, every stage runs all its forwards before any backward (seen in the messages it sent and
+    received), and the gradients equal single-process backprop on the whole batch."""
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. exercises['gpipe'].submit(my_gpipe_stage)")
-    for m in (4, 3):
+
+    def case(m: int):
         cfg = pp.Config.tiny(stages=stages, microbatches=m, schedule="gpipe")
-        try:
-            outs = warm_cluster(stages).run(gpipe_job, fn, cfg, timeout_s=timeout_s)
-        except WorkerError as e:  # a deadlock's WorkerTimeout says where each stage waits
-            return Verdict(False, f"{type(e).__name__}: {e}")
-        for k, (o, want) in enumerate(zip(outs, reference_grads(cfg))):
-            if o["grads"] is None:
-                return Verdict(False, f"with M={m}, stage {k}'s parameters have no gradient: did its "
-                                      "backward run?")
-            got, tol = torch.tensor(o["grads"], dtype=torch.float64), GRAD_RTOL * want.abs().max().item()
-            if (got - want).abs().max() <= tol:
-                continue
-            if (got - m * want).abs().max() <= m * tol:
-                return Verdict(False, f"with M={m}, the gradients are M times too large: the batch's "
-                                      "loss is the mean over all its samples, so each micro-batch's loss "
-                                      "counts 1/M")
-            return Verdict(False, f"with M={m}, stage {k}'s gradients differ from single-process backprop "
-                                  f"by up to {(got - want).abs().max():.2g} (largest gradient "
-                                  f"{want.abs().max():.2g}); stages after it agree" if k < stages - 1 else
-                           f"with M={m}, the last stage's gradients differ from single-process backprop")
-    return Verdict(True, "all forwards, then all backwards, activations and gradients sent between real "
-                         "processes: the same gradients as one process on the whole batch")
+
+        def run():
+            try:
+                outs = warm_cluster(stages).run(gpipe_job, fn, cfg, timeout_s=timeout_s)
+            except WorkerError as e:  # a deadlock's WorkerTimeout says where each stage waits
+                return Verdict(False, f"{type(e).__name__}: {e}")
+            return {"m": m, "stages": outs, "ref": reference_grads(cfg)}
+        return f"{stages} stages, M = {m}", run
+
+    return judge([case(4), case(3)], [
+        Property("each micro-batch's activation goes forward once and its gradient back once",
+                 _one_message_per_microbatch),
+        Property("every stage runs all its forwards before any backward", _forwards_first),
+        Property("the gradients equal single-process backprop on the whole batch", _same_gradients)])
+
+
+def _flows(o: dict, k: int) -> tuple[list[int], list[int]]:
+    """Positions, in stage ``k``'s calls, of its forward messages (activations from k−1 and to k+1)
+    and of its backward ones (gradients from k+1 and to k−1)."""
+    fwd, bwd = [], []
+    for i, c in enumerate(o["calls"]):
+        if (c["op"], c["peer"]) in (("recv", k - 1), ("send", k + 1)):
+            fwd.append(i)
+        elif (c["op"], c["peer"]) in (("recv", k + 1), ("send", k - 1)):
+            bwd.append(i)
+    return fwd, bwd
+
+
+def _one_message_per_microbatch(o: dict) -> str | None:
+    m, P = o["m"], len(o["stages"])
+    for k, out in enumerate(o["stages"]):
+        ahead = sum(c["op"] == "send" and c["peer"] == k + 1 for c in out["calls"])
+        back = sum(c["op"] == "send" and c["peer"] == k - 1 for c in out["calls"])
+        want = (m if k < P - 1 else 0, m if k > 0 else 0)
+        if (ahead, back) != want:
+            said = ([f"{ahead} activation(s) to stage {k + 1}"] if k < P - 1 else []) + \
+                   ([f"{back} gradient(s) to stage {k - 1}"] if k > 0 else [])
+            return (f"stage {k} sent {' and '.join(said)} ({summary(out['calls'])}); with M = {m} "
+                    f"micro-batches it sends {m} of each")
+
+
+def _forwards_first(o: dict) -> str | None:
+    for k, out in enumerate(o["stages"]):
+        fwd, bwd = _flows(out, k)
+        if fwd and bwd and max(fwd) > min(bwd):
+            return (f"stage {k} exchanged a gradient before its last activation: that is not GPipe's "
+                    "schedule (all M forwards, then all M backwards)")
+
+
+def _same_gradients(o: dict) -> str | None:
+    m, n = o["m"], len(o["stages"])
+    for k, (out, want) in enumerate(zip(o["stages"], o["ref"])):
+        if out["grads"] is None:
+            return f"stage {k}'s parameters have no gradient: did its backward run?"
+        got, tol = torch.tensor(out["grads"], dtype=torch.float64), GRAD_RTOL * want.abs().max().item()
+        if (got - want).abs().max() <= tol:
+            continue
+        if (got - m * want).abs().max() <= m * tol:
+            return ("the gradients are M times too large: the batch's loss is the mean over all its "
+                    "samples, so each micro-batch's loss counts 1/M")
+        if k < n - 1:
+            return (f"stage {k}'s gradients differ from single-process backprop by up to "
+                    f"{(got - want).abs().max():.2g} (largest gradient {want.abs().max():.2g}); stages "
+                    "after it agree")
+        return "the last stage's gradients differ from single-process backprop"
 
 
 def my_gpipe_stage(stage, xs, ys):

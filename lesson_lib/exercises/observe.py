@@ -8,6 +8,7 @@ Each call becomes a plain dict (it travels back to the notebook with the run's r
   ``exchange`` is one ``send`` plus one ``recv``), ``barrier``;
 * ``api`` — the name the code called (``dist.reduce_scatter_tensor``, ``comm.ring_reduce_scatter``);
 * ``bytes`` — of the tensors handed in (for a send: sent; for a receive: the buffer);
+* ``peer`` — for a send, the rank it goes to; for a receive, the rank it comes from;
 * ``async`` — it returned a handle to wait for; ``start``/``done`` — when it was called and when
   it had finished for the caller (returned, or, for a handle, when ``wait()`` returned; ``None``
   if nobody waited); ``in_backward`` — autograd was running (a hook during ``backward()``).
@@ -126,6 +127,18 @@ def summary(calls: list[dict]) -> str:
     return " + ".join(f"{api} ×{k} ({b:,} bytes)" for api, (k, b) in seen.items()) or "no communication"
 
 
+def _peer(op: str, i: int, args: tuple, kwargs: dict, exchange: bool) -> int | None:
+    """The other rank of a point-to-point call (``dst`` of a send, ``src`` of a receive)."""
+    if exchange:  # exchange(send_t, dst, recv_t, src)
+        at, name = (1, "dst") if i == 0 else (3, "src")
+    elif op in ("send", "recv"):
+        at, name = 1, "dst" if op == "send" else "src"
+    else:
+        return None
+    peer = kwargs.get(name, args[at] if len(args) > at else None)
+    return peer if isinstance(peer, int) else None
+
+
 def _wrap(fn, api: str, op: str, log: Log):
     @functools.wraps(fn)
     def recorded(*args, **kwargs):
@@ -134,9 +147,10 @@ def _wrap(fn, api: str, op: str, log: Log):
         in_backward = torch._C._current_graph_task_id() != -1
         made = []
         ops = ("send", "recv") if op == "exchange" else (op,)
-        for o in ops:
+        for i, o in enumerate(ops):
             made.append({"op": o, "api": api, "bytes": _nbytes(args, kwargs) // len(ops), "async": False,
-                         "in_backward": in_backward, "start": time.perf_counter(), "done": None})
+                         "peer": _peer(o, i, args, kwargs, op == "exchange"), "in_backward": in_backward,
+                         "start": time.perf_counter(), "done": None})
         log.extend(made)
         _STATE.depth = getattr(_STATE, "depth", 0) + 1
         try:
