@@ -154,16 +154,21 @@ assert bites["last5"]["sync"] < bites["last5"]["async"], bites["last5"]
 # ## 3. Stragglers
 #
 # Make worker 0 four times slower (it really does four times the work). In sync mode the fast
-# workers spend much of their time waiting for the server's reply, which waits for the straggler;
+# workers spend much of their time waiting on the server — their push waits while it takes the
+# straggler's gradient first, their pull for the round's update, which waits for the straggler;
 # in async mode the server answers each worker as soon as it has applied its gradient, so they wait
 # less. (On a 2-core laptop, four processes share two cores, so even async workers queue: the
-# server handles one message at a time.)
+# server handles one message at a time, and the waiting shares move with whatever else runs on the
+# machine. What does not move is how far ahead the fast workers get, counted in steps.)
 
 # %%
 slow = ch01.stragglers(workers=3, factor=4.0)
 
 # %%
-assert slow["fast_wait"]["sync"] > slow["fast_wait"]["async"], slow["fast_wait"]
+# What the straggler costs, in steps rather than seconds (seconds depend on what else shares the
+# cores): in sync the fast workers can never be more than one step ahead of worker 0; in async
+# they run ahead.
+assert slow["lead"]["sync"] <= 1 < 1.5 < slow["lead"]["async"], slow["lead"]
 
 # %% [markdown]
 # ## 4. The server is the bottleneck

@@ -354,6 +354,16 @@ def ex():
     return exercises()
 
 
+def test_topk_mistakes_are_told_apart_in_the_exercises_case():
+    # catches: a case in which two mistakes (or a mistake and the answer) give the same number, so the
+    # hint names a mistake that was not made (at N = 4, 4(N−1)k = 2(N−1)/N·8k)
+    from lesson_lib.chapters.ch06_exercises import topk_mistakes
+    n, k = TOPK_CASE["world"], TOPK_CASE["k"]
+    values = [*topk_mistakes(n, k), (n - 1) * 8 * k]
+    assert len(values) == 5 and all(abs(a - b) > 1e-3 * max(a, b) for i, a in enumerate(values)
+                                    for b in values[i + 1:]), values
+
+
 def test_topk_bytes_exercise(ex):
     assert ex["topk_bytes"].submit(ex["topk_bytes"].reference())
     n, k, s = TOPK_CASE["world"], TOPK_CASE["k"], TOPK_CASE["params"]

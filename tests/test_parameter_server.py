@@ -121,3 +121,18 @@ def test_divergence_exercise_reference_and_a_wrong_answer():
     ex = ch01.exercises()["divergence"]
     assert ex.check(ex.reference()), "async at the reference lr should diverge while sync learns"
     assert not ex.check(0.01)
+
+
+def _pushes(ends: dict[int, list[float]]) -> dict:
+    return {"segments": [{"worker": w, "phase": "push", "end": t} for w, ts in ends.items() for t in ts]}
+
+
+def test_fast_lead_counts_steps_ahead_of_the_straggler():
+    # lockstep (sync): each fast push k+1 comes after the straggler's push k -> at most 1 ahead
+    sync = _pushes({0: [4, 8, 12], 1: [1, 5, 9], 2: [1.5, 5.5, 9.5]})
+    assert ch01.fast_lead(sync) == 0
+    # a fast worker that runs on (async): 3 pushes by the straggler's first, all 6 by its second
+    free = _pushes({0: [4, 8], 1: [1, 2, 3, 5, 6, 7], 2: [1, 2, 3, 5, 6, 7]})
+    assert ch01.fast_lead(free) == 4  # at the second push: 6 done - 2
+    one_ahead = _pushes({0: [4, 8], 1: [1, 3.9, 7], 2: [1, 5, 7.5]})
+    assert ch01.fast_lead(one_ahead) == pytest.approx(1.0)  # at push 1: (2 + 1)/2 - 1; at push 2: 3 - 2

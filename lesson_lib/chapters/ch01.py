@@ -44,8 +44,11 @@ def curve(r: Result) -> dict:
 
 
 def waiting_share(r: Result) -> list[float]:
-    """Per worker: the share of its time spent waiting for the server's reply (the pull)."""
-    return [w["pull (waiting)"] / (w["compute"] + w["push"] + w["pull (waiting)"]) for w in r["worker_time"]]
+    """Per worker: the share of its time not computing — pushing and pulling. Both can wait for the
+    server: a synchronous server takes the workers' gradients in turn, so a fast worker's push can
+    sit until the straggler's has arrived, and its pull waits for the round's update."""
+    return [(w["push"] + w["pull (waiting)"]) / (w["compute"] + w["push"] + w["pull (waiting)"])
+            for w in r["worker_time"]]
 
 
 def sync_vs_async(workers: int = 3, **options) -> dict[str, Result]:
@@ -101,9 +104,26 @@ def stragglers(workers: int = 3, factor: float = 4.0) -> dict:
         display(plots.training.timeline(r["segments"], f"{m}, worker 0 × {factor:g}", note))
     shares = {m: waiting_share(r) for m, r in runs.items()}
     fast = {m: statistics.mean(s[1:]) for m, s in shares.items()}
-    print("share of time the fast workers waited for the server: "
-          + ", ".join(f"{m} {v:.0%}" for m, v in fast.items()))
-    return {"fast_wait": fast, "runs": runs}
+    lead = {m: fast_lead(r) for m, r in runs.items()}
+    print("share of time the fast workers spent pushing and pulling, not computing (wall clock: it varies "
+          "with the load on the cores): " + ", ".join(f"{m} {v:.0%}" for m, v in fast.items()))
+    print("steps the fast workers got ahead of worker 0 (the most at any of its pushes): "
+          + ", ".join(f"{m} {v:.1f}" for m, v in lead.items()))
+    return {"fast_wait": fast, "lead": lead, "runs": runs}
+
+
+def fast_lead(r: Result, straggler: int = 0) -> float:
+    """How far the fast workers ran ahead of the straggler: at each of the straggler's pushes, how
+    many more pushes the others had finished (their mean); the largest over the run. Sync cannot
+    exceed 1 (a worker's next push needs the round that waits for the straggler); async is not held
+    back. It counts steps, not seconds, so a busy machine changes it little."""
+    ends: dict[int, list[float]] = {}
+    for seg in r["segments"]:
+        if seg["phase"] == "push":
+            ends.setdefault(seg["worker"], []).append(seg["end"])
+    slow = sorted(ends.pop(straggler))
+    return max(statistics.mean(sum(e <= t for e in mine) - i for mine in ends.values())
+               for i, t in enumerate(slow, start=1))
 
 
 def bottleneck(worker_counts=(1, 2, 4)) -> list[dict]:

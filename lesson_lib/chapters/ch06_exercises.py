@@ -15,7 +15,9 @@ from ..milestones import compression as cm
 from ..runtime import WorkerError, warm_cluster
 from ..source import source
 
-TOPK_CASE = {"params": 1_000_000, "world": 4, "k": 10_000}
+# N = 8, not 4: at N = 4 the values-only mistake, 4(N−1)k, and the ring's 2(N−1)/N·8k are the same
+# number, so the hint could not tell which mistake was made (tests check every hint is distinct).
+TOPK_CASE = {"params": 1_000_000, "world": 8, "k": 10_000}
 
 
 def topk_bytes(params: int, world: int, k: int) -> tuple[int, int]:
@@ -30,10 +32,7 @@ def _check_topk(answer) -> Verdict:
     want_sent, want_even = topk_bytes(**c)
     n, k = c["world"], c["k"]
     if not math.isclose(sent, want_sent, rel_tol=1e-3):
-        why = {4 * (n - 1) * k: "the values alone: each value travels with its int32 index",
-               8 * k: "one payload is yours; how many other ranks must receive it in an all-gather?",
-               4 * k: "that is one rank's values only: indices, and the N−1 receivers, are missing",
-               2 * (n - 1) / n * 8 * k: "an all-gather passes each payload on N−1 times, not 2(N−1)/N"}
+        why = topk_mistakes(n, k)
         hint = next((m for b, m in why.items() if math.isclose(sent, b, rel_tol=1e-3)),
                     "count what one all-gather of (index, value) pairs sends from each rank")
         return Verdict(False, f"{sent:,.0f} bytes is not it — {hint}")
@@ -44,6 +43,14 @@ def _check_topk(answer) -> Verdict:
         return Verdict(False, f"the bytes are right; k = {even:,.0f} is not where they meet — {hint}")
     return Verdict(True, f"{want_sent:,} bytes against the ring's {2 * (n - 1) * 4 * c['params'] // n:,}; "
                          f"past k = S/N = {want_even:,} the all-gather sends more than the ring")
+
+
+def topk_mistakes(n: int, k: int) -> dict[float, str]:
+    """The byte counts of the mistakes the top-k exercise names, with the hint for each."""
+    return {4 * (n - 1) * k: "the values alone: each value travels with its int32 index",
+            8 * k: "one payload is yours; how many other ranks must receive it in an all-gather?",
+            4 * k: "that is one rank's values only: indices, and the N−1 receivers, are missing",
+            2 * (n - 1) / n * 8 * k: "an all-gather passes each payload on N−1 times, not 2(N−1)/N"}
 
 
 # --------------------------------------------------------------------------- the QSGD quantizer
