@@ -8,13 +8,13 @@ returns measurements for the notebook's asserts.
 from __future__ import annotations
 
 import math
-import os
 
 from IPython.display import display
 
 from .. import plots
 from ..experiments import Result, run_warm
 from ..milestones import compression as cm
+from ..runtime.placement import cpu_count
 from .ch06_exercises import crossover_case, exercises  # noqa: F401  (the notebook calls them here)
 
 WORLD_SIZE = cm.Config.PRESETS["laptop"]["world_size"]
@@ -110,7 +110,7 @@ def scaling(worlds=SCALING_WORLDS, steps: int = 2, runs: dict | None = None, up_
     lines = {label: (xs, [(n - 1) * payload[label] if label in gathered else 2 * (n - 1) / n * payload[label]
                           for n in xs]) for label in runs}
     ring = (xs, [cm.ring_busiest_bytes(S, 4, n) for n in xs])
-    note = (f"{big} ranks share {os.cpu_count()} CPU cores: time-shared, so no times here; the byte "
+    note = (f"{big} ranks share {cpu_count()} CPU cores: time-shared, so no times here; the byte "
             "counts are exact regardless" if any(r.oversubscribed for r in res.values()) else None)
     display(plots.compression.bytes_vs_ranks(counted, lines, ring, {
         label: (n, (n - 1) * payload[label]) for label, n in even.items() if n <= up_to}, note))

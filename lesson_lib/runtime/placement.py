@@ -6,6 +6,7 @@ notebook or script, :class:`~lesson_lib.runtime.TorchrunCluster` under ``torchru
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -28,10 +29,62 @@ class Placement:
 
 
 def cpu_count() -> int:
+    """The CPUs this process may really use: the cores its affinity mask allows, capped by the
+    container's CPU quota. On JupyterHub on Kubernetes and on Binder the mask shows every core of the
+    host while a CFS quota limits the pod to a few: the quota decides (rounded up, at least 1)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota - 1e-9)))
+
+
+def cpu_quota(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> float | None:
+    """CPUs allowed by the cgroup CPU quota of this process and its ancestors (the tightest), or
+    ``None`` when there is none or it cannot be read. cgroup v2: ``cpu.max`` ("200000 100000" is 2
+    CPUs, "max 100000" none); v1: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (−1: none)."""
+    try:
+        with open(membership) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: one unified hierarchy
+            dirs, read = [root], _v2_quota
+        elif "cpu" in controllers.split(","):
+            dirs, read = [os.path.join(root, controllers), os.path.join(root, "cpu")], _v1_quota
+        else:
+            continue
+        for base in dirs:
+            parts = [p for p in path.split("/") if p]
+            for depth in range(len(parts), -1, -1):  # the cgroup itself, then each ancestor
+                q = read(os.path.join(base, *parts[:depth]))
+                if q is not None:
+                    limits.append(q)
+    return min(limits) if limits else None
+
+
+def _v2_quota(folder: str) -> float | None:
+    try:
+        with open(os.path.join(folder, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _v1_quota(folder: str) -> float | None:
+    try:
+        with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
+            quota = int(f.read())
+        with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return None if quota <= 0 or period <= 0 else quota / period
 
 
 def gpu_count() -> int:
@@ -110,6 +163,7 @@ def describe() -> dict:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cpu_cores": cpu_count(),
+        "cpu_quota": cpu_quota(),
         "gpus": gpu_count(),
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available(),
