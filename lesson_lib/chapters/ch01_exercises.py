@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..comm import chunk_bounds
 from ..data import batch_indices, shard, teacher_classification
-from ..exercises import Exercise, Verdict, solution_text
+from ..exercises import Exercise, Property, Verdict, judge, observe, pair, solution_text, summary
 from ..milestones import parameter_server as ps
 from ..models import flat_views, mlp
 from ..numerics import sum_order_tolerance
@@ -57,43 +57,72 @@ def train_with(worker_step: Callable, task: dict, servers: int) -> dict:
         return {"losses": [], "params": None}
     bounds = chunk_bounds(flat.numel(), servers)
     x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
-    losses = []
+    losses, calls = [], []
     for step in range(cfg.steps):
         idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank - servers, workers)
         grads.zero_()
         loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
         loss.backward()
-        worker_step(grads, flat, bounds)
+        with observe() as log:
+            worker_step(grads, flat, bounds)
+        calls += log.as_data()["calls"]
         losses.append(loss.item())
-    return {"losses": losses, "params": flat.clone()}
+    return {"losses": losses, "params": flat.clone(), "calls": calls,
+            "slices": [4 * (hi - lo) for lo, hi in bounds]}
 
 
 def check_worker_step(fn: Callable) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(worker_step)")
-    for servers, workers in LAYOUTS:
-        ref = ps.reference(ps.Config(mode="sync", workers=workers, servers=servers, **TASK))
-        tol = sum_order_tolerance(ref)
-        where = f"with {servers} server shard(s) and {workers} workers"
-        try:
-            outs = warm_cluster(servers + workers).run(train_with, fn, TASK, servers, timeout_s=TIMEOUT_S)
-        except WorkerTimeout as e:
-            return Verdict(False, f"{where} the training did not finish: {e}")
-        except WorkerError as e:
-            return Verdict(False, f"{where} a rank failed — {e}")
-        worker_outs = outs[servers:]
-        if any(not torch.equal(o["params"], worker_outs[0]["params"]) for o in worker_outs[1:]):
-            return Verdict(False, f"{where} the workers ended with different parameters: every worker must "
-                                  "pull every shard's new parameters after each step.")
-        losses = [sum(o["losses"][s] for o in worker_outs) / workers for s in range(TASK["steps"])]
-        gaps = [abs(a - b) for a, b in zip(losses, ref)]
-        if max(gaps) > tol:
-            s = next(i for i, g in enumerate(gaps) if g > tol)
-            return Verdict(False, f"{where} training differs from single-process SGD from step {s} (loss "
-                                  f"{losses[s]:.6f}, expected {ref[s]:.6f}): does server k get exactly its "
-                                  "slice of the gradient, and do the new parameters land in the same slice?")
-    layouts = " and ".join(f"{k} shard(s) + {n} workers" for k, n in LAYOUTS)
-    return Verdict(True, f"{layouts}: equal to single-process SGD on the combined batch")
+
+    def case(servers: int, workers: int):
+        where = f"{servers} server shard(s) and {workers} workers"
+
+        def run():
+            ref = ps.reference(ps.Config(mode="sync", workers=workers, servers=servers, **TASK))
+            try:
+                outs = warm_cluster(servers + workers).run(train_with, fn, TASK, servers, timeout_s=TIMEOUT_S)
+            except WorkerTimeout as e:
+                return Verdict(False, f"with {where} the training did not finish: {e}")
+            except WorkerError as e:
+                return Verdict(False, f"with {where} a rank failed — {e}")
+            return {"servers": servers, "workers": outs[servers:], "ref": ref}
+        return where, run
+
+    return judge([case(k, n) for k, n in LAYOUTS], [
+        Property("each worker pushes shard k's slice of its gradient to server k and pulls the slice back, "
+                 "once a step", _slices_to_their_shards),
+        Property("the workers end with the same parameters", _workers_agree),
+        Property("training equals single-process SGD on the combined batch", _as_sgd)])
+
+
+def _slices_to_their_shards(o: dict) -> str | None:
+    for w in o["workers"]:
+        for k, size in enumerate(w["slices"]):
+            for op, what in (("send", "pushed to"), ("recv", "pulled from")):
+                got = [c["bytes"] for c in w["calls"] if c["op"] == op and c["peer"] == k]
+                if got != [size] * TASK["steps"]:
+                    return (f"over {TASK['steps']} steps a worker {what} server {k} {len(got)} message(s) of "
+                            f"{sorted(set(got)) or 'no'} bytes ({summary(w['calls'])}); server {k} owns a "
+                            f"slice of {size:,} bytes and expects one message each way per step")
+
+
+def _workers_agree(o: dict) -> str | None:
+    ws = o["workers"]
+    if any(not torch.equal(w["params"], ws[0]["params"]) for w in ws[1:]):
+        return "their parameters differ: every worker must pull every shard's new values after each step"
+
+
+def _as_sgd(o: dict) -> str | None:
+    ws, ref = o["workers"], o["ref"]
+    tol = sum_order_tolerance(ref)
+    losses = [sum(w["losses"][s] for w in ws) / len(ws) for s in range(TASK["steps"])]
+    gaps = [abs(a - b) for a, b in zip(losses, ref)]
+    if max(gaps) > tol:
+        s = next(i for i, g in enumerate(gaps) if g > tol)
+        a, b = pair(losses[s], ref[s])
+        return (f"from step {s} the loss is {a}, single-process SGD's {b}: does server k get exactly its "
+                "slice of the gradient, and do the new parameters land in the same slice?")
 
 
 def _reference_worker_step():
