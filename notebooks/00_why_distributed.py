@@ -26,6 +26,18 @@
 # come from `lesson_lib.chapters.ch00` — after the first cell, `ch00.straggler??` (or any other
 # function of it) shows how a figure is made.*
 
+# %% [markdown]
+# **After this chapter you can:**
+#
+# 1. add up the memory a model's training needs — parameters, gradients, optimizer state — and say which devices it fits (§2);
+# 2. start real ranks, send and all-reduce tensors between them, and train data-parallel on 1, 2 and 4 ranks to the same losses as one process (§3, first exercise);
+# 3. measure data parallelism's three problems on this machine: the bytes and time of communication, a straggler's idle time, and each rank's time split into busy, waiting for a core and waiting for its peers (§4–6);
+# 4. start each gradient's all-reduce from a hook during the backward and show on a timeline how much communication it hid (§4, second exercise).
+#
+# **Before it:** a PyTorch training loop (a model, `loss.backward()`, `optimizer.step()`); no distributed code.
+# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
+# exercises come on top.
+
 # %%
 from lesson_lib.chapters import ch00
 
@@ -432,6 +444,18 @@ def start_overlap(model):
 
 
 exercises["start_overlap"].submit(start_overlap)
+
+# %% [markdown]
+# ## Summary
+#
+# What showed each of this chapter's objectives:
+#
+# 1. **the memory bill** — §2's table: GPT-3's training state fits no single device (asserted).
+# 2. **data parallelism equals one process** — §3's loss curves on 1/2/4 ranks, equal to float rounding (asserted), and your `average_gradients`.
+# 3. **the three problems** — §4's counted bytes and communication share, §5's straggler timeline, §6's time waiting for peers, which grows with the ranks (asserted).
+# 4. **overlap** — §4's bucketed backward on a timeline, and your `start_overlap`, judged on whether an all-reduce was still running while autograd went on.
+#
+# **On a real cluster:** On a real cluster the all-reduce of every gradient, every step, is data parallelism's price: every later chapter cuts it, hides it, or removes the memory that forces it.
 
 # %% [markdown]
 # ## What comes next

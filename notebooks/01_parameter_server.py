@@ -40,6 +40,19 @@
 # takes one SGD step (momentum 0.9). Every worker starts from the same model, built here and sent to
 # each rank.
 
+# %% [markdown]
+# **After this chapter you can:**
+#
+# 1. write a worker's push and pull against sharded servers and train to the same losses as SGD on one process (§1, first exercise);
+# 2. tell synchronous from asynchronous training by their losses and staleness, and find a rate at which stale gradients diverge (§2, last exercise);
+# 3. show what a straggler costs each mode, counted in steps rather than seconds (§3);
+# 4. predict the server's traffic, 2·N·S per step, and see sharding into K servers divide it (§4, traffic exercise);
+# 5. explain what a dead server or worker does to each mode (§5).
+#
+# **Before it:** chapter 0 (ranks, `send`/`recv`, data-parallel training).
+# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
+# exercises come on top.
+
 # %%
 import torch
 import torch.distributed as dist
@@ -281,6 +294,19 @@ exercises["divergence"]
 
 # %%
 exercises["divergence"].submit(...)  # replace ... with a learning rate
+
+# %% [markdown]
+# ## Summary
+#
+# What showed each of this chapter's objectives:
+#
+# 1. **push and pull** — §1's server in one cell and your `worker_step`, judged on the messages each worker sent to each shard.
+# 2. **sync against async** — §2's losses and staleness histogram; your diverging learning rate.
+# 3. **stragglers** — §3's timelines and the steps the fast workers got ahead (asserted: sync at most 1).
+# 4. **the bottleneck** — §4's counted server bytes, equal to 2·N·S (asserted), and the sharded servers' 1/K.
+# 5. **a single point of failure** — §5: a killed server stops training with its rank named; async goes on without a lost worker.
+#
+# **On a real cluster:** At scale a parameter server must be sharded (DistBelief, Dean et al., 2012; Li et al., 2014), and then its bytes per worker are the ring's; what the ring removed was the hotspot and the extra server machines.
 
 # %% [markdown]
 # ## What comes next

@@ -29,6 +29,18 @@
 # **counted** on the wire by `lesson_lib.comm`, not computed. After the first cell, read any function
 # with `??`: the library's ring with `comm.ring_all_reduce??`, a figure's code with `ch02.traffic_jam??`.
 
+# %% [markdown]
+# **After this chapter you can:**
+#
+# 1. write reduce-scatter by hand on real ranks and explain why N−1 steps of one chunk each make the ring bandwidth-optimal (§2–3, first exercise);
+# 2. count a ring's bytes per rank, 2(N−1)/N·S, against the naive root's 2(N−1)·S (§1, §5, second exercise);
+# 3. fit the α–β model to measured all-reduces and say where latency starts to dominate (§6, last exercise);
+# 4. predict from a real interconnect's α and β how the ring, a tree and halving-doubling scale to 1,024 ranks (§8).
+#
+# **Before it:** chapter 0 (all-reduce, data parallelism); chapter 1 helps (the root's traffic).
+# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
+# exercises come on top.
+
 # %%
 import torch
 import torch.distributed as dist
@@ -432,6 +444,18 @@ exercises["crossover"]
 
 # %%
 exercises["crossover"].submit(...)  # replace ... with a number of bytes
+
+# %% [markdown]
+# ## Summary
+#
+# What showed each of this chapter's objectives:
+#
+# 1. **reduce-scatter by hand** — §2's animation, §3's code on real ranks, and your `my_reduce_scatter`, judged on its steps, its chunk sizes and the tensor it was given.
+# 2. **bytes per rank** — §5's counted bytes equal to the exact formula (asserted).
+# 3. **the α–β model** — §6's fit beside Gloo, §7's pipelined ring, and your crossover size.
+# 4. **cluster scale** — §8: N* = S·β/α on InfiniBand figures, where the ring's 2(N−1) latencies take over.
+#
+# **On a real cluster:** The ring is bandwidth-optimal, but its 2(N−1) latencies grow with N: past a few hundred ranks on small messages, trees, halving-doubling and hierarchical rings take over.
 
 # %% [markdown]
 # ## What comes next

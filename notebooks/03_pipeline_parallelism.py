@@ -34,6 +34,18 @@
 # sent point-to-point with `torch.distributed`. The model is a 10-layer MLP (a *layer* here is one
 # `Linear` with the `ReLU` after it); stages get consecutive layers, balanced by parameter count.
 
+# %% [markdown]
+# **After this chapter you can:**
+#
+# 1. cut a model into stages on real ranks and train it to the same gradients as one process (§1–3, first exercise);
+# 2. run GPipe and 1F1B and read their schedules on a timeline (§4, order exercise);
+# 3. predict the bubble, (P−1)/(M+P−1), and explain why a real run sits above it: unequal stages set the pace, micro-batches vary, messages cost (§5, bubble exercises);
+# 4. compare the activations GPipe and 1F1B hold, and check our schedules against `torch.distributed.pipelining` (§6–7).
+#
+# **Before it:** chapter 0 (backward passes, `send`/`recv`).
+# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
+# exercises come on top.
+
 # %%
 import torch
 import torch.distributed as dist
@@ -373,6 +385,18 @@ exercises["in_flight"]
 
 # %%
 exercises["in_flight"].submit(...)  # replace ... with a number of micro-batches
+
+# %% [markdown]
+# ## Summary
+#
+# What showed each of this chapter's objectives:
+#
+# 1. **stages on real ranks** — §3's stage loop and your GPipe stage, judged on its messages and its gradients.
+# 2. **the schedules** — §4's timelines and your 1F1B order.
+# 3. **the bubble** — §5's sweep against the formula and the bubble rebuilt one cause at a time (the replay checked to equal 1 − M/(P + (M−1)·pace)).
+# 4. **memory and torch** — §6's peak activations (1F1B under 0.6× GPipe's, asserted) and §7's agreement with torch.
+#
+# **On a real cluster:** Pipelines pay a bubble of (P−1)/(M+P−1) at best; real systems add micro-batches, balance stages by time, and interleave several stages per device (Narayanan et al., 2021) to shrink it.
 
 # %% [markdown]
 # ## What comes next

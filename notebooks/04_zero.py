@@ -34,6 +34,18 @@
 # train with all four stages on 4 real processes and **measure** each rank's memory, category by
 # category, from the tensors it holds.
 
+# %% [markdown]
+# **After this chapter you can:**
+#
+# 1. state the memory per rank of ZeRO's stages 1–3, (4 + 12/N)Ψ, (2 + 14/N)Ψ and 16Ψ/N in mixed precision, and see them measured per rank (§1, §5, formula exercises);
+# 2. show that sharding changes no result: every stage trains like stage 0 (§2);
+# 3. write ZeRO-1's step — reduce-scatter, a step on your slice, all-gather — on real ranks (§3, first exercise);
+# 4. count what each stage costs on the wire, 1.5× plain data parallelism for ZeRO-3 (§4), and pick the smallest stage that fits a model (last exercise).
+#
+# **Before it:** chapters 0 and 2 (all-reduce, reduce-scatter, all-gather).
+# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
+# exercises come on top.
+
 # %%
 import torch
 import torch.distributed as dist
@@ -297,6 +309,18 @@ exercises["fit"]
 
 # %%
 exercises["fit"].submit(...)  # replace ... with a stage number
+
+# %% [markdown]
+# ## Summary
+#
+# What showed each of this chapter's objectives:
+#
+# 1. **memory per rank** — §1's per-stage ratios to the paper's formulas and §7's table at the scale of real models.
+# 2. **the same training** — §2's identical results across stages, and §6's agreement with PyTorch's ZeroRedundancyOptimizer.
+# 3. **ZeRO-1 by hand** — §3's sharded step, and your `my_zero1_step`, judged on the collectives it ran and on its result.
+# 4. **the wire** — §4's counted bytes, equal to the formulas (asserted).
+#
+# **On a real cluster:** ZeRO trades memory for traffic: stage 3 moves 1.5× data parallelism's bytes, so on a slow network the stage that just fits is the one to use.
 
 # %% [markdown]
 # ## What comes next

@@ -29,6 +29,18 @@
 # growing from B₀ = 64 to 32·B₀, with SGD (linear rule and warm-up), Adam, LARS and LAMB, and
 # measures what the larger batch saves and what it costs.
 
+# %% [markdown]
+# **After this chapter you can:**
+#
+# 1. compute a LARS trust ratio and LAMB's update for one layer (§1, first two exercises);
+# 2. scale the learning rate with the batch by the linear and square-root rules, with warm-up, and see which optimizer keeps its accuracy as the batch grows (§3, scaling exercise);
+# 3. read trust ratios layer by layer (§5);
+# 4. compute a layer's norm from its shards under ZeRO with one all-reduce of two numbers (§6, last exercise).
+#
+# **Before it:** chapter 0 (data-parallel training); optimizers (SGD with momentum, Adam).
+# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
+# exercises come on top.
+
 # %%
 import torch
 import torch.distributed as dist
@@ -249,6 +261,18 @@ def sharded_trust_ratio(w_shard, u_shard):
 
 
 exercises["sharded"].submit(sharded_trust_ratio)
+
+# %% [markdown]
+# ## Summary
+#
+# What showed each of this chapter's objectives:
+#
+# 1. **the update rules** — §1's code, and your trust ratio and `lamb_step`.
+# 2. **large batches** — §3's accuracies at 1× to 32× the batch on the same samples (asserted).
+# 3. **trust ratios** — §5's ratios per layer.
+# 4. **LAMB under ZeRO** — §6, and your `sharded_trust_ratio`, judged on its result and on the few bytes it sent.
+#
+# **On a real cluster:** Layer-wise trust ratios let a large batch keep the small batch's accuracy only up to a point — past the critical batch size (McCandlish et al., 2018) more samples per step stop buying fewer steps.
 
 # %% [markdown]
 # ## What comes next

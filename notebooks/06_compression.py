@@ -31,6 +31,19 @@
 # bytes that cross, and asks the question users of real systems ask: *I turned compression on — why
 # is it not faster?*
 
+# %% [markdown]
+# **After this chapter you can:**
+#
+# 1. write top-k and random-k with error feedback on real ranks and show what error feedback saves (§1, §3, random-k exercise);
+# 2. check our PowerSGD against torch's `powerSGD_hook`, to the bit (§2);
+# 3. count each scheme's bytes on 2, 4 and 8 ranks and say which grow with N — all-gathered ones — and which do not (§4–5, top-k exercise);
+# 4. find, from measured times and the α–β model, the bandwidth below which compression pays, and check it on an emulated link (§6, crossover exercise);
+# 5. write the QSGD quantizer and check it is unbiased (QSGD exercise).
+#
+# **Before it:** chapters 0 and 2 (all-reduce, all-gather, the α–β model).
+# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
+# exercises come on top.
+
 # %%
 import torch
 import torch.distributed as dist
@@ -333,6 +346,18 @@ def randomk_step(grad, residual, k, step):
 
 
 exercises["randomk"].submit(randomk_step)
+
+# %% [markdown]
+# ## Summary
+#
+# What showed each of this chapter's objectives:
+#
+# 1. **error feedback** — §3's losses with and without it (asserted), and your random-k.
+# 2. **PowerSGD** — §2: ours equal to torch's hook (asserted).
+# 3. **bytes at more ranks** — §4's counted bytes against formulas, §5's break-even N per scheme.
+# 4. **when it pays** — §6's emulated link against the model, and your crossover bandwidth.
+#
+# **On a real cluster:** On fast interconnects compression often does not pay (Agarwal et al., 2022); where it does, schemes that stay all-reduce compatible (PowerSGD, Vogels et al., 2019) scale, and all-gathered sparse or quantized ones send more with every rank.
 
 # %% [markdown]
 # ## What comes next

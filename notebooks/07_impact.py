@@ -28,6 +28,19 @@
 #   to the same target loss; then the same cost model, fed with α, β and FLOP/s measured on this
 #   machine, predicts those steps, and we print how far off it is.
 
+# %% [markdown]
+# **After this chapter you can:**
+#
+# 1. estimate a training run's days from FLOPs, devices and achieved throughput by hand, and check it against published runs (§1, days exercise);
+# 2. read the talk's chart from a cost model whose every assumption is printed, and change any of them (§2–3);
+# 3. pick the smallest ZeRO stage that fits a model on a given device, and say which term dominates a step (stage and link exercises);
+# 4. compare every milestone on one model, measured on real ranks to the same loss (§4), against the model's predictions (§5);
+# 5. measure α and β with your own ping-pong and feed them to the cost model (ping-pong exercise).
+#
+# **Before it:** chapters 0–6 (each milestone); this chapter puts them side by side.
+# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
+# exercises come on top.
+
 # %%
 import math
 
@@ -350,6 +363,18 @@ def ping_pong(send, recv):
 
 
 exercises["pingpong"].submit(ping_pong)
+
+# %% [markdown]
+# ## Summary
+#
+# What showed each of this chapter's objectives:
+#
+# 1. **training time by hand** — §1's calibration and the out-of-sample LLaMA-65B check, and your GPT-3 days.
+# 2. **the chart** — §2's days per milestone with K sharded servers printed, and §3's calculator.
+# 3. **memory and the dominant term** — your ZeRO stage and link answers.
+# 4. **measured side by side** — §4's table (every milestone to the same loss, asserted) and §5's predictions beside it.
+#
+# **On a real cluster:** No single milestone wins: a modern run combines data, pipeline and sharded parallelism, mixed precision and large-batch optimizers, and the cost model says which term to attack next.
 
 # %% [markdown]
 # ## Which chapter moved which bar
