@@ -20,7 +20,8 @@ def objectives(text: str) -> list[str]:
 def test_a_chapter_opens_with_objectives_and_closes_with_a_summary(py):
     text = py.read_text()
     goals = objectives(text)
-    assert 3 <= len(goals) <= 5 and all(g.endswith((";", ".")) and ("§" in g or "exercise" in g) for g in goals), goals
+    assert 3 <= len(goals) <= 5, goals
+    assert all(g.endswith((";", ".")) and ("§" in g or "exercise" in g) for g in goals), goals
     assert "# **Before it:**" in text
     summary = text.split("# ## Summary\n", 1)[1].split("# %%", 1)[0]
     points = re.findall(r"^# \d+\. \*\*(.+?)\*\* — (.+)$", summary, re.M)
