@@ -35,3 +35,30 @@ def test_start_progress_final_line_covers_the_longest_progress_line(capsys):
     segments = capsys.readouterr().out.rstrip("\n").split("\r")[1:]
     assert segments[-1].startswith("lesson_lib: 4 ranks started in")
     assert len(segments[-1]) >= max(len(s) for s in segments[:-1])  # no stray ")" left on screen
+
+
+def test_start_progress_counts_processes_as_they_come_up(capsys):
+    # catches: "0/64 ready" for a minute while the processes import torch one by one (the group
+    # forms only when all are up, so "ready" alone jumps from 0 to 64)
+    p = StartProgress(64, quiet=False)
+    p(0, 40)
+    line = capsys.readouterr().out
+    assert "40/64 processes up, 0/64 in the process group" in line, line
+
+
+def test_a_real_start_reports_each_process_before_the_group_forms(monkeypatch):
+    from lesson_lib.runtime import Cluster, output
+
+    seen = []
+
+    class Recording(output.StartProgress):
+        def __call__(self, ready, started=None):
+            seen.append((ready, started))
+
+    monkeypatch.setattr(output, "StartProgress", Recording)
+    with Cluster(2, quiet=True):
+        pass
+    # every process reports itself up (after importing torch) before the group forms, which takes a
+    # while longer: some poll saw processes up and none in the group yet
+    assert seen and all(s is not None and s >= r for r, s in seen), seen
+    assert any(s > r for r, s in seen), seen

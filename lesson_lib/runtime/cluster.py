@@ -244,7 +244,7 @@ class Cluster:
 
     def _collect(self, job_id, kinds, deadline=None, on_event=None, on_ready=None, timeout_s=None) -> list:
         values: list = [None] * self.world_size
-        pending = set(range(self.world_size))
+        pending, started = set(range(self.world_size)), set()
         next_check = 0.0
         guard_file = os.path.join(self._tmp, "main-guard") if self._tmp else None
         while pending:
@@ -255,12 +255,14 @@ class Cluster:
                 if deadline is not None and now > deadline:
                     raise_timeout(self._out_q, self._report, job_id, pending, timeout_s)
                 if on_ready is not None:
-                    on_ready(self.world_size - len(pending))
+                    on_ready(self.world_size - len(pending), len(started))
             try:
                 msg = self._out_q.get(timeout=0.05)
             except queue.Empty:
                 continue
-            if msg.kind is Kind.EVENT:
+            if msg.kind is Kind.STARTED:
+                started.add(msg.rank)
+            elif msg.kind is Kind.EVENT:
                 if on_event is not None:
                     on_event(msg.data)
             elif msg.kind is Kind.OUTPUT:

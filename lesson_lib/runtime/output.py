@@ -68,18 +68,22 @@ def show(rank: int, stream: str, text: str) -> None:
 
 
 class StartProgress:
-    """'starting 64 ranks: 12/64 ready (8 s)' on one line while a big or slow world starts."""
+    """'starting 64 ranks: 40/64 processes up, 0/64 in the process group (8 s)' on one line while a
+    big or slow world starts: processes come up one by one (each imports torch), then all join the
+    process group together."""
 
     def __init__(self, world_size: int, quiet: bool):
         self.n, self.quiet, self.t0, self.last, self.shown = world_size, quiet, time.monotonic(), 0.0, False
         self.width = 0  # the longest line shown: the last one is padded to cover all of it
 
-    def __call__(self, ready: int) -> None:
+    def __call__(self, ready: int, started: int | None = None) -> None:
         now = time.monotonic()
         if self.quiet or ready == self.n or now - self.last < 1.0 or (self.n < 8 and now - self.t0 < 3):
             return
         self.last, self.shown = now, True
-        line = f"lesson_lib: starting {self.n} ranks: {ready}/{self.n} ready ({now - self.t0:.0f} s)"
+        up = "" if started is None else f"{max(started, ready)}/{self.n} processes up, "
+        line = (f"lesson_lib: starting {self.n} ranks: {up}{ready}/{self.n} in the process group "
+                f"({now - self.t0:.0f} s)")
         self.width = max(self.width, len(line))
         print(f"\r{line}", end="", flush=True)
 
