@@ -116,12 +116,19 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
     return rows
 
 
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """Columns aligned, one line a row: a few runs' figures side by side, not a wall of sentences."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in (header, *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+
+
 def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
     """Where the idle time goes at P = 2 on the compute-dominated preset (``Config.from_preset("bubble")``):
     the bubble rebuilt one cause at a time, every rung measured in the same run
     (:func:`~lesson_lib.milestones.pipeline.schedules.bubble_breakdown`); then the same model with one
     hidden layer fewer, which 2 stages can only cut 7 + 8: unequal stages."""
-    rows, runs = [], []
+    rows, runs, table, detail = [], [], [], []
     models = {"balanced": {}, "7 + 8 layers": {"depth": pp.Config.PRESETS["bubble"]["depth"] - 1}}
     for model, change in models.items():
         for m in microbatches:
@@ -131,21 +138,23 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
             rows.append({"label": f"{model}, M={m}", "model": model, "microbatches": m, "formula": f,
                          "pace": b["pace"],
                          **{k: b[k] for k in ("stages", "busy", "wall", "per_stage")}})
-            print(f"{model}, M={m}: formula {f:.1%}; + unequal stages {b['stages']:.1%} "
-                  f"({b['stages'] / f:.2f}× the formula); + variation between micro-batches {b['busy']:.1%} "
-                  f"({b['busy'] / f:.2f}×); on the wall clock {b['wall']:.1%} ({b['wall'] / f:.2f}×)")
             d = [1e3 * x for x in r["message_delays_s"]]  # sorted
             fwd = statistics.median(e["busy"] for e in r["events"] if e["kind"] == "forward" and e["step"])
-            print(f"    messages, from the neighbour finishing to the message landing: median "
-                  f"{statistics.median(d):.2f} ms, 90th percentile {d[int(0.9 * (len(d) - 1))]:.2f} ms, "
-                  f"longest {d[-1]:.2f} ms (one forward takes {1e3 * fwd:.1f} ms of busy time)")
-            for s in b["per_stage"]:
-                print(f"    stage {s['stage']}: forward + backward {1e3 * s['forward']:.1f} + "
-                      f"{1e3 * s['backward']:.1f} ms of busy time per micro-batch; off its core while "
-                      f"computing {s['off_core']:.1%} of the step, waiting for a message {s['recv']:.1%}, "
-                      f"between actions {s['between']:.1%}")
-            print(f"    pace (slowest forward + slowest backward over the mean stage's): "
-                  f"{rows[-1]['pace']:.3f}")
+            per = b["per_stage"]
+            table.append([f"{model}, M={m}", f"{f:.1%}", f"{b['stages']:.1%}", f"{b['busy']:.1%}",
+                          f"{b['wall']:.1%}", f"{b['pace']:.3f}"])
+            detail.append([f"{model}, M={m}", " / ".join(f"{1e3 * s['forward']:.1f}+{1e3 * s['backward']:.1f}"
+                                                         for s in per),
+                           " / ".join(f"{s['off_core']:.0%}" for s in per),
+                           f"{statistics.median(d):.2f} / {d[int(0.9 * (len(d) - 1))]:.2f} / {d[-1]:.2f}",
+                           f"{1e3 * fwd:.1f}"])
+    print("The bubble, one cause at a time (shares of the step; pace: the slowest forward + the slowest "
+          "backward over the mean stage's):")
+    print_table(["run", "formula", "+ unequal stages", "+ variation", "wall clock", "pace"], table)
+    print("\nWhat the stages did (stage 0 / stage 1), and the messages, from the neighbour finishing to "
+          "the message landing:")
+    print_table(["run", "F + B busy (ms)", "off its core", "message ms: median / p90 / max", "one F (ms)"],
+                detail)
     display(plots.pipeline.bubble_causes(
         rows, f"{schedule}, 2 stages: the bubble rebuilt one cause at a time",
         plots.common.oversubscription_note(runs)))
