@@ -84,7 +84,7 @@ def allreduce(sizes=ALLREDUCE_SIZES, world_sizes=(2, 4), algorithms=ALLREDUCE_AL
     return rows
 
 
-def _size(nbytes: float) -> str:
+def size_label(nbytes: float) -> str:
     return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:g} KiB"
 
 
@@ -102,7 +102,7 @@ def print_allreduce(rows: list[dict]) -> None:
         cells = " ".join(f"{by[n, s, a]['algbw_GBps']:>16.3f}" for a in algs)
         ratios = "".join(f" {by[n, s, a]['vs_library']:>22.2f}" if by[n, s, a]["vs_library"] else f" {'':>22}"
                          for a in ours)
-        print(f"{n:>5} {_size(s):>9} {cells}{ratios}")
+        print(f"{n:>5} {size_label(s):>9} {cells}{ratios}")
     # The same model fitted to the library's times (it is a ring too): α and β side by side say
     # whether a gap is per-step latency or bandwidth.
     for n in dict.fromkeys(r["world_size"] for r in rows):

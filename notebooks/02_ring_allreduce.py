@@ -196,10 +196,10 @@ assert bw["fits"][2]["rms_rel_error"] < 0.5       # the two-parameter model desc
 
 # %% [markdown]
 # **Where the gap comes from.** Gloo's `all_reduce` is a ring too (`gloo/allreduce.cc`), so both send
-# the same bytes over the same sockets. Fitting the same α-β model to Gloo's times (printed above) gives
+# the same bytes over the same sockets. Fitting the same α-β model to Gloo's times (the table above) gives
 # an α and a β of the same order. The ratio ring / Gloo is what moves most from run to run — with
 # whatever else the machine is doing (another program, this browser), and most on 4 ranks sharing
-# 2 cores, where every rank also waits for a core. Read this run's ratios in the table above and rerun
+# 2 cores, where every rank also waits for a core. Read this run's ratios in the table and rerun
 # the cell to see them move; the assert claims only the same league (a median ratio above 0.5). The
 # structural difference: our ring adds a chunk only after receiving all of
 # it, while Gloo's C++ loop cuts each chunk into segments and keeps two in flight, so reducing one
