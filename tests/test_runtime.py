@@ -163,6 +163,9 @@ def test_a_script_without_a_main_guard_gets_a_clear_error_long_before_the_start_
     last = proc.stderr.strip().splitlines()
     assert any('if __name__ == "__main__":' in line for line in last), proc.stderr[-2000:]
     assert "did not finish" not in proc.stderr
+    # the advice once, from the parent: the children leave quietly (once they printed it each, in
+    # 77 lines for 2 ranks)
+    assert proc.stderr.count('if __name__ == "__main__":') == 1 and len(last) < 30, proc.stderr
 
 
 @pytest.mark.slow

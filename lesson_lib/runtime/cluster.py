@@ -102,11 +102,13 @@ class Cluster:
             self.close()
         if getattr(mp.current_process(), "_inheriting", False):
             # We are a worker being started, re-importing a script that starts workers at import
-            # time. Leave a note for the parent, which turns it into a clear error.
+            # time. Leave a note for the parent, which turns it into one clear error, and leave
+            # quietly (SystemExit prints no traceback): the advice is printed once, by the parent.
             mark = os.environ.get(_SPAWN_MARK)
             if mark:
                 with open(mark, "w") as f:
                     f.write("main guard")
+                raise SystemExit(1)
             raise RuntimeError(MAIN_GUARD_HELP)
         t0 = time.perf_counter()
         self._tmp = folders.new()
