@@ -189,12 +189,23 @@ assert slow["lead"]["sync"] <= 1 < 1.5 < slow["lead"]["async"], slow["lead"]
 # Every synchronous step, each of N workers pushes S bytes of gradient in and pulls S bytes of
 # parameters out, so the server moves **2·N·S** bytes while each worker moves 2·S. The counter below is
 # what `lesson_lib` saw on the wire, set against the formula.
+#
+# On this laptop the "network" is a memory copy between processes, far faster than any NIC, so the
+# bytes alone would not show in the step time. Here the server sits behind an **emulated** link
+# (`comm.set_link`: each of its transfers is held to the link's speed, as chapter 6 does for
+# compression), of 0.05 Gbit/s — slow, so that a model this small shows what a big model does on a
+# real link: every byte of every worker passes this one door. A link carries both directions at once
+# (full duplex), so N·S bytes in and N·S out take N·S / B: the step can take no less, and that grows
+# with every worker added. (The dotted line; how close the measured step comes to it says how little
+# else a step costs here.)
 
 # %%
 traffic = ch01.bottleneck(worker_counts=(1, 2, 4))
 
 # %%
 assert all(r["counted"] == r["formula"] for r in traffic), traffic
+assert all(r["step_ms"] >= r["door_ms"] for r in traffic), traffic      # the door is the floor
+assert traffic[-1]["step_ms"] > 1.5 * traffic[0]["step_ms"], traffic     # and it widens with N
 
 # %% [markdown]
 # Real parameter servers were never one machine: DistBelief (Dean et al., 2012) already **sharded**

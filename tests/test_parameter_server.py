@@ -94,6 +94,8 @@ def test_a_dead_server_stops_training_with_its_rank(clusters):
     (dict(fail_worker="x"), "fail_worker"),
     (dict(staleness_bound=-2), "staleness_bound"),
     (dict(world_size=7), "world_size"),
+    (dict(server_gbps=-1.0), "server_gbps"),
+    (dict(server_gbps=float("inf")), "server_gbps"),
 ])
 def test_bad_input_names_the_parameter(options, name):
     with pytest.raises((ValueError, TypeError), match=name):
@@ -136,3 +138,14 @@ def test_fast_lead_counts_steps_ahead_of_the_straggler():
     assert ch01.fast_lead(free) == 4  # at the second push: 6 done - 2
     one_ahead = _pushes({0: [4, 8], 1: [1, 3.9, 7], 2: [1, 5, 7.5]})
     assert ch01.fast_lead(one_ahead) == pytest.approx(1.0)  # at push 1: (2 + 1)/2 - 1; at push 2: 3 - 2
+
+
+@pytest.mark.slow
+def test_an_emulated_server_link_holds_each_step_to_its_bytes(clusters):
+    # catches: the link left off (steps far under N·S/B), or left on for the next run of a warm worker
+    cfg = dict(mode="sync", workers=2, steps=4, hidden=256, depth=2, global_batch=24)
+    slow = run("parameter-server", server_gbps=0.05, cluster=clusters(3), **cfg)
+    floor = slow["param_bytes"] * 2 * 8 / 0.05e9  # N·S each way
+    assert slow.median_step_time() >= floor
+    fast = run("parameter-server", cluster=clusters(3), **cfg)
+    assert fast.median_step_time() < floor / 2 and fast.losses == slow.losses

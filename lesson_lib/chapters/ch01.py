@@ -126,18 +126,30 @@ def fast_lead(r: Result, straggler: int = 0) -> float:
                for i, t in enumerate(slow, start=1))
 
 
-def bottleneck(worker_counts=(1, 2, 4)) -> list[dict]:
-    """Synchronous steps with more workers: counted server traffic against 2·N·S, and step time."""
+SERVER_GBPS = 0.05  # the server's EMULATED link: N·S bytes each way take N × 7 ms here
+
+
+def bottleneck(worker_counts=(1, 2, 4), server_gbps: float = SERVER_GBPS) -> list[dict]:
+    """Synchronous steps with more workers: counted server traffic against 2·N·S; then step time with
+    the server behind an EMULATED link of ``server_gbps``, against the time its bytes need there: N·S
+    in and N·S out, at once on a full-duplex link, so N·S / B — the one door every worker's bytes pass."""
     rows = []
     for n in worker_counts:
-        r = _run("sync", n, steps=10)
+        r = _run("sync", n, steps=10, server_gbps=server_gbps)
         rows.append({"workers": n, "counted": r["server_bytes_per_step"],
-                     "formula": r["server_bytes_formula"],
-                     "step_ms": 1e3 * r.median_step_time(), "busy_ms": _busy_ms(r)})
-    display(plots.training.traffic_vs_formula(rows, "workers", "workers (N)",
-                                              "Into and out of the server per synchronous step: 2·N·S",
-                                              plots.common.oversubscription_note([r])))
+                     "formula": r["server_bytes_formula"], "step_ms": 1e3 * r.median_step_time(),
+                     "door_ms": 1e3 * r["server_bytes_formula"] / 2 * 8 / (server_gbps * 1e9)})
+    display(plots.training.traffic_vs_formula(
+        rows, "workers", "workers (N)", "Into and out of the server per synchronous step: 2·N·S, and the "
+        f"step time with the server behind an emulated {server_gbps:g} Gbit/s link", EMULATED_NOTE))
+    print(f"server link EMULATED at {server_gbps:g} Gbit/s: "
+          + "; ".join(f"{r['workers']} worker(s): step {r['step_ms']:.1f} ms, of which the server's bytes "
+                      f"need {r['door_ms']:.1f} ms each way" for r in rows))
     return rows
+
+
+EMULATED_NOTE = ("emulated link: the server's transfers are held to the link's speed (comm.set_link); the "
+                 "real ones are memory copies between processes")
 
 
 def sharding(workers: int = 2, server_counts=(1, 2, 4)) -> list[dict]:

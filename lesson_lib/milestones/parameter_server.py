@@ -6,17 +6,15 @@ the optimizer state for it; ranks K..K+N-1 are workers. Every message is point-t
 ``lesson_lib.comm``, so the server's traffic is counted exactly.
 
 * ``sync``: each step every worker pushes its gradient slices and waits; each server averages the
-  N slices, takes one SGD step and sends the new slice back. Equal to single-process SGD on the
-  combined batch.
+  N slices, steps and sends the new slice back: single-process SGD on the combined batch.
 * ``async``: each server applies every gradient the moment it arrives and replies to that worker
-  alone; workers never wait for each other, but their gradients are *stale* (computed on
-  parameters that other workers' updates have since changed). ``staleness_bound`` caps that
-  (stale synchronous parallel, Ho et al., 2013): a worker more than that many pushes ahead of
-  the slowest live worker is held until it catches up.
+  alone; nobody waits, but gradients are *stale* (computed on parameters since changed by others).
+  ``staleness_bound`` caps that (stale synchronous parallel, Ho et al., 2013): a worker more than
+  that many pushes ahead of the slowest live worker is held until it catches up.
 
-A server declares a worker lost when it has not heard from it for ``lost_after_s`` (a heartbeat
-timeout, as real systems do). Sync training cannot go on without it and fails naming it; async
-training goes on with the others.
+A server declares a worker lost after ``lost_after_s`` of silence (a heartbeat timeout): sync
+training then fails naming it, async goes on. ``server_gbps`` gives each server an EMULATED link
+(:func:`comm.set_link`): the one door every byte of the model passes, twice per worker per step.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from ..comm import chunk_bounds
 from ..config import TrainConfig, opt, parse_stragglers, positive_int
 from ..data import batch_indices, shard, teacher_classification
 from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary
-from ..models import flat_views, mlp
+from ..models import flat_views, mlp, mlp_param_count
 from ..runtime import context
 from .data_parallel import extra_work
 
@@ -59,6 +57,7 @@ class Config(TrainConfig):
     fail_worker: str = opt("", "WORKER:STEP — that worker stops responding at that step")
     fail_server: int = opt(-1, "step at which server 0 dies (-1: never)")
     lost_after_s: float = opt(3.0, "a server declares a silent worker lost after this many seconds")
+    server_gbps: float = opt(0.0, "EMULATED bandwidth of each server's link, Gbit/s (0: the real one)")
 
     def __post_init__(self):
         if self.world_size == 0 and isinstance(self.workers, int) and isinstance(self.servers, int):
@@ -85,6 +84,9 @@ class Config(TrainConfig):
             raise ValueError(f"staleness_bound must be -1 (unbounded) or ≥ 0, got {self.staleness_bound}")
         if not self.lost_after_s > 0:
             raise ValueError(f"lost_after_s must be positive, got {self.lost_after_s}")
+        if not (isinstance(self.server_gbps, (int, float)) and 0 <= self.server_gbps < float("inf")):
+            raise ValueError(f"server_gbps must be a bandwidth >= 0 in Gbit/s (0: off), got "
+                             f"{self.server_gbps!r}")
         return self
 
     def failures(self) -> dict[int, int]:
@@ -101,8 +103,6 @@ class Config(TrainConfig):
 
 
 def param_count(cfg: TrainConfig) -> int:
-    from ..models import mlp_param_count
-
     return mlp_param_count(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes)
 
 
@@ -175,7 +175,6 @@ def serve(cfg: Config, k: int, emit) -> dict:
                 version += 1
                 for v in sorted(waiting):
                     reply(v)
-                for v in list(waiting):
                     last_heard[v] = time.monotonic()
                 waiting.clear()
         else:
@@ -254,14 +253,16 @@ def worker(cfg: Config) -> dict:
     k = ctx.rank
     if k < cfg.servers:
         t0 = time.time()
-        out = serve(cfg, k, ctx.emit)
+        comm.set_link(cfg.server_gbps or None)
+        try:
+            out = serve(cfg, k, ctx.emit)
+        finally:
+            comm.set_link(None)  # warm workers serve other chapters next
         c = counters()
-        wall = time.time() - t0
-        out["per_rank"] = {"rank": k, "bytes_sent": c.bytes_sent, "bytes_recv": c.bytes_recv,
+        out["per_rank"] = {"rank": k, "bytes_sent": c.bytes_sent, "bytes_recv": c.bytes_recv, "steps": [],
                            "compute_s": out["busy_s"], "comm_s": c.seconds, "busy_s": out["busy_s"],
-                           "wall_s": wall, "memory": out["memory"], "ops": c.as_dict(), "steps": []}
-        out["losses"] = []
-        return out
+                           "wall_s": time.time() - t0, "memory": out["memory"], "ops": c.as_dict()}
+        return {**out, "losses": []}
     return work(cfg, k - cfg.servers, ctx.device, ctx.emit)
 
 

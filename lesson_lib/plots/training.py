@@ -178,8 +178,8 @@ def staleness_histogram(hist: dict, title: str = "Staleness of the gradients the
 
 
 def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str, note: str | None = None):
-    """rows: {x, counted, formula, step_ms[, busy_ms]} — counted bytes against the formula, and
-    step time (with busy time beside it when given)."""
+    """rows: {x, counted, formula, step_ms[, busy_ms][, door_ms]} — counted bytes against the formula,
+    and step time (with busy time beside it, or the time the bytes need on an emulated link)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes per step", "step time (ms, median)"))
     xs = [str(r[x]) for r in rows]
     fig.add_bar(x=xs, y=[r["counted"] for r in rows], name="counted", marker_color=COLORS["comm"],
@@ -191,6 +191,9 @@ def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str, note: 
     if all("busy_ms" in r for r in rows):
         fig.add_scatter(x=xs, y=[r["busy_ms"] for r in rows], name="busy (CPU time)",
                         mode="lines+markers", line={"color": COLORS["busy"]}, row=1, col=2)
+    if all("door_ms" in r for r in rows):
+        fig.add_scatter(x=xs, y=[r["door_ms"] for r in rows], name="N·S / B: the server's link, each way",
+                        mode="lines+markers", line={"color": "black", "dash": "dot"}, row=1, col=2)
     fig.update_xaxes(title_text=xlabel, type="category")
     fig.update_layout(title=title, height=360)
     _annotate(fig, note)
