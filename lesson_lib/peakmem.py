@@ -9,9 +9,12 @@ counterpart of ``torch.cuda.max_memory_allocated``:
 * **CPU** — torch's CPU allocator reports each allocation and free, with its size, to an active
   profiler (``profile_memory``). We open the profiler's light (legacy) mode on the rank's thread,
   and a session of its own on any other thread that allocates for the step (``thread()``: ZeRO-2's
-  communication thread); the events of all sessions are merged in time order. A free counts only if
-  a block of that size was allocated in the window, so memory from an earlier run in a warm worker
-  (freed now) cannot push the count below zero.
+  communication thread); the events of all sessions are merged in time order. The events carry
+  sizes, not addresses, so a free counts only if a block of that size was allocated in the window
+  and is still alive: a block of an earlier run freed now cannot lower the count — unless this
+  window holds one of the same size, which it would then cancel. Opening the window collects
+  garbage and drops the comm layer's kept buffers, so in ZeRO's runs no earlier block is left to
+  be freed (tests/test_peakmem.py checks that the peaks repeat in warm workers).
 * **GPU** — the CUDA caching allocator's ``memory_allocated`` and ``max_memory_allocated``
   (``reset_peak_memory_stats`` at :meth:`reset_peak`). No CUDA call is made on the CPU path.
 
