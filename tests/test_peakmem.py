@@ -126,7 +126,7 @@ def test_the_cpu_path_makes_no_cuda_call(monkeypatch):
 
 
 def test_every_zero_rank_reports_its_measured_peak_beside_the_inventory(clusters):
-    cfg = zero.Config(stage=3, world_size=2, **zero.Config.PRESETS["tiny"])
+    cfg = zero.Config(stage=3, world_size=2, peak_memory=True, **zero.Config.PRESETS["tiny"])
     r = run("zero", cfg, cluster=clusters(2))
     assert len(r.per_rank) == 2
     for p in r.per_rank:
@@ -134,13 +134,16 @@ def test_every_zero_rank_reports_its_measured_peak_beside_the_inventory(clusters
         states = m["params"] + m["grads"] + m["optimizer"]
         assert m["measured_peak"] >= states + m["buffers"] > 0, m  # the inventory is still there
         assert 0 < m["measured_at_reset"] <= m["measured_peak"], m
+    plain = run("zero", zero.Config(stage=3, world_size=2, **zero.Config.PRESETS["tiny"]),
+                cluster=clusters(2))
+    assert "measured_peak" not in plain.per_rank[0]["memory"]  # off by default: it costs step time
 
 
 @pytest.mark.slow
 def test_memory_preset_peaks_repeat_in_warm_workers_and_fall_with_the_stage(clusters):
     c, preset = clusters(2), "memory"
     cfg = zero.Config.from_preset(preset)
-    assert zero.param_count(cfg) > 10e6 and cfg.world_size == 2 and not cfg.return_params
+    assert zero.param_count(cfg) > 10e6 and cfg.world_size == 2 and not cfg.return_params and cfg.peak_memory
 
     def peaks(stage, **options):
         r = run("zero", zero.Config.from_preset(preset, stage=stage, **options), cluster=c)

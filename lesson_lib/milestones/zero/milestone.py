@@ -39,7 +39,7 @@ class Config(TrainConfig):
     PRESETS = {"laptop": {"steps": 8, "global_batch": 64, "hidden": 256, "depth": 3},
                "tiny": {"steps": 4, "global_batch": 24, "hidden": 48, "depth": 2, "samples": 512},
                "memory": {"steps": 2, "global_batch": 16, "hidden": 1024, "depth": 16, "samples": 256,
-                          "world_size": 2, "return_params": False}}
+                          "world_size": 2, "return_params": False, "peak_memory": True}}
 
     stage: int = opt(0, "0 plain data parallel | 1 shard optimizer state | 2 + gradients | 3 + parameters")
     precision: str = opt("fp32", "fp32 | mixed (bf16 params and grads, fp32 master and Adam: K=12)")
@@ -48,6 +48,8 @@ class Config(TrainConfig):
                                  "from the shards, chapter 5)")
     weight_decay: float = opt(0.0, "lamb/lars weight decay of the weight matrices (biases excluded)")
     return_params: bool = opt(True, "send the trained parameters back for checking (off for large models)")
+    peak_memory: bool = opt(False, "measure each rank's peak of allocated bytes (lesson_lib.peakmem); on "
+                                   "CPU its profiler slows each step, so runs timed for figures skip it")
     bucket_mb: float = opt(0.0, "stage 2: 0 scatter the gradients after the backward | > 0 in buckets of "
                                 "this many MiB during the backward, each freed once scattered (as ZeRO-2)")
 
@@ -82,6 +84,8 @@ def param_count(cfg: TrainConfig) -> int:
 
 def worker(cfg: Config) -> dict:
     counters().reset()
+    if not cfg.peak_memory:
+        return _train(cfg, None)
     # The allocator's own count (a measurement), from before the model exists to the last step.
     with PeakMemory(context().device) as peak:
         out = _train(cfg, peak)
@@ -89,7 +93,7 @@ def worker(cfg: Config) -> dict:
     return out
 
 
-def _train(cfg: Config, peak: PeakMemory) -> dict:
+def _train(cfg: Config, peak: PeakMemory | None) -> dict:
     ctx = context()
     r, n, dev, stage = ctx.rank, ctx.world_size, ctx.device, cfg.stage
     mixed = cfg.precision == "mixed"
@@ -124,7 +128,8 @@ def _train(cfg: Config, peak: PeakMemory) -> dict:
     x_all, y_all = x_all.to(dev, dtype), y_all.to(dev)
     meter, rec = ActivationMeter(exclude=model.parameters()), StepRecorder(dev, ctx.emit)
     losses = []
-    peak.reset_peak()  # the measured peak is the steps': the model states are alive from here on
+    if peak is not None:  # the measured peak is the steps': the model states are alive from here on
+        peak.reset_peak()
     try:
         for step in range(cfg.steps):
             idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), r, n)
@@ -150,7 +155,8 @@ def _train(cfg: Config, peak: PeakMemory) -> dict:
     finally:
         if overlap is not None:
             overlap.close()
-    peak.stop()  # what follows (the inventory, a final gather for checking) is not training
+    if peak is not None:
+        peak.stop()  # what follows (the inventory, a final gather for checking) is not training
     params_kept = [u.shard if stage == 3 else u.full for u in units]
     grads_kept = [u.grad_shard if stage >= 2 else u.bucket for u in units]
     memory = {"params": storage_bytes(params_kept), "grads": storage_bytes(grads_kept),
