@@ -105,11 +105,11 @@ measured = ch04.measured_memory()
 # %% [markdown]
 # What the measurement adds to the inventory, stage by stage:
 #
-# * **Everything listed, and more.** The measured peak is never below the inventory (model states,
-#   the transient buffers the code lists, activations). What is not listed is mostly Adam's
-#   temporaries — the two we just measured, for the largest tensor it updates at once — and the
-#   fresh tensor the backward computes each layer's weight gradient into before adding it to the
-#   gradient buffer.
+# * **Everything listed, and more.** The measured peak is never below the model states and the
+#   transient buffers the inventory lists, which are alive together; the activations are another
+#   moment's (freed by the end of the backward). What is not listed includes Adam's
+#   temporaries — the two we just measured, for each tensor it updates — and the fresh tensor the
+#   backward computes a layer's weight gradient into before adding it to the gradient buffer.
 # * **Stage 2 without buckets is above stage 1.** It builds the whole full gradient during the
 #   backward and only then scatters it, so for a while it holds the full gradient *and* its
 #   sharded one; stage 1 keeps the full gradient and uses its own slice in place. The saving of
