@@ -1,11 +1,13 @@
 """Counters of bytes and time, per-step timing, and memory accounting — one place for all chapters.
 
-Memory is *measured*: we walk the tensors a rank really holds and add up the bytes of their
-distinct storages (a view or a shared tensor is counted once). Activations are the tensors
+Memory here is an *inventory*: we walk the tensors a rank knows it holds and add up the bytes of
+their distinct storages (a view or a shared tensor is counted once). Activations are the tensors
 autograd saves for backward, caught with ``torch.autograd.graph.saved_tensors_hooks`` during the
 forward pass. Communication buffers are the scratch tensors ``lesson_lib.comm`` allocates (peak)
 plus whatever flat buckets the milestone passes in. On GPU we add the CUDA caching allocator's
-current and peak bytes; on CPU, the process RSS for context (it also holds torch itself).
+current and peak bytes; on CPU, the process RSS for context (it also holds torch itself). An
+inventory cannot see a temporary the code does not list: the *measurement* that does, the peak of
+the bytes torch's allocator handed out, is :class:`lesson_lib.peakmem.PeakMemory` (chapter 4).
 """
 
 from __future__ import annotations
@@ -201,7 +203,7 @@ def memory_report(model: torch.nn.Module | None = None, optimizer=None, activati
                   buffers: Iterable[torch.Tensor] = (), device: torch.device | None = None,
                   params: Iterable[torch.Tensor] | None = None,
                   grads: Iterable[torch.Tensor] | None = None) -> dict:
-    """Measured bytes per category for the calling rank (see the module docstring)."""
+    """Inventoried bytes per category for the calling rank (see the module docstring)."""
     ps = list(params) if params is not None else (list(model.parameters()) if model else [])
     gs = list(grads) if grads is not None else [p.grad for p in ps]
     report = {

@@ -31,8 +31,9 @@
 #
 # Stage 2 already approaches an 8× saving as N grows (16Ψ → 2Ψ), and stage 3 divides everything by
 # N — which is what makes trillion-parameter training possible (Rajbhandari et al., 2020). Below we
-# train with all four stages on 4 real processes and **measure** each rank's memory, category by
-# category, from the tensors it holds.
+# train with all four stages on 4 real processes and take each rank's **inventory**, category by
+# category, of the tensors it holds; then we **measure** what each rank really allocated, with a
+# meter that knows nothing of the formulas.
 
 # %% [markdown]
 # **After this chapter you can:**
@@ -54,12 +55,14 @@ import torch.nn.functional as F
 from lesson_lib import comm, numerics, show_source, warm_cluster
 from lesson_lib.chapters import ch04
 from lesson_lib.milestones import zero
+from lesson_lib.peakmem import PeakMemory
 
 # %% [markdown]
-# ## 1. Four stages, measured
+# ## 1. Four stages: the inventory
 #
 # Each rank keeps every layer's parameters, gradients and Adam state in flat buffers, padded to a
-# multiple of N; rank r owns slice r of each. The bars are what rank 0 actually holds between steps; the black marks are
+# multiple of N; rank r owns slice r of each. The bars are an inventory of what rank 0 holds between
+# steps (the bytes of the storages it knows it keeps); the black marks are
 # the paper's formulas for fp32 Adam (16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N). The purple part is the
 # peak of the *transient* buffers: the full gradient a stage-2 rank builds during backward before
 # scattering it (section 3 scatters it in buckets during the backward instead), one layer's full
@@ -73,6 +76,79 @@ results = ch04.stages(world_size=4, precision="fp32")
 # %%
 ratios = ch04.memory_ratios(results)
 assert all(abs(v - 1) <= 0.05 for per_stage in ratios.values() for v in per_stage.values()), ratios
+
+# %% [markdown]
+# ### The same stages, measured
+#
+# The inventory shows the shards are 1/N, but it agrees with the formulas nearly by construction: it
+# adds up what the code lists, and a temporary the code never lists is invisible to it. So we also
+# **measure**. Torch's allocator reports every allocation and free, with its size, to an active
+# profiler (`profile_memory`); `PeakMemory` keeps the running total of the bytes allocated since it
+# opened and its peak — on CPU what `torch.cuda.max_memory_allocated` is on a GPU (where we use that).
+# First on something we can check by hand, one Adam step on one tensor of a million numbers:
+
+# %%
+show_source(PeakMemory._replay)  # the running total of the allocator's events, and its peak
+p = torch.zeros(2**20, requires_grad=True)
+p.grad = torch.ones_like(p)
+adam = torch.optim.Adam([p])
+adam.step()  # the first step creates Adam's two moments; the next one only updates them
+with PeakMemory() as meter:
+    meter.reset_peak()
+    adam.step()
+print(f"one Adam step on a {p.nbytes / 1e6:.1f} MB tensor allocates {meter.peak / 1e6:.1f} MB at its peak")
+
+# %%
+# Adam's step computes sqrt(v) and then sqrt(v) / correction: two temporaries the size of the tensor
+assert 2 * p.nbytes <= meter.peak < 3 * p.nbytes, meter.as_dict()
+
+# %% [markdown]
+# Now the four stages on a model large enough that its model states dominate: the `memory`
+# preset (its size, its layers and every figure are printed by the run), on 2 ranks, with stage 2
+# run twice — scattering the whole gradient after the backward, and in buckets during it. Each
+# rank's meter opens before its model is built and keeps the peak of the training steps; every
+# run is a fresh count, whatever the warm worker ran before (the process's resident memory cannot
+# say that: the C allocator keeps freed memory, so a later, smaller run starts from the pages of an
+# earlier one).
+
+# %%
+measured = ch04.measured_memory()
+
+# %% [markdown]
+# What the measurement adds to the inventory, stage by stage:
+#
+# * **Everything listed, and more.** The measured peak is never below the model states and the
+#   transient buffers the inventory lists, which are alive together; the activations are another
+#   moment's (freed by the end of the backward). What is not listed includes Adam's
+#   temporaries — the two we just measured, for each tensor it updates — and the fresh tensor the
+#   backward computes a layer's weight gradient into before adding it to the gradient buffer.
+# * **Stage 2 without buckets is above stage 1.** It builds the whole full gradient during the
+#   backward and only then scatters it, so for a while it holds the full gradient *and* its
+#   sharded one; stage 1 keeps the full gradient and uses its own slice in place. The saving of
+#   ZeRO-2 needs the gradients reduced in buckets during the backward, as the paper does
+#   (Rajbhandari et al., 2020): then it falls below stage 1.
+# * **Stage 3 falls least below the formula:** besides its states it holds one layer's gathered
+#   parameters and full gradient at a time, and the ring's receive buffer.
+#
+# What the meter does not see: memory outside torch's allocator (Python objects, Gloo's own
+# buffers, pages the C allocator keeps after a free). And the formula is a model of the model
+# states alone: the measured peak falls with the stage, by less than the formula, because the
+# temporaries do not shrink with N.
+
+# %%
+rows = {row["label"]: row for row in measured["rows"]}
+for row in rows.values():  # on every rank: the allocator saw all the model states and listed buffers
+    assert all(m >= s + b for m, s, b in zip(row["measured"], row["states"], row["buffers"])), row
+    assert all(s == row["states"][0] for s in row["states"]), row  # the shards are equal
+# the model states dominate, except where stage 2 holds its whole full gradient
+assert all(max(r["states"]) >= 0.75 * max(r["measured"]) for k, r in rows.items() if k != "stage 2"), rows
+# the measured peak falls with the stage: every rank of a stage below every rank of the one before
+order = ["stage 0", "stage 1", "stage 2, buckets", "stage 3"]
+assert all(max(rows[b]["measured"]) < min(rows[a]["measured"]) for a, b in zip(order, order[1:])), rows
+# stage 2 without buckets: the whole full gradient lives beside the model states, above stage 1
+two = rows["stage 2"]
+assert all(m - s >= two["whole_gradient"] for m, s in zip(two["measured"], two["states"])), two
+assert min(two["measured"]) > max(rows["stage 1"]["measured"]), rows
 
 # %% [markdown]
 # ## 2. Without hurting results

@@ -190,3 +190,37 @@ def explorer():
         "world_size": W.Dropdown(options=valid_world_sizes(), value=2, description="ranks"),
         "precision": W.ToggleButtons(options=["fp32", "mixed"], description="precision"),
     }, go)
+
+
+def measured_memory(preset: str = "memory", bucket_mb: float = 4.0) -> dict:
+    """Stages 0–3 (and stage 2 with buckets of ``bucket_mb`` MiB) on the ``memory`` preset, a model
+    whose states dominate: each rank's peak of allocated bytes during the steps, *measured* by the
+    allocator (:class:`lesson_lib.peakmem.PeakMemory`), beside the *inventory* of what it knows it
+    holds and the paper's formula (a model). Returns what the notebook asserts."""
+    runs = [(f"stage {s}", s, {}) for s in range(3)] + [("stage 2, buckets", 2, {"bucket_mb": bucket_mb}),
+                                                        ("stage 3", 3, {})]
+    rows = []
+    for label, s, options in runs:
+        r = run_warm(zero.Config.from_preset(preset, stage=s, **options))
+        mem = [p["memory"] for p in r.per_rank]
+        rows.append({"label": label, "stage": s, "buckets": bool(options),
+                     "measured": [m["measured_peak"] for m in mem],
+                     "states": [sum(m[c] for c in CATEGORIES) for m in mem],
+                     "buffers": [m["buffers"] for m in mem], "activations": [m["activations"] for m in mem],
+                     "formula": r["formula"]["total"], "whole_gradient": sum(r["layer_bytes"]),
+                     "method": mem[0]["measured_method"]})
+    cfg = zero.Config.from_preset(preset)
+    psi, n = zero.param_count(cfg), cfg.world_size
+    display(plots.memory.measured_vs_inventory(
+        rows, f"{psi / 1e6:.1f}M parameters in {cfg.depth + 1} layers, {n} ranks, fp32 Adam: the peak each "
+              f"rank allocated during the steps (measured: {rows[0]['method']}), what it lists "
+              "(inventory) and Rajbhandari et al. (2020) (model)"))
+    mb = lambda b: f"{b / 1e6:,.1f} MB"  # noqa: E731
+    for row in rows:
+        listed = [s + b + a for s, b, a in zip(row["states"], row["buffers"], row["activations"])]
+        unlisted = min(m - x for m, x in zip(row["measured"], listed))
+        print(f"{row['label']}: measured {', '.join(map(mb, row['measured']))} per rank; inventory: model "
+              f"states {mb(max(row['states']))} + transient buffers {mb(max(row['buffers']))} + activations "
+              f"{mb(max(row['activations']))}; not listed {mb(unlisted)}"
+              f" or more; formula {mb(row['formula'])}")
+    return {"rows": rows, "world_size": n, "param_count": psi}

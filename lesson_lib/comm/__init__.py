@@ -15,7 +15,7 @@ Used by chapter 0 (data parallel) and chapter 2 (ring all-reduce) onwards.
 """
 
 from .algorithms import ALGORITHMS, BYTES_SENT, all_reduce, formula_bytes_sent
-from .p2p import Pending, exchange, link, recv, recv_any, send, set_link
+from .p2p import Pending, exchange, link, recv, recv_any, release_buffers, send, set_link
 from .ring import pipelined_ring_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .rivals import halving_doubling_all_reduce, naive_all_reduce
 from .schedules import chunk_bounds, ring_bytes_sent
@@ -23,6 +23,6 @@ from .schedules import chunk_bounds, ring_bytes_sent
 __all__ = [
     "ALGORITHMS", "BYTES_SENT", "Pending", "all_reduce", "chunk_bounds", "exchange",
     "formula_bytes_sent", "halving_doubling_all_reduce", "link", "naive_all_reduce",
-    "pipelined_ring_all_reduce", "recv", "recv_any", "ring_all_gather", "ring_all_reduce",
+    "pipelined_ring_all_reduce", "recv", "recv_any", "release_buffers", "ring_all_gather", "ring_all_reduce",
     "ring_bytes_sent", "ring_reduce_scatter", "send", "set_link",
 ]

@@ -177,6 +177,14 @@ def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tens
     return buf[:nbytes].view(dtype)
 
 
+def release_buffers() -> None:
+    """Drop the kept receive buffers and lingering works, so that the next call allocates afresh
+    (:class:`lesson_lib.peakmem.PeakMemory` does this when it opens: each run then pays for its own
+    buffers, as in a fresh process, whatever ran before in a warm worker)."""
+    _SCRATCH.clear()
+    _RECENT.clear()
+
+
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
 

@@ -56,3 +56,29 @@ def gradient_peaks(rows: list[dict], whole: int, title: str) -> go.Figure:
     fig.update_layout(title=wrap(title), yaxis_title="kB", height=380,
                       legend={"orientation": "h", "y": -0.2})
     return fig
+
+
+def measured_vs_inventory(rows: list[dict], title: str) -> go.Figure:
+    """rows: {label, measured: [bytes per rank] (the allocator's peak), states, buffers, activations:
+    [bytes per rank] (the inventory), formula: bytes (the paper)} — a bar per rank for the measured
+    peak, the inventory stacked beside them (rank 0), the formula as a mark (chapter 4)."""
+    fig = go.Figure()
+    labels = [r["label"] for r in rows]
+    for k in range(max(len(r["measured"]) for r in rows)):
+        fig.add_bar(x=labels, y=[r["measured"][k] / 1e6 for r in rows], name=f"measured peak, rank {k}",
+                    marker_color=COLORS["busy"], opacity=1 - 0.35 * k, offsetgroup=f"rank {k}")
+    states = [r["states"][0] / 1e6 for r in rows]
+    fig.add_bar(x=labels, y=states, name="inventory: model states (rank 0)", marker_color=COLORS["params"],
+                offsetgroup="inventory")
+    buffers = [r["buffers"][0] / 1e6 for r in rows]
+    fig.add_bar(x=labels, y=buffers, base=states, offsetgroup="inventory",
+                name="inventory: transient buffers (peak)", marker_color=COLORS["buffers"])
+    fig.add_bar(x=labels, y=[r["activations"][0] / 1e6 for r in rows], offsetgroup="inventory",
+                base=[s + b for s, b in zip(states, buffers)], name="inventory: activations",
+                marker_color=COLORS["activations"])
+    fig.add_scatter(x=labels, y=[r["formula"] / 1e6 for r in rows], mode="markers",
+                    marker={"symbol": "line-ew-open", "size": 60, "line": {"width": 4}, "color": "black"},
+                    name="paper's formula (model states)")
+    fig.update_layout(barmode="group", title=wrap(title, 80), yaxis_title="MB per rank", height=480,
+                      margin={"t": 110}, legend={"orientation": "h", "y": -0.12})
+    return fig

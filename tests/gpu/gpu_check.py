@@ -11,6 +11,7 @@ import torch
 from lesson_lib import Cluster, probes, run
 from lesson_lib.milestones import data_parallel as dp
 from lesson_lib.milestones import zero
+from lesson_lib.peakmem import PeakMemory
 from lesson_lib.runtime import choose_placement
 
 
@@ -29,11 +30,21 @@ def main(out: str) -> int:
         cfg = dp.Config(world_size=1, backend="nccl", steps=10, hidden=1024)
         r = run("data-parallel", cfg, cluster=c)
         z = run("zero", zero.Config(world_size=1, backend="nccl", stage=3, precision="mixed", steps=5,
-                                    hidden=1024), cluster=c)
+                                    hidden=1024, peak_memory=True), cluster=c)
     zm = z.per_rank[0]["memory"]
     report["zero3_memory"], report["zero3_formula"] = zm, z["formula"]
     ok &= all(abs(zm[k] / z["formula"][k] - 1) < 0.05 for k in ("params", "grads", "optimizer"))
     ok &= zm["cuda_peak"] > 0
+    # the measured peak (lesson_lib.peakmem) on CUDA: the allocator's own peak, above the inventory
+    ok &= zm["measured_method"].startswith("CUDA") and \
+        zm["measured_peak"] >= zm["params"] + zm["grads"] + zm["optimizer"]
+    dev = torch.device("cuda:0")
+    with PeakMemory(dev) as peak:
+        peak.reset_peak()
+        t = torch.ones(16 * 2**20, device=dev)  # 64 MiB, a multiple of the allocator's blocks
+        del t
+    report["peakmem_64MiB"] = peak.as_dict()
+    ok &= peak.peak == 64 * 2**20
     ref = dp.reference(dp.Config(world_size=1, steps=10, hidden=1024))
     gap = max(abs(a - b) for a, b in zip(r.losses, ref))
     mem = r.per_rank[0]["memory"]

@@ -23,6 +23,7 @@ from ...metrics import (
     storage_bytes,
 )
 from ...models import mlp, mlp_param_count
+from ...peakmem import PeakMemory
 from ...runtime import context
 from .layerwise import PieceOptimizer, layouts, norm_traffic
 from .shards import Flat, Transients, fetch_layer_by_layer, scatter_during_backward, sharded_step
@@ -32,9 +33,13 @@ NAME = "zero"
 
 @dataclass
 class Config(TrainConfig):
-    # laptop: chapter 4's 4-layer MLP of 200k parameters, 8 steps.
+    # laptop: chapter 4's 4-layer MLP of 200k parameters, 8 steps. memory: 15.8M parameters in 17
+    # layers on 2 ranks, so that the model states (253 MB per rank in fp32 Adam at stage 0) dominate
+    # the measured peak and one layer (4 MB) is small beside them.
     PRESETS = {"laptop": {"steps": 8, "global_batch": 64, "hidden": 256, "depth": 3},
-               "tiny": {"steps": 4, "global_batch": 24, "hidden": 48, "depth": 2, "samples": 512}}
+               "tiny": {"steps": 4, "global_batch": 24, "hidden": 48, "depth": 2, "samples": 512},
+               "memory": {"steps": 2, "global_batch": 16, "hidden": 1024, "depth": 16, "samples": 256,
+                          "world_size": 2, "return_params": False, "peak_memory": True}}
 
     stage: int = opt(0, "0 plain data parallel | 1 shard optimizer state | 2 + gradients | 3 + parameters")
     precision: str = opt("fp32", "fp32 | mixed (bf16 params and grads, fp32 master and Adam: K=12)")
@@ -42,6 +47,9 @@ class Config(TrainConfig):
     optimizer: str = opt("adam", "adam | lamb | lars (layer-wise: their layer norms are all-reduced "
                                  "from the shards, chapter 5)")
     weight_decay: float = opt(0.0, "lamb/lars weight decay of the weight matrices (biases excluded)")
+    return_params: bool = opt(True, "send the trained parameters back for checking (off for large models)")
+    peak_memory: bool = opt(False, "measure each rank's peak of allocated bytes (lesson_lib.peakmem); on "
+                                   "CPU its profiler slows each step, so runs timed for figures skip it")
     bucket_mb: float = opt(0.0, "stage 2: 0 scatter the gradients after the backward | > 0 in buckets of "
                                 "this many MiB during the backward, each freed once scattered (as ZeRO-2)")
 
@@ -75,8 +83,18 @@ def param_count(cfg: TrainConfig) -> int:
 
 
 def worker(cfg: Config) -> dict:
-    ctx = context()
     counters().reset()
+    if not cfg.peak_memory:
+        return _train(cfg, None)
+    # The allocator's own count (a measurement), from before the model exists to the last step.
+    with PeakMemory(context().device) as peak:
+        out = _train(cfg, peak)
+    out["per_rank"]["memory"].update(peak.as_dict())
+    return out
+
+
+def _train(cfg: Config, peak: PeakMemory | None) -> dict:
+    ctx = context()
     r, n, dev, stage = ctx.rank, ctx.world_size, ctx.device, cfg.stage
     mixed = cfg.precision == "mixed"
     dtype = torch.bfloat16 if mixed else torch.float32
@@ -93,7 +111,7 @@ def worker(cfg: Config) -> dict:
         fetch_layer_by_layer(units, layers, n, transient)
     overlap = None
     if stage == 2 and cfg.bucket_mb > 0:
-        overlap = scatter_during_backward(units, layers, n, int(cfg.bucket_mb * 2**20), transient)
+        overlap = scatter_during_backward(units, layers, n, int(cfg.bucket_mb * 2**20), transient, peak)
     owned = [u.full if stage == 0 else (u.shard if stage == 3 else u.full[u.lo:u.hi]) for u in units]
     masters = [o.float().clone() if mixed else o for o in owned]  # Adam updates these (fp32)
     for u in units:
@@ -110,6 +128,8 @@ def worker(cfg: Config) -> dict:
     x_all, y_all = x_all.to(dev, dtype), y_all.to(dev)
     meter, rec = ActivationMeter(exclude=model.parameters()), StepRecorder(dev, ctx.emit)
     losses = []
+    if peak is not None:  # the measured peak is the steps': the model states are alive from here on
+        peak.reset_peak()
     try:
         for step in range(cfg.steps):
             idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), r, n)
@@ -135,6 +155,8 @@ def worker(cfg: Config) -> dict:
     finally:
         if overlap is not None:
             overlap.close()
+    if peak is not None:
+        peak.stop()  # what follows (the inventory, a final gather for checking) is not training
     params_kept = [u.shard if stage == 3 else u.full for u in units]
     grads_kept = [u.grad_shard if stage >= 2 else u.bucket for u in units]
     memory = {"params": storage_bytes(params_kept), "grads": storage_bytes(grads_kept),
@@ -142,7 +164,7 @@ def worker(cfg: Config) -> dict:
               "activations": meter.peak, "buffers": transient.peak + counters().scratch_peak,
               **device_memory(dev)}
     final = []
-    for u in units:  # stage 3: gather the final parameters for checking (not part of training)
+    for u in units if cfg.return_params else ():  # stage 3: gather them for checking (not training)
         if stage == 3:
             u.gather(op="final_check_gather")
         final += u.full[: u.numel].float().tolist()

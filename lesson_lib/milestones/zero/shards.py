@@ -5,6 +5,7 @@ hooks of stage 3 and of stage 2 with buckets, and one step after the backward (:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 
@@ -117,7 +118,7 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
 
 
 def scatter_during_backward(units: list[Flat], modules: list, n: int, bucket_bytes: int,
-                            transient: Transients) -> buckets.Overlap:
+                            transient: Transients, peak=None) -> buckets.Overlap:
     """Stage 2 with buckets: reduce-scatter the gradients during the backward, a bucket at a time.
 
     Just before a layer's backward, wait until the gradients not yet scattered fit in one bucket,
@@ -132,10 +133,11 @@ def scatter_during_backward(units: list[Flat], modules: list, n: int, bucket_byt
             pass  # the backward waits for the network: the price of a bounded memory
         u.new_grad(transient)
 
-    def reduce(i):  # on the communication thread
-        for u in (units[j] for j in plan[i]):
-            u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
-            u.drop_grad(transient)
+    def reduce(i):  # on the communication thread (whose allocations the peak meter counts too)
+        with peak.thread() if peak is not None else contextlib.nullcontext():
+            for u in (units[j] for j in plan[i]):
+                u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
+                u.drop_grad(transient)
 
     overlap = buckets.Overlap([[p for j in b for p in units[j].params] for b in plan], reduce)
     for u, m in zip(units, modules):
