@@ -88,6 +88,28 @@ def size_label(nbytes: float) -> str:
     return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:g} KiB"
 
 
+def allreduce_table(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """:func:`allreduce`'s rows as one table (rows, columns): per world size and algorithm, the
+    α-β fit and, for ours, the library's time ÷ ours at each size (> 1: ours is faster)."""
+    from .costmodel import fit_alpha_beta
+
+    by = {(r["algorithm"], r["world_size"], r["size_bytes"]): r for r in rows}
+    sizes = list(dict.fromkeys(r["size_bytes"] for r in rows))
+    table = []
+    for n in dict.fromkeys(r["world_size"] for r in rows):
+        for a in dict.fromkeys(r["algorithm"] for r in rows if r["algorithm"] != "naive"):
+            mine = [r for r in rows if r["algorithm"] == a and r["world_size"] == n]
+            fit = fit_alpha_beta(mine) if len(mine) >= 2 else None
+            row = {"ranks": n, "algorithm": "Gloo's dist.all_reduce" if a == "library" else a,
+                   "α (µs per step)": f"{1e6 * fit['alpha_s']:.0f}" if fit else "",
+                   "1/β (GB/s)": f"{fit['bandwidth_GBps']:.2f}" if fit else ""}
+            for s in sizes:
+                ratio = by.get((a, n, s), {}).get("vs_library")
+                row[size_label(s)] = f"{ratio:.2f}" if ratio and a != "library" else ""
+            table.append(row)
+    return table, ["ranks", "algorithm", "α (µs per step)", "1/β (GB/s)", *map(size_label, sizes)]
+
+
 def print_allreduce(rows: list[dict]) -> None:
     from .costmodel import fit_alpha_beta
 

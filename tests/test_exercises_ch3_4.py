@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from lesson_lib import comm
 from lesson_lib.chapters import ch03_exercises, ch04
-from lesson_lib.chapters.ch03_exercises import check_gpipe
+from lesson_lib.chapters.ch03_gpipe import check_gpipe
 from lesson_lib.chapters.ch04_exercises import check_zero1
 from lesson_lib.exercises import Exercise
 from lesson_lib.milestones.pipeline.schedules import stage_actions

@@ -16,7 +16,7 @@ from ..exercises import Exercise, Verdict, close_to, number
 from ..experiments import Result, run_warm
 from ..milestones import parameter_server as ps
 from ..runtime import WorkerError
-from .ch01_exercises import worker_step_exercise
+from .ch01_exercises import check_average, reference_average, worker_step_exercise
 
 
 def config(workers: int = 3, **options) -> ps.Config:
@@ -226,42 +226,6 @@ def explorer():
 # --------------------------------------------------------------------------- exercises
 
 
-def _check_average(fn) -> Verdict:
-    import torch
-
-    if not callable(fn):
-        return Verdict(False, "submit your function, e.g. ex.submit(server_update)")
-    g = torch.Generator().manual_seed(7)
-    shard = torch.randn(10, generator=g)
-    grads = [torch.randn(10, generator=g) for _ in range(3)]
-    lr = 0.1
-    expected = shard - lr * torch.stack(grads).mean(0)
-    got = fn(shard.clone(), [x.clone() for x in grads], lr)
-    if got is None:
-        return Verdict(False, "your function returned None: write its body and return the new shard")
-    got = torch.as_tensor(got, dtype=shard.dtype)
-    if got.shape != shard.shape:
-        return Verdict(False, f"the new shard has shape {tuple(got.shape)}, the old one {tuple(shard.shape)}")
-    if torch.allclose(got, expected, atol=1e-6):
-        return Verdict(True, "the server's update matches")
-    want, step = expected - shard, got - shard
-    ratio = float(step @ want / (want @ want))
-    if torch.allclose(step, ratio * want, atol=1e-6):
-        if ratio < 0:
-            return Verdict(False, "your step goes uphill: SGD moves against the gradient")
-        return Verdict(False, f"your step points the right way but is {ratio:.3g}× the expected length: "
-                              "one synchronous step uses the workers' gradients together — how?")
-    return Verdict(False, "the new shard is not one SGD step with the workers' gradients combined; "
-                          "did every worker's gradient count equally?")
-
-
-def _reference_average():
-    def server_update(shard, grads, lr):
-        return shard - lr * sum(grads) / len(grads)
-
-    return server_update
-
-
 def _check_divergence(lr) -> Verdict:
     lr = number(lr, "a learning rate")
     if not 0 < lr <= 5:
@@ -296,9 +260,9 @@ def exercises(param_bytes: int | None = None) -> dict[str, Exercise]:
             prompt="Write <code>server_update(shard, grads, lr)</code>: given the server's parameter shard, "
                    "the list of the workers' gradients for it and the learning rate, return the new shard "
                    "after one synchronous SGD step (no momentum).",
-            check=_check_average, hint="Average the gradients first; the step is against the gradient.",
+            check=check_average, hint="Average the gradients first; the step is against the gradient.",
             solution="def server_update(shard, grads, lr):\n    return shard - lr * sum(grads) / len(grads)",
-            reference=_reference_average),
+            reference=reference_average),
         "traffic": Exercise(
             key="traffic", title="predict the server's traffic",
             prompt=f"With N = {n} workers and S = {param_bytes:,} bytes of parameters, how many bytes go "

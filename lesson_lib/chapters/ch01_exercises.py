@@ -152,3 +152,40 @@ def worker_step_exercise() -> Exercise:
              "pull.",
         solution=solution_text(_reference_worker_step()),
         reference=_reference_worker_step)
+
+
+# --------------------------------------------------------------------------- the server's update
+
+
+def check_average(fn) -> Verdict:
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. ex.submit(server_update)")
+    g = torch.Generator().manual_seed(7)
+    shard = torch.randn(10, generator=g)
+    grads = [torch.randn(10, generator=g) for _ in range(3)]
+    lr = 0.1
+    expected = shard - lr * torch.stack(grads).mean(0)
+    got = fn(shard.clone(), [x.clone() for x in grads], lr)
+    if got is None:
+        return Verdict(False, "your function returned None: write its body and return the new shard")
+    got = torch.as_tensor(got, dtype=shard.dtype)
+    if got.shape != shard.shape:
+        return Verdict(False, f"the new shard has shape {tuple(got.shape)}, the old one {tuple(shard.shape)}")
+    if torch.allclose(got, expected, atol=1e-6):
+        return Verdict(True, "the server's update matches")
+    want, step = expected - shard, got - shard
+    ratio = float(step @ want / (want @ want))
+    if torch.allclose(step, ratio * want, atol=1e-6):
+        if ratio < 0:
+            return Verdict(False, "your step goes uphill: SGD moves against the gradient")
+        return Verdict(False, f"your step points the right way but is {ratio:.3g}× the expected length: "
+                              "one synchronous step uses the workers' gradients together — how?")
+    return Verdict(False, "the new shard is not one SGD step with the workers' gradients combined; "
+                          "did every worker's gradient count equally?")
+
+
+def reference_average():
+    def server_update(shard, grads, lr):
+        return shard - lr * sum(grads) / len(grads)
+
+    return server_update

@@ -1,8 +1,6 @@
-"""Chapter 2 — ring all-reduce (notebooks/02_ring_allreduce.ipynb).
-
-Each function is one notebook cell: it runs real all-reduces on warm clusters
-(``lesson_lib.runtime.warm_cluster``), displays its figures and returns the measurements so the
-notebook can assert its claims.
+"""Chapter 2 — ring all-reduce (notebooks/02_ring_allreduce.ipynb). Each function is one notebook
+cell: it runs real all-reduces on warm clusters (``lesson_lib.runtime.warm_cluster``), displays its
+figures and returns the measurements so the notebook can assert its claims.
 """
 
 from __future__ import annotations
@@ -126,30 +124,10 @@ def bandwidth(sizes=SIZES, world_sizes=(2, 4), repeats: int = 3,
     display(plots.collectives.allreduce_bandwidth(rows, models, note))
     ratios = {a: {(r["world_size"], r["size_bytes"]): r["vs_library"] for r in rows if r["algorithm"] == a}
               for a in rings}
-    display(_ratio_table(rows, rings, sizes, world_sizes))
+    display(plots.memory.fits_table(*bench.allreduce_table(rows), "Gloo's time ÷ ours at each size (> 1: "
+                                    "ours is faster; median of paired ratios), and the α-β fit of each"))
     return {"rows": rows, "fits": fits.get("ring"), "ratios": ratios.get("ring"),
             "pipelined_fits": fits.get(PIPELINED), "pipelined_ratios": ratios.get(PIPELINED)}
-
-
-def _ratio_table(rows: list[dict], rings: list[str], sizes, world_sizes):
-    """Gloo's time over ours per size (> 1: ours is faster), and the α-β model fitted to each, Gloo's
-    included: one table instead of a printed wall of numbers (``bench allreduce`` prints it all)."""
-    by = {(r["algorithm"], r["world_size"], r["size_bytes"]): r for r in rows}
-    table = []
-    for n in world_sizes:
-        for a in (*rings, "library"):
-            mine = [r for r in rows if r["algorithm"] == a and r["world_size"] == n]
-            fit = costmodel.fit_alpha_beta(mine) if len(mine) >= 2 else None
-            row = {"ranks": n, "algorithm": "Gloo's dist.all_reduce" if a == "library" else a,
-                   "α (µs per step)": f"{1e6 * fit['alpha_s']:.0f}" if fit else "",
-                   "1/β (GB/s)": f"{fit['bandwidth_GBps']:.2f}" if fit else ""}
-            for size in sizes:
-                ratio = by.get((a, n, size), {}).get("vs_library") if a != "library" else None
-                row[bench.size_label(size)] = f"{ratio:.2f}" if ratio else ""
-            table.append(row)
-    columns = ["ranks", "algorithm", "α (µs per step)", "1/β (GB/s)", *(bench.size_label(s) for s in sizes)]
-    return plots.memory.fits_table(table, columns, "Gloo's time ÷ ours at each size (> 1: ours is faster; "
-                                                   "median of paired ratios), and the α-β fit of each")
 
 
 def pipelining_fit(bw: dict) -> dict:

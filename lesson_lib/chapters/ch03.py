@@ -22,7 +22,7 @@ from ..milestones.pipeline.schedules import (
 )
 from ..runtime import warm_cluster
 from .ch03_exercises import exercises as _exercises
-from .ch03_exercises import microbatch_indices, stage_setup  # noqa: F401  (the notebook's cells use them)
+from .ch03_gpipe import microbatch_indices, stage_setup  # noqa: F401  (the notebook's cells use them)
 
 
 def _cfg(stages: int, microbatches: int, schedule: str, preset: str = "laptop", **options) -> pp.Config:

@@ -14,9 +14,10 @@ Every checker works the same way:
 """
 
 from .answers import AnswerError, choice, close_to, compare, mismatch, number, numbers_of, pair, whole_number
-from .core import Exercise, Verdict, assess, solution_text, unanswered
+from .core import Exercise, assess, solution_text, unanswered
 from .judge import Property, judge
 from .observe import Log, observe, summary
+from .verdict import Verdict
 
 __all__ = [
     "AnswerError", "Exercise", "Log", "Property", "Verdict", "assess", "choice", "close_to", "compare",

@@ -19,6 +19,8 @@ import numbers
 import re
 from typing import Any
 
+from .verdict import Verdict
+
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(,\d{3})+(\.\d*)?([eE][-+]?\d+)?")
 
 
@@ -120,8 +122,6 @@ def mismatch(value: float, expected: float, unit: str = "", rel: float = 0.0, sa
 def close_to(expected: float, rel: float = 0.01, unit: str = "", hint: str = "check your formula",
              what: str = "a number"):
     """A check that a number (in any form :func:`number` reads) is within ``rel`` of ``expected``."""
-    from .core import Verdict
-
     def check(answer: Any) -> Verdict:
         value = number(answer, what)
         ok = compare(value, expected, rel)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from .core import Verdict
+from .verdict import Verdict
 
 
 @dataclass(frozen=True)
