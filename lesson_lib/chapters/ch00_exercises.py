@@ -17,11 +17,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import batch_indices, shard, teacher_classification
-from ..exercises import Exercise, Log, Property, Verdict, judge, observe, pair, solution_text, summary
+from ..exercises import (
+    Exercise,
+    Log,
+    Property,
+    Verdict,
+    judge,
+    observe,
+    on_ranks,
+    pair,
+    solution_text,
+    summary,
+)
 from ..milestones import data_parallel as dp
 from ..models import mlp
 from ..numerics import sum_order_tolerance
-from ..runtime import WorkerError, WorkerTimeout, warm_cluster
 
 # Small and short, so a check takes well under a second per world size once the workers are warm.
 # SGD, not Adam: Adam divides by the gradient's own scale, so a gradient N times too large (the
@@ -69,16 +79,7 @@ def reference_losses() -> list[float]:
 
 def _cases(fn: Callable, worker: Callable):
     """One case per world size: ``worker(fn, TASK)`` on every rank of a warm cluster."""
-    def case(n: int):
-        def run():
-            try:
-                return warm_cluster(n).run(worker, fn, TASK, timeout_s=TIMEOUT_S)
-            except WorkerTimeout as e:
-                return Verdict(False, f"on {n} ranks the training did not finish: {e}")
-            except WorkerError as e:
-                return Verdict(False, f"on {n} ranks your function failed — {e}")
-        return f"{n} ranks", run
-    return [case(n) for n in WORLD_SIZES]
+    return [on_ranks(f"{n} ranks", n, worker, fn, TASK, timeout_s=TIMEOUT_S) for n in WORLD_SIZES]
 
 
 def _same_model(outs: list[dict]) -> str | None:

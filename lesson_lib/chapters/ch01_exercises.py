@@ -17,11 +17,10 @@ import torch.nn.functional as F
 
 from ..comm import chunk_bounds
 from ..data import batch_indices, shard, teacher_classification
-from ..exercises import Exercise, Property, Verdict, judge, observe, pair, solution_text, summary
+from ..exercises import Exercise, Property, Verdict, judge, observe, on_ranks, pair, solution_text, summary
 from ..milestones import parameter_server as ps
 from ..models import flat_views, mlp
 from ..numerics import sum_order_tolerance
-from ..runtime import WorkerError, WorkerTimeout, warm_cluster
 
 TASK = {"steps": 6, "global_batch": 48, "hidden": 32, "depth": 2, "lr": 0.1}
 LAYOUTS = ((1, 3), (2, 2))  # (servers K, workers N), both on 4 ranks
@@ -76,18 +75,10 @@ def check_worker_step(fn: Callable) -> Verdict:
         return Verdict(False, "submit your function, e.g. ex.submit(worker_step)")
 
     def case(servers: int, workers: int):
-        where = f"{servers} server shard(s) and {workers} workers"
-
-        def run():
-            ref = ps.reference(ps.Config(mode="sync", workers=workers, servers=servers, **TASK))
-            try:
-                outs = warm_cluster(servers + workers).run(train_with, fn, TASK, servers, timeout_s=TIMEOUT_S)
-            except WorkerTimeout as e:
-                return Verdict(False, f"with {where} the training did not finish: {e}")
-            except WorkerError as e:
-                return Verdict(False, f"with {where} a rank failed — {e}")
-            return {"servers": servers, "workers": outs[servers:], "ref": ref}
-        return where, run
+        ref = ps.reference(ps.Config(mode="sync", workers=workers, servers=servers, **TASK))
+        return on_ranks(f"{servers} server shard(s) and {workers} workers", servers + workers, train_with,
+                        fn, TASK, servers, timeout_s=TIMEOUT_S,
+                        then=lambda outs: {"servers": servers, "workers": outs[servers:], "ref": ref})
 
     return judge([case(k, n) for k, n in LAYOUTS], [
         Property("each worker pushes shard k's slice of its gradient to server k and pulls the slice back, "

@@ -13,11 +13,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import batch_indices, teacher_classification
-from ..exercises import Property, Verdict, judge, observe, summary
+from ..exercises import Property, Verdict, judge, observe, on_ranks, summary
 from ..milestones import pipeline as pp
 from ..milestones.pipeline.schedules import partition
 from ..models import mlp
-from ..runtime import WorkerError, warm_cluster
 
 # For exact checks: a small model (8 layers), any number of stages up to 8.
 
@@ -85,14 +84,8 @@ def check_gpipe(fn: Callable, stages: int = 4, timeout_s: float = 10) -> Verdict
 
     def case(m: int):
         cfg = pp.Config.tiny(stages=stages, microbatches=m, schedule="gpipe")
-
-        def run():
-            try:
-                outs = warm_cluster(stages).run(gpipe_job, fn, cfg, timeout_s=timeout_s)
-            except WorkerError as e:  # a deadlock's WorkerTimeout says where each stage waits
-                return Verdict(False, f"{type(e).__name__}: {e}")
-            return {"m": m, "stages": outs, "ref": reference_grads(cfg)}
-        return f"{stages} stages, M = {m}", run
+        return on_ranks(f"{stages} stages, M = {m}", stages, gpipe_job, fn, cfg, timeout_s=timeout_s,
+                        then=lambda outs: {"m": m, "stages": outs, "ref": reference_grads(cfg)})
 
     return judge([case(4), case(3)], [
         Property("each micro-batch's activation goes forward once and its gradient back once",

@@ -22,12 +22,12 @@ from ..exercises import (
     mismatch,
     number,
     observe,
+    on_ranks,
     solution_text,
     summary,
     whole_number,
 )
 from ..models import mlp
-from ..runtime import WorkerError, warm_cluster
 
 
 def task(cfg):
@@ -80,15 +80,9 @@ def check_zero1(fn: Callable, world_size: int = 4, timeout_s: float = 15) -> Ver
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. exercises['zero1'].submit(my_zero1_step)")
 
-    def case(numel: int, seed: int):
-        def run():
-            try:
-                return warm_cluster(world_size).run(zero1_job, fn, numel, seed, timeout_s=timeout_s)
-            except WorkerError as e:  # a deadlock's WorkerTimeout says where each rank waits
-                return Verdict(False, f"{type(e).__name__}: {e}")
-        return f"{world_size} ranks, {numel} parameters", run
-
-    return judge([case(world_size * 3, 1), case(world_size * 250, 2)], [
+    cases = [on_ranks(f"{world_size} ranks, {numel} parameters", world_size, zero1_job, fn, numel, seed,
+                      timeout_s=timeout_s) for numel, seed in ((world_size * 3, 1), (world_size * 250, 2))]
+    return judge(cases, [
         Property("each rank returns the parameters", _returned),
         Property("each rank steps on its own slice only, once", _own_slice),
         Property("the gradients are reduce-scattered (each rank receives the sum of its own slice only)",

@@ -19,6 +19,7 @@ from ..exercises import (
     number,
     numbers_of,
     observe,
+    on_ranks,
     pair,
     solution_text,
     summary,
@@ -27,7 +28,6 @@ from ..exercises import (
 from ..experiments import run_warm
 from ..milestones import large_batch as lb
 from ..optim import LAMB
-from ..runtime import WorkerError, warm_cluster
 
 # Printed in the notebook for the by-hand trust ratio.
 LARS_CASE = {"eta": 0.001, "w_norm": 12.0, "g_norm": 0.05, "beta": 5e-4}
@@ -161,12 +161,8 @@ def _check_sharded(fn) -> Verdict:
         return Verdict(False, "submit your function, e.g. ex.submit(sharded_trust_ratio)")
 
     def case(world: int, numel: int):
-        def run():
-            try:
-                return warm_cluster(world).run(sharded_ratio_harness, fn, numel, world, timeout_s=10)
-            except WorkerError as e:
-                return Verdict(False, f"on {world} ranks a rank failed — {e}")
-        return f"{world} ranks, {numel} elements", run
+        return on_ranks(f"{world} ranks, {numel} elements", world, sharded_ratio_harness, fn, numel, world,
+                        timeout_s=10)
 
     def agree(outs):
         got = [o["got"] for o in outs]

@@ -9,10 +9,9 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..exercises import Exercise, Property, Verdict, judge, number, numbers_of, observe, summary
+from ..exercises import Exercise, Property, Verdict, judge, number, numbers_of, observe, on_ranks, summary
 from ..experiments import run_warm
 from ..milestones import compression as cm
-from ..runtime import WorkerError, warm_cluster
 from ..source import source
 
 # N = 8, not 4: at N = 4 the values-only mistake, 4(N−1)k, and the ring's 2(N−1)/N·8k are the same
@@ -192,13 +191,8 @@ def _check_randomk(fn) -> Verdict:
     numel, k, steps = RANDOMK["numel"], RANDOMK["k"], RANDOMK["steps"]
 
     def case(world: int):
-        def run():
-            try:
-                outs = warm_cluster(world).run(randomk_harness, fn, numel, k, steps, timeout_s=15)
-            except WorkerError as e:
-                return Verdict(False, f"on {world} ranks {type(e).__name__}: {e}")
-            return {"world": world, "ranks": outs, "ref": _randomk_reference(world, numel, k, steps)}
-        return f"{world} ranks", run
+        return on_ranks(f"{world} ranks", world, randomk_harness, fn, numel, k, steps, timeout_s=15,
+                        then=lambda outs: {"ranks": outs, "ref": _randomk_reference(world, numel, k, steps)})
 
     return judge([case(2), case(3)], [
         Property("only the k chosen values travel", _k_values_only),

@@ -18,10 +18,10 @@ from ..exercises import (
     judge,
     number,
     observe,
+    on_ranks,
     summary,
     whole_number,
 )
-from ..runtime import WorkerError, warm_cluster
 from ..source import source
 
 # Narayanan et al. (SC21): GPT-3 175B, 300B tokens, 1,024 A100s at 140 TFLOP/s each.
@@ -160,16 +160,9 @@ def _one_message_each_way(outs: list[dict]) -> str | None:
 def _check_pingpong(fn) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(ping_pong)")
-    outs = []
-
-    def run():
-        try:
-            outs[:] = warm_cluster(2).run(pingpong_harness, fn, timeout_s=10)
-        except WorkerError as e:
-            return Verdict(False, f"{type(e).__name__}: {e}")
-        return outs
-
-    v = judge([("2 ranks", run)], [
+    outs: list[dict] = []
+    case = on_ranks("2 ranks", 2, pingpong_harness, fn, timeout_s=10, then=lambda o: outs.extend(o) or o)
+    v = judge([case], [
         Property("one message each way per round trip", _one_message_each_way),
         Property("rank 0's message reaches rank 1 and comes back", _arrives)])
     if not v:

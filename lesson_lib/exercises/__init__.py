@@ -15,12 +15,12 @@ Every checker works the same way:
 
 from .answers import AnswerError, choice, close_to, compare, mismatch, number, numbers_of, pair, whole_number
 from .core import Exercise, assess, solution_text, unanswered
-from .judge import Property, judge
+from .judge import Property, judge, on_ranks
 from .observe import Log, observe, summary
 from .verdict import Verdict
 
 __all__ = [
     "AnswerError", "Exercise", "Log", "Property", "Verdict", "assess", "choice", "close_to", "compare",
-    "judge", "mismatch", "number", "numbers_of", "observe", "pair", "solution_text", "summary",
+    "judge", "mismatch", "number", "on_ranks", "numbers_of", "observe", "pair", "solution_text", "summary",
     "unanswered", "whole_number",
 ]

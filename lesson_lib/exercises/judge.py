@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from ..runtime import WorkerError, warm_cluster
 from .verdict import Verdict
 
 
@@ -40,3 +41,18 @@ def judge(cases: Iterable[tuple[str, Callable[[], Any]]], properties: list[Prope
         wheres.append(where)
     held = "; ".join(p.says for p in properties)
     return Verdict(True, f"{held} ({', '.join(wheres)}){'. ' + done if done else ''}")
+
+
+def on_ranks(where: str, world_size: int, job: Callable, *args: Any, timeout_s: float,
+             then: Callable[[list], Any] | None = None) -> tuple[str, Callable[[], Any]]:
+    """A case for :func:`judge`: ``job(*args)`` on every rank of a warm cluster of ``world_size``,
+    observed as the ranks' results (``then(results)`` if given). A rank that fails or a deadlock
+    (the runtime's :class:`~lesson_lib.runtime.WorkerTimeout` says where each rank waits) is the
+    verdict, naming the case."""
+    def run():
+        try:
+            outs = warm_cluster(world_size).run(job, *args, timeout_s=timeout_s)
+        except WorkerError as e:
+            return Verdict(False, f"{where}: {type(e).__name__}: {e}")
+        return outs if then is None else then(outs)
+    return where, run
