@@ -22,12 +22,14 @@
 # in one hour by scaling the learning rate linearly with the batch and warming it up gradually. Past
 # that, plain SGD lost accuracy. **LARS** (You, Gitman & Ginsburg, 2017) gives each layer its own
 # rate from the ratio of its weight norm to its gradient norm, and took ResNet-50 to batches of 32K;
-# **LAMB** (You et al., ICLR 2020) does the same on top of Adam and trained BERT with batches of
-# 64K in 76 minutes.
+# **LAMB** (You et al., ICLR 2020) does the same on top of Adam and pre-trained BERT in 76 minutes on
+# 1,024 TPUv3 chips with a two-phase, mixed-batch schedule: batches of 64K for the first phase
+# (sequences of 128 tokens), then 32K for the second (512 tokens).
 #
 # This chapter runs all of it on real ranks on your machine: the same budget of samples at a batch
-# growing from B₀ = 64 to 32·B₀, with SGD (linear rule and warm-up), Adam, LARS and LAMB, and
-# measures what the larger batch saves and what it costs.
+# growing from B₀ = 64 to 32·B₀ and beyond, with SGD (linear rule and warm-up), Adam, LARS and LAMB;
+# it checks LAMB's headline claim — the large batch without the loss of accuracy — measures where it
+# stops holding, and what the larger batch saves.
 
 # %%
 import torch
@@ -101,31 +103,72 @@ assert all(abs(a - b) <= 1e-3 * max(1.0, abs(a)) for a, b in zip(one[0], two[0])
 #
 # The task: a 6-layer MLP (91k parameters) on 8,192 points near an 8-dimensional subspace of
 # R⁶⁴, labelled by a random teacher network; 2,048 more points are held out. Every run sees the
-# same **8 epochs** of samples on 2 ranks. The rates were tuned once at B₀ = 64 and then only scaled:
-# SGD and LARS by the linear rule (×k for a k-times larger batch), Adam and LAMB by the square-root
-# rule (×√k, as You et al. (2020) do for LAMB), each with a warm-up over the first tenth of the steps.
+# same **48 epochs** of samples on 2 ranks: 6,144 steps at B₀ = 64, 192 at 32·B₀ = 2,048. The rates
+# were tuned once at B₀ and then only scaled: SGD and LARS by the linear rule (×k for a k-times
+# larger batch), Adam and LAMB by the square-root rule (×√k, as You et al. (2020) do for LAMB), each
+# with a warm-up over the first tenth of the steps and a cosine decay. LAMB also runs at 64·B₀ and
+# 128·B₀ (96 and 48 steps; at 8,192 every step sees the whole training set).
+#
+# Why 48 epochs: a large batch needs *enough steps*, whatever their size. On this task, with the same
+# rules, LAMB at 32·B₀ lost about 15 points on 8 epochs (32 steps) and 1–3 on 32 epochs (128 steps);
+# from 48 epochs on it matched B₀ in every seed we tried (single-process probes, seeds 0–2; the
+# library's `large_batch.Config.PRESETS` keeps the history). The runs take about a minute.
 
 # %%
-out = ch05.grid(batches=(64, 512, 2048))
+out = ch05.grid()
 rows = {(r["optimizer"], r["batch"]): r for r in out["rows"]}
 
 # %% [markdown]
-# What the table shows, run after run on this task (the exact numbers vary a little with the CPU):
-# at B₀ all four optimizers learn the task; at 32·B₀ the run has only 32 steps. **SGD with the linear
-# rule diverges or collapses** — its rate grew 32-fold; Adam and LAMB, scaled by √32, keep learning
-# but end below their small-batch accuracy, LAMB usually a little ahead of Adam. LARS, with the linear
-# rule, also fails here: its wins were on convolutional networks with batch normalization (You,
-# Gitman & Ginsburg, 2017), and the biases it leaves out get the full 32-fold rate. **On a budget of
-# 8 epochs, 32 steps are too few for any optimizer to match 1,024**: the papers' 32K-batch results
-# trained for tens of epochs of ImageNet, thousands of steps. The cell checks what holds every time:
+# What the table shows (the exact numbers vary a little with the CPU and the seed; the cell below
+# checks what holds every time): at B₀ all four optimizers learn the task. At 32·B₀ **LAMB ends within
+# 1.5 points of its own B₀ accuracy** — LAMB's claim, on a small scale. **SGD with the linear rule
+# diverges**: its rate grew 32-fold, to 3.2. Adam with the square-root rule held up almost as well as
+# LAMB here (in our runs it lost 1–2 points, LAMB 0–1). LARS needed two changes before it learned
+# at 32·B₀ at all: with the biases left out of the trust ratio, as the papers do, they move by the
+# global rate itself (1.0 × 32), so the biases get their own trust ratio here, and the base rate was
+# tuned at B₀ (2.0 collapsed at 32·B₀; see `large_batch.BASE_LR`). Its wins were on convolutional
+# networks with batch normalization (You, Gitman & Ginsburg, 2017).
+#
+# **Past 32·B₀ the advantage ends**: at 64·B₀ LAMB starts to lose (1–3 points in our runs), and at
+# 128·B₀, 48 steps, it loses more than ten — more samples per step no longer make up for fewer steps.
 
 # %%
 acc = {k: (0.0 if r["diverged"] else r["eval_accuracy"]) for k, r in rows.items()}
 for name in ("sgd", "adam", "lars", "lamb"):
-    assert acc[name, 64] > 0.6, (name, acc[name, 64])  # every optimizer learns the task at B₀
-assert acc["sgd", 2048] < acc["sgd", 64] - 0.2, acc  # SGD + linear rule breaks at 32 × B₀
-assert acc["lamb", 2048] > acc["sgd", 2048] + 0.2, acc  # LAMB (√ rule) still learns there
-assert acc["lamb", 2048] > 0.4, acc
+    assert acc[name, 64] > 0.75, (name, acc[name, 64])  # every optimizer learns the task at B₀
+# LAMB's claim: no loss at 32 × B₀. Seeds moved the gap by ±1 point (one held-out sample is 0.05).
+assert acc["lamb", 2048] >= acc["lamb", 64] - 0.015, acc
+assert acc["sgd", 2048] < acc["sgd", 64] - 0.3, acc  # SGD + linear rule breaks at 32 × B₀
+assert acc["lamb", 8192] < acc["lamb", 64] - 0.05, acc  # at 128 × B₀ LAMB's advantage is gone
+
+# %% [markdown]
+# ### Where it ends: the critical batch size
+#
+# McCandlish et al. (2018, "An Empirical Model of Large-Batch Training") explain where: a batch is
+# worth growing while its gradient is dominated by noise. They measure that noise with the **simple
+# noise scale** B_simple = tr(Σ)/|G|², where G is the true gradient and Σ the covariance of the
+# per-example gradients: a batch of B ≪ B_simple is mostly noise (doubling it nearly halves the steps
+# needed), a batch of B ≫ B_simple is nearly the true gradient (doubling it saves almost no steps);
+# the *critical batch size* is about B_simple. LAMB's B₀ run above measured it on the training set
+# every 8 epochs, on the ranks: each rank sums its shard's per-example gradients and their squared
+# norms, and one all-reduce adds them up:
+
+# %%
+show_source(large_batch.noise_scale)
+
+# %%
+b_simple = ch05.noise_scale(out["runs"]["lamb", 64])
+print("epoch, B_simple:", [(e, round(b)) for e, b in b_simple])
+
+# %% [markdown]
+# B_simple is not a constant: it grows as the loss falls (McCandlish et al. see the same), here from a
+# few hundred in the first epochs to thousands once the training set is nearly fitted. Early in
+# training 32·B₀ = 2,048 is already far above it, so a large batch spends most of its samples there
+# for little gain: at the same 48 epochs, 96 or 48 steps are too few, however large each one is.
+
+# %%
+assert all(0 < b < float("inf") for _, b in b_simple), b_simple
+assert b_simple[-1][1] > 10 * b_simple[0][1], b_simple  # grows as the loss falls (×100 in our runs)
 
 # %% [markdown]
 # ## 4. What the larger batch saves
@@ -142,8 +185,8 @@ ch05.epoch_cost(out["rows"], "lamb")
 for r in out["rows"]:
     assert r["grad_bytes_per_epoch"] == r["grad_bytes_per_epoch_formula"], r  # exact
 lamb_rows = sorted((r for r in out["rows"] if r["optimizer"] == "lamb"), key=lambda r: r["batch"])
-by_batch = [r["grad_bytes_per_epoch"] for r in lamb_rows]
-assert by_batch[0] == 8 * by_batch[1] == 32 * by_batch[2], by_batch
+# k times the batch, k times fewer bytes per epoch: exact
+assert len({r["grad_bytes_per_epoch"] * r["batch"] for r in lamb_rows}) == 1, lamb_rows
 assert lamb_rows[-1]["epoch_wall_s"] < lamb_rows[0]["epoch_wall_s"], lamb_rows
 
 # %% [markdown]
@@ -195,8 +238,9 @@ for stage in (0, 1, 2, 3):
 # %% [markdown]
 # ## 7. Try it
 #
-# Pick an optimizer, a batch, a peak rate and a warm-up; each click trains on real ranks. Try SGD at
-# 2048 with a smaller rate than the linear rule gives, or LAMB with a larger one.
+# Pick an optimizer, a batch, a peak rate and a warm-up; each click trains on real ranks, on the quick
+# 8-epoch budget (`ch05.explorer("long")` gives the 48 epochs of section 3: about 20 s a run at B₀).
+# Try SGD at 2048 with a smaller rate than the linear rule gives, or LAMB with a larger one.
 
 # %%
 ch05.explorer()
