@@ -294,3 +294,17 @@ def test_sharded_exercise_on_real_ranks(ex):
     _deadlock.__module__ = "__main__"
     verdict = ex["sharded"].submit(_deadlock)
     assert not verdict and "timeout_s=10" in verdict.message, verdict.message
+
+
+def test_the_noise_scale_figures_show_the_measurement_beside_the_batches():
+    from lesson_lib.plots import large_batch as plots
+
+    evals = [{"epoch": 8, "b_simple": 150.0}, {"epoch": 16, "b_simple": 900.0}]
+    fig = plots.noise_scale(evals, batches=(64, 2048))
+    assert list(fig.data[0].y) == [150.0, 900.0] and list(fig.data[0].x) == [8, 16]
+    assert sorted(s["y0"] for s in fig.layout.shapes) == [64, 2048]  # one line per batch
+    rows = [{"optimizer": "lamb", "batch": b, "eval_accuracy": a} for b, a in ((64, 0.85), (2048, 0.84))]
+    with_line = plots.quality_vs_batch(rows, 64, b_simple=900.0)
+    assert [s["x0"] for s in with_line.layout.shapes] == [pytest.approx(math.log10(900.0))]
+    for missing in (None, math.inf, float("nan")):
+        assert not plots.quality_vs_batch(rows, 64, b_simple=missing).layout.shapes
