@@ -132,8 +132,8 @@ rows = {(r["optimizer"], r["batch"]): r for r in out["rows"]}
 # `large_batch.BASE_LR`). Its wins were on convolutional networks with batch normalization (You,
 # Gitman & Ginsburg, 2017).
 #
-# **Past 32·B₀ the advantage ends**: at 64·B₀ LAMB starts to lose (1–3 points in our runs), and at
-# 128·B₀, 48 steps, it loses more than ten — more samples per step no longer make up for fewer steps.
+# **Past 32·B₀ the advantage ends**: at 64·B₀ LAMB starts to lose (1–3.5 points in our runs), and at
+# 128·B₀, 48 steps, it loses 9–14 — more samples per step no longer make up for fewer steps.
 
 # %%
 acc = {k: (0.0 if r["diverged"] else r["eval_accuracy"]) for k, r in rows.items()}
@@ -164,14 +164,15 @@ b_simple = ch05.noise_scale(out["runs"]["lamb", 64])
 print("epoch, B_simple:", [(e, round(b)) for e, b in b_simple])
 
 # %% [markdown]
-# B_simple is not a constant: it grows as the loss falls (McCandlish et al. see the same), here from a
-# few hundred in the first epochs to thousands once the training set is nearly fitted. Early in
-# training 32·B₀ = 2,048 is already far above it, so a large batch spends most of its samples there
-# for little gain: at the same 48 epochs, 96 or 48 steps are too few, however large each one is.
+# B_simple is not a constant: it grows as the loss falls (McCandlish et al. see the same), here from
+# one or two hundred after 8 epochs to tens of thousands at the end, once the training set is
+# fitted. For most of the run 32·B₀ = 2,048 is above it, where a larger batch buys few steps: LAMB
+# still had enough of them in 192, but at the same 48 epochs 96 or 48 steps are too few, however
+# large each one is.
 
 # %%
 assert all(0 < b < float("inf") for _, b in b_simple), b_simple
-assert b_simple[-1][1] > 10 * b_simple[0][1], b_simple  # grows as the loss falls (×100 in our runs)
+assert b_simple[-1][1] > 10 * b_simple[0][1], b_simple  # grows as the loss falls (×100–250 in our runs)
 
 # %% [markdown]
 # ## 4. What the larger batch saves
