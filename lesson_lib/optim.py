@@ -34,18 +34,20 @@ def _norm(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t)
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float = 0.0) -> list[dict]:
-    """Two groups: weights (adapted, decayed) and biases/normalization weights (neither).
+def param_groups(model: torch.nn.Module, weight_decay: float = 0.0, adapt_biases: bool = False) -> list[dict]:
+    """Two groups: weights (adapted, decayed) and biases/normalization weights (not decayed).
 
     One-dimensional parameters are biases and the scales of normalization layers: their norms are
-    tiny or meaningless as a "layer size", so LARS/LAMB recipes exclude them (You et al., 2017;
-    Goyal et al., 2017 exclude them from weight decay).
+    tiny or meaningless as a "layer size", so LARS/LAMB recipes exclude them from the trust ratio
+    (You et al., 2017; Goyal et al., 2017 exclude them from weight decay) — they then move by the
+    global rate itself. ``adapt_biases=True`` gives them a trust ratio of their own instead (still
+    without decay): chapter 5's LARS needs it, its global rate being far too large for a bias.
     """
     weights = [p for p in model.parameters() if p.ndim > 1]
     others = [p for p in model.parameters() if p.ndim <= 1]
     groups = [{"params": weights, "weight_decay": weight_decay, "adapt": True}]
     if others:
-        groups.append({"params": others, "weight_decay": 0.0, "adapt": False})
+        groups.append({"params": others, "weight_decay": 0.0, "adapt": adapt_biases})
     return groups
 
 
@@ -182,9 +184,12 @@ OPTIMIZERS = ("sgd", "adam", "lars", "lamb")
 
 
 def make(name: str, model: torch.nn.Module, lr: float, weight_decay: float = 0.0,
-         momentum: float = 0.9, norm=None) -> torch.optim.Optimizer:
-    """One of :data:`OPTIMIZERS` for ``model``, biases and norms excluded from adaptation and decay."""
-    groups = param_groups(model, weight_decay)
+         momentum: float = 0.9, norm=None, adapt_biases: bool = False) -> torch.optim.Optimizer:
+    """One of :data:`OPTIMIZERS` for ``model``; biases and norms are never decayed, and are left out
+    of LARS/LAMB's adaptation unless ``adapt_biases`` (see :func:`param_groups`)."""
+    if adapt_biases and name not in ("lars", "lamb"):
+        raise ValueError(f"adapt_biases is for lars and lamb (layer-wise rates), not {name!r}")
+    groups = param_groups(model, weight_decay, adapt_biases)
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum)
     if name == "adam":

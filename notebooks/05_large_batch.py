@@ -22,20 +22,23 @@
 # in one hour by scaling the learning rate linearly with the batch and warming it up gradually. Past
 # that, plain SGD lost accuracy. **LARS** (You, Gitman & Ginsburg, 2017) gives each layer its own
 # rate from the ratio of its weight norm to its gradient norm, and took ResNet-50 to batches of 32K;
-# **LAMB** (You et al., ICLR 2020) does the same on top of Adam and trained BERT with batches of
-# 64K in 76 minutes.
+# **LAMB** (You et al., ICLR 2020) does the same on top of Adam and pre-trained BERT in 76 minutes on
+# 1,024 TPUv3 chips with a two-phase, mixed-batch schedule: batches of 64K for the first phase
+# (sequences of 128 tokens), then 32K for the second (512 tokens).
 #
 # This chapter runs all of it on real ranks on your machine: the same budget of samples at a batch
-# growing from B₀ = 64 to 32·B₀, with SGD (linear rule and warm-up), Adam, LARS and LAMB, and
-# measures what the larger batch saves and what it costs.
+# growing from B₀ = 64 to 32·B₀ and beyond, with SGD (linear rule and warm-up), Adam, LARS and LAMB;
+# it checks LAMB's headline claim — the large batch without the loss of accuracy — measures where it
+# stops holding, and what the larger batch saves.
 
 # %% [markdown]
 # **After this chapter you can:**
 #
 # 1. compute a LARS trust ratio and LAMB's update for one layer (§1, first two exercises);
-# 2. scale the learning rate with the batch by the linear and square-root rules, with warm-up, and see which optimizer keeps its accuracy as the batch grows (§3, scaling exercise);
-# 3. read trust ratios layer by layer (§5);
-# 4. compute a layer's norm from its shards under ZeRO with one all-reduce of two numbers (§6, last exercise).
+# 2. scale the learning rate with the batch by the linear and square-root rules, with warm-up, and show LAMB keeping its accuracy at 32× the batch while SGD with the linear rule diverges — and where LAMB's advantage ends (§3, scaling exercise);
+# 3. measure the gradient noise scale B_simple, which estimates the critical batch size (§3);
+# 4. read trust ratios layer by layer (§5);
+# 5. compute a layer's norm from its shards under ZeRO with one all-reduce of two numbers (§6, last exercise).
 #
 # **Before it:** chapter 0 (data-parallel training); optimizers (SGD with momentum, Adam).
 # **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
@@ -113,38 +116,83 @@ assert all(abs(a - b) <= 1e-3 * max(1.0, abs(a)) for a, b in zip(one[0], two[0])
 #
 # The task: a 6-layer MLP (91k parameters) on 8,192 points near an 8-dimensional subspace of
 # R⁶⁴, labelled by a random teacher network; 2,048 more points are held out. Every run sees the
-# same **8 epochs** of samples on 2 ranks. The rates were tuned once at B₀ = 64 and then only scaled:
-# SGD and LARS by the linear rule (×k for a k-times larger batch), Adam and LAMB by the square-root
-# rule (×√k, as You et al. (2020) do for LAMB), each with a warm-up over the first tenth of the steps.
+# same **48 epochs** of samples on 2 ranks: 6,144 steps at B₀ = 64, 192 at 32·B₀ = 2,048. The rates
+# were tuned once at B₀ and then only scaled: SGD and LARS by the linear rule (×k for a k-times
+# larger batch), Adam and LAMB by the square-root rule (×√k, as You et al. (2020) do for LAMB), each
+# with a warm-up over the first tenth of the steps and a cosine decay. LAMB and SGD run at B₀ and
+# 32·B₀, Adam and LARS at 32·B₀ only (their B₀ runs take 20–25 s each: `ch05.grid({"adam": (64,),
+# "lars": (64,)})` adds them); LAMB also at 64·B₀ and 128·B₀ (96 and 48 steps; at 8,192 every step
+# sees the whole training set).
+#
+# Why 48 epochs: a large batch needs *enough steps*, whatever their size. On this task, with the same
+# rules, LAMB at 32·B₀ lost about 15 points on 8 epochs (32 steps) and 1–3 on 32 epochs (128 steps);
+# from 48 epochs on it matched B₀ in every seed we tried (single-process probes, seeds 0–2; the
+# library's `large_batch.Config.PRESETS` keeps the history). The runs take about a minute.
 
 # %%
-out = ch05.grid(batches=(64, 512, 2048))
+out = ch05.grid()
 rows = {(r["optimizer"], r["batch"]): r for r in out["rows"]}
 
 # %% [markdown]
-# What the table shows, run after run on this task (the exact numbers vary a little with the CPU):
-# at B₀ all four optimizers learn the task; at 32·B₀ the run has only 32 steps. **SGD with the linear
-# rule diverges or collapses** — its rate grew 32-fold; Adam and LAMB, scaled by √32, keep learning
-# but end below their small-batch accuracy, LAMB usually a little ahead of Adam. LARS, with the linear
-# rule, also fails here: its wins were on convolutional networks with batch normalization (You,
-# Gitman & Ginsburg, 2017), and the biases it leaves out get the full 32-fold rate. **On a budget of
-# 8 epochs, 32 steps are too few for any optimizer to match 1,024**: the papers' 32K-batch results
-# trained for tens of epochs of ImageNet, thousands of steps. The cell checks what holds every time:
+# What the table shows (the exact numbers vary a little with the CPU and the seed; the cell below
+# checks what holds every time): at B₀ LAMB and SGD learn the task. At 32·B₀ **LAMB ends within
+# 1.5 points of its own B₀ accuracy** — LAMB's claim, on a small scale. **SGD with the linear rule
+# diverges**: its rate grew 32-fold, to 3.2. Adam with the square-root rule held up almost as well as
+# LAMB on this small task (in our runs it lost 1–2 points to its own B₀, LAMB less than 1). LARS
+# needed two changes before it learned at 32·B₀ at all: left out of the trust ratio, as the papers
+# do, the biases move by the global rate itself (32 × the base), so here they get a trust ratio of
+# their own; and its base rate was retuned at B₀ (2.0 collapsed at 32·B₀; see
+# `large_batch.BASE_LR`). Its wins were on convolutional networks with batch normalization (You,
+# Gitman & Ginsburg, 2017).
+#
+# **Past 32·B₀ the advantage ends**: at 64·B₀ LAMB starts to lose (1–3.5 points in our runs), and at
+# 128·B₀, 48 steps, it loses 9–14 — more samples per step no longer make up for fewer steps.
 
 # %%
 acc = {k: (0.0 if r["diverged"] else r["eval_accuracy"]) for k, r in rows.items()}
-for name in ("sgd", "adam", "lars", "lamb"):
-    assert acc[name, 64] > 0.6, (name, acc[name, 64])  # every optimizer learns the task at B₀
-assert acc["sgd", 2048] < acc["sgd", 64] - 0.2, acc  # SGD + linear rule breaks at 32 × B₀
-assert acc["lamb", 2048] > acc["sgd", 2048] + 0.2, acc  # LAMB (√ rule) still learns there
-assert acc["lamb", 2048] > 0.4, acc
+for name in ("sgd", "lamb"):
+    assert acc[name, 64] > 0.75, (name, acc[name, 64])  # both learn the task at B₀
+# LAMB's claim: no loss at 32 × B₀. Seeds moved the gap by ±1 point (one held-out sample is 0.05).
+assert acc["lamb", 2048] >= acc["lamb", 64] - 0.015, acc
+assert acc["sgd", 2048] < acc["sgd", 64] - 0.3, acc  # SGD + linear rule breaks at 32 × B₀
+assert acc["lamb", 8192] < acc["lamb", 64] - 0.05, acc  # at 128 × B₀ LAMB's advantage is gone
+
+# %% [markdown]
+# ### Where it ends: the critical batch size
+#
+# McCandlish et al. (2018, "An Empirical Model of Large-Batch Training") explain where: a batch is
+# worth growing while its gradient is dominated by noise. They measure that noise with the **simple
+# noise scale** B_simple = tr(Σ)/|G|², where G is the true gradient and Σ the covariance of the
+# per-example gradients: a batch of B ≪ B_simple is mostly noise (doubling it nearly halves the steps
+# needed), a batch of B ≫ B_simple is nearly the true gradient (doubling it saves almost no steps);
+# the *critical batch size* is about B_simple. LAMB's B₀ run above measured it on the training set
+# every 8 epochs, on the ranks: each rank sums its shard's per-example gradients and their squared
+# norms, and one all-reduce adds them up:
+
+# %%
+show_source(large_batch.noise_scale)
+
+# %%
+b_simple = ch05.noise_scale(out["runs"]["lamb", 64])
+print("epoch, B_simple:", [(e, round(b)) for e, b in b_simple])
+
+# %% [markdown]
+# B_simple is not a constant: it grows as the loss falls (McCandlish et al. see the same), here from
+# one or two hundred after 8 epochs to tens of thousands at the end, once the training set is
+# fitted. For most of the run 32·B₀ = 2,048 is above it, where a larger batch buys few steps: LAMB
+# still had enough of them in 192, but at the same 48 epochs 96 or 48 steps are too few, however
+# large each one is.
+
+# %%
+assert all(0 < b < float("inf") for _, b in b_simple), b_simple
+assert b_simple[-1][1] > 10 * b_simple[0][1], b_simple  # grows as the loss falls (×100–250 in our runs)
 
 # %% [markdown]
 # ## 4. What the larger batch saves
 #
 # Per epoch, a k-times larger batch takes k times fewer steps, so k times fewer all-reduces of the
 # same 91k gradients: the bytes each rank sends per epoch fall by k — **counted** on the wire against
-# steps × 2(N−1)/N·S. The time per epoch falls too (fewer, fuller steps), though not k-fold: the
+# steps × 2(N−1)/N·S (S: the gradients and the loss, which rides in the same all-reduce, in float32). The time per epoch falls too (fewer, fuller steps), though not k-fold: the
 # arithmetic per sample stays the same.
 
 # %%
@@ -154,8 +202,8 @@ ch05.epoch_cost(out["rows"], "lamb")
 for r in out["rows"]:
     assert r["grad_bytes_per_epoch"] == r["grad_bytes_per_epoch_formula"], r  # exact
 lamb_rows = sorted((r for r in out["rows"] if r["optimizer"] == "lamb"), key=lambda r: r["batch"])
-by_batch = [r["grad_bytes_per_epoch"] for r in lamb_rows]
-assert by_batch[0] == 8 * by_batch[1] == 32 * by_batch[2], by_batch
+# k times the batch, k times fewer bytes per epoch: exact
+assert len({r["grad_bytes_per_epoch"] * r["batch"] for r in lamb_rows}) == 1, lamb_rows
 assert lamb_rows[-1]["epoch_wall_s"] < lamb_rows[0]["epoch_wall_s"], lamb_rows
 
 # %% [markdown]
@@ -207,8 +255,9 @@ for stage in (0, 1, 2, 3):
 # %% [markdown]
 # ## 7. Try it
 #
-# Pick an optimizer, a batch, a peak rate and a warm-up; each click trains on real ranks. Try SGD at
-# 2048 with a smaller rate than the linear rule gives, or LAMB with a larger one.
+# Pick an optimizer, a batch, a peak rate and a warm-up; each click trains on real ranks, on the quick
+# 8-epoch budget (`ch05.explorer("long")` gives the 48 epochs of section 3: about 20 s a run at B₀).
+# Try SGD at 2048 with a smaller rate than the linear rule gives, or LAMB with a larger one.
 
 # %%
 ch05.explorer()
@@ -268,9 +317,10 @@ exercises["sharded"].submit(sharded_trust_ratio)
 # What showed each of this chapter's objectives:
 #
 # 1. **the update rules** — §1's code, and your trust ratio and `lamb_step`.
-# 2. **large batches** — §3's accuracies at 1× to 32× the batch on the same samples (asserted).
-# 3. **trust ratios** — §5's ratios per layer.
-# 4. **LAMB under ZeRO** — §6, and your `sharded_trust_ratio`, judged on its result and on the few bytes it sent.
+# 2. **large batches** — §3's accuracies on the same 48 epochs from 1× to 128× the batch: LAMB at 32× within 1.5 points of its B₀ accuracy, SGD with the linear rule far below, LAMB falling at 128× (all asserted).
+# 3. **the critical batch size** — §3's B_simple, measured on the ranks, growing as training goes on (asserted).
+# 4. **trust ratios** — §5's ratios per layer.
+# 5. **LAMB under ZeRO** — §6, and your `sharded_trust_ratio`, judged on its result and on the few bytes it sent.
 #
 # **On a real cluster:** Layer-wise trust ratios let a large batch keep the small batch's accuracy only up to a point — past the critical batch size (McCandlish et al., 2018) more samples per step stop buying fewer steps.
 

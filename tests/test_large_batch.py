@@ -89,7 +89,9 @@ def test_a_diverging_run_stops_on_every_rank_and_says_so(clusters):
     (dict(warmup_steps=-1), "warmup_steps"),
     (dict(lr=float("nan")), "lr"), (dict(lr=0.0), "lr"), (dict(lr=-0.1), "lr"),
     (dict(optimizer="adagrad"), "optimizer"),
-    (dict(epochs=0), "epochs"),
+    (dict(epochs=0), "epochs"), (dict(eval_every=0), "eval_every"),
+    (dict(noise_scale="yes"), "noise_scale"),
+    (dict(optimizer="adam", adapt_biases=True), "adapt_biases"),
 ])
 def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
     before = len(worker_children())
@@ -114,6 +116,76 @@ def test_cli_writes_the_chapter_keys(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "lesson_lib", "run", "large-batch", "--warmup-steps", "-3"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "warmup_steps" in bad.stderr
+
+
+def _brute_force_b_simple(model, x, y):
+    """tr(Σ)/|G|² from one backward per example, in float64: the definition, term by term."""
+    import torch.nn.functional as F
+
+    gs = []
+    for i in range(len(x)):
+        model.zero_grad()
+        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        gs.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
+    g = torch.stack(gs)
+    mean = g.mean(0)
+    return float((g - mean).square().sum(1).mean() / mean.square().sum())
+
+
+def test_noise_scale_is_the_definition_computed_per_example():
+    from lesson_lib.data import subspace_teacher
+    from lesson_lib.models import mlp
+
+    x, y = subspace_teacher(96, 16)
+    model = mlp(16, 12, 3, 10, seed=3)
+    want = _brute_force_b_simple(model, x, y)
+    # catches: the bias term of |g_i|² left out, the mean taken per chunk, a chunk dropped
+    for chunk in (96, 40):
+        got = lb.noise_scale(model, x, y, chunk=chunk)
+        assert got["b_simple"] == pytest.approx(want, rel=1e-6), (chunk, got, want)
+        assert got["trace_sigma"] > 0 and got["grad_sq"] > 0
+    with pytest.raises(ValueError, match="nn.Linear"):
+        lb.noise_scale(torch.nn.Sequential(torch.nn.Linear(16, 4), torch.nn.LayerNorm(4)), x, y)
+
+
+@pytest.mark.numerics
+def test_noise_scale_on_two_ranks_equals_one_process_and_is_measured_at_each_evaluation(clusters):
+    cfg = lb.Config(world_size=2, noise_scale=True, **{**SMALL, "epochs": 3, "eval_every": 2})
+    result = run("large-batch", cfg, cluster=clusters(2))
+    ref = lb.reference(cfg)
+    assert [e["epoch"] for e in result["evals"]] == [2, 3]  # every eval_every epochs, and the last
+    # each rank sums half of the per-example gradients; the all-reduce adds them in another order
+    for got, want in zip(result["evals"], ref["evals"]):
+        assert got["b_simple"] == pytest.approx(want["b_simple"], rel=1e-4), (got, want)
+    counted = result.per_rank[0]["ops"]["noise_scale_all_reduce"]["bytes_sent"]
+    psi = result["param_count"]
+    assert counted == 2 * lb.comm.ring_bytes_sent(psi + 1, 8, 2, 0)  # two measurements, float64
+
+
+def test_lars_can_give_the_biases_a_trust_ratio_of_their_own():
+    from lesson_lib import optim
+    from lesson_lib.models import mlp
+
+    model = mlp(8, 6, 2, 3, seed=0)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    kept, adapted = optim.make("lars", model, 1.0), optim.make("lars", model, 1.0, adapt_biases=True)
+    for o in (kept, adapted):
+        o.step()
+    biases = [i for i, p in enumerate(p for g in adapted.param_groups for p in g["params"]) if p.ndim == 1]
+    assert all(kept.last_stats[i][2] == 1.0 for i in biases)  # the papers' exclusion: ratio 1
+    assert all(adapted.last_stats[i][2] != 1.0 for i in biases)
+    assert adapted.param_groups[1]["weight_decay"] == 0.0  # still not decayed
+    with pytest.raises(ValueError, match="adapt_biases"):
+        optim.make("sgd", model, 0.1, adapt_biases=True)
+
+
+def test_the_long_budget_and_the_chapter_rules():
+    # 48 epochs of 8,192: 6,144 steps at B₀, 192 at 32 × B₀, 48 at 128 × B₀ (the whole set per step)
+    assert [lb.at_batch("lamb", b, "long").steps for b in (64, 2048, 8192)] == [6144, 192, 48]
+    assert lb.at_batch("lamb", 2048, "long").eval_every == 8
+    assert lb.at_batch("lars", 2048).adapt_biases and not lb.at_batch("lamb", 2048).adapt_biases
+    assert lb.at_batch("lars", 2048).lr == pytest.approx(32 * lb.BASE_LR["lars"])
 
 
 def test_the_scaling_rules():
@@ -253,3 +325,17 @@ def test_sharded_exercise_on_real_ranks(ex):
     _deadlock.__module__ = "__main__"
     verdict = ex["sharded"].submit(_deadlock)
     assert not verdict and "timeout_s=10" in verdict.message, verdict.message
+
+
+def test_the_noise_scale_figures_show_the_measurement_beside_the_batches():
+    from lesson_lib.plots import large_batch as plots
+
+    evals = [{"epoch": 8, "b_simple": 150.0}, {"epoch": 16, "b_simple": 900.0}]
+    fig = plots.noise_scale(evals, batches=(64, 2048))
+    assert list(fig.data[0].y) == [150.0, 900.0] and list(fig.data[0].x) == [8, 16]
+    assert sorted(s["y0"] for s in fig.layout.shapes) == [64, 2048]  # one line per batch
+    rows = [{"optimizer": "lamb", "batch": b, "eval_accuracy": a} for b, a in ((64, 0.85), (2048, 0.84))]
+    with_line = plots.quality_vs_batch(rows, 64, b_simple=900.0)
+    assert [s["x0"] for s in with_line.layout.shapes] == [pytest.approx(math.log10(900.0))]
+    for missing in (None, math.inf, float("nan")):
+        assert not plots.quality_vs_batch(rows, 64, b_simple=missing).layout.shapes

@@ -13,7 +13,13 @@ from ..experiments import Result, run, run_warm
 from ..milestones import large_batch as lb
 from .ch05_exercises import exercises  # noqa: F401  (the notebook calls it here)
 
-__all__ = ["epoch_cost", "exercises", "explorer", "grid", "row", "run", "table", "trust_ratios"]
+__all__ = ["GRID", "epoch_cost", "exercises", "explorer", "grid", "noise_scale", "row", "run", "table",
+           "trust_ratios"]
+
+# The chapter's main experiment: LAMB and SGD at B₀ and 32·B₀, Adam and LARS at 32·B₀ (their B₀ runs,
+# 20–25 s each, would take the chapter past two minutes), LAMB also at 64·B₀ and 128·B₀, where its
+# advantage ends. LAMB's B₀ run also measures the noise scale.
+GRID = {"lamb": (64, 2048, 4096, 8192), "sgd": (64, 2048), "adam": (2048,), "lars": (2048,)}
 
 
 def row(name: str, batch: int, r: Result) -> dict:
@@ -27,18 +33,30 @@ def row(name: str, batch: int, r: Result) -> dict:
             "grad_bytes_per_epoch_formula": r["grad_bytes_per_epoch_formula"]}
 
 
-def grid(optimizers=("sgd", "adam", "lars", "lamb"), batches=(64, 512, 2048), **options) -> dict:
-    """Every optimizer at every batch, live; then the figures. Returns runs and table rows."""
-    live = plots.common.LiveRuns("Large batches: loss per step, live")
+def grid(batches: dict | None = None, preset: str = "long", noise_run=("lamb", 64), **options) -> dict:
+    """Each optimizer at each of its batches (``batches``: optimizer → batches, default :data:`GRID`),
+    live; then the figures. ``noise_run``'s run also measures B_simple. Returns runs and table rows."""
+    # B₀'s 6,144 steps: a redraw every 2 s (not 0.25 s) keeps the kernel's share of the 2 cores small
+    live = plots.common.LiveRuns("Large batches: loss per step, live", min_interval_s=2.0)
     display(live)
-    runs = {(o, b): run_warm(lb.at_batch(o, b, **options), live, f"{o}, B={b}")
-            for o in optimizers for b in batches}
+    cfgs = {(o, b): lb.at_batch(o, b, preset, noise_scale=(o, b) == tuple(noise_run), **options)
+            for o, mine in (batches or GRID).items() for b in mine}  # all validated before any run
+    runs = {(o, b): run_warm(cfg, live, f"{o}, B={b}") for (o, b), cfg in cfgs.items()}
     rows = [row(o, b, r) for (o, b), r in runs.items()]
     note = plots.common.oversubscription_note(list(runs.values()), busy_shown=False)
     display(plots.large_batch.curves(runs, note))
-    display(plots.large_batch.quality_vs_batch(rows, lb.BASE_BATCH))
+    noise = runs.get(tuple(noise_run))
+    b_simple = noise["evals"][-1].get("b_simple") if noise is not None and noise["evals"] else None
+    display(plots.large_batch.quality_vs_batch(rows, lb.BASE_BATCH, b_simple))
     print(table(rows))
     return {"runs": runs, "rows": rows}
+
+
+def noise_scale(result: Result, batches=(64, 2048, 8192)):
+    """B_simple = tr(Σ)/|G|² at each evaluation of ``result``'s run (one measured with noise_scale)."""
+    evals = [e for e in result["evals"] if "b_simple" in e]
+    display(plots.large_batch.noise_scale(evals, batches))
+    return [(e["epoch"], e["b_simple"]) for e in evals]
 
 
 def table(rows: list[dict]) -> str:
@@ -60,18 +78,19 @@ def epoch_cost(rows: list[dict], optimizer: str = "lamb"):
     return plots.large_batch.epoch_cost(mine)
 
 
-def explorer():
-    """Optimizer, batch (only batches that divide the data and the ranks), rate, warm-up → a run."""
+def explorer(preset: str = "laptop"):
+    """Optimizer, batch (only batches that divide the data and the ranks), rate, warm-up → a run
+    on ``preset``'s budget (the laptop's 8 epochs: a click takes seconds; "long" is the chapter's)."""
     import ipywidgets as W
 
     from .. import widgets
 
-    laptop = lb.Config.PRESETS["laptop"]
+    laptop = lb.Config.PRESETS[preset]
     batches = [b for b in (32, 64, 128, 256, 512, 1024, 2048, 4096)
                if b <= laptop["samples"] and b % laptop["world_size"] == 0]
 
     def go(optimizer, batch, lr, warmup_steps):
-        cfg = lb.at_batch(optimizer, batch, lr=lr, warmup_steps=warmup_steps)  # validated before any worker
+        cfg = lb.at_batch(optimizer, batch, preset, lr=lr, warmup_steps=warmup_steps)  # validated first
         live = plots.common.LiveRuns(f"{optimizer}, B={batch}, lr={lr:.3g}, warm-up {warmup_steps} steps")
         display(live)
         r = run_warm(cfg, live, f"{cfg.optimizer}, B={cfg.global_batch}")
@@ -87,7 +106,7 @@ def explorer():
 
     def rescale(_=None):
         """A new optimizer or batch starts from its own scaled rate and a warm-up of a tenth of the steps."""
-        cfg = lb.at_batch(controls["optimizer"].value, controls["batch"].value)
+        cfg = lb.at_batch(controls["optimizer"].value, controls["batch"].value, preset)
         controls["warmup_steps"].max = max(cfg.steps, 1)
         controls["lr"].value, controls["warmup_steps"].value = cfg.lr, cfg.warmup_steps
 

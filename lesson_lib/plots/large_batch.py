@@ -37,9 +37,13 @@ def curves(results: dict, note: str | None = None) -> go.Figure:
     return fig
 
 
-def quality_vs_batch(rows: list[dict], base_batch: int) -> go.Figure:
-    """Held-out accuracy at the end of the budget, against the batch (x for a diverged run)."""
+def quality_vs_batch(rows: list[dict], base_batch: int, b_simple: float | None = None) -> go.Figure:
+    """Held-out accuracy at the end of the budget, against the batch (x for a diverged run), with
+    the measured noise scale B_simple as a vertical line when given."""
     fig = go.Figure()
+    if b_simple is not None and math.isfinite(b_simple) and b_simple > 0:
+        fig.add_vline(x=math.log10(b_simple), line={"dash": "dot", "color": "grey"},
+                      annotation_text=f"B_simple ≈ {b_simple:,.0f} (end of LAMB's B₀ run)")
     for name in OPT_COLORS:
         mine = sorted((r for r in rows if r["optimizer"] == name), key=lambda r: r["batch"])
         if not mine:
@@ -87,4 +91,19 @@ def epoch_cost(rows: list[dict], note: str | None = None) -> go.Figure:
     fig.update_yaxes(type="log")
     fig.update_layout(height=380, title=_with_note("What a bigger batch saves per epoch", note),
                       margin={"t": 90}, legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def noise_scale(evals: list[dict], batches=()) -> go.Figure:
+    """B_simple = tr(Σ)/|G|² at each evaluation (McCandlish et al., 2018), the batches beside it."""
+    fig = go.Figure()
+    fig.add_scatter(x=[e["epoch"] for e in evals], y=[e["b_simple"] for e in evals], mode="lines+markers",
+                    name="B_simple = tr(Σ)/|G|², measured on the training set",
+                    line={"color": OPT_COLORS["lamb"]})
+    for b in batches:
+        fig.add_hline(y=b, line={"dash": "dot", "color": "grey"}, annotation_text=f"B = {b:,}")
+    fig.update_yaxes(type="log", title_text="batch size (samples)")
+    fig.update_xaxes(title_text="epoch of LAMB's B₀ run")
+    fig.update_layout(height=360, title="The simple noise scale grows as the loss falls", margin={"t": 60},
+                      legend={"orientation": "h", "y": -0.25})
     return fig
