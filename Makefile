@@ -103,7 +103,7 @@ export CLEAN_NOTEBOOKS_PY
 clean-notebooks:
 	$(PYTHON) -c "$$CLEAN_NOTEBOOKS_PY"
 
-# Each notebook is paired with a percent-format script (notebooks/NN_name.py) by jupytext: edit
+# Each notebook is paired with a percent-format script (notebooks/scripts/NN_name.py) by jupytext: edit
 # either (JupyterLab keeps the pair in step when jupytext is installed, as it is here), then sync.
 sync-notebooks: install
 	$(BIN)/jupytext --sync notebooks/[0-9]*.ipynb

@@ -204,10 +204,10 @@ def test_every_notebook_is_paired_with_a_script_in_sync():
     notebooks = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
     assert notebooks
     for path in notebooks:
-        script = path.with_suffix(".py")
+        script = NOTEBOOKS / "scripts" / f"{path.stem}.py"  # beside, not among, the notebooks
         assert script.exists(), f"{path.name} has no paired script (run `make sync-notebooks`)"
         meta = json.loads(path.read_text(encoding="utf-8"))["metadata"]
-        assert meta.get("jupytext", {}).get("formats") == "ipynb,py:percent", path.name
+        assert meta.get("jupytext", {}).get("formats") == "ipynb,scripts//py:percent", path.name
         diff = pair_differences(path, script)
         assert not diff, f"{path.name} and {script.name} differ (run `make sync-notebooks`): {diff[:3]}"
 
@@ -215,7 +215,8 @@ def test_every_notebook_is_paired_with_a_script_in_sync():
 def test_a_stale_pair_is_detected(tmp_path):
     src = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))[0]
     script = tmp_path / "x.py"
-    script.write_text(src.with_suffix(".py").read_text(encoding="utf-8") + "\n# %%\nprint('new cell')\n")
+    paired = NOTEBOOKS / "scripts" / f"{src.stem}.py"
+    script.write_text(paired.read_text(encoding="utf-8") + "\n# %%\nprint('new cell')\n")
     assert pair_differences(src, script)
 
 
