@@ -1,6 +1,7 @@
 """Output says a thing once: exercise verdicts, the start-up progress line."""
 
 import IPython.display
+import pytest
 from IPython.core.formatters import DisplayFormatter
 
 from lesson_lib.exercises import Exercise, Verdict
@@ -62,3 +63,45 @@ def test_a_real_start_reports_each_process_before_the_group_forms(monkeypatch):
     # while longer: some poll saw processes up and none in the group yet
     assert seen and all(s is not None and s >= r for r, s in seen), seen
     assert any(s > r for r, s in seen), seen
+
+
+def _gloo_size_mismatch():
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(4), 1)
+    else:
+        dist.recv(torch.empty(3), 0)  # another size than was sent: Gloo aborts the process
+
+
+def _writes_below_python():
+    import os
+
+    os.write(2, b"native hello\n")  # as a C++ library does, around sys.stderr
+    return 1
+
+
+@pytest.mark.slow
+def test_a_rank_gloo_aborts_is_named_with_its_last_words_and_nothing_leaks(capfd):
+    # catches: "terminate called after throwing an instance of 'gloo::EnforceNotMet'" spilled unmarked
+    # into the cell beside the runtime's own message
+    from lesson_lib.runtime import Cluster, WorkerError
+
+    with Cluster(2, quiet=True) as c:
+        with pytest.raises(WorkerError) as e:
+            c.run(_gloo_size_mismatch, timeout_s=20)
+    said = str(e.value)
+    assert "SIGABRT" in said and "last words" in said and "gloo" in said.lower(), said
+    err = capfd.readouterr().err
+    assert "terminate called" not in err, err
+
+
+@pytest.mark.slow
+def test_what_a_rank_writes_below_python_reaches_the_cell_marked(capfd):
+    from lesson_lib.runtime import Cluster
+
+    with Cluster(2, quiet=True) as c:
+        assert c.run(_writes_below_python) == [1, 1]
+        err = capfd.readouterr().err
+    assert "[rank 0] native hello" in err and "[rank 1] native hello" in err, err

@@ -78,6 +78,7 @@ class Cluster:
         self._out_q = None
         self._report = None
         self._tmp: str | None = None
+        self._native: output.NativeStderr | None = None
         self._job_id = 0
         self.start_seconds = float("nan")
         note = (f"{world_size} ranks on {cpu_count()} CPU cores: ranks time-share the cores, so "
@@ -112,6 +113,7 @@ class Cluster:
             raise RuntimeError(MAIN_GUARD_HELP)
         t0 = time.perf_counter()
         self._tmp = folders.new()
+        self._native = output.NativeStderr(self._tmp, self.world_size)
         _LIVE.add(self)
         self._spawn("file://" + os.path.join(self._tmp, "rendezvous"))
         progress = output.StartProgress(self.world_size, self.quiet)
@@ -253,7 +255,7 @@ class Cluster:
             now = time.monotonic()
             if now >= next_check:  # also while events stream in: liveness and deadline first
                 next_check = now + 0.05
-                check_alive(self._procs, pending, self._out_q, self.backend, guard_file)
+                check_alive(self._procs, pending, self._out_q, self.backend, guard_file, self._native)
                 if deadline is not None and now > deadline:
                     raise_timeout(self._out_q, self._report, job_id, pending, timeout_s)
                 if on_ready is not None:
@@ -274,6 +276,8 @@ class Cluster:
             elif msg.kind in kinds and msg.job == job_id:
                 values[msg.rank] = pickle.loads(msg.data) if msg.kind is Kind.DONE else None
                 pending.discard(msg.rank)
+        if self._native is not None:
+            self._native.relay()  # what ranks wrote below Python during the job, marked by rank
         return values
 
 

@@ -27,8 +27,10 @@ def _how(code: int) -> str:
     return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
-def check_alive(procs: list, pending: set, out_q, backend: str, guard_file: str | None) -> None:
-    """Raise if a worker that still owes an answer has exited."""
+def check_alive(procs: list, pending: set, out_q, backend: str, guard_file: str | None,
+                native=None) -> None:
+    """Raise if a worker that still owes an answer has exited, quoting its last words below Python
+    (``native``: :class:`~.output.NativeStderr`), such as Gloo's reason for an abort."""
     for rank, p in enumerate(procs):
         if rank in pending and p.exitcode is not None:
             if guard_file and os.path.exists(guard_file):
@@ -48,6 +50,10 @@ def check_alive(procs: list, pending: set, out_q, backend: str, guard_file: str 
             if code == -signal.SIGABRT and backend == "gloo":
                 how += (" (Gloo aborts a rank whose receive does not match what was sent to it: "
                         "a tensor of another size or dtype, or a message from another rank)")
+            said = native.take(rank).strip() if native is not None else ""
+            if said:
+                lines = said.splitlines()[-4:]
+                how += "; its last words: " + " | ".join(line.strip() for line in lines)[-600:]
             raise WorkerError(rank, f"worker process {how} while running a job")
 
 

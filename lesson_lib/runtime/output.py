@@ -4,12 +4,15 @@ A spawned worker's own stdout is the kernel's file descriptor: Jupyter forwards 
 the cell's result) and unmarked. Instead a worker's ``sys.stdout``/``sys.stderr`` send whole lines
 to the parent as messages, in order with the job's result, and the parent prints
 ``[rank 1] ...`` into the cell before the run returns. Output below Python (C++ libraries writing
-to the file descriptor) is not caught.
+to the file descriptor, ``std::terminate``'s last words) goes to a file per rank in the cluster's
+folder (:func:`redirect_native`): the parent relays new lines after each job the same way, and a
+rank that dies has its last words quoted in the error, not spilled unmarked into the cell.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from typing import Any
@@ -46,6 +49,39 @@ def capture(rank: int, out_q: Any, state: dict) -> None:
     """In a worker: route ``print`` (stdout and stderr) to the parent."""
     sys.stdout = RankStream("stdout", rank, out_q, state)
     sys.stderr = RankStream("stderr", rank, out_q, state)
+
+
+def native_path(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"native-stderr-{rank}")
+
+
+def redirect_native(folder: str, rank: int) -> None:
+    """In a worker: file descriptor 2 (what C++ libraries write, below ``sys.stderr``) into a file."""
+    fd = os.open(native_path(folder, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class NativeStderr:
+    """In the parent: what each rank wrote below Python since the last read."""
+
+    def __init__(self, folder: str, world_size: int):
+        self.folder, self.offsets = folder, [0] * world_size
+
+    def take(self, rank: int) -> str:
+        try:
+            with open(native_path(self.folder, rank), "rb") as f:
+                f.seek(self.offsets[rank])
+                data = f.read()
+        except OSError:
+            return ""
+        self.offsets[rank] += len(data)
+        return data.decode("utf-8", "replace")
+
+    def relay(self) -> None:
+        for rank in range(len(self.offsets)):
+            if text := self.take(rank):
+                show(rank, "stderr", text)
 
 
 def flush() -> None:

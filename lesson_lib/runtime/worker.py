@@ -124,6 +124,7 @@ def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_
     threading.Thread(target=_watch_parent, args=(parent_pid, folder), daemon=True).start()
     state: dict = {"job": None}
     output.capture(rank, out_q, state)
+    output.redirect_native(folder, rank)
     out_q.put(Message(Kind.STARTED, rank, 0))  # up, torch imported: the start-up line counts it
     if report is not None:
         threading.Thread(target=_report_stacks, args=(rank, report, out_q, state), daemon=True).start()
