@@ -332,7 +332,80 @@ ch04.calculator()
 table = ch04.fits(world_size=64)
 
 # %% [markdown]
-# ## 8. Try it yourself
+# ## 8. What PyTorch ships: FSDP2
+#
+# ZeRO-3's idea is in PyTorch as Fully Sharded Data Parallel (Zhao et al., "PyTorch FSDP", VLDB 2023);
+# its second version, `torch.distributed.fsdp.fully_shard` (FSDP2), keeps each parameter as a
+# DTensor sharded on dim 0. We call it on every `Linear` — a unit, like our `Flat` — and on the whole
+# model, then train the same model on the same batches with Adam, on 2 ranks. Our stage 3's steps
+# and where FSDP2 does each (`torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`):
+#
+# | step | ours (`zero.fetch_layer_by_layer`) | FSDP2 |
+# |---|---|---|
+# | shard, keep my part | `Flat`: one flat buffer per layer, contiguous slice r | `FSDPParam`: each tensor on dim 0 (`torch.chunk`) |
+# | all-gather before a layer's forward | forward pre-hook → `Flat.gather` | `pre_forward` → `unshard` → `foreach_all_gather` |
+# | free it after the forward | forward hook → `Flat.free` | `post_forward` → `reshard` (skipped if `reshard_after_forward=False`) |
+# | gather again before its backward | backward pre-hook | `pre_backward` → `unshard`, and it prefetches the next layer (`_backward_prefetch`) |
+# | reduce-scatter the gradient, free both | gradient hook → `ring_reduce_scatter`, `drop_grad`, `free` | `post_backward` → `reshard` + `foreach_reduce` (`ReduceOp.AVG`) |
+# | Adam on my shard | one flat tensor per layer | `torch.optim.Adam` on the DTensor shards |
+
+# %%
+show_source(zero.fsdp2_worker)
+
+# %%
+vs_fsdp2 = ch04.fsdp2(world_size=2)
+
+# %%
+# Equal training to float rounding (numerics.adam_drift: the bounds a skipped step would break) ...
+assert vs_fsdp2["loss_gap"] <= vs_fsdp2["loss_tolerance"], vs_fsdp2
+assert vs_fsdp2["param_gap"] <= vs_fsdp2["param_tolerance"], vs_fsdp2
+# ... and the same shards: every layer's dims divide by 2, so dim-0 chunks and our flat slices coincide
+assert vs_fsdp2["same_shards"], vs_fsdp2
+
+# %% [markdown]
+# Now memory, on §1's `memory` preset: each rank's peak **measured** by the same allocator meter as
+# our stages, beside the **inventory** of the model states it keeps (its shards of parameters,
+# gradients and Adam's moments). One change: Gloo runs its collectives on threads of its own and
+# frees some buffers there, where the meter (which listens on the rank's thread) does not see the
+# free, so its count would only go up, by an amount that varies from run to run. FSDP2 lets us
+# replace its two collectives (`set_custom_all_gather`, `set_custom_reduce_scatter`): for this figure
+# our ring does them, on the rank's thread — and counts their bytes. Everything else is FSDP2's.
+# With `reshard_after_forward=False` FSDP2 keeps each layer's gathered parameters from its forward
+# to its backward: one all-gather per step instead of two, at the price of every layer's full
+# parameters held at once when the backward starts — between ZeRO-2 and ZeRO-3.
+
+# %%
+fsdp_mem = ch04.fsdp2_memory(measured)
+
+# %%
+ours3, f3, f2 = fsdp_mem["rows"]
+full, layer = fsdp_mem["full_param_bytes"], fsdp_mem["largest_layer_bytes"]
+for row in fsdp_mem["rows"]:  # on every rank the allocator saw at least the model states
+    assert all(m >= s for m, s in zip(row["measured"], row["states"])), row
+# FSDP2 keeps exactly 1/N of the parameters and of the gradients (inventory)
+assert all(m["params"] == m["grads"] == full // 2 for m in fsdp_mem["memory"][True]), fsdp_mem["memory"]
+# the two ZeRO-3s (measured): within two layers' full parameters of each other
+assert all(abs(a - b) < 2 * layer for a, b in zip(ours3["measured"], f3["measured"])), fsdp_mem
+# without resharding after forward: every layer's full parameters beside the shards and Adam's state
+assert all(m > t for m, t in zip(f2["measured"], f3["measured"])), fsdp_mem
+assert all(mm["measured_peak"] >= mm["params"] + mm["optimizer"] + full for mm in fsdp_mem["memory"][False])
+# counted on the wire: 3Ψ(N-1)/N like our stage 3, 2Ψ(N-1)/N without the second all-gather
+assert fsdp_mem["sent"][True] == fsdp_mem["formula"][3] and fsdp_mem["sent"][False] == fsdp_mem["formula"][2]
+
+# %% [markdown]
+# The same stages under the names practitioners meet them (the stages: Rajbhandari et al., 2020;
+# FSDP: Zhao et al., 2023; DeepSpeed sets the stage as `"zero_optimization": {"stage": k}` in its
+# configuration):
+#
+# | ZeRO stage | sharded over N | DeepSpeed | PyTorch | in this chapter |
+# |---|---|---|---|---|
+# | 0 | nothing | `"stage": 0` | `DistributedDataParallel` | stage 0 |
+# | 1 | optimizer state | `"stage": 1` | `ZeroRedundancyOptimizer` | stage 1, compared in §6 |
+# | 2 | + gradients | `"stage": 2` | FSDP1 `ShardingStrategy.SHARD_GRAD_OP`; FSDP2 `reshard_after_forward=False` is ZeRO-2-like (parameters also sharded between steps) | stage 2, buckets in §3 |
+# | 3 | + parameters | `"stage": 3` | FSDP1 `FULL_SHARD`; FSDP2 `fully_shard` (its default) | stage 3, compared here |
+
+# %% [markdown]
+# ## 9. Try it yourself
 #
 # Run all four stages with 1, 2 or 4 ranks (the batch of 64 must split evenly) and either precision
 # (real processes).
@@ -395,6 +468,7 @@ exercises["fit"].submit(...)  # replace ... with a stage number
 # 2. **the same training** — §2's identical results across stages, and §6's agreement with PyTorch's ZeroRedundancyOptimizer.
 # 3. **ZeRO-1 by hand** — §3's sharded step, and your `my_zero1_step`, judged on the collectives it ran and on its result.
 # 4. **the wire** — §4's counted bytes, equal to the formulas (asserted).
+# 5. **what PyTorch ships** — §8's FSDP2 (`fully_shard`) beside our stage 3: equal training, equal shards, measured memory, the stage table.
 #
 # **On a real cluster:** ZeRO trades memory for traffic: stage 3 moves 1.5× data parallelism's bytes, so on a slow network the stage that just fits is the one to use.
 

@@ -18,6 +18,7 @@ from ..milestones import zero
 from ..numerics import adam_drift, max_gap
 from ..runtime import warm_cluster
 from .ch04_exercises import exercises, first_fitting_stage, task  # noqa: F401
+from .ch04_fsdp import fsdp2, fsdp2_memory  # noqa: F401  (section 8)
 
 CATEGORIES = ("params", "grads", "optimizer")
 
