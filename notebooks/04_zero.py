@@ -365,9 +365,9 @@ assert vs_fsdp2["same_shards"], vs_fsdp2
 # %% [markdown]
 # Now memory, on §1's `memory` preset: each rank's peak **measured** by the same allocator meter as
 # our stages, beside the **inventory** of the model states it keeps (its shards of parameters,
-# gradients and Adam's moments). One change: Gloo runs its collectives on threads of its own and
-# frees some buffers there, where the meter (which listens on the rank's thread) does not see the
-# free, so its count would only go up, by an amount that varies from run to run. FSDP2 lets us
+# gradients and Adam's moments). One change: Gloo runs its collectives on threads of its own, and
+# what is allocated or freed there (a buffer whose last reference Gloo's thread drops) is out of the
+# meter's sight — it listens on the rank's thread — so its count would depend on timing. FSDP2 lets us
 # replace its two collectives (`set_custom_all_gather`, `set_custom_reduce_scatter`): for this figure
 # our ring does them, on the rank's thread — and counts their bytes. Everything else is FSDP2's.
 # With `reshard_after_forward=False` FSDP2 keeps each layer's gathered parameters from its forward
@@ -376,6 +376,18 @@ assert vs_fsdp2["same_shards"], vs_fsdp2
 
 # %%
 fsdp_mem = ch04.fsdp2_memory(measured)
+
+# %% [markdown]
+# What to read in it:
+#
+# * **The same model states.** FSDP2 keeps 1/N of the parameters, gradients and Adam's moments, as
+#   our stage 3 does (the inventory bars).
+# * **Close, not equal, measured.** Beside the states each holds transients of its own: ours a layer's
+#   gathered parameters and full gradient and the ring's receive buffer; FSDP2 a layer's gathered
+#   parameters, the next layer's that it prefetches in the backward, and its reduce-scatter input.
+#   The two peaks stay within two layers' full parameters of each other.
+# * **`reshard_after_forward=False`** holds every layer's full parameters when the backward starts
+#   (above ZeRO-3's peak) and saves the backward's all-gather: 2Ψ on the wire instead of 3Ψ.
 
 # %%
 ours3, f3, f2 = fsdp_mem["rows"]
