@@ -242,6 +242,23 @@ show_source(zero.sharded_step)
 show_source(zero.fetch_layer_by_layer)
 
 # %% [markdown]
+# Fetching a layer only when it is needed leaves the network idle while a layer computes, and the
+# layer waits for its own gather. ZeRO-3 prefetches (Rajbhandari et al., 2020): with `prefetch=d`
+# the forward launches the gathers of the next d layers on a communication thread and goes on
+# computing; a layer's forward waits only for what has not arrived. The room for a prefetched layer
+# is allocated when its gather is launched, so the depth bounds the memory: at most d + 1 layers'
+# full parameters at once. It changes when the bytes move, not which bytes or what is computed.
+
+# %%
+show_source(zero.Prefetch.fetch)
+ahead = ch04.prefetch_depths(world_size=4, stage3=results[3])
+
+# %%
+assert all(row["same"] for row in ahead), ahead  # bit for bit the same training, the same bytes sent
+assert all(row["peak"] == row["window"] for row in ahead), ahead  # the depth bounds the gathered layers
+assert ahead[0]["peak"] < ahead[1]["peak"] < ahead[2]["peak"], ahead
+
+# %% [markdown]
 # Our stage 2 above still builds the whole gradient before scattering it, so for a moment it holds as
 # much gradient as plain data parallelism. Real ZeRO-2 (Rajbhandari et al., 2020) reduce-scatters the
 # gradients in **buckets during the backward**, as they are computed, and frees each bucket once

@@ -167,6 +167,18 @@ def test_the_parameter_tolerance_passes_rounding_and_fails_a_bug(clusters, stage
     assert (gap <= numerics.adam_drift(cfg)["params"]) is (bug is None), gap
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_stage_3_prefetch_trains_the_same_and_holds_at_most_depth_plus_one_layers(clusters, stages, n):
+    base = stages["fp32", n, 3]
+    lb = base["layer_bytes"]
+    for d in (1, 2):
+        r = run("zero", zero.Config(stage=3, world_size=n, prefetch=d, **SMALL), cluster=clusters(n))
+        assert r.losses == base.losses and r["final_params"] == base["final_params"]
+        assert r["traffic_per_step"] == base["traffic_per_step"]
+        # catches: no prefetch (one layer), or an unbounded one (every layer at once)
+        assert r["full_params_peak"] == [max(sum(lb[i:i + d + 1]) for i in range(len(lb)))] * n
+
+
 @pytest.mark.numerics
 def test_fsdp2_trains_like_our_stage_3_with_the_same_shards(clusters, stages):
     cfg = zero.Config(stage=3, world_size=2, **SMALL)
@@ -221,7 +233,9 @@ def test_paper_example_and_fits():
 
 @pytest.mark.parametrize("options, name", [
     (dict(stage=4), "stage"), (dict(stage=-1), "stage"), (dict(world_size=0), "world_size"),
-    (dict(precision="fp8"), "precision"), (dict(world_size=3, global_batch=32), "global_batch"),
+    (dict(precision="fp8"), "precision"), (dict(stage=3, prefetch=-1), "prefetch"),
+    (dict(stage=2, prefetch=1), "prefetch"), (dict(stage=3, prefetch=True), "prefetch"),
+    (dict(world_size=3, global_batch=32), "global_batch"),
     (dict(hidden=1, depth=1, d_in=1, classes=1, world_size=8, global_batch=8), "world_size"),
 ])
 def test_bad_input_names_the_parameter(options, name):
