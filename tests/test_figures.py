@@ -81,3 +81,12 @@ def test_bytes_per_rank_says_modelled_for_the_library_collective():
     row = {"algorithm": "ring (counted)", "rank": 0, "sent": 1e6, "recv": 1e6}
     assert plots.collectives.bytes_per_rank([row], "t").layout.yaxis.title.text == \
         "MB sent + received (counted)"
+
+
+def test_fsdp2_side_by_side_draws_a_bar_per_rank_and_the_inventory_in_mb():
+    rows = [{"label": "ours", "measured": [2e6, 3e6], "states": [1e6, 1e6]},
+            {"label": "FSDP2", "measured": [4e6, 5e6], "states": [1e6, 1e6]}]
+    fig = plots.memory.side_by_side(rows, "chapter 4, section 8")
+    assert [t.name for t in fig.data] == ["measured peak, rank 0", "measured peak, rank 1",
+                                          "inventory: model states (rank 0)"]
+    assert [list(t.y) for t in fig.data] == [[2, 4], [3, 5], [1, 1]]

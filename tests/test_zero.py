@@ -9,7 +9,7 @@ import torch
 
 from lesson_lib import experiments, numerics, run
 from lesson_lib.chapters import ch04
-from lesson_lib.costmodel import zero_memory
+from lesson_lib.costmodel import zero_memory, zero_traffic
 from lesson_lib.milestones import data_parallel as dp
 from lesson_lib.milestones import zero
 
@@ -167,6 +167,62 @@ def test_the_parameter_tolerance_passes_rounding_and_fails_a_bug(clusters, stage
     assert (gap <= numerics.adam_drift(cfg)["params"]) is (bug is None), gap
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_stage_3_prefetch_trains_the_same_and_holds_at_most_depth_plus_one_layers(clusters, stages, n):
+    base = stages["fp32", n, 3]
+    lb = base["layer_bytes"]
+    for d in (1, 2):
+        r = run("zero", zero.Config(stage=3, world_size=n, prefetch=d, **SMALL), cluster=clusters(n))
+        assert r.losses == base.losses and r["final_params"] == base["final_params"]
+        assert r["traffic_per_step"] == base["traffic_per_step"]
+        # catches: no prefetch (one layer), or an unbounded one (every layer at once)
+        assert r["full_params_peak"] == [max(sum(lb[i:i + d + 1]) for i in range(len(lb)))] * n
+
+
+@pytest.mark.numerics
+def test_fsdp2_trains_like_our_stage_3_with_the_same_shards(clusters, stages):
+    cfg = zero.Config(stage=3, world_size=2, **SMALL)
+    ours, theirs = stages["fp32", 2, 3], clusters(2).run(zero.fsdp2_worker, cfg)
+    got = zero.fsdp.compare(cfg, ours, theirs)
+    assert got["same_training"] and got["same_shards"], got
+    # catches: a parameter a skipped step's worth (lr) away, or a shard one element off
+    bad = [dict(t, params=[t["params"][0] + cfg.lr, *t["params"][1:]]) for t in theirs]
+    assert not zero.fsdp.compare(cfg, ours, bad)["same_training"]
+    bad = [dict(t, shard_numel=[t["shard_numel"][0] + 1, *t["shard_numel"][1:]]) for t in theirs]
+    assert not zero.fsdp.compare(cfg, ours, bad)["same_shards"]
+
+
+@pytest.mark.numerics
+def test_fsdp2_shards_differ_from_ours_where_dim_0_does_not_split(clusters, stages):
+    # 3 ranks: FSDP2 chunks the last layer's 10 rows 4/4/2; our flat slices are a third each
+    cfg = zero.Config(stage=3, world_size=3, **SMALL)
+    got = zero.fsdp.compare(cfg, stages["fp32", 3, 3], clusters(3).run(zero.fsdp2_worker, cfg))
+    assert got["same_training"] and not got["same_shards"], got
+    assert got["fsdp2_shards"][0][-1] != got["fsdp2_shards"][2][-1], got
+
+
+@pytest.mark.parametrize("reshard, stage", [(True, 3), (False, 2)])
+def test_fsdp2_on_our_ring_sends_3_psi_or_2_psi_and_its_peak_repeats(clusters, stages, reshard, stage):
+    cfg = zero.Config(stage=3, world_size=2, peak_memory=True, **SMALL)
+    runs = [clusters(2).run(zero.fsdp2_worker, cfg, reshard, "ring") for _ in range(2)]
+    assert zero.fsdp.compare(cfg, stages["fp32", 2, 3], runs[0])["same_training"]
+    sent = sum(runs[0][0]["bytes_sent"].values()) / cfg.steps
+    assert sent == zero_traffic(2 * sum(runs[0][0]["shard_numel"]), 2, stage)
+    if reshard:  # the same bytes as our stage 3 sends
+        assert sent == stages["fp32", 2, 3]["traffic_per_step"][0]
+    peaks = [[o["memory"]["measured_peak"] for o in r] for r in runs]
+    assert peaks[0] == peaks[1] and peaks[0][0] == peaks[0][1], peaks  # the meter sees every byte
+    assert all(p >= sum(o["memory"][c] for c in ("params", "grads", "optimizer"))
+               for p, o in zip(peaks[0], runs[0])), (peaks, runs[0])
+
+
+def test_fsdp2_bad_input_names_the_parameter():
+    with pytest.raises(ValueError, match="collectives"):
+        zero.fsdp2_worker(zero.Config(**SMALL), collectives="nccl")
+    with pytest.raises(ValueError, match="fp32"):
+        zero.fsdp2_worker(zero.Config(precision="mixed", **SMALL))
+
+
 def test_paper_example_and_fits():
     gb = [round(zero_memory(7.5e9, 64, s, "mixed")["total"] / 1e9, 1) for s in range(4)]
     assert gb == [120.0, 31.4, 16.6, 1.9]
@@ -177,7 +233,9 @@ def test_paper_example_and_fits():
 
 @pytest.mark.parametrize("options, name", [
     (dict(stage=4), "stage"), (dict(stage=-1), "stage"), (dict(world_size=0), "world_size"),
-    (dict(precision="fp8"), "precision"), (dict(world_size=3, global_batch=32), "global_batch"),
+    (dict(precision="fp8"), "precision"), (dict(stage=3, prefetch=-1), "prefetch"),
+    (dict(stage=2, prefetch=1), "prefetch"), (dict(stage=3, prefetch=True), "prefetch"),
+    (dict(world_size=3, global_batch=32), "global_batch"),
     (dict(hidden=1, depth=1, d_in=1, classes=1, world_size=8, global_batch=8), "world_size"),
 ])
 def test_bad_input_names_the_parameter(options, name):

@@ -18,6 +18,7 @@ from ..milestones import zero
 from ..numerics import adam_drift, max_gap
 from ..runtime import warm_cluster
 from .ch04_exercises import exercises, first_fitting_stage, task  # noqa: F401
+from .ch04_fsdp import fsdp2, fsdp2_memory  # noqa: F401  (section 8)
 
 CATEGORIES = ("params", "grads", "optimizer")
 
@@ -70,6 +71,23 @@ def stage2_buckets(world_size: int = 4, bucket_layers=(0.5, 1.0, 2.0), stage2: R
         print(f"{row['label']}: at most {row['peak']:,} bytes of full gradients at once "
               f"(bound {row['bound']:,})")
     return {"rows": rows, "whole": whole, "same_training": same}
+
+
+def prefetch_depths(world_size: int = 4, depths=(1, 2), stage3: Result | None = None) -> list[dict]:
+    """Stage 3 gathering ``depth`` layers ahead in the forward: the most bytes of gathered parameters a
+    rank held (measured from the storages), against the largest d + 1 consecutive layers; whether
+    training and traffic stayed those of ``stage3`` (no prefetch)."""
+    base = stage3 or _run(3, world_size)
+    lb, rows = base["layer_bytes"], []
+    for d in (0, *depths):
+        r = base if d == 0 else _run(3, world_size, prefetch=d)
+        rows.append({"depth": d, "peak": max(r["full_params_peak"]),
+                     "window": max(sum(lb[i:i + d + 1]) for i in range(len(lb))),
+                     "same": r.losses == base.losses and r["final_params"] == base["final_params"]
+                     and r["traffic_per_step"] == base["traffic_per_step"]})
+        print(f"prefetch {d}: at most {rows[-1]['peak']:,} bytes of gathered parameters at once "
+              f"(the largest {d + 1} consecutive layers: {rows[-1]['window']:,})")
+    return rows
 
 
 def memory_ratios(results: dict[int, Result]) -> dict[int, dict[str, float]]:

@@ -82,3 +82,19 @@ def measured_vs_inventory(rows: list[dict], title: str) -> go.Figure:
     fig.update_layout(barmode="group", title=wrap(title, 80), yaxis_title="MB per rank", height=480,
                       margin={"t": 110}, legend={"orientation": "h", "y": -0.12})
     return fig
+
+
+def side_by_side(rows: list[dict], title: str) -> go.Figure:
+    """rows: {label, measured: [bytes per rank] (the allocator's peak), states: [bytes per rank] (the
+    inventory of the model states)} — our ZeRO-3 beside FSDP2's (chapter 4, section 8): a bar per rank
+    for the measured peak, one for the inventory of rank 0."""
+    fig = go.Figure()
+    labels = [r["label"] for r in rows]
+    for k in range(max(len(r["measured"]) for r in rows)):
+        fig.add_bar(x=labels, y=[r["measured"][k] / 1e6 for r in rows], name=f"measured peak, rank {k}",
+                    marker_color=COLORS["busy"], opacity=1 - 0.35 * k)
+    fig.add_bar(x=labels, y=[r["states"][0] / 1e6 for r in rows], marker_color=COLORS["params"],
+                name="inventory: model states (rank 0)")
+    fig.update_layout(barmode="group", title=wrap(title, 80), yaxis_title="MB per rank", height=440,
+                      margin={"t": 100}, legend={"orientation": "h", "y": -0.15})
+    return fig

@@ -38,10 +38,11 @@
 # %% [markdown]
 # **After this chapter you can:**
 #
-# 1. state the memory per rank of ZeRO's stages 1–3, (4 + 12/N)Ψ, (2 + 14/N)Ψ and 16Ψ/N in mixed precision, and see them measured per rank (§1, §5, formula exercises);
+# 1. state the memory per rank of ZeRO's stages 1–3, (4 + 12/N)Ψ, (2 + 14/N)Ψ and 16Ψ/N in mixed precision, and tell the inventory from the allocator's measured peak per rank (§1, §5, formula exercises);
 # 2. show that sharding changes no result: every stage trains like stage 0 (§2);
 # 3. write ZeRO-1's step — reduce-scatter, a step on your slice, all-gather — on real ranks (§3, first exercise);
-# 4. count what each stage costs on the wire, 1.5× plain data parallelism for ZeRO-3 (§4), and pick the smallest stage that fits a model (last exercise).
+# 4. count what each stage costs on the wire, 1.5× plain data parallelism for ZeRO-3 (§4), and pick the smallest stage that fits a model (last exercise);
+# 5. run PyTorch's FSDP2 (`fully_shard`) on the same model and name which of its steps does what our ZeRO-3 does (§8).
 #
 # **Before it:** chapters 0 and 2 (all-reduce, reduce-scatter, all-gather).
 # **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
@@ -242,6 +243,23 @@ show_source(zero.sharded_step)
 show_source(zero.fetch_layer_by_layer)
 
 # %% [markdown]
+# Fetching a layer only when it is needed leaves the network idle while a layer computes, and the
+# layer waits for its own gather. ZeRO-3 prefetches (Rajbhandari et al., 2020): with `prefetch=d`
+# the forward launches the gathers of the next d layers on a communication thread and goes on
+# computing; a layer's forward waits only for what has not arrived. The room for a prefetched layer
+# is allocated when its gather is launched, so the depth bounds the memory: at most d + 1 layers'
+# full parameters at once. It changes when the bytes move, not which bytes or what is computed.
+
+# %%
+show_source(zero.Prefetch.fetch)
+ahead = ch04.prefetch_depths(world_size=4, stage3=results[3])
+
+# %%
+assert all(row["same"] for row in ahead), ahead  # bit for bit the same training, the same bytes sent
+assert all(row["peak"] == row["window"] for row in ahead), ahead  # the depth bounds the gathered layers
+assert ahead[0]["peak"] < ahead[1]["peak"] < ahead[2]["peak"], ahead
+
+# %% [markdown]
 # Our stage 2 above still builds the whole gradient before scattering it, so for a moment it holds as
 # much gradient as plain data parallelism. Real ZeRO-2 (Rajbhandari et al., 2020) reduce-scatters the
 # gradients in **buckets during the backward**, as they are computed, and frees each bucket once
@@ -332,7 +350,92 @@ ch04.calculator()
 table = ch04.fits(world_size=64)
 
 # %% [markdown]
-# ## 8. Try it yourself
+# ## 8. What PyTorch ships: FSDP2
+#
+# ZeRO-3's idea is in PyTorch as Fully Sharded Data Parallel (Zhao et al., "PyTorch FSDP", VLDB 2023);
+# its second version, `torch.distributed.fsdp.fully_shard` (FSDP2), keeps each parameter as a
+# DTensor sharded on dim 0. We call it on every `Linear` — a unit, like our `Flat` — and on the whole
+# model, then train the same model on the same batches with Adam, on 2 ranks. Our stage 3's steps
+# and where FSDP2 does each (`torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`):
+#
+# | step | ours (`zero.fetch_layer_by_layer`) | FSDP2 |
+# |---|---|---|
+# | shard, keep my part | `Flat`: one flat buffer per layer, contiguous slice r | `FSDPParam`: each tensor on dim 0 (`torch.chunk`) |
+# | all-gather before a layer's forward | forward pre-hook → `Flat.gather` | `pre_forward` → `unshard` → `foreach_all_gather` |
+# | free it after the forward | forward hook → `Flat.free` | `post_forward` → `reshard` (skipped if `reshard_after_forward=False`) |
+# | gather again before its backward | backward pre-hook | `pre_backward` → `unshard`, and it prefetches the next layer (`_backward_prefetch`) |
+# | reduce-scatter the gradient, free both | gradient hook → `ring_reduce_scatter`, `drop_grad`, `free` | `post_backward` → `reshard` + `foreach_reduce` (`ReduceOp.AVG`) |
+# | Adam on my shard | one flat tensor per layer | `torch.optim.Adam` on the DTensor shards |
+
+# %%
+show_source(zero.fsdp2_worker)
+
+# %%
+vs_fsdp2 = ch04.fsdp2(world_size=2)
+
+# %%
+# Equal training to float rounding (numerics.adam_drift: the bounds a skipped step would break) ...
+assert vs_fsdp2["loss_gap"] <= vs_fsdp2["loss_tolerance"], vs_fsdp2
+assert vs_fsdp2["param_gap"] <= vs_fsdp2["param_tolerance"], vs_fsdp2
+# ... and the same shards: every layer's dims divide by 2, so dim-0 chunks and our flat slices coincide
+assert vs_fsdp2["same_shards"], vs_fsdp2
+
+# %% [markdown]
+# Now memory, on §1's `memory` preset: each rank's peak **measured** by the same allocator meter as
+# our stages, beside the **inventory** of the model states it keeps (its shards of parameters,
+# gradients and Adam's moments). One change: Gloo runs its collectives on threads of its own, and
+# what is allocated or freed there (a buffer whose last reference Gloo's thread drops) is out of the
+# meter's sight — it listens on the rank's thread — so its count would depend on timing. FSDP2 lets us
+# replace its two collectives (`set_custom_all_gather`, `set_custom_reduce_scatter`): for this figure
+# our ring does them, on the rank's thread — and counts their bytes. Everything else is FSDP2's.
+# With `reshard_after_forward=False` FSDP2 keeps each layer's gathered parameters from its forward
+# to its backward: one all-gather per step instead of two, at the price of every layer's full
+# parameters held at once when the backward starts — between ZeRO-2 and ZeRO-3.
+
+# %%
+fsdp_mem = ch04.fsdp2_memory(measured)
+
+# %% [markdown]
+# What to read in it:
+#
+# * **The same model states.** FSDP2 keeps 1/N of the parameters, gradients and Adam's moments, as
+#   our stage 3 does (the inventory bars).
+# * **Close, not equal, measured.** Beside the states each holds transients of its own: ours a layer's
+#   gathered parameters and full gradient and the ring's receive buffer; FSDP2 a layer's gathered
+#   parameters, the next layer's that it prefetches in the backward, and its reduce-scatter input.
+#   The two peaks stay within two layers' full parameters of each other.
+# * **`reshard_after_forward=False`** holds every layer's full parameters when the backward starts
+#   (above ZeRO-3's peak) and saves the backward's all-gather: 2Ψ on the wire instead of 3Ψ.
+
+# %%
+ours3, f3, f2 = fsdp_mem["rows"]
+full, layer = fsdp_mem["full_param_bytes"], fsdp_mem["largest_layer_bytes"]
+for row in fsdp_mem["rows"]:  # on every rank the allocator saw at least the model states
+    assert all(m >= s for m, s in zip(row["measured"], row["states"])), row
+# FSDP2 keeps exactly 1/N of the parameters and of the gradients (inventory)
+assert all(m["params"] == m["grads"] == full // 2 for m in fsdp_mem["memory"][True]), fsdp_mem["memory"]
+# the two ZeRO-3s (measured): within two layers' full parameters of each other
+assert all(abs(a - b) < 2 * layer for a, b in zip(ours3["measured"], f3["measured"])), fsdp_mem
+# without resharding after forward: every layer's full parameters beside the shards and Adam's state
+assert all(m > t for m, t in zip(f2["measured"], f3["measured"])), fsdp_mem
+assert all(mm["measured_peak"] >= mm["params"] + mm["optimizer"] + full for mm in fsdp_mem["memory"][False])
+# counted on the wire: 3Ψ(N-1)/N like our stage 3, 2Ψ(N-1)/N without the second all-gather
+assert fsdp_mem["sent"][True] == fsdp_mem["formula"][3] and fsdp_mem["sent"][False] == fsdp_mem["formula"][2]
+
+# %% [markdown]
+# The same stages under the names practitioners meet them (the stages: Rajbhandari et al., 2020;
+# FSDP: Zhao et al., 2023; DeepSpeed sets the stage as `"zero_optimization": {"stage": k}` in its
+# configuration):
+#
+# | ZeRO stage | sharded over N | DeepSpeed | PyTorch | in this chapter |
+# |---|---|---|---|---|
+# | 0 | nothing | `"stage": 0` | `DistributedDataParallel` | stage 0 |
+# | 1 | optimizer state | `"stage": 1` | `ZeroRedundancyOptimizer` | stage 1, compared in §6 |
+# | 2 | + gradients | `"stage": 2` | FSDP1 `ShardingStrategy.SHARD_GRAD_OP`; FSDP2 `reshard_after_forward=False` is ZeRO-2-like (parameters also sharded between steps) | stage 2, buckets in §3 |
+# | 3 | + parameters | `"stage": 3` | FSDP1 `FULL_SHARD`; FSDP2 `fully_shard` (its default) | stage 3, compared here |
+
+# %% [markdown]
+# ## 9. Try it yourself
 #
 # Run all four stages with 1, 2 or 4 ranks (the batch of 64 must split evenly) and either precision
 # (real processes).
@@ -391,10 +494,11 @@ exercises["fit"].submit(...)  # replace ... with a stage number
 #
 # What showed each of this chapter's objectives:
 #
-# 1. **memory per rank** — §1's per-stage ratios to the paper's formulas and §7's table at the scale of real models.
+# 1. **memory per rank** — §1's inventory against the paper's formulas, the measured peak beside it (never below it, asserted), and §7's table at the scale of real models.
 # 2. **the same training** — §2's identical results across stages, and §6's agreement with PyTorch's ZeroRedundancyOptimizer.
 # 3. **ZeRO-1 by hand** — §3's sharded step, and your `my_zero1_step`, judged on the collectives it ran and on its result.
 # 4. **the wire** — §4's counted bytes, equal to the formulas (asserted).
+# 5. **what PyTorch ships** — §8's FSDP2 (`fully_shard`) beside our stage 3: equal training, equal shards, measured memory, the stage table.
 #
 # **On a real cluster:** ZeRO trades memory for traffic: stage 3 moves 1.5× data parallelism's bytes, so on a slow network the stage that just fits is the one to use.
 

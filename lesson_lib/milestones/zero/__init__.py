@@ -16,20 +16,27 @@ Per step, per rank (Ψ parameters):
 * stage 3: before each layer's forward, all-gather its parameters and free them after;
   gather them again before its backward; reduce-scatter its gradient as soon as it is
   complete and free both; Adam on my shard                                              — 3Ψ
-So a stage-3 rank holds one layer's full parameters and gradient at a time (module hooks do it).
+So a stage-3 rank holds one layer's full parameters and gradient at a time (module hooks do it);
+with ``prefetch = d`` the forward gathers d layers ahead on a communication thread (d + 1 at once).
 Stage 2 builds the whole gradient before scattering it, unless ``bucket_mb > 0``: then, as in real
 ZeRO-2, layers' gradients are grouped into buckets reduce-scattered during the backward on a
 communication thread and freed, and a layer's gradient is allocated only once the gradients not yet
 scattered fit in one bucket — so at most one bucket plus one layer of full gradients exist at a
 time (:func:`scatter_during_backward`). Mixed precision keeps bf16 parameters and gradients (CPU
 has no fast fp16) and an fp32 master copy with Adam's moments: K = 12 bytes per parameter.
+
+:mod:`.fsdp` runs PyTorch's FSDP2 (``fully_shard``, Zhao et al., VLDB 2023) on the same model and
+batches as stage 3, and maps our steps to its own.
 """
 
+from . import fsdp
+from .fsdp import fsdp2_worker
 from .milestone import NAME, Config, param_count, summarize, worker
 from .references import layerwise_reference, reference, torch_zero_reference
-from .shards import Flat, Transients, fetch_layer_by_layer, scatter_during_backward, sharded_step
+from .shards import Flat, Prefetch, Transients, fetch_layer_by_layer, scatter_during_backward, sharded_step
 
 __all__ = [
-    "NAME", "Config", "Flat", "Transients", "fetch_layer_by_layer", "layerwise_reference", "param_count",
+    "NAME", "Config", "Flat", "Transients", "fetch_layer_by_layer", "fsdp", "fsdp2_worker",
+    "layerwise_reference", "param_count", "Prefetch",
     "reference", "scatter_during_backward", "sharded_step", "summarize", "torch_zero_reference", "worker",
 ]

@@ -50,6 +50,8 @@ class Config(TrainConfig):
     return_params: bool = opt(True, "send the trained parameters back for checking (off for large models)")
     peak_memory: bool = opt(False, "measure each rank's peak of allocated bytes (lesson_lib.peakmem); on "
                                    "CPU its profiler slows each step, so runs timed for figures skip it")
+    prefetch: int = opt(0, "stage 3: gather this many next layers' parameters during a layer's forward, on a "
+                           "communication thread (0: each layer just before its use)")
     bucket_mb: float = opt(0.0, "stage 2: 0 scatter the gradients after the backward | > 0 in buckets of "
                                 "this many MiB during the backward, each freed once scattered (as ZeRO-2)")
 
@@ -67,6 +69,10 @@ class Config(TrainConfig):
         if self.bucket_mb and self.stage != 2:
             raise ValueError(f"bucket_mb={self.bucket_mb} applies to stage 2 only (stage={self.stage}): "
                              "stage 3 already scatters layer by layer")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise ValueError(f"prefetch must be a number of layers >= 0, got {self.prefetch!r}")
+        if self.prefetch and self.stage != 3:
+            raise ValueError(f"prefetch={self.prefetch} applies to stage 3 only (stage={self.stage})")
         if self.precision not in ("fp32", "mixed"):
             raise ValueError(f"precision must be 'fp32' or 'mixed', got {self.precision!r}")
         if self.global_batch % self.world_size:
@@ -103,13 +109,13 @@ def _train(cfg: Config, peak: PeakMemory | None) -> dict:
     # Every stage shards layer by layer, so every stage adds the gradients in the same order.
     units = [Flat(list(m.parameters()), n, r) for m in layers]
     transient = Transients()
+    overlap = ahead = None  # the communication threads of stage 2 with buckets and stage 3 with prefetch
     # --- the model states this rank keeps between steps
     if stage == 3:
         for u in units:
             u.shard = u.full[u.lo:u.hi].clone()
             u.free()
-        fetch_layer_by_layer(units, layers, n, transient)
-    overlap = None
+        ahead = fetch_layer_by_layer(units, layers, n, transient, cfg.prefetch, peak)
     if stage == 2 and cfg.bucket_mb > 0:
         overlap = scatter_during_backward(units, layers, n, int(cfg.bucket_mb * 2**20), transient, peak)
     owned = [u.full if stage == 0 else (u.shard if stage == 3 else u.full[u.lo:u.hi]) for u in units]
@@ -153,8 +159,9 @@ def _train(cfg: Config, peak: PeakMemory | None) -> dict:
                 rs["loss"] = float(lt) / n
             losses.append(rs["loss"])
     finally:
-        if overlap is not None:
-            overlap.close()
+        for background in (overlap, ahead):
+            if background is not None:
+                background.close()
     if peak is not None:
         peak.stop()  # what follows (the inventory, a final gather for checking) is not training
     params_kept = [u.shard if stage == 3 else u.full for u in units]

@@ -8,11 +8,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from ... import buckets, comm
-from ...metrics import storage_bytes
+from ...metrics import in_background, storage_bytes
 
 
 class Flat:
@@ -57,9 +58,12 @@ class Flat:
     def free(self) -> None:  # the views stay valid; their storage is given back
         self.full.untyped_storage().resize_(0)
 
-    def gather(self, op: str = "param_all_gather") -> None:
+    def allocate(self) -> None:  # stage 3: room for the full layer, my shard in its place
         self.full.untyped_storage().resize_(self.padded * self.full.element_size())
         self.full[self.lo:self.hi].copy_(self.shard)
+
+    def gather(self, op: str = "param_all_gather") -> None:
+        self.allocate()
         comm.ring_all_gather(self.full, op=op)
 
 
@@ -81,14 +85,52 @@ class Transients:
                 self.grads_peak = max(self.grads_peak, self.grads_live)
 
 
-def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Transients) -> None:
-    """Stage 3: gather a layer's parameters just before its forward and again before its
-    backward, free them right after; reduce-scatter its gradient as soon as it is complete."""
-    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+class Prefetch:
+    """Stage 3 with ``prefetch = d``: in the forward, gather the next d layers' parameters on a
+    communication thread while this one computes. Their storage is allocated on the rank's thread
+    when the gather is launched, so at most d + 1 layers are gathered at once (bounded depth)."""
 
-    def gather(u):
-        u.gather()
-        transient.add(u.full.untyped_storage().nbytes())
+    def __init__(self, units: list[Flat], depth: int, transient: Transients, peak=None):
+        self.units, self.depth, self.transient, self.peak = units, depth, transient, peak
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
+        self.inflight: dict[int, Future] = {}
+
+    def _ring(self, u: Flat) -> None:  # on the communication thread
+        with in_background(), self.peak.thread() if self.peak is not None else contextlib.nullcontext():
+            comm.ring_all_gather(u.full, op="param_all_gather")
+
+    def fetch(self, u: Flat) -> None:
+        """Layer ``u``'s forward is next: wait for its gather (or run it), launch the next ones."""
+        i = self.units.index(u)
+        if i in self.inflight:
+            self.inflight.pop(i).result()  # re-raises a failed collective here
+        else:
+            u.gather()
+            self.transient.add(u.full.untyped_storage().nbytes())
+        for j in range(i + 1, min(i + 1 + self.depth, len(self.units))):
+            if j not in self.inflight:  # in layer order: every rank launches the same sequence
+                self.units[j].allocate()
+                self.transient.add(self.units[j].full.untyped_storage().nbytes())
+                self.inflight[j] = self.thread.submit(self._ring, self.units[j])
+
+    def close(self) -> None:
+        self.thread.shutdown(wait=False, cancel_futures=True)
+
+
+def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Transients,
+                         prefetch: int = 0, peak=None) -> Prefetch | None:
+    """Stage 3: gather a layer's parameters just before its forward and again before its
+    backward, free them right after; reduce-scatter its gradient as soon as it is complete.
+    With ``prefetch`` > 0 the forward gathers that many layers ahead (:class:`Prefetch`)."""
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    ahead = Prefetch(units, prefetch, transient, peak) if prefetch else None
+
+    def gather(u, forward=False):
+        if forward and ahead is not None:
+            ahead.fetch(u)
+        else:
+            u.gather()
+            transient.add(u.full.untyped_storage().nbytes())
         allocated = sum(v.full.untyped_storage().nbytes() for v in units)  # measured, not bookkept
         transient.params_peak = max(transient.params_peak, allocated)
 
@@ -110,11 +152,12 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
         free(u)
 
     for u, m in zip(units, modules):
-        m.register_forward_pre_hook(lambda mod, args, u=u: gather(u))
+        m.register_forward_pre_hook(lambda mod, args, u=u: gather(u, forward=True))
         m.register_forward_hook(lambda mod, args, out, u=u: free(u))
         m.register_full_backward_pre_hook(lambda mod, grad, u=u: before_backward(u))
         for p in u.params:
             p.register_post_accumulate_grad_hook(lambda p, u=u: grad_ready(u))
+    return ahead
 
 
 def scatter_during_backward(units: list[Flat], modules: list, n: int, bucket_bytes: int,
