@@ -193,7 +193,7 @@ def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str, note: 
                         mode="lines+markers", line={"color": COLORS["busy"]}, row=1, col=2)
     if all("door_ms" in r for r in rows):
         fig.add_scatter(x=xs, y=[r["door_ms"] for r in rows], name="N·S / B: the server's link, each way",
-                        mode="lines+markers", line={"color": "black", "dash": "dot"}, row=1, col=2)
+                        mode="lines+markers", line={"color": "grey", "dash": "dash"}, row=1, col=2)
     fig.update_xaxes(title_text=xlabel, type="category")
     fig.update_layout(title=title, height=360)
     _annotate(fig, note)
