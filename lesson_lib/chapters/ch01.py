@@ -140,8 +140,8 @@ def bottleneck(worker_counts=(1, 2, 4), server_gbps: float = SERVER_GBPS) -> lis
                      "formula": r["server_bytes_formula"], "step_ms": 1e3 * r.median_step_time(),
                      "door_ms": 1e3 * r["server_bytes_formula"] / 2 * 8 / (server_gbps * 1e9)})
     display(plots.training.traffic_vs_formula(
-        rows, "workers", "workers (N)", "Into and out of the server per synchronous step: 2·N·S<br><sup>and "
-        f"the step time with the server behind an emulated {server_gbps:g} Gbit/s link</sup>", EMULATED_NOTE))
+        rows, "workers", "workers (N)", "Server bytes per sync step (2·N·S); step time on an emulated "
+        f"{server_gbps:g} Gbit/s server link", EMULATED_NOTE))
     print(f"server link EMULATED at {server_gbps:g} Gbit/s: "
           + "; ".join(f"{r['workers']} worker(s): step {r['step_ms']:.1f} ms, of which the server's bytes "
                       f"need {r['door_ms']:.1f} ms each way" for r in rows))
