@@ -230,9 +230,9 @@ def measured_memory(preset: str = "memory", bucket_mb: float = 4.0) -> dict:
     cfg = zero.Config.from_preset(preset)
     psi, n = zero.param_count(cfg), cfg.world_size
     display(plots.memory.measured_vs_inventory(
-        rows, f"{psi / 1e6:.1f}M parameters in {cfg.depth + 1} layers, {n} ranks, fp32 Adam: the peak each "
-              f"rank allocated during the steps (measured: {rows[0]['method']}), what it lists "
-              "(inventory) and Rajbhandari et al. (2020) (model)"))
+        rows, f"{psi / 1e6:.1f}M parameters, {cfg.depth + 1} layers, {n} ranks, fp32 Adam: peak allocated "
+              "per rank (measured), what it lists (inventory), Rajbhandari et al. (2020) (model)"))
+    print(f"measured by: {rows[0]['method']}")
     mb = lambda b: f"{b / 1e6:,.1f} MB"  # noqa: E731
     for row in rows:
         listed = [s + b + a for s, b, a in zip(row["states"], row["buffers"], row["activations"])]
