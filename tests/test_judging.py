@@ -132,3 +132,23 @@ def test_observe_records_each_outermost_call_with_its_bytes_and_whether_it_was_w
         assert all(c["done"] is not None and c["done"] >= c["start"] for c in o["calls"])
         assert o["in_flight_before"] == ["dist.all_reduce"] and o["in_flight_after"] == []
         assert o["restored"]
+
+
+def _exchanges_job():
+    rank, other = dist.get_rank(), 1 - dist.get_rank()
+    x, y = torch.ones(8), torch.empty(8)
+    with observe() as log:
+        comm.exchange(x, other, y, other).wait()  # both ways
+        if rank == 0:
+            comm.exchange(x[:2], 1, None, None).wait()  # a push alone
+        else:
+            comm.exchange(None, None, y[:2], 0).wait()  # its receive alone
+    return [(c["op"], c["peer"], c["bytes"]) for c in log.as_data()["calls"]]
+
+
+@pytest.mark.slow
+def test_an_exchange_is_a_send_and_a_receive_each_with_its_own_bytes_and_peer():
+    # catches: an exchange's bytes split in two, or a receive invented for a push-only exchange
+    zero, one = warm_cluster(2).run(_exchanges_job, timeout_s=20)
+    assert zero == [("send", 1, 32), ("recv", 1, 32), ("send", 1, 8)], zero
+    assert one == [("send", 0, 32), ("recv", 0, 32), ("recv", 0, 8)], one

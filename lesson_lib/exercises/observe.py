@@ -127,15 +127,11 @@ def summary(calls: list[dict]) -> str:
     return " + ".join(f"{api} ×{k} ({b:,} bytes)" for api, (k, b) in seen.items()) or "no communication"
 
 
-def _peer(op: str, i: int, args: tuple, kwargs: dict, exchange: bool) -> int | None:
+def _peer(op: str, args: tuple, kwargs: dict) -> int | None:
     """The other rank of a point-to-point call (``dst`` of a send, ``src`` of a receive)."""
-    if exchange:  # exchange(send_t, dst, recv_t, src)
-        at, name = (1, "dst") if i == 0 else (3, "src")
-    elif op in ("send", "recv"):
-        at, name = 1, "dst" if op == "send" else "src"
-    else:
+    if op not in ("send", "recv"):
         return None
-    peer = kwargs.get(name, args[at] if len(args) > at else None)
+    peer = kwargs.get("dst" if op == "send" else "src", args[1] if len(args) > 1 else None)
     return peer if isinstance(peer, int) else None
 
 
@@ -146,10 +142,18 @@ def _wrap(fn, api: str, op: str, log: Log):
             return fn(*args, **kwargs)
         in_backward = torch._C._current_graph_task_id() != -1
         made = []
-        ops = ("send", "recv") if op == "exchange" else (op,)
-        for i, o in enumerate(ops):
-            made.append({"op": o, "api": api, "bytes": _nbytes(args, kwargs) // len(ops), "async": False,
-                         "peer": _peer(o, i, args, kwargs, op == "exchange"), "in_backward": in_backward,
+        if op == "exchange":  # exchange(send_t, dst, recv_t, src): a send and a receive, either may be None
+            names = ("send_t", "dst", "recv_t", "src")
+            full = {**dict(zip(names, args)), **kwargs}
+            sides = [(o, full.get(t), full.get(p)) for o, t, p in (("send", "send_t", "dst"),
+                                                                   ("recv", "recv_t", "src"))
+                     if full.get(t) is not None]
+        else:
+            sides = [(op, None, _peer(op, args, kwargs))]
+        for o, tensor, peer in sides:
+            nbytes = _nbytes(args, kwargs) if tensor is None else tensor.numel() * tensor.element_size()
+            made.append({"op": o, "api": api, "bytes": nbytes, "async": False,
+                         "peer": peer if isinstance(peer, int) else None, "in_backward": in_backward,
                          "start": time.perf_counter(), "done": None})
         log.extend(made)
         _STATE.depth = getattr(_STATE, "depth", 0) + 1
