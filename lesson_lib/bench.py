@@ -88,31 +88,38 @@ def size_label(nbytes: float) -> str:
     return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:g} KiB"
 
 
-def allreduce_table(rows: list[dict]) -> tuple[list[dict], list[str]]:
-    """:func:`allreduce`'s rows as one table (rows, columns): per world size and algorithm, the
-    α-β fit and, for ours, the library's time ÷ ours at each size (> 1: ours is faster)."""
+def allreduce_fits(rows: list[dict]) -> dict[tuple[int, str], dict]:
+    """The ring's α-β model fitted to each (world size, algorithm) of :func:`allreduce`'s rows, the
+    library's too (it is a ring as well): α and β side by side say whether a gap is per-step
+    latency or bandwidth."""
     from .costmodel import fit_alpha_beta
 
+    fits = {}
+    for n in dict.fromkeys(r["world_size"] for r in rows):
+        for a in ("ring", "pipelined-ring", "library"):
+            mine = [r for r in rows if r["algorithm"] == a and r["world_size"] == n]
+            if len(mine) >= 2:
+                fits[n, a] = fit_alpha_beta(mine, "ring")
+    return fits
+
+
+def allreduce_table(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """:func:`allreduce`'s rows as one table (rows, columns): per world size and fitted algorithm,
+    its α-β fit and, for ours, the library's time ÷ ours at each size (> 1: ours is faster)."""
     by = {(r["algorithm"], r["world_size"], r["size_bytes"]): r for r in rows}
     sizes = list(dict.fromkeys(r["size_bytes"] for r in rows))
     table = []
-    for n in dict.fromkeys(r["world_size"] for r in rows):
-        for a in dict.fromkeys(r["algorithm"] for r in rows if r["algorithm"] != "naive"):
-            mine = [r for r in rows if r["algorithm"] == a and r["world_size"] == n]
-            fit = fit_alpha_beta(mine) if len(mine) >= 2 else None
-            row = {"ranks": n, "algorithm": "Gloo's dist.all_reduce" if a == "library" else a,
-                   "α (µs per step)": f"{1e6 * fit['alpha_s']:.0f}" if fit else "",
-                   "1/β (GB/s)": f"{fit['bandwidth_GBps']:.2f}" if fit else ""}
-            for s in sizes:
-                ratio = by.get((a, n, s), {}).get("vs_library")
-                row[size_label(s)] = f"{ratio:.2f}" if ratio and a != "library" else ""
-            table.append(row)
+    for (n, a), fit in allreduce_fits(rows).items():
+        row = {"ranks": n, "algorithm": "Gloo's dist.all_reduce" if a == "library" else a,
+               "α (µs per step)": f"{1e6 * fit['alpha_s']:.0f}", "1/β (GB/s)": f"{fit['bandwidth_GBps']:.2f}"}
+        for s in sizes:
+            ratio = by.get((a, n, s), {}).get("vs_library")
+            row[size_label(s)] = f"{ratio:.2f}" if ratio and a != "library" else ""
+        table.append(row)
     return table, ["ranks", "algorithm", "α (µs per step)", "1/β (GB/s)", *map(size_label, sizes)]
 
 
 def print_allreduce(rows: list[dict]) -> None:
-    from .costmodel import fit_alpha_beta
-
     algs = list(dict.fromkeys(r["algorithm"] for r in rows))
     by = {(r["world_size"], r["size_bytes"], r["algorithm"]): r for r in rows}
     ours = [a for a in ("ring", "pipelined-ring") if a in algs]
@@ -125,15 +132,9 @@ def print_allreduce(rows: list[dict]) -> None:
         ratios = "".join(f" {by[n, s, a]['vs_library']:>22.2f}" if by[n, s, a]["vs_library"] else f" {'':>22}"
                          for a in ours)
         print(f"{n:>5} {size_label(s):>9} {cells}{ratios}")
-    # The same model fitted to the library's times (it is a ring too): α and β side by side say
-    # whether a gap is per-step latency or bandwidth.
-    for n in dict.fromkeys(r["world_size"] for r in rows):
-        for alg in ("ring", "pipelined-ring", "library"):
-            mine = [r for r in rows if r["algorithm"] == alg and r["world_size"] == n]
-            if len(mine) >= 2:
-                fit = fit_alpha_beta(mine, "ring")
-                print(f"{alg:>14}, {n} ranks: alpha = {1e6 * fit['alpha_s']:6.1f} µs, beta = 1/"
-                      f"({fit['bandwidth_GBps']:.2f} GB/s), fit error {100 * fit['rms_rel_error']:.0f}% rms")
+    for (n, alg), fit in allreduce_fits(rows).items():
+        print(f"{alg:>14}, {n} ranks: alpha = {1e6 * fit['alpha_s']:6.1f} µs, beta = 1/"
+              f"({fit['bandwidth_GBps']:.2f} GB/s), fit error {100 * fit['rms_rel_error']:.0f}% rms")
     if any(r["oversubscribed"] for r in rows):
         print("note: some world sizes put more ranks than cores on this machine; "
               "their times include time-sharing")
