@@ -399,11 +399,31 @@ def _qsgd_half_chance(x, s):  # rounds up half the time, whatever the fraction
     return norm * torch.sign(x) * (low + (torch.rand_like(x) < 0.5)) / s
 
 
+def _qsgd_no_division(x, s):  # forgets the /s: right at s = 1, at s = 4 on the grid but levels up to 4s
+    norm = x.norm()
+    scaled = x.abs() / norm * s
+    low = scaled.floor()
+    return norm * torch.sign(x) * (low + (torch.rand_like(x) < scaled - low))
+
+
+def _qsgd_bernoulli(x, s):  # right, in another form: torch.bernoulli, returned as a list
+    scaled = x.abs() / x.norm() * s
+    level = scaled.floor() + torch.bernoulli(scaled - scaled.floor())
+    return (x.norm() * torch.sign(x) * level / s).tolist()
+
+
 def test_qsgd_exercise(ex):
     assert ex["qsgd"].submit(ex["qsgd"].reference())
-    for wrong in (_qsgd_round, _qsgd_floor, _qsgd_maxnorm, _qsgd_half_chance, lambda x, s: x):
+    assert ex["qsgd"].submit(_qsgd_bernoulli)
+    for wrong, says in ((_qsgd_round, "every draw is the same"), (_qsgd_floor, "every draw is the same"),
+                        (_qsgd_maxnorm, "not on it"), (_qsgd_half_chance, "unbiased"),
+                        (lambda x, s: x, "not on it"), (lambda x, s: x[:10], "shaped like x"),
+                        (lambda x, s: 1 / 0, "s = 1: your function raised ZeroDivisionError")):
         verdict = ex["qsgd"].submit(wrong)
-        assert not verdict, wrong
+        assert not verdict and says in verdict.message, (wrong, verdict.message)
+    verdict = ex["qsgd"].submit(_qsgd_no_division)
+    assert not verdict and verdict.message.startswith("s = 4: levels from −s to s — but you used level "), \
+        verdict.message
 
 
 def test_crossover_exercise_without_the_run():

@@ -331,10 +331,33 @@ def test_ch1_worker_step_template_is_not_answered_yet(ch1):
     (lambda shard, grads, lr: None, "returned None"),
     (lambda shard, grads, lr: shard[:5], "shape"),
     (0.1, "submit your function"),
+    (lambda shard, grads, lr: shard - lr * grads[-1], "count equally"),  # the last worker wins
+    (lambda shard, grads, lr: shard - lr * torch.stack(grads).median(0).values, "count equally"),
+    (lambda shard, grads, lr: shard - lr * sum(grads) / 3, "the expected length"),  # a worker count typed in
+    (lambda shard, grads, lr: shard - 0.1 * sum(grads) / len(grads), "the expected length"),  # lr typed in
+    (lambda shard, grads, lr: 1 / 0, "raised ZeroDivisionError"),
 ])
 def test_ch1_average_wrong_answers_are_rejected(ch1, wrong, words):
     v = ch1["average"].check(wrong)
     assert not v.ok and words in v.message, v.message
+
+
+def _in_place(shard, grads, lr):
+    shard -= lr * torch.stack(grads).mean(0)
+    return shard
+
+
+@pytest.mark.ch1
+@pytest.mark.parametrize("right", [
+    lambda shard, grads, lr: shard - lr * torch.stack(grads).mean(0),
+    lambda shard, grads, lr: (shard - lr * torch.stack(grads).mean(0)).numpy(),  # a numpy array
+    lambda shard, grads, lr: (shard - lr * torch.stack(grads).mean(0)).tolist(),  # a list of numbers
+    lambda shard, grads, lr: torch.add(shard, torch.stack(grads).sum(0), alpha=-lr / len(grads)),
+    _in_place,
+])
+def test_ch1_average_accepts_right_answers_in_other_forms(ch1, right):
+    v = ch1["average"].check(right)
+    assert v.ok, v.message
 
 
 @pytest.mark.ch1

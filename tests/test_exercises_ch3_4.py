@@ -206,6 +206,33 @@ def test_stage1_rejects_wrong_answers(answer, words):
     assert not v and words in v.message, v.message
 
 
+def _stage1_as_list(params, grads, rank, world_size, lr):  # right: a list, the slice found by arithmetic
+    size = -(-params.numel() // world_size)
+    lo, hi = min(rank * size, params.numel()), min((rank + 1) * size, params.numel())
+    return (params[lo:hi] - lr * grads[lo:hi]).tolist()
+
+
+def _stage1_in_place(params, grads, rank, world_size, lr):  # right: steps its slice in place (a view)
+    size = -(-params.numel() // world_size)
+    mine = params[rank * size:(rank + 1) * size]
+    return mine.sub_(lr * grads[rank * size:(rank + 1) * size])
+
+
+@pytest.mark.parametrize("answer", [_stage1_as_list, _stage1_in_place])
+def test_stage1_accepts_right_answers_in_other_forms(answer):
+    v = verdict(EX4["stage1"], answer)
+    assert v and "An all-gather joins the slices" in v.message, v.message
+
+
+def test_stage1_names_the_case_where_a_function_raises():
+    def chunked(params, grads, rank, world_size, lr):  # torch.chunk makes 3 chunks of 5 for 4 ranks
+        return (params - lr * grads).chunk(world_size)[rank]
+
+    v = verdict(EX4["stage1"], chunked)
+    assert not v and v.message.startswith("5 parameters on N = 4 ranks: your function raised IndexError"), \
+        v.message
+
+
 @pytest.mark.parametrize("answer", [
     lambda psi, n: 16 * psi / n,  # stage 3
     lambda psi, n: 4 * psi + 12 * psi / n,  # stage 1
@@ -381,11 +408,23 @@ def order(schedule, stage=1, m=6):
     return " ".join(f"{a}{i}" for a, i in stage_actions(schedule, 4, m, stage))
 
 
+def test_order_accepts_every_form_and_says_what_holds():
+    want = stage_actions("1f1b", 4, 6, 1)
+    for answer in (order("1f1b"), order("1f1b").replace(" ", ", "), [f"{a}{i}" for a, i in want], want,
+                   [(a.lower(), i) for a, i in want]):
+        v = verdict(EX3["order"], answer)
+        assert v and "that is stage 1's 1F1B order" in v.message and "at most 3" in v.message, v.message
+
+
 @pytest.mark.parametrize("answer, words", [
     (order("gpipe"), "valid schedule, but it is GPipe's"),
     (order("1f1b", stage=0), "not 1F1B"),  # stage 0's order: one forward more before the first backward
-    ("F0 F1 F2 F3 F4 B0 F5 B1 B2 B3 B4 B5", "deadlock"),  # stage 0 runs F4 only after this B0
-    (order("1f1b", stage=2), "not 1F1B"),  # stage 2's: one forward fewer in flight
+    ("F0 F1 F2 F3 F4 B0 F5 B1 B2 B3 B4 B5", "holds 5 at once"),  # too many in flight (it also deadlocks)
+    ("F0 F1 B0 B1 F2 F3 B2 B3 F4 F5 B4 B5", "deadlock"),  # 2 in flight, but B1 waits for stage 2's B1,
+    # which waits for this stage's F2
+    (order("1f1b", stage=2), "not 1F1B"),  # stage 2's: one forward fewer in flight, a longer step
+    (order("1f1b", stage=2), "39 slots against 1F1B's 27"),
+    ("F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4", "exactly once"),  # a backward left out
     ("B0 F0 F1 F2 F3 F4 F5 B1 B2 B3 B4 B5", "B0 comes before F0"),
     ("F0 F1 F2 B0", "exactly once"),
     ("F0 F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4", "exactly once"),

@@ -37,6 +37,16 @@ def test_live_figure_says_when_loss_curves_coincide_and_dashes_them_all_visible(
     assert [a.text for a in live.fig.layout.annotations if a.name != "coincide"][0] == "global training loss"
 
 
+def test_live_figure_gives_each_of_chapter_5s_eight_runs_its_own_colour():
+    live = plots.common.LiveRuns("t")
+    for i in range(8):
+        live.track(f"run {i}", 10, 2)
+    colors = [live.fig.data[run["traces"][0]].line.color for run in live._runs.values()]
+    assert len(set(colors)) == 8, colors
+    for run in live._runs.values():  # the run's step time and busy time share its colour
+        assert len({live.fig.data[t].line.color for t in run["traces"]}) == 1
+
+
 def test_live_figure_says_nothing_of_curves_that_differ():
     live = plots.common.LiveRuns("t")
     _feed(live, "a", 20, 1, lambda s: 2.0 * math.exp(-s / 8))

@@ -152,3 +152,30 @@ def test_an_exchange_is_a_send_and_a_receive_each_with_its_own_bytes_and_peer():
     zero, one = warm_cluster(2).run(_exchanges_job, timeout_s=20)
     assert zero == [("send", 1, 32), ("recv", 1, 32), ("send", 1, 8)], zero
     assert one == [("send", 0, 32), ("recv", 0, 32), ("recv", 0, 8)], one
+
+
+def _local_function_exercises():
+    """Every exercise whose answer is a function run in this process (a formula, an update, a quantizer)."""
+    from lesson_lib.chapters import ch01, ch02_exercises, ch04, ch05_exercises, ch06_exercises
+    return {"ch1 average": ch01.exercises(param_bytes=1000)["average"],
+            "ch2 bytes": ch02_exercises.exercises(alpha=100e-6, beta=1 / 1.5e9)["bytes"],
+            "ch4 stage2": ch04.exercises()["stage2"], "ch4 stage1": ch04.exercises()["stage1"],
+            "ch5 lamb": ch05_exercises.exercises()["lamb"], "ch6 qsgd": ch06_exercises.exercises()["qsgd"]}
+
+
+@pytest.mark.parametrize("name", list(_local_function_exercises()))
+def test_every_local_function_exercise_is_judged_case_by_case(name):
+    """The same mechanism for answers run here as for answers run on ranks: the reference holds every
+    property; a function that raises, or returns nonsense, gets a verdict naming the case it failed."""
+    ex = _local_function_exercises()[name]
+    right = assess(ex.check, ex.reference())
+    assert right.ok, right.message
+
+    def raises(*args):
+        raise KeyError("boom")
+
+    v = assess(ex.check, raises)
+    assert not v.ok and ": your function raised KeyError: 'boom'" in v.message, v.message
+    assert not v.message.startswith("your function raised"), v.message  # the case comes first
+    v = assess(ex.check, lambda *args: "not an answer")
+    assert not v.ok and v.message, v.message

@@ -234,11 +234,42 @@ def _adam(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
     return w - lr * ((m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps) + wd * w), m, v
 
 
+def _lamb_corrected_moments(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):  # keeps m̂, v̂
+    m = (b1 * m + (1 - b1) * g) / (1 - b1**t)
+    v = (b2 * v + (1 - b2) * g * g) / (1 - b2**t)
+    u = m / (v.sqrt() + eps) + wd * w
+    return w - lr * w.norm() / u.norm() * u, m, v
+
+
+def _lamb_per_row(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):  # a trust ratio per row
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    u = (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps) + wd * w
+    if w.dim() == 1:
+        return w - lr * w.abs() / u.abs() * u, m, v
+    return w - lr * w.norm(dim=1, keepdim=True) / u.norm(dim=1, keepdim=True) * u, m, v
+
+
+def _lamb_in_place(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):  # right: moments updated in place
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    u = (m / (1 - b1**t)) / (v / (1 - b2**t)).sqrt().add(eps) + wd * w
+    w.sub_(lr * w.norm() / u.norm() * u)
+    return [w, m, v]
+
+
 def test_lamb_exercise(ex):
     assert ex["lamb"].submit(ex["lamb"].reference())
-    for wrong in (_adam, _lamb_no_bias_correction, _lamb_decay_outside):
+    assert ex["lamb"].submit(_lamb_in_place)
+    for wrong in (_adam, _lamb_no_bias_correction, _lamb_decay_outside, _lamb_per_row):
         verdict = ex["lamb"].submit(wrong)
-        assert not verdict and "differ" in verdict.message, wrong.__name__
+        assert not verdict and "your weights differ" in verdict.message, wrong.__name__
+    verdict = ex["lamb"].submit(_lamb_corrected_moments)
+    assert not verdict and "your m differs" in verdict.message and "your v differs" in verdict.message
+    verdict = ex["lamb"].submit(lambda w, g, m, v, t, lr, wd: w)
+    assert not verdict and "not the three tensors" in verdict.message
+    verdict = ex["lamb"].submit(lambda w, g, m, v, t, lr, wd: (w[:2], m, v))
+    assert not verdict and "w came back shaped differently" in verdict.message
 
 
 def test_scaling_exercise_without_the_run(ex):

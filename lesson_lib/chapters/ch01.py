@@ -12,7 +12,7 @@ import statistics
 from IPython.display import display
 
 from .. import plots, widgets
-from ..exercises import Exercise, Verdict, close_to, number
+from ..exercises import Exercise, Verdict, close_to, number, solution_text
 from ..experiments import Result, run_warm
 from ..milestones import parameter_server as ps
 from ..runtime import WorkerError
@@ -261,8 +261,7 @@ def exercises(param_bytes: int | None = None) -> dict[str, Exercise]:
                    "the list of the workers' gradients for it and the learning rate, return the new shard "
                    "after one synchronous SGD step (no momentum).",
             check=check_average, hint="Average the gradients first; the step is against the gradient.",
-            solution="def server_update(shard, grads, lr):\n    return shard - lr * sum(grads) / len(grads)",
-            reference=reference_average),
+            solution=solution_text(reference_average()), reference=reference_average),
         "traffic": Exercise(
             key="traffic", title="predict the server's traffic",
             prompt=f"With N = {n} workers and S = {param_bytes:,} bytes of parameters, how many bytes go "

@@ -17,7 +17,18 @@ import torch.nn.functional as F
 
 from ..comm import chunk_bounds
 from ..data import batch_indices, shard, teacher_classification
-from ..exercises import Exercise, Property, Verdict, judge, observe, on_ranks, pair, solution_text, summary
+from ..exercises import (
+    Exercise,
+    Property,
+    Verdict,
+    judge,
+    locally,
+    observe,
+    on_ranks,
+    pair,
+    solution_text,
+    summary,
+)
 from ..milestones import parameter_server as ps
 from ..models import flat_views, mlp
 from ..numerics import sum_order_tolerance
@@ -148,31 +159,52 @@ def worker_step_exercise() -> Exercise:
 # --------------------------------------------------------------------------- the server's update
 
 
+AVERAGE_CASES = ((10, 3, 0.1), (7, 1, 0.5), (6, 4, 0.05))  # values per shard, workers, learning rate
+
+
+def _a_shard(o: dict) -> str | None:
+    if o["got"] is None:
+        return "your function returned None: write its body and return the new shard"
+    got = torch.as_tensor(o["got"], dtype=o["shard"].dtype)
+    if got.shape != o["shard"].shape:
+        return f"the new shard has shape {tuple(got.shape)}, the old one {tuple(o['shard'].shape)}"
+    return None
+
+
+def _one_sgd_step(o: dict) -> str | None:
+    shard, grads, lr = o["shard"], o["grads"], o["lr"]
+    want = -lr * torch.stack(grads).mean(0)
+    step = torch.as_tensor(o["got"], dtype=shard.dtype) - shard
+    # float32 rounding of a step of this scale, with room for any order of summation
+    tol = 16 * torch.finfo(shard.dtype).eps * float(shard.abs().max() + lr * torch.stack(grads).abs().max())
+    if torch.allclose(step, want, rtol=0, atol=tol):
+        return None
+    ratio = float(step @ want / (want @ want))
+    if torch.allclose(step, ratio * want, rtol=0, atol=tol):
+        if ratio < 0:
+            return "your step goes uphill: SGD moves against the gradient"
+        return (f"your step points the right way but is {ratio:.3g}× the expected length: one synchronous "
+                "step uses the workers' gradients together — how?")
+    return "it is not that step; did every worker's gradient count equally?"
+
+
 def check_average(fn) -> Verdict:
+    """The server's update on shards and worker counts of several sizes, one worker included."""
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(server_update)")
-    g = torch.Generator().manual_seed(7)
-    shard = torch.randn(10, generator=g)
-    grads = [torch.randn(10, generator=g) for _ in range(3)]
-    lr = 0.1
-    expected = shard - lr * torch.stack(grads).mean(0)
-    got = fn(shard.clone(), [x.clone() for x in grads], lr)
-    if got is None:
-        return Verdict(False, "your function returned None: write its body and return the new shard")
-    got = torch.as_tensor(got, dtype=shard.dtype)
-    if got.shape != shard.shape:
-        return Verdict(False, f"the new shard has shape {tuple(got.shape)}, the old one {tuple(shard.shape)}")
-    if torch.allclose(got, expected, atol=1e-6):
-        return Verdict(True, "the server's update matches")
-    want, step = expected - shard, got - shard
-    ratio = float(step @ want / (want @ want))
-    if torch.allclose(step, ratio * want, atol=1e-6):
-        if ratio < 0:
-            return Verdict(False, "your step goes uphill: SGD moves against the gradient")
-        return Verdict(False, f"your step points the right way but is {ratio:.3g}× the expected length: "
-                              "one synchronous step uses the workers' gradients together — how?")
-    return Verdict(False, "the new shard is not one SGD step with the workers' gradients combined; "
-                          "did every worker's gradient count equally?")
+
+    def case(n: int, workers: int, lr: float):
+        g = torch.Generator().manual_seed(7 + workers)
+        shard = torch.randn(n, generator=g)
+        grads = [torch.randn(n, generator=g) for _ in range(workers)]
+        return locally(f"a shard of {n} values, {workers} worker(s), lr = {lr}", fn, shard.clone(),
+                       [x.clone() for x in grads], lr,
+                       then=lambda got: {"got": got, "shard": shard, "grads": grads, "lr": lr})
+
+    return judge([case(*c) for c in AVERAGE_CASES], [
+        Property("the server returns its new shard, shaped like the old one", _a_shard),
+        Property("the shard takes one SGD step against the workers' gradients, each counting equally "
+                 "(shard − lr · their mean)", _one_sgd_step)])
 
 
 def reference_average():

@@ -22,13 +22,15 @@ from ..exercises import (
     close_to,
     compare,
     judge,
+    locally,
     mismatch,
     number,
     observe,
+    on_ranks,
     solution_text,
     summary,
 )
-from ..runtime import WorkerError, WorkerTimeout, warm_cluster
+from ..runtime import WorkerError, WorkerTimeout
 
 # (world size, tensor length): lengths that do not divide evenly, and one shorter than the ring.
 CASES = ((2, 7), (3, 10), (4, 13), (4, 3))
@@ -100,6 +102,16 @@ def _summed_in_place(outs: list[dict]) -> str | None:
             "step s, and is it added to what you hold?")
 
 
+def _unpaired(e: WorkerError) -> str:
+    """What a ring's learner most likely did when a rank failed or the ranks waited for each other."""
+    if isinstance(e, WorkerTimeout):
+        return "Does every rank post as many sends as its neighbour posts receives?"
+    if "SIGABRT" in str(e):  # what Gloo does when a message does not fit the receive buffer
+        return ("Gloo aborts a rank whose receive buffer has another size than the message that arrives: "
+                "is the chunk you receive into the one your left neighbour sends?")
+    return ""
+
+
 def check_reduce_scatter(fn: Callable) -> Verdict:
     """Every rank must end owning one fully summed chunk of the tensor it was given, no two ranks the
     same, after exactly N−1 steps of one chunk each (the bandwidth-optimal count), for N = 2…4 and
@@ -111,22 +123,8 @@ def check_reduce_scatter(fn: Callable) -> Verdict:
         raise TypeError("the template's ... (an ellipsis) is still in the function")
 
     def case(n: int, length: int):
-        where = f"with N = {n} ranks and a tensor of {length} elements"
-
-        def run():
-            try:
-                return warm_cluster(n).run(run_reduce_scatter, fn, length, n * 100 + length,
-                                           timeout_s=TIMEOUT_S)
-            except WorkerTimeout as e:
-                return Verdict(False, f"{where} the ranks did not finish: {e}\nDoes every rank post as many "
-                                      "sends as its neighbour posts receives?")
-            except WorkerError as e:
-                why = ""
-                if "SIGABRT" in str(e):  # what Gloo does when a message does not fit the receive buffer
-                    why = ("\nGloo aborts a rank whose receive buffer has another size than the message "
-                           "that arrives: is the chunk you receive into the one your left neighbour sends?")
-                return Verdict(False, f"{where} a rank failed — {e}{why}")
-        return where, run
+        return on_ranks(f"with N = {n} ranks and a tensor of {length} elements", n, run_reduce_scatter, fn,
+                        length, n * 100 + length, timeout_s=TIMEOUT_S, advice=_unpaired)
 
     return judge([case(n, length) for n, length in CASES], [
         Property("N − 1 steps", _steps),
@@ -166,16 +164,29 @@ def _reference_reduce_scatter():
     return my_reduce_scatter
 
 
+RING_BYTES_SIZES = (1e6, 4e8, 123_456_789.0)
+
+
+def _ring_bytes_each(o: tuple[int, list]) -> str | None:
+    n, returned = o
+    for s, got in returned:
+        got, want = number(got, "a number of bytes"), 2 * (n - 1) / n * s
+        if not compare(got, want, abs_=1.0):  # whole bytes (floor division) are as right
+            return mismatch(got, want, said=f"ring_bytes({n}, {s:g}) returned")
+    return None
+
+
 def check_ring_bytes(fn: Callable) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit a function ring_bytes(n, s)")
-    for n in (1, 2, 3, 4, 8, 64, 1024):
-        for s in (1e6, 4e8, 123_456_789.0):
-            want = 2 * (n - 1) / n * s
-            got = number(fn(n, s), "a number of bytes")
-            if not compare(got, want, abs_=1.0):  # whole bytes (floor division) are as right
-                return Verdict(False, mismatch(got, want, said=f"ring_bytes({n}, {s:g}) returned"))
-    return Verdict(True, "2(N−1)/N · S: just under 2·S per rank, however many ranks")
+    cases = [locally(f"N = {n}", lambda n=n: (n, [(s, fn(n, s)) for s in RING_BYTES_SIZES]))
+             for n in (1, 2, 3, 4, 8, 64, 1024)]
+    return judge(cases, [Property("each rank sends 2(N−1)/N · S bytes", _ring_bytes_each)],
+                 done="Just under 2·S per rank, however many ranks.")
+
+
+def ring_bytes(n, s):
+    return 2 * (n - 1) / n * s
 
 
 def exercises(alpha: float, beta: float, world_size: int = 2) -> dict[str, Exercise]:
@@ -204,8 +215,7 @@ def exercises(alpha: float, beta: float, world_size: int = 2) -> dict[str, Exerc
                    "2(n−1)·s for n = 64.",
             check=check_ring_bytes,
             hint="Two phases, each of n−1 steps; each step sends one chunk of s/n bytes.",
-            solution="def ring_bytes(n, s):\n    return 2 * (n - 1) / n * s",
-            reference=lambda: (lambda n, s: 2 * (n - 1) / n * s)),
+            solution=solution_text(ring_bytes), reference=lambda: ring_bytes),
         "crossover": Exercise(
             key="crossover", title="where latency stops dominating",
             prompt=f"With the α and β fitted above for N = {world_size} ranks (α = {alpha * 1e6:.1f} µs, β = "

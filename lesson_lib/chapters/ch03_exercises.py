@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from ..exercises import (
     Exercise,
+    Property,
     Verdict,
     close_to,
+    judge,
     solution_text,
     whole_number,
 )
@@ -29,37 +31,69 @@ def parse_actions(answer) -> list[tuple[str, int]]:
     return out
 
 
+def _slots(orders: list[list]) -> float:
+    """The step's length replayed with every forward one slot and every backward two (B ≈ 2F)."""
+    spans = replay(orders, {(k, a, i): 1.0 if a == "F" else 2.0 for k, o in enumerate(orders) for a, i in o})
+    return max(end for _, end in spans.values())
+
+
 def check_order(stages: int, microbatches: int, stage: int):
+    """What 1F1B is, as properties of the order given: each action once, every backward after its
+    forward, at most P−k micro-batches in flight, no deadlock beside the other stages' 1F1B orders, and
+    a step as short as 1F1B's. Another order with all of these is as right as the textbook's."""
     expected = stage_actions("1f1b", stages, microbatches, stage)
+    gpipe = stage_actions("gpipe", stages, microbatches, stage)
+    bound, last = max_in_flight(expected), microbatches - 1
+    others = [stage_actions("1f1b", stages, microbatches, k) for k in range(stages)]
+    with_mine = lambda got: others[:stage] + [got] + others[stage + 1:]  # noqa: E731
+    best = _slots(others)
+
+    def once(got):
+        return None if sorted(got) == sorted(expected) else f"you listed {len(got)} actions, not each once"
+
+    def after_forward(got):
+        early = next((i for n, (kind, i) in enumerate(got) if kind == "B" and ("F", i) not in got[:n]), None)
+        return None if early is None else \
+            f"B{early} comes before F{early}: a backward needs its forward's activations"
+
+    def bounded(got):
+        if max_in_flight(got) <= bound:
+            return None
+        if got == gpipe:
+            return (f"that is a valid schedule, but it is GPipe's (all forwards first): it holds all "
+                    f"{microbatches} micro-batches' activations; 1F1B starts the backwards as early as "
+                    "it can")
+        return f"it holds {max_in_flight(got)} at once, so it is not 1F1B"
+
+    def runs(got):
+        try:
+            _slots(with_mine(got))
+        except ValueError:
+            return ("it waits for a micro-batch that its neighbour only sends after this stage's next "
+                    "backward (a deadlock)")
+        return None
+
+    def as_short(got):
+        mine = _slots(with_mine(got))
+        return None if mine <= best else (
+            f"the step takes {mine:g} slots against 1F1B's {best:g} (a forward one slot, a backward two): "
+            f"it holds fewer, {max_in_flight(got)}, but starts its backwards too early, so the stages wait "
+            "for each other — this is not 1F1B")
 
     def check(answer) -> Verdict:
         got = parse_actions(answer)
-        if got == expected:
-            return Verdict(True, f"that is stage {stage}'s 1F1B order; it holds at most "
-                                 f"{max_in_flight(got)} micro-batches' activations")
-        if sorted(got) != sorted(expected):
-            last = microbatches - 1
-            return Verdict(False, f"list each of F0…F{last} and B0…B{last} exactly once")
-        early = next((i for n, (kind, i) in enumerate(got) if kind == "B" and ("F", i) not in got[:n]), None)
-        if early is not None:
-            return Verdict(False, f"B{early} comes before F{early}: a backward needs its forward's "
-                                  "activations")
-        if got == stage_actions("gpipe", stages, microbatches, stage):
-            return Verdict(False, "that is a valid schedule, but it is GPipe's (all forwards first): it "
-                                  f"holds all {microbatches} micro-batches' activations; 1F1B starts the "
-                                  "backwards as early as it can")
-        mine = [stage_actions("1f1b", stages, microbatches, k) for k in range(stages)]
-        mine[stage] = got
-        try:
-            replay(mine, {(k, a[0], a[1]): 1.0 for k in range(stages) for a in mine[k]})
-        except ValueError:
-            return Verdict(False, "every backward follows its forward, but not in 1F1B's order: with the "
-                                  "other stages running 1F1B, this order waits for a micro-batch that its "
-                                  "neighbour only sends after this stage's next backward (a deadlock)")
-        wrong = next(n for n, (a, b) in enumerate(zip(got, expected)) if a != b)
-        return Verdict(False, f"it runs, but it is not 1F1B: it holds {max_in_flight(got)} micro-batches "
-                              f"at once (1F1B holds {max_in_flight(expected)}); the first difference is "
-                              f"step {wrong + 1}")
+        v = judge([(f"stage {stage} of {stages}, M = {microbatches}", lambda: got)], [
+            Property(f"each of F0…F{last} and B0…B{last} exactly once", once),
+            Property("every backward after its own forward", after_forward),
+            Property(f"at most P − k = {bound} micro-batches' activations held at once", bounded),
+            Property("no stage waiting forever beside the other stages' 1F1B orders", runs),
+            Property("a step as short as 1F1B's", as_short)])
+        if v.ok:
+            same = got == expected
+            return Verdict(True, ("that is" if same else "not the textbook order, but as good as") +
+                           f" stage {stage}'s 1F1B order; it holds at most {max_in_flight(got)} "
+                           f"micro-batches' activations and the step takes {best:g} slots")
+        return v
 
     return check
 

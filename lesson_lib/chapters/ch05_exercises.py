@@ -16,6 +16,7 @@ from ..exercises import (
     choice,
     compare,
     judge,
+    locally,
     number,
     numbers_of,
     observe,
@@ -56,13 +57,6 @@ def _check_ratio(answer) -> Verdict:
 # --------------------------------------------------------------------------- LAMB for one layer
 
 
-def _lamb_case(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(6, 5, generator=g)
-    grads = [torch.randn(6, 5, generator=g) * 0.1 for _ in range(3)]
-    return w, grads
-
-
 def _reference_lamb(w, grads, lr, wd, betas=(0.9, 0.999), eps=1e-6):
     p = torch.nn.Parameter(w.clone())
     opt = LAMB([p], lr=lr, betas=betas, eps=eps, weight_decay=wd)
@@ -72,21 +66,66 @@ def _reference_lamb(w, grads, lr, wd, betas=(0.9, 0.999), eps=1e-6):
     return p.detach()
 
 
+LAMB_CASES = (((6, 5), 0.01, 0.0), ((6, 5), 0.05, 0.1), ((7,), 0.02, 0.01))  # shape, lr, weight decay
+LAMB_REL = 1e-4  # right answers differ ~1e-8 (float32, 3 steps); each tested mistake ≥ 4e-3 in a case
+
+
+def _lamb_run(fn, shape, lr, wd) -> dict:
+    g = torch.Generator().manual_seed(int(lr * 1000) + len(shape))
+    w, grads = torch.randn(*shape, generator=g), [torch.randn(*shape, generator=g) * 0.1 for _ in range(3)]
+    mine, m, v, steps = w.clone(), torch.zeros_like(w), torch.zeros_like(w), []
+    for t, grad in enumerate(grads, start=1):
+        out = fn(mine.clone(), grad.clone(), m.clone(), v.clone(), t, lr, wd)
+        if not isinstance(out, (tuple, list)) or len(out) != 3:
+            return {"returned": out, "shape": shape}
+        mine, m, v = (torch.as_tensor(x, dtype=w.dtype) for x in out)
+        steps.append((mine, m, v))
+    ref_w = _reference_lamb(w, grads, lr, wd)
+    ref_m = sum(0.1 * 0.9 ** (2 - i) * x for i, x in enumerate(grads))
+    ref_v = sum(0.001 * 0.999 ** (2 - i) * x * x for i, x in enumerate(grads))
+    return {"steps": steps, "shape": shape, "ref": (ref_w, ref_m, ref_v), "wd": wd}
+
+
+def _lamb_returns(o) -> str | None:
+    if "steps" not in o:
+        return f"it returned {type(o['returned']).__name__}, not the three tensors (w, m, v)"
+    bad = [name for name, x in zip("wmv", o["steps"][-1]) if tuple(x.shape) != o["shape"]]
+    return f"{', '.join(bad)} came back shaped differently from w {o['shape']}" if bad else None
+
+
+def _rel(a, b) -> float:
+    err = float((a - b).norm() / b.norm())
+    return err if math.isfinite(err) else math.inf
+
+
+def _lamb_moments(o) -> str | None:
+    _, m, v = o["steps"][-1]
+    _, ref_m, ref_v = o["ref"]
+    bad = [(n, e) for n, e in (("m", _rel(m, ref_m)), ("v", _rel(v, ref_v))) if e > LAMB_REL]
+    return None if not bad else ", ".join(f"your {n} differs by {e:.2g} (relative)" for n, e in bad) + \
+        " after 3 steps: m ← β₁m + (1−β₁)g and v ← β₂v + (1−β₂)g², kept without bias correction"
+
+
+def _lamb_weights(o) -> str | None:
+    err = _rel(o["steps"][-1][0], o["ref"][0])
+    if err <= LAMB_REL:
+        return None
+    hint = ("with weight decay: is λw inside u, before the ratio is taken?" if o["wd"]
+            else "check the moments' bias correction in r and the ratio φ(‖w‖)/‖u‖")
+    return f"after 3 steps your weights differ from LAMB's by {err:.2g} (relative) — {hint}"
+
+
 def _check_lamb(fn) -> Verdict:
-    """Three steps of the learner's ``lamb_step`` against lesson_lib.optim.LAMB, two settings."""
-    for lr, wd in ((0.01, 0.0), (0.05, 0.1)):
-        w, grads = _lamb_case(int(lr * 1000))
-        mine, m, v = w.clone(), torch.zeros_like(w), torch.zeros_like(w)
-        for t, g in enumerate(grads, start=1):
-            mine, m, v = fn(mine.clone(), g.clone(), m, v, t, lr, wd)
-        ref = _reference_lamb(w, grads, lr, wd)
-        err = (mine - ref).norm() / ref.norm()
-        if not torch.isfinite(err) or err > 1e-4:
-            hint = ("with weight decay only: is λw inside u, before the ratio is taken?" if wd
-                    else "check the moments' bias correction and the ratio φ(‖w‖)/‖u‖")
-            return Verdict(False, f"after 3 steps your weights differ from LAMB's by {float(err):.2g} "
-                                  f"(relative) at lr={lr}, weight_decay={wd} — {hint}")
-    return Verdict(True, "equal to lesson_lib.optim.LAMB over three steps, with and without decay")
+    """Three steps of the learner's ``lamb_step`` against lesson_lib.optim.LAMB, on three settings."""
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. ex.submit(lamb_step)")
+    cases = [locally(f"shape {shape}, lr = {lr}, weight_decay = {wd}", _lamb_run, fn, shape, lr, wd)
+             for shape, lr, wd in LAMB_CASES]
+    return judge(cases, [
+        Property("each step returns (w, m, v), shaped like w", _lamb_returns),
+        Property("m and v are Adam's moments of g and g²", _lamb_moments),
+        Property("w takes LAMB's step lr·‖w‖/‖u‖·u, u = Adam's bias-corrected ratio + wd·w (as "
+                 "lesson_lib.optim.LAMB)", _lamb_weights)])
 
 
 def lamb_step(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):

@@ -13,6 +13,7 @@ from ..exercises import Exercise, Property, Verdict, judge, number, numbers_of, 
 from ..experiments import run_warm
 from ..milestones import compression as cm
 from ..source import source
+from .ch06_qsgd import _check_qsgd, qsgd
 
 # N = 8, not 4: at N = 4 the values-only mistake, 4(N−1)k, and the ring's 2(N−1)/N·8k are the same
 # number, so the hint could not tell which mistake was made (tests check every hint is distinct).
@@ -50,54 +51,6 @@ def topk_mistakes(n: int, k: int) -> dict[float, str]:
             8 * k: "one payload is yours; how many other ranks must receive it in an all-gather?",
             4 * k: "that is one rank's values only: indices, and the N−1 receivers, are missing",
             2 * (n - 1) / n * 8 * k: "an all-gather passes each payload on N−1 times, not 2(N−1)/N"}
-
-
-# --------------------------------------------------------------------------- the QSGD quantizer
-
-
-def _qsgd_case():
-    g = torch.Generator().manual_seed(6)
-    x = torch.randn(63, generator=g)
-    return torch.cat([x, torch.zeros(1)])  # a zero must stay zero
-
-
-def _check_qsgd(fn, draws: int = 3000) -> Verdict:
-    x = _qsgd_case()
-    norm = float(x.norm())
-    for s in (1, 4):
-        torch.manual_seed(s)
-        outs = torch.stack([torch.as_tensor(fn(x.clone(), s), dtype=torch.float32).reshape(-1)
-                            for _ in range(draws)])
-        if outs.shape[1] != x.numel() or not torch.isfinite(outs).all():
-            return Verdict(False, f"return a tensor shaped like x ({x.numel()} finite values)")
-        levels = outs * s / norm
-        if (levels - levels.round()).abs().max() > 1e-3:
-            return Verdict(False, f"with s={s} your values are not on the grid ‖x‖·l/s (l an integer): "
-                                  "scale by the vector's 2-norm and divide by s")
-        used = levels.round().unique()
-        if used.abs().max() > s:
-            return Verdict(False, f"with s={s} you used level {int(used.abs().max())}: "
-                                  "levels go from −s to s")
-        if outs.std(0).max() == 0:
-            return Verdict(False, "every draw is the same: QSGD rounds up or down AT RANDOM, or it is biased")
-        # Each element is ‖x‖/s × (a level ± one Bernoulli step): variance ≤ ‖x‖²/(4s²), so the mean
-        # of `draws` has a standard error ≤ ‖x‖/(2s√draws); 6 of them miss a fair answer ~1e-7 of the time.
-        bound = 6 * norm / (2 * s * math.sqrt(draws))
-        err = (outs.mean(0) - x).abs()
-        if err.max() > bound:
-            i = int(err.argmax())
-            return Verdict(False, f"biased: with s={s}, over {draws} draws element {i} averages "
-                                  f"{float(outs.mean(0)[i]):.3f} but x[{i}] = {float(x[i]):.3f} — round "
-                                  "up with probability equal to the fractional part")
-    return Verdict(True, f"on the grid, at most 2s+1 levels, and unbiased over {draws} draws (s = 1 and 4)")
-
-
-def qsgd(x, s):
-    norm = x.norm()
-    scaled = x.abs() / norm * s  # in [0, s]
-    low = scaled.floor()
-    level = low + (torch.rand_like(x) < scaled - low)  # up with probability = the fraction
-    return norm * torch.sign(x) * level / s
 
 
 # --------------------------------------------------------------------------- when PowerSGD pays

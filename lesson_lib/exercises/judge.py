@@ -3,7 +3,8 @@
 A checker lists :class:`Property` objects — each says, in a sentence, what must be true
 ("every rank ends with one different chunk, summed over all ranks") and tests it on what was
 observed (the ranks' results, the :mod:`~lesson_lib.exercises.observe` log of their communication,
-the tensors they were handed). :func:`judge` runs the properties in order on each case (world
+the tensors they were handed; :func:`on_ranks` runs a case on real ranks, :func:`locally` a formula
+or an optimizer step in this process). :func:`judge` runs the properties in order on each case (world
 sizes, lengths that do not divide evenly): the first that fails gives the verdict, naming the
 case and what was observed instead; when all hold on every case, the verdict lists them.
 """
@@ -44,15 +45,34 @@ def judge(cases: Iterable[tuple[str, Callable[[], Any]]], properties: list[Prope
 
 
 def on_ranks(where: str, world_size: int, job: Callable, *args: Any, timeout_s: float,
-             then: Callable[[list], Any] | None = None) -> tuple[str, Callable[[], Any]]:
+             then: Callable[[list], Any] | None = None,
+             advice: Callable[[WorkerError], str] | None = None) -> tuple[str, Callable[[], Any]]:
     """A case for :func:`judge`: ``job(*args)`` on every rank of a warm cluster of ``world_size``,
     observed as the ranks' results (``then(results)`` if given). A rank that fails or a deadlock
     (the runtime's :class:`~lesson_lib.runtime.WorkerTimeout` says where each rank waits) is the
-    verdict, naming the case."""
+    verdict, naming the case, followed by ``advice(error)`` if given (what this exercise's learner
+    most likely did: e.g. sends and receives that do not pair up)."""
     def run():
         try:
             outs = warm_cluster(world_size).run(job, *args, timeout_s=timeout_s)
         except WorkerError as e:
-            return Verdict(False, f"{where}: {type(e).__name__}: {e}")
+            more = advice(e) if advice else ""
+            return Verdict(False, f"{where}: {type(e).__name__}: {e}" + (f"\n{more}" if more else ""))
         return outs if then is None else then(outs)
+    return where, run
+
+
+def locally(where: str, fn: Callable, *args: Any,
+            then: Callable[[Any], Any] | None = None) -> tuple[str, Callable[[], Any]]:
+    """A case for :func:`judge` that runs the learner's ``fn(*args)`` in this process (a formula, an
+    optimizer step, a schedule): observed is what it returned (``then(returned)`` if given), or
+    :class:`Verdict` naming the case when it raised."""
+    def run():
+        try:
+            out = fn(*args)
+        except Exception as e:  # a learner's function may raise: that is feedback, naming the case
+            if "ellipsis" in str(e).lower():
+                raise  # the template's ``...``: assess() says "not answered yet"
+            return Verdict(False, f"{where}: your function raised {type(e).__name__}: {e}")
+        return out if then is None else then(out)
     return where, run

@@ -39,6 +39,11 @@ def _annotate(fig, note: str | None) -> None:
 # --------------------------------------------------------------------------- live
 
 
+# Vega's tableau10: ten colours told apart also in print, with the first six the course has always used.
+RUN_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#B279A2", "#72B7B2", "#EECA3B", "#FF9DA6",
+              "#9D755D", "#BAB0AC")
+
+
 class LiveRuns:
     """Loss and slowest-rank step time, drawn while the workers train (chapter 0 onwards)."""
 
@@ -74,7 +79,7 @@ class LiveRuns:
         global loss (a parameter server's first worker, say, rather than the server).
         """
         i = len(self._runs)
-        color = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#B279A2", "#72B7B2"][i % 6]
+        color = RUN_COLORS[i % len(RUN_COLORS)]  # chapter 5 draws 8 runs in one figure: all distinct
         self.fig.add_scatter(x=[], y=[], name=label, line={"color": color}, row=1, col=1)
         self.fig.add_scatter(x=[], y=[], name=label, showlegend=False, line={"color": color},
                              row=1, col=2)

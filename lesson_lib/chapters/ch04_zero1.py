@@ -1,0 +1,140 @@
+"""Chapter 4's write-it-yourself ZeRO-1 step on real ranks (notebooks/04_zero.ipynb), judged on what
+the ranks did: each steps on its own slice once, the gradients are reduce-scattered (by any API, or
+hand-built point-to-point within a reduce-scatter's bytes), and every rank ends as single-process SGD.
+
+Nothing here imports IPython: ``zero1_job`` runs inside the workers.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..exercises import Property, Verdict, judge, observe, on_ranks, summary
+
+ZERO1_LR = 0.5  # integer parameters and gradients, N = 4: every value below is exact in fp32
+
+
+def zero1_job(fn: Callable, numel: int, seed: int) -> dict:
+    """On every rank: the learner's ``fn(params, grad, step)`` on integer data; what it did."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(seed)
+    params = torch.randint(-9, 10, (numel,), generator=g).float()
+    grads = [torch.randint(-9, 10, (numel,), generator=g).float() for _ in range(n)]
+    touched = []
+
+    def step(p: torch.Tensor, grad: torch.Tensor) -> None:
+        """The optimizer (SGD here), applied in place to the slice it is given."""
+        same = p.untyped_storage().data_ptr() == params.untyped_storage().data_ptr()
+        touched.append(((p.data_ptr() - params.data_ptr()) // 4 if same else None, p.numel()))
+        p.sub_(ZERO1_LR * grad)
+
+    before = params.clone()
+    with observe() as log:
+        out = fn(params, grads[rank].clone(), step)
+    if out is not None and not isinstance(out, torch.Tensor):
+        return {"error": f"returned a {type(out).__name__}, not the parameters tensor"}
+    return {"params": None if out is None else out.detach().float().reshape(-1).tolist(),
+            "touched": touched, "before": before.tolist(), "mean": (torch.stack(grads).sum(0) / n).tolist(),
+            "calls": log.as_data()["calls"]}
+
+
+def check_zero1(fn: Callable, world_size: int = 4, timeout_s: float = 15) -> Verdict:
+    """The learner's ZeRO-1 step on real ranks against the single-process SGD step: every rank
+    ends with params − lr·mean(grads), having updated only its own slice, and its gradient's sum
+    came by a reduce-scatter (the communication it made, observed)."""
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. exercises['zero1'].submit(my_zero1_step)")
+
+    cases = [on_ranks(f"{world_size} ranks, {numel} parameters", world_size, zero1_job, fn, numel, seed,
+                      timeout_s=timeout_s) for numel, seed in ((world_size * 3, 1), (world_size * 250, 2))]
+    return judge(cases, [
+        Property("each rank returns the parameters", _returned),
+        Property("each rank steps on its own slice only, once", _own_slice),
+        Property("the gradients are reduce-scattered (each rank receives the sum of its own slice only)",
+                 _reduce_scattered),
+        Property("every rank ends with what single-process SGD gives", _same_as_sgd)],
+        done="An optimizer keeps state for 1/N of the parameters.")
+
+
+def _returned(outs: list[dict]) -> str | None:
+    for r, o in enumerate(outs):
+        if "error" in o:
+            return f"rank {r} {o['error']}"
+        if o["params"] is None:
+            return f"rank {r} returned None: return the parameters after the step"
+
+
+def _own_slice(outs: list[dict]) -> str | None:
+    n = len(outs)
+    for r, o in enumerate(outs):
+        numel = len(o["before"])
+        size = numel // n
+        sizes = [t[1] for t in o["touched"]]
+        if sizes != [size]:
+            return (f"rank {r} called step on {sizes or 'no'} elements (of {numel}): in ZeRO-1 each rank "
+                    f"updates exactly its own slice ({size} elements here), once")
+        offset = o["touched"][0][0]
+        if offset not in (r * size, None):
+            return (f"rank {r} updated the slice starting at element {offset}; its own slice, the one the "
+                    "reduce-scatter summed for it, starts elsewhere")
+
+
+def _reduce_scattered(outs: list[dict]) -> str | None:
+    """A reduce-scatter by any API, or one built by hand from point-to-point messages that send no
+    more than a reduce-scatter and an all-gather do (2(N−1)/N of the gradient's bytes); never an
+    all-reduce of the gradient, which hands every rank the whole sum."""
+    n = len(outs)
+    for r, o in enumerate(outs):
+        calls, grad_bytes = o["calls"], 4 * len(o["before"])
+        ops = {c["op"] for c in calls}
+        if any(c["op"] == "all_reduce" and c["bytes"] >= grad_bytes // n for c in calls):
+            return (f"rank {r}'s step ran {summary(calls)}: an all-reduce hands every rank the whole summed "
+                    "gradient, of which it needs 1/N; ZeRO-1 reduce-scatters")
+        if "reduce_scatter" in ops:
+            continue
+        sent = sum(c["bytes"] for c in calls if c["op"] == "send")
+        if ops and ops <= {"send", "recv"} and sent <= 2 * (n - 1) / n * grad_bytes + 4 * n:
+            continue  # built by hand, as a ring: as few bytes as reduce-scatter + all-gather
+        return f"rank {r}'s step ran {summary(calls)}: no reduce-scatter of the gradient"
+
+
+def _same_as_sgd(outs: list[dict]) -> str | None:
+    n = len(outs)
+    for r, o in enumerate(outs):
+        numel = len(o["before"])
+        size = numel // n
+        before, mean, got = (torch.tensor(o[k]) for k in ("before", "mean", "params"))
+        want = before - ZERO1_LR * mean
+        if got.shape != want.shape:
+            return f"rank {r} returned {got.numel()} values; the parameters have {numel}"
+        if torch.equal(got, want):
+            continue
+        if torch.equal(got, before - ZERO1_LR * n * mean):
+            return ("every update is N times too large: the global gradient is the mean of the ranks' "
+                    "gradients, and a reduce-scatter gives their sum")
+        wrong = [k for k in range(n) if not torch.equal(_chunk(got, k, size), _chunk(want, k, size))]
+        if r not in wrong and all(torch.equal(_chunk(got, k, size), _chunk(before, k, size)) for k in wrong):
+            return (f"on rank {r}, slices {wrong} still hold the old parameters: the other ranks' updated "
+                    "slices never arrived")
+        return (f"on rank {r}, slices {wrong} differ from single-process SGD (params − lr · the mean of the "
+                "ranks' gradients)")
+
+
+def _chunk(t: torch.Tensor, k: int, size: int) -> torch.Tensor:
+    return t[k * size:(k + 1) * size]
+
+
+def my_zero1_step(params, grad, step):
+    """The write-it-yourself answer: ZeRO-1's step on one rank (used by the tests)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    my_grad = comm.ring_reduce_scatter(grad).div_(n)  # the sum of everyone's slice `rank`, averaged
+    size = params.numel() // n
+    step(params[rank * size:(rank + 1) * size], my_grad)
+    comm.ring_all_gather(params)  # every rank gets every updated slice
+    return params
+
+

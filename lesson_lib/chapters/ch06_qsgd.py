@@ -1,0 +1,82 @@
+"""Chapter 6's QSGD exercise (notebooks/06_compression.ipynb): the learner's quantizer, judged on
+what its draws show — on the grid, within ±s levels, random, and unbiased (Alistarh et al., 2017)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..exercises import Property, Verdict, judge, locally
+
+
+def _qsgd_case():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(63, generator=g)
+    return torch.cat([x, torch.zeros(1)])  # a zero must stay zero
+
+
+def _qsgd_draws(fn, x, s: int, draws: int) -> dict:
+    torch.manual_seed(s)
+    outs = [torch.as_tensor(fn(x.clone(), s), dtype=torch.float32).reshape(-1) for _ in range(draws)]
+    if any(o.numel() != x.numel() for o in outs):
+        return {"shape": False, "x": x}
+    return {"shape": True, "outs": torch.stack(outs), "x": x, "s": s, "norm": float(x.norm())}
+
+
+def _qsgd_shaped(o) -> str | None:
+    if not o["shape"] or not torch.isfinite(o["outs"]).all():
+        return f"it did not return {o['x'].numel()} finite values shaped like x"
+    return None
+
+
+def _qsgd_grid(o) -> str | None:
+    levels = o["outs"] * o["s"] / o["norm"]
+    if (levels - levels.round()).abs().max() > 1e-3:
+        return "your values are not on it: scale by the vector's 2-norm and divide by s"
+    return None
+
+
+def _qsgd_levels(o) -> str | None:
+    top = int((o["outs"] * o["s"] / o["norm"]).round().abs().max())
+    return None if top <= o["s"] else f"you used level {top}"
+
+
+def _qsgd_random(o) -> str | None:
+    return None if o["outs"].std(0).max() > 0 else \
+        "every draw is the same: QSGD rounds up or down AT RANDOM, or it is biased"
+
+
+def _qsgd_unbiased(o) -> str | None:
+    outs, x, s = o["outs"], o["x"], o["s"]
+    # Each element is ‖x‖/s × (a level ± one Bernoulli step): variance ≤ ‖x‖²/(4s²), so the mean
+    # of the draws has a standard error ≤ ‖x‖/(2s√draws); 6 of them miss a fair answer ~1e-7 of the time.
+    bound = 6 * o["norm"] / (2 * s * math.sqrt(len(outs)))
+    err = (outs.mean(0) - x).abs()
+    if err.max() <= bound:
+        return None
+    i = int(err.argmax())
+    return (f"over {len(outs)} draws element {i} averages {float(outs.mean(0)[i]):.3f} but x[{i}] = "
+            f"{float(x[i]):.3f} — round up with probability equal to the fractional part")
+
+
+def _check_qsgd(fn, draws: int = 3000) -> Verdict:
+    if not callable(fn):
+        return Verdict(False, "submit your function, e.g. ex.submit(qsgd)")
+    x = _qsgd_case()
+    return judge([locally(f"s = {s}", _qsgd_draws, fn, x, s, draws) for s in (1, 4)], [
+        Property("a tensor shaped like x", _qsgd_shaped),
+        Property("every value on the grid ‖x‖·l/s, l an integer", _qsgd_grid),
+        Property("levels from −s to s", _qsgd_levels),
+        Property("rounding at random", _qsgd_random),
+        Property(f"unbiased: the mean of {draws} draws is x", _qsgd_unbiased)])
+
+
+def qsgd(x, s):
+    norm = x.norm()
+    scaled = x.abs() / norm * s  # in [0, s]
+    low = scaled.floor()
+    level = low + (torch.rand_like(x) < scaled - low)  # up with probability = the fraction
+    return norm * torch.sign(x) * level / s
+
+
