@@ -17,7 +17,7 @@ ifeq ($(origin TORCH_INDEX), undefined)
 TORCH_INDEX := $(shell if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then echo $(TORCH_CPU_INDEX); fi)
 endif
 
-.PHONY: install test test-quick test-numerics lint lab bench clean-notebooks sync-notebooks
+.PHONY: install test test-quick test-numerics lint lab bench site clean-notebooks sync-notebooks
 
 # Idempotent: the venv is created only when missing, and the editable install is
 # redone only when pyproject.toml is newer than the stamp file.
@@ -65,6 +65,12 @@ lab: install
 	extra=""; if [ "$$(id -u)" = "0" ]; then extra="--allow-root"; fi; \
 	cmd="$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks --no-browser --LabApp.default_url=/lab/tree/README.md $$extra"; \
 	echo "$$cmd"; exec $$cmd
+
+# The rendered course: every chapter executed (its real ranks run, as Run All does) and exported to
+# static HTML in build/site, figures interactive, offline; the table of contents is index.html.
+# `make site CHAPTERS="00 07"` builds only those. Publish by copying build/site to any static host.
+site: install
+	$(BIN)/python -m lesson_lib.site --out build/site $(if $(CHAPTERS),--chapters $(CHAPTERS))
 
 bench: install
 	$(BIN)/python -m lesson_lib bench startup
