@@ -141,10 +141,15 @@ def shards(path: str) -> dict:
     which tensors (each rank's shards of every tensor sit in that rank's own file)."""
     meta = dcp.FileSystemReader(path).read_metadata()
     files: dict[str, list] = {}
+    elements: dict[str, int] = {}
     for index, info in meta.storage_data.items():
         files.setdefault(info.relative_path, []).append(index.fqn)
+        chunks = getattr(meta.state_dict_metadata[index.fqn], "chunks", ())  # a tensor's, by offset
+        numel = [c.sizes.numel() for c in chunks if tuple(c.offsets) == tuple(index.offset or ())]
+        elements[info.relative_path] = elements.get(info.relative_path, 0) + sum(numel)
     return {"bytes": {f.name: f.stat().st_size for f in sorted(Path(path).iterdir())},
-            "keys": {f: sorted(set(k)) for f, k in sorted(files.items())}}
+            "keys": {f: sorted(set(k)) for f, k in sorted(files.items())},
+            "elements": dict(sorted(elements.items()))}
 
 
 def _scratch():
@@ -152,24 +157,30 @@ def _scratch():
     return tempfile.TemporaryDirectory(prefix=f"{folders.PREFIX}{os.getpid()}_ckpt_")
 
 
-def survive(cfg: Config, plan: Plan) -> dict:
-    """Train ``cfg`` with FSDP2 three ways on a warm cluster: uninterrupted; killed (``plan``); then
-    resumed on fresh processes from the killed run's last checkpoint. Returns the losses by step of
-    each, the error the kill raised, and the time lost, measured. Every checkpoint lives in a
-    temporary folder removed before this returns. Defined in chapter 4, section 9."""
+def survive(cfg: Config, plan: Plan, cluster=None) -> dict:
+    """Train ``cfg`` with FSDP2 three ways on ``cluster`` (default: the kernel's warm one):
+    uninterrupted; killed (``plan``); then resumed on fresh processes from the killed run's last
+    checkpoint. Returns the losses by step of each, the error the kill raised, and the time lost,
+    measured. Every checkpoint lives in a temporary folder removed before this returns (``folders``
+    names them). Defined in chapter 4, section 9."""
     plan.validate(cfg)
     if plan.kill_step < 0:
         raise ValueError("kill_step must name the step in which a rank dies (got -1: no kill)")
-    cluster = warm_cluster(cfg.world_size)
-    out: dict = {"every": plan.every, "kill_step": plan.kill_step, "kill_rank": plan.kill_rank}
+    if cluster is not None and cluster.world_size != cfg.world_size:
+        raise ValueError(f"cluster has {cluster.world_size} ranks, cfg.world_size={cfg.world_size}")
+    cluster = cluster or warm_cluster(cfg.world_size)
+    out: dict = {"every": plan.every, "kill_step": plan.kill_step, "kill_rank": plan.kill_rank,
+                 "folders": []}
     cluster.run(_fsdp2_imported)  # the warm ranks import FSDP2 and DCP before anything is timed
     with _scratch() as folder:
+        out["folders"].append(folder)
         t0 = time.perf_counter()
         base = cluster.run(train, cfg, Plan(plan.every, -1, plan.kill_rank), folder)
         out["uninterrupted_s"] = time.perf_counter() - t0
         out["uninterrupted"] = base[0]["losses"]
         out["shards"] = shards(os.path.join(folder, f"step-{plan.every:05d}"))
     with _scratch() as folder:
+        out["folders"].append(folder)
         killed: dict = {"step": {}, "saved": {}}
         t0 = time.perf_counter()
         try:
