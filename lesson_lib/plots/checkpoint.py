@@ -24,11 +24,11 @@ def resumed_loss(run: dict, title: str) -> go.Figure:
     fig.add_vline(x=run["kill_step"], line={"color": "#E45756", "dash": "dot"},
                   annotation_text=f"SIGKILL, step {run['kill_step']}", annotation_position="top right")
     fig.add_vline(x=run["restored_step"], line={"color": COLORS["busy"], "dash": "dot"},
-                  annotation_text=f"restored: checkpoint of step {run['restored_step']}",
+                  annotation_text=f"resumed from the checkpoint after {run['restored_step']} steps",
                   annotation_position="bottom left")
     for s in range(run["every"], len(base) + 1, run["every"]):
-        fig.add_vline(x=s - 0.5, line={"color": "#dddddd", "width": 1})  # saved after step s - 1
-    fig.update_layout(title=wrap(title, 80), xaxis_title="step (grey lines: a checkpoint saved)",
+        fig.add_vline(x=s - 0.5, line={"color": "#888888", "width": 1})  # saved after step s - 1
+    fig.update_layout(title=wrap(title, 80), xaxis_title="step (thin grey lines: a checkpoint saved)",
                       yaxis_title="global training loss", height=430, margin={"t": 90},
                       legend={"orientation": "h", "y": -0.2})
     return fig
