@@ -479,8 +479,10 @@ assert set(ckpt["shards"]["keys"]) == {"__0_0.distcp", "__1_0.distcp"}, ckpt["sh
 # %% [markdown]
 # Bit for bit, not just close: the resumed ranks hold the same shards and Adam state as the ones that
 # died, on the same world size, and add their gradients in the same order, so every float rounds the
-# same way. (Resuming on a *different* number of ranks — DCP reshards a checkpoint on load — would
-# change the order of the sums and give equal losses only to float rounding.)
+# same way. On a *different* number of ranks DCP reshards the checkpoint as it loads (each rank reads
+# the pieces of every tensor that its new shard covers, by their offsets in DCP's metadata); the sums
+# then run in another order and the losses agree to float rounding only
+# (`tests/test_checkpoint.py` resumes a 2-rank checkpoint on 1 rank).
 #
 # **At cluster scale.** The same code runs; what changes is the numbers. The folder is shared storage
 # (a parallel file system or an object store) that every node reaches, and all ranks write their
