@@ -68,6 +68,19 @@ def test_no_checkpoint_folder_outlives_its_run(survived):
         assert not os.path.exists(path), path
 
 
+def test_the_figure_marks_the_kill_and_the_restore_and_draws_each_run_where_it_ran(survived):
+    # bug caught: the resumed curve drawn from step 0, or the kill and the restore left unmarked
+    from lesson_lib import plots
+
+    fig = plots.checkpoint.resumed_loss(survived, "t")
+    xs = {t.name: list(t.x) for t in fig.data}
+    assert xs == {"uninterrupted": list(range(CFG.steps)), "rank 1 killed": list(range(PLAN.kill_step)),
+                  "resumed on fresh processes": list(range(6, CFG.steps))}, xs
+    lines = {s.x0 for s in fig.layout.shapes}
+    assert {PLAN.kill_step, 6} <= lines and {2.5, 5.5} <= lines, lines  # and a line per checkpoint
+    assert any("SIGKILL" in a.text for a in fig.layout.annotations)
+
+
 def test_a_checkpoint_the_failure_interrupted_is_never_loaded(clusters):
     # bug caught: a folder without DCP's .metadata (a save cut short) taken as the newest checkpoint
     cfg = CFG.replace(steps=4)

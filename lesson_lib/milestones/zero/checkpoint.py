@@ -80,12 +80,14 @@ def load(folder: str, model, optimizer) -> int:
     """Load the newest complete checkpoint under ``folder`` into ``model`` and ``optimizer`` (each rank
     reads its own shards); return the step to start from (0 without one)."""
     done = sorted(p.parent for p in Path(folder).glob(f"step-*/{DONE}"))
-    if not done:
+    newest = [str(done[-1]) if done else None]
+    dist.broadcast_object_list(newest, src=0)  # rank 0 decides: on shared storage views can differ
+    if newest[0] is None:
         return 0
     model_state, optim_state = get_state_dict(model, optimizer)  # the shapes to read into
     train = {"step": -1, "epoch": -1, "batch_in_epoch": -1}  # DCP fills these in
     state = {"model": model_state, "optim": optim_state, "train": train}
-    dcp.load(state, checkpoint_id=str(done[-1]))  # in place, each rank its own shards
+    dcp.load(state, checkpoint_id=newest[0])  # in place, each rank its own shards
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return state["train"]["step"]
 
