@@ -17,6 +17,7 @@ from ..experiments import Result, run_warm
 from ..milestones import zero
 from ..numerics import adam_drift, max_gap
 from ..runtime import warm_cluster
+from .ch04_checkpoint import survive  # noqa: F401  (section 9)
 from .ch04_exercises import exercises, first_fitting_stage, task  # noqa: F401
 from .ch04_fsdp import fsdp2, fsdp2_memory  # noqa: F401  (section 8)
 

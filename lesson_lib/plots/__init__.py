@@ -7,7 +7,7 @@ One module per kind of figure, each reached the same way: ``plots.<module>.<figu
 (``plots.training.timeline``, ``plots.common.LiveRuns``).
 """
 
-from . import collectives, common, compression, impact, large_batch, memory, pipeline, training
+from . import checkpoint, collectives, common, compression, impact, large_batch, memory, pipeline, training
 
-__all__ = ["collectives", "common", "compression", "impact", "large_batch", "memory", "pipeline",
-           "training"]
+__all__ = ["checkpoint", "collectives", "common", "compression", "impact", "large_batch", "memory",
+           "pipeline", "training"]

@@ -12,7 +12,8 @@ class WorkerError(RuntimeError):
         self.other_failed_ranks = tuple(others)
         text = f"rank {rank}: {message}"
         if others:
-            text += f" (ranks {', '.join(map(str, others))} failed after it)"
+            who = f"rank {others[0]}" if len(others) == 1 else f"ranks {', '.join(map(str, others))}"
+            text += f" ({who} failed after it)"
         if remote_traceback:
             text += f"\n\n--- traceback from rank {rank} ---\n{remote_traceback}"
         super().__init__(text)

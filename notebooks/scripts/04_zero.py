@@ -42,7 +42,7 @@
 # 2. show that sharding changes no result: every stage trains like stage 0 (§2);
 # 3. write ZeRO-1's step — reduce-scatter, a step on your slice, all-gather — on real ranks (§3, first exercise);
 # 4. count what each stage costs on the wire, 1.5× plain data parallelism for ZeRO-3 (§4), and pick the smallest stage that fits a model (last exercise);
-# 5. run PyTorch's FSDP2 (`fully_shard`) on the same model and name which of its steps does what our ZeRO-3 does (§8).
+# 5. run PyTorch's FSDP2 (`fully_shard`) on the same model and name which of its steps does what our ZeRO-3 does (§8), and checkpoint its shards so that training survives a killed rank (§9).
 #
 # **Before it:** chapters 0 and 2 (all-reduce, reduce-scatter, all-gather).
 # **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
@@ -435,7 +435,67 @@ assert fsdp_mem["sent"][True] == fsdp_mem["formula"][3] and fsdp_mem["sent"][Fal
 # | 3 | + parameters | `"stage": 3` | FSDP1 `FULL_SHARD`; FSDP2 `fully_shard` (its default) | stage 3, compared here |
 
 # %% [markdown]
-# ## 9. Try it yourself
+# ## 9. Surviving a failure: sharded checkpoints
+#
+# Chapter 1 killed a server and training stopped; so far every run in this course dies with its
+# first lost rank. Production training survives by **checkpointing**: every few steps each rank
+# writes what it cannot recompute, and after a failure a fresh world of processes loads the last
+# checkpoint and goes on. With ZeRO-3 or FSDP2 no rank holds the whole model, so no rank can write it
+# alone: each writes **its own shards**. PyTorch's `torch.distributed.checkpoint` (DCP) does exactly
+# that, and knows FSDP2's DTensors: `get_state_dict` hands it each rank's shards of the parameters
+# and of Adam's moments, `dcp.save` has every rank write its own file, and its coordinator writes a
+# `.metadata` file last — a folder without one is a checkpoint the failure interrupted, never loaded.
+# Besides the model states, a checkpoint must hold where training stands: the step counter and the
+# data position (here the batch of step s is a function of the seed and s, and no random numbers are
+# drawn while training, so there is no RNG state to keep). The two functions that do it:
+
+# %%
+show_source(zero.checkpoint.save, zero.checkpoint.load)
+
+# %% [markdown]
+# The run (`zero.checkpoint.train` on every rank, `zero.checkpoint.survive` in the notebook): §8's
+# model with FSDP2 on 2 ranks, a checkpoint every 4 steps, into a temporary folder removed afterwards.
+# First uninterrupted; then again, with rank 1 killed by a real `SIGKILL` in step 10, between its
+# forward and its backward — no exception, no goodbye, as when a machine loses power. Rank 0 waits in
+# the backward's collective, the runtime sees a dead peer and raises its `WorkerError` naming rank 1.
+# Then fresh processes start, load the checkpoint of step 8 and train to the end.
+
+# %%
+ckpt = ch04.survive(world_size=2, steps=12, every=4, kill_step=10, kill_rank=1)
+
+# %%
+# the failure surfaced as the runtime's error, naming the killed rank
+assert ckpt["failed_rank"] == 1 and "SIGKILL" in ckpt["error"], ckpt["error"]
+# resumed at the last complete checkpoint before the kill
+killed_at, restored = ckpt["kill_step"], ckpt["restored_step"]
+assert restored == killed_at // ckpt["every"] * ckpt["every"], ckpt
+# from the restored step on, the resumed run's losses are the uninterrupted run's, bit for bit: same
+# world size, same shards, same order of every sum; the killed run agreed with it before the kill
+assert list(ckpt["resumed"].values()) == ckpt["uninterrupted"][restored:], ckpt
+assert list(ckpt["killed"].values()) == ckpt["uninterrupted"][:killed_at], ckpt
+# each rank wrote its own file of shards, and DCP's metadata says which tensors each holds
+assert set(ckpt["shards"]["keys"]) == {"__0_0.distcp", "__1_0.distcp"}, ckpt["shards"]
+
+# %% [markdown]
+# Bit for bit, not just close: the resumed ranks hold the same shards and Adam state as the ones that
+# died, on the same world size, and add their gradients in the same order, so every float rounds the
+# same way. On a *different* number of ranks DCP reshards the checkpoint as it loads (each rank reads
+# the pieces of every tensor that its new shard covers, by their offsets in DCP's metadata); the sums
+# then run in another order and the losses agree to float rounding only
+# (`tests/test_checkpoint.py` resumes a 2-rank checkpoint on 1 rank).
+#
+# **At cluster scale.** The same code runs; what changes is the numbers. The folder is shared storage
+# (a parallel file system or an object store) that every node reaches, and all ranks write their
+# shards at once, so the write time δ is roughly one rank's shard over one node's share of the
+# storage bandwidth. A checkpoint interval trades time spent writing against work redone after a
+# failure: Young's (1974) first-order optimum is an interval of sqrt(2·δ·MTBF), the printout above
+# puts this run's measured δ into it. On thousands of devices failures come often, so the interval
+# shrinks and writing has to get cheap — `dcp.async_save` copies the shards to host memory and writes
+# them while training goes on; and the restart itself (finding a healthy node, starting processes,
+# loading) becomes a real share of the time lost.
+
+# %% [markdown]
+# ## 10. Try it yourself
 #
 # Run all four stages with 1, 2 or 4 ranks (the batch of 64 must split evenly) and either precision
 # (real processes).
@@ -498,7 +558,7 @@ exercises["fit"].submit(...)  # replace ... with a stage number
 # 2. **the same training** — §2's identical results across stages, and §6's agreement with PyTorch's ZeroRedundancyOptimizer.
 # 3. **ZeRO-1 by hand** — §3's sharded step, and your `my_zero1_step`, judged on the collectives it ran and on its result.
 # 4. **the wire** — §4's counted bytes, equal to the formulas (asserted).
-# 5. **what PyTorch ships** — §8's FSDP2 (`fully_shard`) beside our stage 3: equal training, equal shards, measured memory, the stage table.
+# 5. **what PyTorch ships** — §8's FSDP2 (`fully_shard`) beside our stage 3: equal training, equal shards, measured memory, the stage table; §9's sharded checkpoints (DCP), a rank SIGKILLed mid-step and fresh processes resuming bit for bit.
 #
 # **On a real cluster:** ZeRO trades memory for traffic: stage 3 moves 1.5× data parallelism's bytes, so on a slow network the stage that just fits is the one to use.
 

@@ -26,17 +26,18 @@ time (:func:`scatter_during_backward`). Mixed precision keeps bf16 parameters an
 has no fast fp16) and an fp32 master copy with Adam's moments: K = 12 bytes per parameter.
 
 :mod:`.fsdp` runs PyTorch's FSDP2 (``fully_shard``, Zhao et al., VLDB 2023) on the same model and
-batches as stage 3, and maps our steps to its own.
+batches as stage 3, and maps our steps to its own; :mod:`.checkpoint` saves its sharded state with
+``torch.distributed.checkpoint``, kills a rank, and resumes on fresh processes (section 9).
 """
 
-from . import fsdp
+from . import checkpoint, fsdp
 from .fsdp import fsdp2_worker
 from .milestone import NAME, Config, param_count, summarize, worker
 from .references import layerwise_reference, reference, torch_zero_reference
 from .shards import Flat, Prefetch, Transients, fetch_layer_by_layer, scatter_during_backward, sharded_step
 
 __all__ = [
-    "NAME", "Config", "Flat", "Transients", "fetch_layer_by_layer", "fsdp", "fsdp2_worker",
+    "NAME", "Config", "Flat", "Transients", "checkpoint", "fetch_layer_by_layer", "fsdp", "fsdp2_worker",
     "layerwise_reference", "param_count", "Prefetch",
     "reference", "scatter_during_backward", "sharded_step", "summarize", "torch_zero_reference", "worker",
 ]
