@@ -1,12 +1,16 @@
-"""Drive a real JupyterLab in headless Chromium the way a learner would: open the
-chapter notebook, Run -> Run All Cells, and check that it ran without errors and
-that plotly figures and ipywidgets actually rendered.
+"""Drive a real JupyterLab in headless Chromium the way a learner would, chapter by chapter:
+open the notebook, Run -> Run All Cells, and check that it ran without errors, that every plotly
+figure drew and every widget rendered, that the browser logged no error, that an animation steps
+when played, and that one control of the chapter changes its output when used.
+
+This is where `make test` runs each notebook with the machine's own kernels (nbval runs them again
+under ATen's portable kernels, `make test-numerics`).
 
 The notebooks folder is copied into tmp_path and served from there, so nothing the
 browser does (autosave, checkpoints) touches the clean notebooks in the repository.
 Screenshots and logs go to artifacts/browser/ whether the test passes or fails.
 
-Point it at another notebook with BROWSER_TEST_NOTEBOOK: a name inside notebooks/,
+Point it at one notebook with BROWSER_TEST_NOTEBOOK: a name inside notebooks/,
 or a path to an .ipynb elsewhere, which is copied into the served folder.
 """
 
@@ -32,7 +36,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 ARTIFACTS = ROOT / "artifacts" / "browser"
-NOTEBOOK = os.environ.get("BROWSER_TEST_NOTEBOOK", "00_why_distributed.ipynb")
+CHAPTERS = sorted(p.name for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = [os.environ["BROWSER_TEST_NOTEBOOK"]] if os.environ.get("BROWSER_TEST_NOTEBOOK") else CHAPTERS
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
@@ -46,7 +51,8 @@ CHROMIUM_ARGS = [
 ]
 SERVER_START_TIMEOUT_S = 60
 NOTEBOOK_LOAD_TIMEOUT_S = 90
-RUN_ALL_TIMEOUT_S = 240
+RUN_ALL_TIMEOUT_S = 300
+CONTROL_TIMEOUT_S = 120  # an explorer's run starts real ranks
 VIEWPORT = {"width": 1400, "height": 1000}
 MAX_SCREENSHOT_HEIGHT = 12000
 
@@ -105,12 +111,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _notebook_to_serve(served: Path) -> str:
-    """Copy the notebook named by NOTEBOOK into the served folder if needed; return its name."""
-    candidate = Path(NOTEBOOK)
-    if candidate.name != NOTEBOOK or candidate.is_absolute():
+def _notebook_to_serve(served: Path, notebook: str) -> str:
+    """Copy the notebook named ``notebook`` into the served folder if needed; return its name."""
+    candidate = Path(notebook)
+    if candidate.name != notebook or candidate.is_absolute():
         if not candidate.is_file():
-            pytest.fail(f"BROWSER_TEST_NOTEBOOK={NOTEBOOK} does not exist")
+            pytest.fail(f"BROWSER_TEST_NOTEBOOK={notebook} does not exist")
         shutil.copy2(candidate, served / candidate.name)
     if not (served / candidate.name).is_file():
         pytest.fail(f"{candidate.name} is not in {NOTEBOOKS_DIR}")
@@ -160,8 +166,8 @@ def _stop_server(proc: subprocess.Popen, base_url: str, token: str) -> None:
                 pass
 
 
-@pytest.fixture
-def jupyter_lab(tmp_path):
+@pytest.fixture(params=NOTEBOOKS, ids=lambda name: Path(name).stem[:2])
+def jupyter_lab(tmp_path, request):
     """A JupyterLab on 127.0.0.1 serving a copy of notebooks/.
 
     Yields (base_url, token, path of the served copy of the notebook under test).
@@ -171,7 +177,7 @@ def jupyter_lab(tmp_path):
     shutil.copytree(NOTEBOOKS_DIR, served, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     if (ROOT / "data").is_dir():  # keep ../data working from the copied notebooks
         (tmp_path / "data").symlink_to(ROOT / "data", target_is_directory=True)
-    notebook = _notebook_to_serve(served)
+    notebook = _notebook_to_serve(served, request.param)
 
     env = os.environ.copy()
     env.pop("JUPYTER_TOKEN", None)
@@ -233,6 +239,98 @@ def jupyter_lab(tmp_path):
         _stop_server(proc, base_url, token)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(log_path, ARTIFACTS / f"{Path(notebook).stem}-server.log")
+
+
+# Picks the control to use and marks its box: the first widget box with an output (an Output or
+# HTML child) that answers a dropdown at once (a calculator), else the first explorer with a run
+# button (which starts real ranks). Returns "dropdown", "button" or null.
+PICK_CONTROL_JS = """
+(panel) => {
+  const direct = (b, sel) => [...b.children].some(c => c.matches(sel));
+  const boxes = [...document.querySelectorAll(panel + ' .jp-OutputArea-output .widget-vbox')]
+    .filter(b => direct(b, '.widget-output, .widget-html'));
+  const instant = boxes.find(b => !b.querySelector('button.jupyter-button') &&
+                                  b.querySelector('.widget-dropdown select'));
+  const run = boxes.find(b => direct(b, 'button.jupyter-button.mod-primary'));
+  const pick = instant || run;
+  if (!pick) return null;
+  pick.setAttribute('data-test-control', '1');
+  return instant ? 'dropdown' : 'button';
+}
+"""
+CONTROL_OUTPUT_JS = """
+() => {
+  const box = document.querySelector('[data-test-control]');
+  const out = box && [...box.children].find(c => c.matches('.widget-output, .widget-html'));
+  return out ? out.innerHTML : null;
+}
+"""
+# An animated figure (frames, a slider and a play button): the slider's active step, or null.
+ANIMATION_VALUE_JS = """
+(panel) => {
+  const plot = document.querySelector('[data-test-animation]') ||
+    [...document.querySelectorAll(panel + ' .js-plotly-plot')]
+      .find(p => p._fullLayout?.sliders?.length && p._transitionData?._frames?.length &&
+                 p.querySelector('.updatemenu-button'));
+  if (!plot) return null;
+  plot.setAttribute('data-test-animation', '1');
+  return plot._fullLayout.sliders[0].active;
+}
+"""
+ANIMATED = {"02"}  # chapters that must have an animation for the test to play (the ring, step by step)
+# Console errors that are not the page's: a resource JupyterLab tries offline.
+BENIGN_CONSOLE = re.compile(r"Failed to load resource|net::ERR_")
+
+
+def _use_a_control(page) -> str:
+    """Use the chapter's control (see PICK_CONTROL_JS) and wait until its output has changed and
+    the kernel is idle again. Returns what was used."""
+    kind = page.evaluate(PICK_CONTROL_JS, PANEL)
+    assert kind, "no control with an output found (a calculator or an explorer)"
+    before = page.evaluate(CONTROL_OUTPUT_JS)
+    box = page.locator("[data-test-control]")
+    if kind == "dropdown":
+        select = box.locator(".widget-dropdown select").first
+        options = select.locator("option").all_text_contents()
+        current = select.evaluate("s => s.selectedIndex")
+        select.select_option(index=(current + 1) % len(options))
+        used = f"dropdown → {options[(current + 1) % len(options)]}"
+    else:
+        button = box.locator(":scope > button.jupyter-button.mod-primary").first
+        used = f"button {button.text_content()!r}"
+        button.click()
+    page.wait_for_function(
+        """([panel, before]) => {
+             const box = document.querySelector('[data-test-control]');
+             const out = [...box.children].find(c => c.matches('.widget-output, .widget-html'));
+             const idle = document.querySelector(panel + ' .jp-Notebook-ExecutionIndicator')
+               ?.getAttribute('data-status') === 'idle';
+             return idle && out.innerHTML !== before && out.textContent.trim() !== '';
+           }""",
+        arg=[PANEL, before], timeout=CONTROL_TIMEOUT_S * 1000, polling=500)
+    # The kernel is done; plotly draws its figures after that. Wait until the output holds still.
+    after, still, deadline = None, 0, time.monotonic() + 30
+    while still < 4 and time.monotonic() < deadline:
+        now = page.evaluate(CONTROL_OUTPUT_JS)
+        still, after = (still + 1 if now == after else 0), now
+        page.wait_for_timeout(500)
+    assert "Traceback" not in after, f"using the {used} raised:\n{after[-2000:]}"
+    return used
+
+
+def _play_an_animation(page, chapter: str) -> str | None:
+    """Press an animated figure's first button (Play) and wait for its slider to move."""
+    start = page.evaluate(ANIMATION_VALUE_JS, PANEL)
+    if start is None:
+        assert chapter not in ANIMATED, f"chapter {chapter}'s animation is missing"
+        return None
+    plot = page.locator("[data-test-animation]")
+    plot.scroll_into_view_if_needed()
+    plot.locator(".updatemenu-button").first.click()
+    page.wait_for_function(
+        "(start) => document.querySelector('[data-test-animation]')._fullLayout.sliders[0].active !== start",
+        arg=start, timeout=15_000, polling=200)
+    return f"slider step {start} → {page.evaluate(ANIMATION_VALUE_JS, PANEL)}"
 
 
 def _code_cells(notebook: dict) -> list[tuple[int, dict]]:
@@ -302,12 +400,15 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     screenshot = ARTIFACTS / f"{stem}.png"
     page_errors: list[str] = []
+    console_errors: list[str] = []
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport=VIEWPORT)
             page.on("pageerror", lambda error: page_errors.append(str(error)))
+            page.on("console", lambda m: console_errors.append(m.text)
+                    if m.type == "error" and not BENIGN_CONSOLE.search(m.text) else None)
             page.set_default_timeout(30_000)
             try:
                 page.goto(f"{base_url}/lab/tree/{notebook}?token={token}", wait_until="domcontentloaded")
@@ -370,11 +471,21 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
                 box = widgets.first.bounding_box()
                 assert box and box["width"] > 20 and box["height"] > 10, f"widget not visible: {box}"
                 widgets.first.screenshot(path=str(ARTIFACTS / f"{stem}-widget.png"))
+
+                played = _play_an_animation(page, stem[:2])
+                if played:
+                    print(f"animation played: {played}")
+                started = time.monotonic()
+                used = _use_a_control(page)
+                print(f"control used: {used}; its output changed in {time.monotonic() - started:.1f} s")
+                page.locator("[data-test-control]").screenshot(path=str(ARTIFACTS / f"{stem}-control.png"))
+                assert not page_errors, "uncaught errors in the page:\n" + "\n".join(page_errors)
+                assert not console_errors, "the browser console logged errors:\n" + "\n".join(console_errors)
             finally:
                 try:
                     _screenshot_whole_notebook(page, screenshot)
                 except Exception as error:  # never hide the real failure
                     print(f"could not take screenshot {screenshot}: {error}")
-                (ARTIFACTS / f"{stem}-page-errors.log").write_text("\n".join(page_errors))
+                (ARTIFACTS / f"{stem}-page-errors.log").write_text("\n".join(page_errors + console_errors))
         finally:
             browser.close()
