@@ -28,7 +28,7 @@ def _stage_rows(stage_memory: list[dict], schedule: str, m: int, recompute: bool
              "label": LABELS[schedule, recompute], "peak": s["activation_peak"],
              "inventory": s["activation_peak"],
              "per_microbatch": s["activation_per_microbatch"], "in_flight": s["max_in_flight"],
-             "measured": s["measured_step_peak"]} for s in stage_memory]
+             "measured": s.get("measured_step_peak")} for s in stage_memory]
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:
@@ -47,11 +47,13 @@ def _print_rows(rows: list[dict]) -> None:
 
 def activation_memory(stages: int = 4, microbatches=(1, 2, 4, 8), rows_per_microbatch: int = 128):
     """Peak activation memory per stage, GPipe vs 1F1B, as M grows at a fixed micro-batch size: the
-    saved tensors held at once (inventory) and, at the largest M, the allocator's peak (measured)."""
+    saved tensors held at once (inventory) and, at the largest M, the allocator's peak (measured;
+    ``measured`` is None at the other M)."""
     rows = []
     for schedule in ("gpipe", "1f1b"):
-        for m in microbatches:
-            r = run_warm(_memory_cfg(stages, m, schedule, rows_per_microbatch))
+        for m in microbatches:  # the meter only where it is shown: its profiler slows every step
+            r = run_warm(_memory_cfg(stages, m, schedule, rows_per_microbatch,
+                                     peak_memory=m == max(microbatches)))
             rows += _stage_rows(r["stage_memory"], schedule, m)
     cfg = _memory_cfg(stages, 1, "gpipe", rows_per_microbatch)
     shape = (f"{cfg.layers} layers of width {cfg.hidden}, {stages} stages, {rows_per_microbatch} samples "
