@@ -93,7 +93,8 @@ def choose_partition(cfg: Config, rank: int, device: torch.device) -> tuple[list
 def stage_forward(stage: nn.Module, x: torch.Tensor, loss=None, recompute: bool = False) -> torch.Tensor:
     """One micro-batch through the stage (the last stage: and its ``loss``). With ``recompute``
     (activation recomputation, Chen et al., 2016) autograd keeps only the input ``x``, not what the
-    layers would save: the backward runs this forward again to rebuild it, one micro-batch at a time."""
+    layers would save: the backward runs this forward again to rebuild it, one micro-batch at a time
+    (chapter 3 §6 shows this function and measures what it saves)."""
     run = stage if loss is None else (lambda x: loss(stage(x)))
     if not recompute:
         return run(x)
