@@ -23,6 +23,7 @@ from ..milestones.pipeline.schedules import (
 from ..runtime import warm_cluster
 from .ch03_exercises import exercises as _exercises
 from .ch03_gpipe import microbatch_indices, stage_setup  # noqa: F401  (the notebook's cells use them)
+from .ch03_memory import activation_memory, print_table, recomputation  # noqa: F401  (§6's cells)
 
 
 def _cfg(stages: int, microbatches: int, schedule: str, preset: str = "laptop", **options) -> pp.Config:
@@ -116,13 +117,6 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
     return rows
 
 
-def print_table(header: list[str], rows: list[list[str]]) -> None:
-    """Columns aligned, one line a row: a few runs' figures side by side, not a wall of sentences."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for line in (header, *rows):
-        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
-
-
 def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
     """Where the idle time goes at P = 2 on the compute-dominated preset (``Config.from_preset("bubble")``):
     the bubble rebuilt one cause at a time, every rung measured in the same run
@@ -158,25 +152,6 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
     display(plots.pipeline.bubble_causes(
         rows, f"{schedule}, 2 stages: the bubble rebuilt one cause at a time",
         plots.common.oversubscription_note(runs)))
-    return rows
-
-
-def activation_memory(stages: int = 4, microbatches=(1, 2, 4, 8), rows_per_microbatch: int = 16):
-    """Peak activation memory per stage, GPipe vs 1F1B, as M grows at a fixed micro-batch size."""
-    rows = []
-    for schedule in ("gpipe", "1f1b"):
-        for m in microbatches:
-            r = run_warm(_cfg(stages, m, schedule, steps=2, global_batch=m * rows_per_microbatch))
-            rows += [{"schedule": schedule, "microbatches": m, "stage": s["stage"],
-                      "peak": s["activation_peak"], "per_microbatch": s["activation_per_microbatch"],
-                      "in_flight": s["max_in_flight"]} for s in r["stage_memory"]]
-    display(plots.pipeline.activation_peaks(rows, f"Peak activation memory per stage ({stages} stages, "
-                                                  f"{rows_per_microbatch} samples per micro-batch)"))
-    top = max(microbatches)
-    for schedule in ("gpipe", "1f1b"):
-        peaks = [r for r in rows if r["schedule"] == schedule and r["microbatches"] == top]
-        print(f"{schedule:>5}, M={top}: micro-batches in flight per stage {[r['in_flight'] for r in peaks]}, "
-              f"peak {[round(r['peak'] / 1e6, 2) for r in peaks]} MB")
     return rows
 
 

@@ -150,8 +150,9 @@ def bubble_causes(rows: list[dict], title: str, note: str | None = None) -> go.F
 
 
 def activation_peaks(rows: list[dict], title: str) -> go.Figure:
-    """rows: {schedule, microbatches, stage, peak, per_microbatch} — measured peak activation
-    memory per stage against M, one line per schedule and stage (chapter 3)."""
+    """rows: {schedule, microbatches, stage, peak, per_microbatch} — the peak of the activations each
+    stage held (autograd's saved tensors: an inventory) against M, one line per schedule and stage
+    (chapter 3)."""
     fig = go.Figure()
     colors = {"gpipe": "#E45756", "1f1b": "#4C78A8", "naive": "#BAB0AC"}
     dashes = ["solid", "dash", "dot", "dashdot"]
@@ -164,7 +165,7 @@ def activation_peaks(rows: list[dict], title: str) -> go.Figure:
                             line={"color": colors.get(sched, "#333"), "dash": dashes[k % 4]})
     fig.update_xaxes(title="micro-batches per step (M), same micro-batch size", type="log",
                      tickvals=sorted({r["microbatches"] for r in rows}))
-    fig.update_yaxes(title="peak activation memory (MB, measured)")
+    fig.update_yaxes(title="peak activation memory (MB, saved tensors)")
     fig.update_layout(title=title, height=420)
     return fig
 
@@ -177,4 +178,25 @@ def stage_params(rows: list[dict], unsplit_bytes: int, title: str) -> go.Figure:
     fig.add_hline(y=unsplit_bytes / 1e6, line_dash="dot", annotation_text="the unsplit model on one device",
                   annotation_position="top left")
     fig.update_layout(title=title, yaxis_title="MB", height=360, yaxis_rangemode="tozero")
+    return fig
+
+
+def measured_activations(rows: list[dict], title: str) -> go.Figure:
+    """rows: {label, stage, measured, inventory} (bytes) — per stage, a bar for the allocator's peak of
+    one step above its start (measured) and a mark for the saved tensors held at once (inventory),
+    one bar group per run: a schedule, with or without recomputation (chapter 3, §6)."""
+    fig = go.Figure()
+    colors = ["#E45756", "#4C78A8", "#F2A2A3", "#9ECAE9"]
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    for j, label in enumerate(labels):
+        rs = sorted((r for r in rows if r["label"] == label), key=lambda r: r["stage"])
+        x = [f"stage {r['stage']}" for r in rs]
+        fig.add_bar(x=x, y=[r["measured"] / 1e6 for r in rs], name=f"{label}: measured (allocator)",
+                    marker_color=colors[j % len(colors)], offsetgroup=label)
+        fig.add_scatter(x=x, y=[r["inventory"] / 1e6 for r in rs], mode="markers", offsetgroup=label,
+                        marker={"symbol": "line-ew-open", "size": 18, "line": {"width": 3}, "color": "black"},
+                        name="inventory (saved tensors)", showlegend=j == 0)
+    fig.update_layout(barmode="group", scattermode="group", title=wrap(title, 80), height=460,
+                      yaxis_title="MB above the step's start", margin={"t": 100},
+                      legend={"orientation": "h", "y": -0.15})
     return fig

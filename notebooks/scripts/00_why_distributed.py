@@ -73,6 +73,78 @@ gpt3 = ch00.memory_bill(175e9)["total"]
 assert not any(ch00.fits(gpt3).values()), "a device in the table holds GPT-3's training state?"
 
 # %% [markdown]
+# ### The bill, measured
+#
+# The bill is a formula. Is it what training really allocates? Below, 2 worker processes (§3
+# explains them) each build the same MLP — 12 hidden layers of width 1024, its parameter count Ψ is
+# printed — and train it data-parallel for two steps of **fp32 Adam**: 4 bytes of parameter + 4 of
+# gradient + 8 of Adam's two moments = 16 bytes per parameter (the calculator's "fp32 Adam" row), on
+# a batch of 16 samples, so that the model states dominate. `PeakMemory` counts every allocation and
+# free that torch's allocator makes while it is open and keeps the peak of the live bytes — a
+# measurement (on a GPU, `torch.cuda.max_memory_allocated`; chapter 4 opens it). Beside it: the bill
+# from the formula, and the *inventory* of what the rank knows it holds at the end — the storages
+# of its parameters, gradients and Adam state.
+
+# %%
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lesson_lib import warm_cluster
+from lesson_lib.metrics import optimizer_tensors, storage_bytes
+from lesson_lib.models import mlp
+from lesson_lib.peakmem import PeakMemory
+
+
+def train_and_measure(hidden=1024, depth=12, batch=16, steps=2):  # runs on every rank
+    with PeakMemory() as meter:  # counts from here: the model, its gradients, Adam, every temporary
+        model = mlp(32, hidden, depth, 10, 0)   # the same seed, so the same model, on every rank
+        adam = torch.optim.Adam(model.parameters())
+        x, y = torch.randn(batch, 32), torch.randint(0, 10, (batch,))
+        for _ in range(steps):
+            adam.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            for p in model.parameters():  # data parallel (§3): sum every gradient over the ranks
+                dist.all_reduce(p.grad)
+            adam.step()
+    params = list(model.parameters())
+    grads, state = [p.grad for p in params], optimizer_tensors(adam)  # Adam's two moments per tensor
+    held = storage_bytes(params) + storage_bytes(grads) + storage_bytes(state)
+    return {"params": sum(p.numel() for p in params), "tensors": len(params), "measured": meter.peak,
+            "inventory": held, "largest": max(p.nbytes for p in params)}
+
+
+per_rank = warm_cluster(2).run(train_and_measure)
+psi, largest = per_rank[0]["params"], per_rank[0]["largest"]
+bill = ch00.memory_bill(psi, "fp32 Adam")
+print(f"Ψ = {psi:,} parameters; the bill, {bill['bytes_per_param']} bytes × Ψ: {bill['total'] / 1e6:.1f} MB")
+for rank, r in enumerate(per_rank):
+    excess = r["measured"] - r["inventory"]
+    print(f"rank {rank}: measured peak {r['measured'] / 1e6:.1f} MB; "
+          f"inventory {r['inventory'] / 1e6:.1f} MB; measured − inventory = {excess / 1e6:.2f} MB = "
+          f"{excess / largest:.3f} × the largest tensor ({largest / 1e6:.1f} MB)")
+
+# %% [markdown]
+# The inventory is the bill, to a few bytes: Adam also keeps a step count per tensor, a scalar. The
+# measured peak is above both, by about twice the largest parameter tensor. The peak falls inside
+# Adam's step: every parameter, gradient and moment is alive, and Adam, updating one tensor at a
+# time, computes √v and then √v divided by its bias correction — two temporaries the size of the
+# tensor it updates (chapter 4 measures one such step). The activations are not in the peak here:
+# with 16 samples they are small and the backward has freed them before the step. With a large
+# batch the peak moves into the backward, where activations and gradients are alive together, and
+# the bill — "before any activation" — says less. What the meter cannot see: memory outside
+# torch's allocator (Python objects, Gloo's buffers for the all-reduce).
+
+# %%
+for r in per_rank:
+    assert r["params"] == psi and r["measured"] == per_rank[0]["measured"]  # the same model on every rank
+    assert 0 <= r["inventory"] - bill["total"] <= 4 * r["tensors"], r      # + one float32 step count each
+    excess = r["measured"] - r["inventory"]
+    # Adam's two temporaries on the largest tensor; the rest (the batch, the loss, the step's scalars)
+    # is far below 1% of the bill
+    assert 2 * largest <= excess <= 2 * largest + 0.01 * bill["total"], (r, largest)
+
+# %% [markdown]
 # ## 3. Data parallelism, for real
 #
 # The simplest way to use many devices: **every rank (process) holds a full copy of the model**, each
@@ -86,10 +158,7 @@ assert not any(ch00.fits(gpt3).values()), "a device in the table holds GPT-3's t
 # returns the results as a list indexed by rank — and `fn` may be a function you write in a cell.
 
 # %%
-import torch
-import torch.distributed as dist
-
-from lesson_lib import numerics, show_source, warm_cluster
+from lesson_lib import numerics, show_source
 
 cluster = warm_cluster(4)  # 4 worker processes, started once and kept warm
 
@@ -145,11 +214,8 @@ assert all(torch.equal(t, torch.tensor([0.0 + 1 + 2 + 3, 4.0])) for t in summed)
 # problem (a 38k-parameter MLP on a generated classification task, a global batch of 64 samples).
 
 # %%
-import torch.nn.functional as F
-
 from lesson_lib.data import batch_indices, shard, teacher_classification
 from lesson_lib.milestones import data_parallel as dp
-from lesson_lib.models import mlp
 
 
 def train_data_parallel(model, data, cfg):  # every rank receives its own copy of the same model
@@ -450,7 +516,7 @@ exercises["start_overlap"].submit(start_overlap)
 #
 # What showed each of this chapter's objectives:
 #
-# 1. **the memory bill** — §2's table: GPT-3's training state fits no single device (asserted).
+# 1. **the memory bill** — §2's table: GPT-3's training state fits no single device (asserted); and the bill measured on 2 ranks: the allocator's peak is the inventory of parameters, gradients and Adam state (the bill, 16 bytes per parameter) plus Adam's two temporaries (asserted).
 # 2. **data parallelism equals one process** — §3's loss curves on 1/2/4 ranks, equal to float rounding (asserted), and your `average_gradients`.
 # 3. **the three problems** — §4's counted bytes and communication share, §5's straggler timeline, §6's time waiting for peers, which grows with the ranks (asserted).
 # 4. **overlap** — §4's bucketed backward on a timeline, and your `start_overlap`, judged on whether an all-reduce was still running while autograd went on.

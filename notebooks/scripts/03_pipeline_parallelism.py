@@ -298,8 +298,17 @@ for m in (4, 8):  # at each M, the model whose stages are more unequal in time p
 # Activations saved for the backward are the other cost. Under GPipe every stage runs all M forwards
 # before its first backward, so it holds all M micro-batches' activations. Under 1F1B stage k holds at
 # most P−k of them: after its warm-up, every new forward is matched by a backward that frees one.
-# Below, the peak of the activations each stage really held (measured with autograd's saved-tensor
-# hooks, micro-batch by micro-batch, over the whole schedule), with 16 samples per micro-batch.
+#
+# We count them two ways. The **inventory**: autograd's saved-tensor hooks report each tensor a
+# micro-batch's forward keeps for its backward, and the stage adds up those alive at once, over the
+# whole schedule. The **measurement**: `PeakMemory` (chapter 4 opens it) counts every allocation and
+# free that torch's allocator makes during the stage's last step and keeps the peak above what was
+# alive at the step's start (parameters, gradients, momentum) — it knows nothing of what the code
+# holds. The stage's receive buffers are allocated on the link's own threads
+# (`stage_comm.StageLink`), which the stage's count does not see: each of those threads opens a
+# count of its own (`PeakMemory.thread`), and the counts are merged in time order. The model is the
+# `memory` preset (its shape is in the titles), on which a micro-batch's activations outweigh what
+# the backward builds on the side; 128 samples per micro-batch.
 
 # %%
 mem = ch03.activation_memory(stages=4, microbatches=(1, 2, 4, 8))
@@ -310,14 +319,79 @@ at = {(r["schedule"], r["stage"]): r for r in mem if r["microbatches"] == M}
 for k in range(P):
     assert at["1f1b", k]["peak"] <= at["gpipe", k]["peak"]
     assert at["1f1b", k]["in_flight"] == min(P - k, M) and at["gpipe", k]["in_flight"] == M
-assert at["1f1b", 0]["peak"] < 0.6 * at["gpipe", 0]["peak"]      # 4 micro-batches held instead of 8
+    for schedule in ("gpipe", "1f1b"):  # every saved tensor was allocated in the step, all alive at once
+        assert at[schedule, k]["measured"] >= at[schedule, k]["peak"], at[schedule, k]
+assert at["1f1b", 0]["peak"] < 0.6 * at["gpipe", 0]["peak"]          # 4 micro-batches held instead of 8
+assert at["1f1b", 0]["measured"] < 0.6 * at["gpipe", 0]["measured"]  # and the allocator agrees
 
 # %% [markdown]
+# The two counts agree on the order, and the measurement is above the inventory in every stage, by
+# what saved-tensor hooks never see: the receive buffers posted ahead (GPipe posts all M of a
+# step's at its start, 1F1B two at a time) and what one backward builds while it runs — the
+# gradients of a micro-batch's activations and a weight gradient, before it is added into the
+# stage's gradient. The measurement also found what the inventory could not: the link's send thread
+# used to keep every activation it had sent until the end of the step, so a 1F1B stage held all M
+# of its outputs after all. It now lets each go once sent (`tests/test_pipeline_memory.py` bounds
+# what stage 0 allocates beyond its saved tensors, and fails with the old thread).
+#
 # Same bubble, a fraction of the activation memory: that is the case Narayanan et al. make for 1F1B
 # ("PipeDream-Flush", Memory-Efficient Pipeline-Parallel DNN Training, ICML 2021), and the schedule
-# Megatron-LM uses for its pipeline parallelism (Narayanan et al., SC 2021). GPipe itself fought the
-# memory with re-materialization: drop the activations and recompute them during the backward
-# (Huang et al., 2019).
+# Megatron-LM uses for its pipeline parallelism (Narayanan et al., SC 2021).
+#
+# ### Recomputing the activations
+#
+# GPipe itself fought the memory another way: keep fewer activations and recompute them during the
+# backward — *re-materialization* (Huang et al., 2019), after Chen et al. (2016), "Training Deep
+# Nets with Sublinear Memory Cost". With `recompute=True` each stage runs its forward, one
+# micro-batch at a time, under `torch.utils.checkpoint`: autograd keeps only the stage's input, and
+# the backward first runs the forward again to rebuild what it needs. The model's expectation: one
+# stage input per micro-batch held, for one extra forward of compute — (F + F + B)/(F + B) of the
+# work, about 4/3 when a backward costs two forwards (2Ψ forward and 4Ψ backward FLOPs per sample,
+# Kaplan et al., 2020). Chapter 7's cost model assumes exactly this by default: 8·Ψ FLOPs per token
+# instead of 6·Ψ, "+ 2·Ψ recomputing the forward" (`costmodel.Plan(recompute=True)`, after Narayanan
+# et al., 2021). The stage's forward, as every run of this chapter calls it:
+
+# %%
+show_source(pp.stage_forward)
+
+# %% [markdown]
+# GPipe and 1F1B at M = 8 again, each with and without recomputation, on the same `memory`
+# preset; then the busy time of all forwards and backwards on the chapter's `laptop` model, with the
+# meter off (its profiler costs every small operation time).
+
+# %%
+rc = ch03.recomputation(stages=4, microbatches=8)
+
+# %%
+shape = pp.Config.from_preset("memory")
+held = {(r["schedule"], r["recompute"], r["stage"]): r for r in rc["rows"]}
+for (_, recompute, k), r in held.items():
+    assert r["measured"] >= r["inventory"] > 0, r
+    if recompute:  # the model, exactly: one stage input per micro-batch in flight, nothing else saved
+        width = shape.d_in if k == 0 else shape.hidden
+        assert r["inventory"] == r["in_flight"] * rc["rows_per_microbatch"] * width * 4, r
+for k in range(P):  # measured: clearly lower wherever a stage holds many micro-batches
+    assert held["gpipe", True, k]["measured"] < 0.75 * held["gpipe", False, k]["measured"], k
+assert held["1f1b", True, 0]["measured"] < 0.75 * held["1f1b", False, 0]["measured"]
+# The backward reruns the same kernels on the same inputs: the same training, bit for bit.
+for schedule, g in rc["equal"].items():
+    assert max(g.values()) == 0, (schedule, g)
+# One extra forward: the model says 1 + F/(F + B). Busy time varies by tens of percent from run to
+# run on shared cores, so the check allows from half a forward to two.
+f = rc["forward_share"]
+assert 1 + 0.5 * f < rc["busy_ratio"] < 1 + 2 * f, (rc["busy_ratio"], f)
+
+# %% [markdown]
+# The inventory falls to the model's figure exactly: one input per micro-batch, which on stage 0 is
+# the data itself (32 features, not the hidden width). The allocator's peak falls by less, for two
+# reasons the table shows. Each stage still keeps each micro-batch's *output* until its backward —
+# the tensor the backward starts from, no longer a saved tensor — and the backward rebuilds one
+# micro-batch's activations at a time, on top of the inputs. A stage that holds one micro-batch
+# (1F1B's last) saves nothing: it keeps the input and rebuilds the same activations. Megatron-LM's
+# pipeline frees an output's data once it has been sent and keeps only its autograd node
+# (`deallocate_output_tensor` in its schedules); we leave the output in place. What recomputation
+# buys is the freedom to trade compute for memory, layer by layer: Chen et al. keep an input every
+# √n layers and reach O(√n) memory for one extra forward.
 #
 # ## 7. Checked against `torch.distributed.pipelining`
 #
@@ -394,7 +468,7 @@ exercises["in_flight"].submit(...)  # replace ... with a number of micro-batches
 # 1. **stages on real ranks** — §3's stage loop and your GPipe stage, judged on its messages and its gradients.
 # 2. **the schedules** — §4's timelines and your 1F1B order.
 # 3. **the bubble** — §5's sweep against the formula and the bubble rebuilt one cause at a time (the replay checked to equal 1 − M/(P + (M−1)·pace)).
-# 4. **memory and torch** — §6's peak activations (1F1B under 0.6× GPipe's, asserted) and §7's agreement with torch.
+# 4. **memory and torch** — §6's peak activations, inventoried and measured by the allocator (1F1B's stage 0 under 0.6× GPipe's in both, asserted); recomputation keeping one input per micro-batch for about one extra forward, training bit for bit the same (asserted); and §7's agreement with torch.
 #
 # **On a real cluster:** Pipelines pay a bubble of (P−1)/(M+P−1) at best; real systems add micro-batches, balance stages by time, and interleave several stages per device (Narayanan et al., 2021) to shrink it.
 

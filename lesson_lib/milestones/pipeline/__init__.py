@@ -12,15 +12,17 @@ The model is :func:`lesson_lib.models.mlp`; a *layer* here is one ``Linear`` tog
 count or by measured forward+backward time per layer. Each micro-batch's loss is scaled by 1/M, so
 the gradients summed over micro-batches are the gradients of the whole batch's mean loss, and
 training equals single-process SGD on the unsplit model (``reference``) up to float rounding.
-Memory is measured: each micro-batch's saved activations (``ActivationMeter``) are live from its
+Memory is inventoried: each micro-batch's saved activations (``ActivationMeter``) are live from its
 forward until its backward finishes; the peak over the schedule is the stage's activation memory.
+With ``peak_memory`` it is also measured (the allocator's peak, :mod:`lesson_lib.peakmem`); with
+``recompute`` each stage keeps only its input per micro-batch (:func:`stage_forward`).
 """
 
 from .config import BALANCES, NAME, Config
 from .results import gaps, reference, state, summarize, verify
-from .stage import build_stage, layer_units, model_layers, param_costs, train_stage, worker
+from .stage import build_stage, layer_units, model_layers, param_costs, stage_forward, train_stage, worker
 
 __all__ = [
     "BALANCES", "NAME", "Config", "build_stage", "gaps", "layer_units", "model_layers",
-    "param_costs", "reference", "state", "summarize", "train_stage", "verify", "worker",
+    "param_costs", "reference", "stage_forward", "state", "summarize", "train_stage", "verify", "worker",
 ]

@@ -29,6 +29,7 @@ the synchronized wall time, since there the device does the work).
 from __future__ import annotations
 
 import collections
+import contextlib
 import queue
 import sys
 import threading
@@ -82,8 +83,9 @@ class _Channel:
     micro-batches 0, 1, … in order): it posts each send and waits for it, or posts receives —
     at most ``ahead`` that the stage has not taken yet — and waits for the oldest."""
 
-    def __init__(self, timeline: Timeline, op: str, peer: int, shape=None, ahead: int | None = None):
-        self.timeline, self.op, self.peer, self.shape = timeline, op, peer, shape
+    def __init__(self, timeline: Timeline, op: str, peer: int, shape=None, ahead: int | None = None,
+                 meter=None):
+        self.timeline, self.op, self.peer, self.shape, self.meter = timeline, op, peer, shape, meter
         self.arrive = op.replace("recv", "arrive")  # arrive_activation, arrive_grad
         self.room = threading.Semaphore(ahead or sys.maxsize)  # receives the stage has room for
         self.todo: queue.Queue = queue.Queue()  # sends to post, or a number of receives to post
@@ -92,6 +94,12 @@ class _Channel:
         self.thread.start()
 
     def _loop(self) -> None:
+        # A measured stage (lesson_lib.peakmem) counts this thread's allocations too: the receive
+        # buffers are allocated here, and a sent tensor may be freed here.
+        with self.meter.thread() if self.meter is not None else contextlib.nullcontext():
+            self._serve()
+
+    def _serve(self) -> None:
         while (item := self.todo.get()) is not None:
             try:
                 if self.shape is None:  # a send: (tensor, microbatch, step, handed-over time)
@@ -100,7 +108,10 @@ class _Channel:
                     pending = _post_and_wait(tensor, self.peer, None, None, self.op)
                     busy = time.thread_time() - b0
                     self.timeline.record("send", microbatch, start, time.time(), busy, step)
-                    self.done.put((microbatch, tensor, pending))
+                    # sent: let the tensor go (kept until the step's flush, every activation a stage
+                    # sent would stay alive to the step's end — the measured peak showed it)
+                    item = tensor = None
+                    self.done.put((microbatch, None, pending))
                 else:
                     self._receive(*item)
             except Exception as e:  # the job is failing (a peer died, a timeout): the stage raises it
@@ -124,6 +135,7 @@ class _Channel:
             # when the message landed, whether or not the stage was waiting for it yet
             self.timeline.record(self.arrive, microbatch, t0, time.time(), 0.0, step)
             self.done.put((microbatch, buf, pending))
+            buf = pending = None  # the stage's now: not kept alive here while the next one travels
 
     def take(self) -> tuple[int, torch.Tensor, comm.Pending]:
         while True:
@@ -144,14 +156,15 @@ class StageLink:
     """Stage ``stage``'s links to its neighbours in a pipeline of ``stages`` ranks (rank = stage)."""
 
     def __init__(self, stage: int, stages: int, microbatches: int, act_shape, grad_shape, timeline: Timeline,
-                 ahead: int | None = None):
+                 ahead: int | None = None, meter=None):
         prev = stage - 1 if stage > 0 else None
         nxt = stage + 1 if stage < stages - 1 else None
         self.microbatches, self.timeline = microbatches, timeline
         specs = {"recv_activation": (prev, act_shape), "send_grad": (prev, None),
                  "recv_grad": (nxt, grad_shape), "send_activation": (nxt, None)}
-        self._ch = {op: _Channel(timeline, op, peer, shape, ahead) for op, (peer, shape) in specs.items()
-                    if peer is not None}
+        self.meter = meter  # a PeakMemory whose window the link's threads count in (or None)
+        self._ch = {op: _Channel(timeline, op, peer, shape, ahead, meter)
+                    for op, (peer, shape) in specs.items() if peer is not None}
         self._unsent = {op: 0 for op in self._ch if op.startswith("send")}
 
     def begin_step(self) -> None:
@@ -196,3 +209,6 @@ class StageLink:
     def close(self) -> None:
         for ch in self._ch.values():
             ch.todo.put(None)
+        if self.meter is not None:  # the threads' counts must be in before the meter adds them up
+            for ch in self._ch.values():
+                ch.thread.join(timeout=10.0)

@@ -26,11 +26,17 @@ class Config(TrainConfig):
     # laptop: chapter 3's 10-layer MLP; tiny: the smallest model that still has a layer per stage
     # to spare (its equality checks and exercise); bubble: compute-dominated, so that the bubble's
     # formula shows through what a message costs beyond its bytes (bench bubble measures it).
+    # memory: activations dominate what a step allocates (chapter 3 §6): 16 layers of width 256, 4
+    # per stage, and 128 samples per micro-batch at M = 8, so one layer's activation (128 KB) is
+    # half a weight matrix and a micro-batch's saved tensors (5 per stage) outweigh the backward's
+    # temporaries (a weight gradient and a few activation gradients).
     PRESETS = {"laptop": {"steps": 5, "global_batch": 128, "hidden": 1024, "d_in": 32, "depth": 9,
                           "samples": 1024},
                "tiny": {"steps": 4, "global_batch": 24, "hidden": 32, "d_in": 16, "depth": 7, "samples": 512},
                "bubble": {"steps": 6, "global_batch": 1024, "hidden": 1024, "d_in": 32, "depth": 17,
-                          "samples": 4096}}
+                          "samples": 4096},
+               "memory": {"steps": 2, "global_batch": 1024, "hidden": 256, "d_in": 32, "depth": 15,
+                          "samples": 1024, "peak_memory": True}}
 
     world_size: int = opt(0, "derived: = stages, one rank per stage (leave unset)")
     stages: int = opt(2, "pipeline stages P, one rank each (1: the unsplit model on one rank)")
@@ -39,6 +45,11 @@ class Config(TrainConfig):
     balance: str = opt("params", "params | time: equal parameter counts or equal measured time per stage")
     depth: int = opt(3, "hidden layers; the model has depth + 1 layers (Linear + ReLU) to cut into stages")
     lr: float = opt(0.3, "SGD learning rate (momentum 0.9)")
+    recompute: bool = opt(False, "activation recomputation (Chen et al., 2016): each stage keeps only its "
+                                 "input per micro-batch and reruns its forward during the backward")
+    peak_memory: bool = opt(False, "measure each stage's peak of allocated bytes (lesson_lib.peakmem), the "
+                                   "last step's above what was alive at its start; on CPU its profiler "
+                                   "slows each step")
 
     def __post_init__(self):
         if self.world_size == 0 and isinstance(self.stages, int) and not isinstance(self.stages, bool):
@@ -58,6 +69,9 @@ class Config(TrainConfig):
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.balance not in BALANCES:
             raise ValueError(f"balance must be one of {', '.join(BALANCES)}, got {self.balance!r}")
+        for name in ("recompute", "peak_memory"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.stages > self.layers:
             raise ValueError(f"stages={self.stages} is more than the {self.layers} layers of the model "
                              f"(depth + 1); use at most {self.layers} stages or a deeper model")

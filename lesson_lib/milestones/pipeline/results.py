@@ -34,11 +34,21 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
                           "param_bytes": o["per_rank"]["memory"]["params"],
                           "activation_peak": o["activation_peak"],
                           "activation_per_microbatch": o["activation_per_microbatch"],
-                          "max_in_flight": o["max_in_flight"]} for o in outs],
+                          "max_in_flight": o["max_in_flight"], **_measured(o)} for o in outs],
         "unsplit_param_bytes": 4 * mlp_param_count(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes),
         # per step, each stage boundary carries the whole batch's activations one way, grads the other
         "bytes_per_step_formula": {"send_activation": 4 * B * H, "send_grad": 4 * B * H},
     }
+
+
+def _measured(out: dict) -> dict:
+    """With ``peak_memory``: the allocator's peak of the last step above what was alive at its start
+    (parameters, gradients, momentum), a measurement beside the saved-tensor inventory."""
+    m = out["per_rank"]["memory"]
+    if "measured_peak" not in m:
+        return {}
+    return {"measured_step_peak": m["measured_peak"] - m["measured_at_reset"],
+            "measured_at_reset": m["measured_at_reset"], "measured_method": m["measured_method"]}
 
 
 def _median_breakdown(causes: list[dict]) -> dict:

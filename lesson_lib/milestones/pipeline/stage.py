@@ -10,11 +10,13 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ... import comm
 from ...data import batch_indices, teacher_classification
 from ...metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary, sync
 from ...models import flat_views, mlp
+from ...peakmem import PeakMemory
 from ...runtime import context
 from .comm import StageLink, Timeline
 from .config import Config
@@ -88,8 +90,32 @@ def choose_partition(cfg: Config, rank: int, device: torch.device) -> tuple[list
 # --------------------------------------------------------------------------- one stage, training
 
 
+def stage_forward(stage: nn.Module, x: torch.Tensor, loss=None, recompute: bool = False) -> torch.Tensor:
+    """One micro-batch through the stage (the last stage: and its ``loss``). With ``recompute``
+    (activation recomputation, Chen et al., 2016) autograd keeps only the input ``x``, not what the
+    layers would save: the backward runs this forward again to rebuild it, one micro-batch at a time
+    (chapter 3 §6 shows this function and measures what it saves)."""
+    run = stage if loss is None else (lambda x: loss(stage(x)))
+    if not recompute:
+        return run(x)
+    # no randomness in the stage (no dropout): no RNG state to keep, and the recomputed forward
+    # equals the first bit for bit
+    return checkpoint(run, x, use_reentrant=False, preserve_rng_state=False)
+
+
 def train_stage(cfg: Config, k: int, device: torch.device, emit=None) -> dict:
-    """Stage ``k``'s training loop: its actions in schedule order, every step."""
+    """Stage ``k``'s training loop: its actions in schedule order, every step; with ``cfg.peak_memory``
+    inside the allocator's count (:class:`lesson_lib.peakmem.PeakMemory`, chapter 3 §6)."""
+    if not cfg.peak_memory:
+        return _train_stage(cfg, k, device, emit, None)
+    # open before the model exists, so every block the stage frees was counted when allocated
+    with PeakMemory(device) as peak:
+        out = _train_stage(cfg, k, device, emit, peak)
+    out["per_rank"]["memory"].update(peak.as_dict())
+    return out
+
+
+def _train_stage(cfg: Config, k: int, device: torch.device, emit, peak: PeakMemory | None) -> dict:
     P, M = cfg.stages, cfg.m
     bounds, costs = choose_partition(cfg, k, device)
     stage = build_stage(cfg, *bounds[k]).to(device)
@@ -106,7 +132,7 @@ def train_stage(cfg: Config, k: int, device: torch.device, emit=None) -> dict:
     # whose point is to bound what a stage holds, gets two buffers ahead, which costs its bubble no more
     # than posting all M at once (``python -m lesson_lib bench bubble`` measures both schedules' bubble).
     link = StageLink(k, P, M, (rows, linears[0].in_features), (rows, linears[-1].out_features), tl,
-                     ahead=2 if cfg.schedule == "1f1b" else None)
+                     ahead=2 if cfg.schedule == "1f1b" else None, meter=peak)
     rec = StepRecorder(device, emit)
     losses, act_peak, per_mb, in_flight = [], 0, 0, 0
     try:
@@ -114,6 +140,8 @@ def train_stage(cfg: Config, k: int, device: torch.device, emit=None) -> dict:
             tl.step = step
             idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
             mbs = [idx[i * rows:(i + 1) * rows] for i in range(M)]
+            if peak is not None and step == cfg.steps - 1:
+                peak.reset_peak()  # the last step's peak: parameters, gradients, momentum are alive now
             with rec.step(step) as r:
                 grads.zero_()
                 link.begin_step()
@@ -122,10 +150,9 @@ def train_stage(cfg: Config, k: int, device: torch.device, emit=None) -> dict:
                     if kind == "F":
                         x = x_all[mbs[i]] if first else link.recv_activation(i).requires_grad_()
                         meter = ActivationMeter(exclude=[flat])
+                        loss = (lambda out, y=y_all[mbs[i]]: F.cross_entropy(out, y)) if last else None
                         with tl.event("forward", i), meter.measure():
-                            out = stage(x)
-                            if last:
-                                out = F.cross_entropy(out, y_all[mbs[i]])
+                            out = stage_forward(stage, x, loss, cfg.recompute)
                         if last:
                             loss_sum += out.item()
                         else:
@@ -144,6 +171,7 @@ def train_stage(cfg: Config, k: int, device: torch.device, emit=None) -> dict:
                         live -= nbytes
                         if not first:
                             link.send_grad(x.grad, i)
+                        x = out = g = None  # freed now, not when the next action reassigns them
                 link.flush()
                 optimizer.step()
                 if last:
@@ -154,6 +182,8 @@ def train_stage(cfg: Config, k: int, device: torch.device, emit=None) -> dict:
                 emit("pp_events", step=step, events=tl.of_step(step))
     finally:
         link.close()
+        if peak is not None:
+            peak.stop()  # the steps' peak, not the copies made below to send back
     memory = memory_report(stage, optimizer, act_peak, device=device)
     return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events,
             "params": flat.detach().clone(), "grads": grads.clone(),
