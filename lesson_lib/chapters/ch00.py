@@ -204,7 +204,8 @@ def idle_resources(results: dict[int, Result]) -> dict[int, dict]:
         shares[k] = {"busy": sum(s["busy"] for s in split) / wall, "core": core,
                      "peers": sum(s["peers"] for s in split) / wall}
     for k, s in shares.items():
-        core = "not measured" if s["core"] is None else f"{s['core']:.0%}"
+        core = (f"{s['core']:.0%}" if s["core"] is not None
+                else "not measured (only Linux reports it; here it counts as waiting for peers)")
         print(f"{k} rank(s): busy {s['busy']:.0%}, waiting for a core {core}, "
               f"waiting for peers {s['peers']:.0%} of the ranks' wall time")
     return shares
