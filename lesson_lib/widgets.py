@@ -28,8 +28,8 @@ def memory_calculator(params: float = 1.5e9, precision: str = "mixed-precision A
         out.value = (
             f"<b>{p.value:.3g} parameters × {bill['bytes_per_param']} bytes = "
             f"{bill['total'] / 1e9:,.1f} GB of model state</b> (activations come on top)"
-            f"<table>{rows}</table><br><table><tr><th>device</th><th>one device</th>"
-            f"<th>devices if split perfectly</th></tr>{devs}</table>")
+            f"<table>{rows}</table><br><table style='border-spacing:1.5em 0'><tr><th>device</th>"
+            f"<th>on one device</th><th>devices if split perfectly</th></tr>{devs}</table>")
 
     p.observe(update, "value")
     prec.observe(update, "value")
@@ -44,6 +44,11 @@ def run_button(description: str, controls: dict[str, W.Widget], action: Callable
     """
     button = W.Button(description=description, button_style="primary")
     out = W.Output()
+    # One label width for all, wide enough for the longest ("micro-batches" was cut to "micro-bat…").
+    longest = max((len(getattr(w, "description", "") or "") for w in controls.values()), default=0)
+    for w in controls.values():
+        if hasattr(w, "style") and hasattr(w.style, "description_width"):
+            w.style.description_width = f"{max(longest, 8) + 1}ch"
 
     def click(_):
         out.clear_output(wait=True)

@@ -166,18 +166,44 @@ def _stop_server(proc: subprocess.Popen, base_url: str, token: str) -> None:
                 pass
 
 
-@pytest.fixture(params=NOTEBOOKS, ids=lambda name: Path(name).stem[:2])
-def jupyter_lab(tmp_path, request):
-    """A JupyterLab on 127.0.0.1 serving a copy of notebooks/.
+def _end_kernels(base_url: str, token: str) -> None:
+    """Shut down every kernel the last chapter started (its ranks with it) before the next opens."""
+    headers = {"Authorization": f"token {token}"}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{base_url}/api/sessions", headers=headers),
+                                    timeout=10) as r:
+            sessions = json.loads(r.read())
+        for s in sessions:
+            urllib.request.urlopen(urllib.request.Request(
+                f"{base_url}/api/sessions/{s['id']}", method="DELETE", headers=headers), timeout=30).close()
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        print(f"could not end the kernels: {e}")
 
-    Yields (base_url, token, path of the served copy of the notebook under test).
+
+@pytest.fixture(params=NOTEBOOKS, ids=lambda name: Path(name).stem[:2])
+def jupyter_lab(lab_server, request):
+    """The shared JupyterLab, with the chapter under test in its folder; its kernels are shut down
+    after the test. Yields (base_url, token, path of the served copy of the notebook under test)."""
+    base_url, token, served = lab_server
+    notebook = _notebook_to_serve(served, request.param)
+    try:
+        yield base_url, token, served / notebook
+    finally:
+        _end_kernels(base_url, token)
+
+
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    """One JupyterLab on 127.0.0.1 for every chapter, serving a copy of notebooks/.
+
+    Yields (base_url, token, the served folder).
     """
     _require_browser()
+    tmp_path = tmp_path_factory.mktemp("lab")
     served = tmp_path / "notebooks"
     shutil.copytree(NOTEBOOKS_DIR, served, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     if (ROOT / "data").is_dir():  # keep ../data working from the copied notebooks
         (tmp_path / "data").symlink_to(ROOT / "data", target_is_directory=True)
-    notebook = _notebook_to_serve(served, request.param)
 
     env = os.environ.copy()
     env.pop("JUPYTER_TOKEN", None)
@@ -234,11 +260,11 @@ def jupyter_lab(tmp_path, request):
                     f"{log_path.read_text()[-4000:]}"
                 )
             time.sleep(0.5)
-        yield base_url, token, served / notebook
+        yield base_url, token, served
     finally:
         _stop_server(proc, base_url, token)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(log_path, ARTIFACTS / f"{Path(notebook).stem}-server.log")
+        shutil.copyfile(log_path, ARTIFACTS / "jupyterlab-server.log")
 
 
 # Picks the control to use and marks its box: the first widget box with an output (an Output or
@@ -411,7 +437,9 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
                     if m.type == "error" and not BENIGN_CONSOLE.search(m.text) else None)
             page.set_default_timeout(30_000)
             try:
-                page.goto(f"{base_url}/lab/tree/{notebook}?token={token}", wait_until="domcontentloaded")
+                # reset: a fresh workspace, so the last chapter's notebook is not reopened beside it
+                page.goto(f"{base_url}/lab/tree/{notebook}?reset&token={token}",
+                          wait_until="domcontentloaded")
 
                 page.locator(f"{PANEL} .jp-Notebook .jp-Cell").first.wait_for(
                     state="visible", timeout=NOTEBOOK_LOAD_TIMEOUT_S * 1000

@@ -176,8 +176,9 @@ def explorer():
     def go(stages, microbatches, schedule, balance):
         r = run_warm(_cfg(stages, microbatches, schedule, balance=balance))
         display(timeline(r, f"{schedule}: {stages} stages, {r['microbatches_run']} micro-batch(es)"))
-        print(f"bubble: formula {r['bubble_formula']:.0%}, measured {r['bubble_fraction']:.0%} (wall clock), "
-              f"{r['bubble_busy']:.0%} (busy time); peak activations per stage "
+        print(f"bubble: formula {r['bubble_formula']:.0%}; median over the steps after the first "
+              f"{r['bubble_fraction']:.0%} (wall clock), {r['bubble_busy']:.0%} (busy time) — the figure "
+              f"draws one step, its own bubble in its title; peak activations per stage "
               f"{[round(s['activation_peak'] / 1e6, 2) for s in r['stage_memory']]} MB")
 
     return widgets.run_button("Run", {

@@ -40,7 +40,7 @@ def _run(stage: int, world_size: int = 4, live=None, **options) -> Result:
 
 
 def stages(world_size: int = 4, precision: str = "fp32") -> dict[int, Result]:
-    """Train with stages 0–3; live loss, then measured memory per category beside the formulas."""
+    """Train with stages 0–3; live loss, then the inventory of memory per category beside the formulas."""
     for s in range(4):  # a bad choice fails here, before any worker starts
         config(s, world_size, precision=precision)
     live = plots.common.LiveRuns(f"ZeRO stages 0–3 on {world_size} ranks ({precision})")
@@ -48,8 +48,9 @@ def stages(world_size: int = 4, precision: str = "fp32") -> dict[int, Result]:
     results = {s: _run(s, world_size, live, precision=precision) for s in range(4)}
     rows = [{"label": f"stage {s}", "measured": r.per_rank[0]["memory"], "formula": r["formula"]}
             for s, r in results.items()]
-    display(plots.memory.memory_vs_formula(rows, f"Memory per rank, {world_size} ranks, {precision}: "
-                                                 "measured (bars) vs Rajbhandari et al. (2020) (marks)"))
+    title = (f"Memory per rank, {world_size} ranks, {precision}: the inventory of what rank 0 holds (bars) "
+             "vs Rajbhandari et al. (2020) (marks)")
+    display(plots.memory.memory_vs_formula(rows, title))
     return results
 
 

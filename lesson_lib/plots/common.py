@@ -62,7 +62,8 @@ class LiveRuns:
                             xanchor="right", yanchor="top", align="right", name="coincide",
                             font={"size": 11, "color": "#555"}, bgcolor="rgba(255,255,255,0.8)")
         self.fig = go.FigureWidget(base)
-        self.progress = W.IntProgress(value=0, min=0, max=1, description="waiting")
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="waiting",
+                                      style={"description_width": "initial"})  # the run's whole label
         self.widget = W.VBox([self.progress, self.fig], layout=W.Layout(width="100%"))
         self.min_interval_s = min_interval_s
         self._runs: dict[str, dict] = {}
@@ -187,4 +188,4 @@ def _with_note(title: str, note: str | None) -> dict:
     if not lines:
         return {"text": text}
     return {"text": text, "automargin": True, "yref": "paper", "y": 1, "yanchor": "bottom",
-            "pad": {"b": 45}}
+            "pad": {"b": 35 + 10 * len(lines)}}  # room for the subplot titles below the note

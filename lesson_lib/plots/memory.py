@@ -9,7 +9,7 @@ from .training import traffic_vs_formula
 
 
 def memory_vs_formula(rows: list[dict], title: str) -> go.Figure:
-    """rows: {label, measured: {cat: bytes}, formula: {cat: bytes}} — stacked measured bars per
+    """rows: {label, measured: {cat: bytes}, formula: {cat: bytes}} — stacked bars (an inventory) per
     stage, with the paper's total as a marker (chapter 4)."""
     fig = go.Figure()
     labels = [r["label"] for r in rows]

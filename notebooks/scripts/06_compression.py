@@ -265,18 +265,23 @@ sweep = ch06.bandwidth_sweep()
 t = {(r["compressor"], r["gbps"]): r for r in sweep["rows"]}
 
 # %% [markdown]
-# On a slow link the bytes decide, and every compressor wins by about its compression ratio. On a
-# fast one the bytes cost little, and what is left is each compressor's own work and messages:
-# PowerSGD posts three all-reduces per step instead of one, each paying α twice per rank, so there
-# the uncompressed ring is as fast or faster. Where the lines cross depends on this machine's compute
-# speed and on what else runs on its cores, so it moves from run to run (compare the predicted and
-# measured crossovers in the table); the slow end does not:
+# On a slow link the bytes decide: every compressor's step is shorter by about the time its saved
+# bytes would take on the link. On a fast one the bytes cost little, and what is left is each
+# compressor's own work and messages: PowerSGD posts three all-reduces per step instead of one, each
+# paying α twice per rank, so there the uncompressed ring is as fast or faster. Where the lines cross
+# depends on this machine's compute speed and on what else runs on its cores, so it moves from run to
+# run (compare the predicted and measured crossovers in the table); the slow end does not. The check
+# below asks each compressor to save at least half of its saved bytes' link time (the other half is
+# room for its compute and its extra messages' sleeps, which a busy machine stretches — with other
+# jobs on the cores, PowerSGD's measured step can be a few times its prediction):
 
 # %%
 slow = ch06.GBPS[0]
-assert t["fp16", slow]["step_s"] < t["none", slow]["step_s"] / 1.3, (t["fp16", slow], t["none", slow])
-for c in ("topk", "powersgd"):
-    assert t[c, slow]["step_s"] < t["none", slow]["step_s"] / 3, (c, t[c, slow], t["none", slow])
+base = sweep["base"]
+for c in ("fp16", "topk", "powersgd"):
+    link_s = (base["none"]["wire_bytes_per_step"] - base[c]["wire_bytes_per_step"]) * 8 / (slow * 1e9)
+    saved = t["none", slow]["step_s"] - t[c, slow]["step_s"]
+    assert saved > 0.5 * link_s, (c, saved, link_s, t[c, slow], t["none", slow])
 # On the slowest link the emulated transfer dominates, and the model predicts it within a third.
 assert abs(t["none", slow]["step_s"] / t["none", slow]["predicted_s"] - 1) < 0.33, t["none", slow]
 
