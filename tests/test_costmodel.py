@@ -204,8 +204,13 @@ def test_what_if_follows_its_controls_and_says_when_it_cannot_model():
     box = ch07.what_if()
     params, tokens, count, device, link, overlap, chosen, out = box.children
     assert "does not fit" in out.value and "zero-3" in out.value  # GPT-3 on 1,024 A100s
+    assert params.value == 175e9 and tokens.value == 300e9  # the sliders keep GPT-3's values
     count.value = 16384  # 1,536 sequences per step cannot feed 16,384 data-parallel replicas
-    assert "cannot model this" in out.value and "batch_tokens" in out.value
+    assert "cannot model" in out.value and "batch_tokens" in out.value
+    count.value = 2048  # the data-parallel milestones cannot; the large-batch one (8× the batch) can
+    said = out.value.split("</table>")[1]
+    assert "<td>lamb</td>" in out.value.split("</table>")[0] and "ring" in said and "lamb" not in said
+    assert said.count("cannot model") == 1  # one line for every milestone with the same reason
     count.value, params.value, chosen.value = 8, 1e8, ("ring",)
     assert "does not fit" not in out.value and "ring" in out.value and "zero-3" not in out.value
     assert list(device.options) == list(cm.devices())

@@ -88,12 +88,15 @@ def published_check() -> list[dict]:
 
 def what_if():
     """Model size, tokens, number and kind of device, interconnect, milestones → a table, at once
-    (the model is arithmetic: nothing starts). Every control offers only valid values."""
+    (the model is arithmetic: nothing starts). A milestone the model cannot plan for the choice
+    (more data-parallel replicas than the batch has sequences) gets a line saying why; the others
+    still get their rows."""
     import ipywidgets as W
 
-    params = W.FloatLogSlider(value=175e9, base=10, min=8, max=13, step=0.01, description="parameters",
+    # A fine step, so that the sliders keep GPT-3's values (175e9, not 10^11.24 = 1.74e11).
+    params = W.FloatLogSlider(value=175e9, base=10, min=8, max=13, step=0.001, description="parameters",
                               readout_format=".3g", layout={"width": "520px"})
-    tokens = W.FloatLogSlider(value=300e9, base=10, min=9, max=13.5, step=0.01, description="tokens",
+    tokens = W.FloatLogSlider(value=300e9, base=10, min=9, max=13.5, step=0.001, description="tokens",
                               readout_format=".3g", layout={"width": "520px"})
     count = W.Dropdown(options=[2**k for k in range(3, 15)], value=1024, description="devices")
     device = W.Dropdown(options=list(costmodel.devices()), value="a100-80gb", description="device")
@@ -105,19 +108,22 @@ def what_if():
     out = W.HTML()
 
     def update(*_):
-        try:
-            rows = costmodel.milestones(params.value, tokens.value, count.value, chosen.value or ("ring",),
-                                        device=device.value, link=link.value, overlap=overlap.value)
-        except ValueError as e:  # e.g. more devices than micro-batches: said, not raised
-            out.value = f"<b>cannot model this:</b> {e}"
-            return
+        rows, cannot = [], {}
+        for m in chosen.value or ("ring",):
+            try:
+                rows += costmodel.milestones(params.value, tokens.value, count.value, (m,),
+                                             device=device.value, link=link.value, overlap=overlap.value)
+            except ValueError as e:  # e.g. more replicas than sequences in the batch: said, not raised
+                cannot.setdefault(str(e), []).append(m)
         cells = "".join(
             f"<tr><td>{r['milestone']}</td><td>{r['plan'].pipeline}</td>"
             f"<td>{'yes' if r['fits'] else '<b>does not fit</b>'}</td>"
             f"<td style='text-align:right'>{r['memory']['total'] / 1e9:,.1f}</td>"
             f"<td style='text-align:right'>{r['days']:,.3g}</td><td>{r['dominant']}</td></tr>" for r in rows)
-        out.value = ("<table><tr><th>milestone</th><th>stages</th><th>fits</th><th>GB/device</th>"
-                     f"<th>days</th><th>dominant term</th></tr>{cells}</table>")
+        table = ("<table><tr><th>milestone</th><th>stages</th><th>fits</th><th>GB/device</th>"
+                 f"<th>days</th><th>dominant term</th></tr>{cells}</table>") if rows else ""
+        out.value = table + "".join(f"<p><b>cannot model {', '.join(ms)} here:</b> {why}</p>"
+                                    for why, ms in cannot.items())
 
     for w in (params, tokens, count, device, link, overlap, chosen):
         w.observe(update, "value")
