@@ -52,12 +52,14 @@ def chapters(only: list[str] | None = None) -> list[Path]:
 def plot_html(figure: dict, n: int) -> str:
     """A plotly figure as a div, its JSON, and the call that draws it (plotly.min.js is on the page)."""
     div = f"site-figure-{n}"
-    spec = json.dumps({"data": figure.get("data", []), "layout": figure.get("layout", {})})
+    spec = json.dumps({"data": figure.get("data", []), "layout": figure.get("layout", {}),
+                       "frames": figure.get("frames", [])})  # frames: an animation still plays
     spec = spec.replace("</", "<\\/")  # JSON reads "<\/" as "</"; a "</script>" in a label cannot end the tag
     return (f"<div id='{div}' class='site-plotly'></div>"
             f"<script type='application/json' id='{div}-json'>{spec}</script>"
             f"<script>(function () {{ var f = JSON.parse(document.getElementById('{div}-json').textContent); "
-            f"Plotly.newPlot('{div}', f.data, f.layout, {{responsive: true}}); }})();</script>")
+            f"Plotly.newPlot('{div}', {{data: f.data, layout: f.layout, frames: f.frames, "
+            f"config: {{responsive: true}}}}); }})();</script>")
 
 
 # Run in the kernel after the notebook's last cell: every live FigureWidget's figure, by model id.
