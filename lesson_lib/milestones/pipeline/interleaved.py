@@ -62,7 +62,7 @@ def warmup_forwards(stages: int, microbatches: int, chunks: int, rank: int) -> i
     return min((stages - rank - 1) * 2 + (chunks - 1) * stages, chunks * microbatches)
 
 
-def _order(stages: int, microbatches: int, chunks: int, forward: bool) -> list[tuple[int, int]]:
+def action_order(stages: int, microbatches: int, chunks: int, forward: bool) -> list[tuple[int, int]]:
     """The (chunk, micro-batch) of the k-th forward (or backward): groups of P micro-batches, each
     through every chunk in turn (backwards: the chunks in reverse)."""
     out = []
@@ -76,8 +76,8 @@ def interleaved_actions(stages: int, microbatches: int, chunks: int, rank: int) 
     """Rank ``rank``'s ordered actions in one step of interleaved 1F1B: warm-up forwards, then one
     forward and one backward in turn, then the remaining backwards."""
     _check(stages, microbatches, chunks, rank)
-    fwd = [("F", c, i) for c, i in _order(stages, microbatches, chunks, True)]
-    bwd = [("B", c, i) for c, i in _order(stages, microbatches, chunks, False)]
+    fwd = [("F", c, i) for c, i in action_order(stages, microbatches, chunks, True)]
+    bwd = [("B", c, i) for c, i in action_order(stages, microbatches, chunks, False)]
     w = warmup_forwards(stages, microbatches, chunks, rank)
     actions = fwd[:w]
     for k in range(len(fwd) - w):  # steady state
