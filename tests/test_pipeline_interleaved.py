@@ -88,3 +88,41 @@ def test_a_schedule_that_deadlocks_and_bad_input():
         il.interleaved_actions(4, 8, 0, 0)
     with pytest.raises(ValueError, match="rank"):
         il.interleaved_actions(4, 8, 2, 4)
+
+
+# --------------------------------------------------------------------------- on real ranks
+
+SMALL = dict(steps=3, global_batch=24, hidden=16, depth=3, d_in=8, classes=4, samples=256)
+
+
+def test_interleaved_on_real_ranks_equals_single_process_training(clusters):
+    import torch
+
+    from lesson_lib import run
+    from lesson_lib.milestones import pipeline as pp
+
+    P, v, M = 2, 2, 4
+    cfg = pp.Config(stages=P, schedule="interleaved", chunks=v, microbatches=M, **SMALL).validate()
+    r = run("pipeline", cfg, cluster=clusters(P))
+    assert r["partition"] == [[0, 1], [1, 2], [2, 3], [3, 4]]  # v·P = 4 pieces of one layer each
+    # each micro-batch crosses v·P − 1 = 3 boundaries each way, counted by the link's ops
+    assert r["messages_per_microbatch"] == {"send_activation": v * P - 1, "send_grad": v * P - 1}
+    assert r["max_in_flight"] == [il.in_flight_bound(P, M, v, k) for k in range(P)]
+    assert r["bubble_formula"] == il.interleaved_bubble(P, M, v) and 0 <= r["bubble_busy"] < 1
+    ours, ref = pp.state(clusters(P).run(pp.worker, cfg)), pp.reference(cfg)
+    for key in ("losses", "grads", "params"):  # float32 sums in another order: the tolerance of
+        torch.testing.assert_close(torch.as_tensor(ours[key]), torch.as_tensor(ref[key]),  # test_pipeline
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("options, name", [
+    (dict(schedule="interleaved", chunks=2, microbatches=3), "microbatches"),  # 3 is no multiple of 2
+    (dict(schedule="1f1b", chunks=2), "chunks"),
+    (dict(schedule="interleaved", chunks=3), "chunks"),  # 6 virtual stages, 4 layers
+    (dict(schedule="interleaved", chunks=0), "chunks"),
+])
+def test_bad_interleaved_config_names_the_parameter(options, name):
+    from lesson_lib.milestones import pipeline as pp
+
+    with pytest.raises(ValueError, match=name):
+        pp.Config(stages=2, **{"microbatches": 4, **options, **{k: v for k, v in SMALL.items()}}).validate()

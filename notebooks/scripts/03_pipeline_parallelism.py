@@ -342,6 +342,19 @@ assert by_v[1]["replayed"] > by_v[2]["replayed"] > by_v[4]["replayed"]
 # replay measures and the cell asserts — (P − 1)/(v·M + P − 1), which is 1F1B's (P − 1)/(M + P − 1)
 # with v·M micro-batches. The replay meets it exactly, for every v in the table.
 #
+# The same schedule runs on real ranks: `schedule="interleaved", chunks=v` gives each rank v chunks
+# of the model, and the links become a ring (rank P−1's chunk c sends on to rank 0's chunk c+1;
+# `pp.interleaved_stage.train_interleaved`). Like every schedule, it must train to the same losses,
+# gradients and parameters as one process: 2 ranks, 2 chunks each, 4 micro-batches.
+
+# %%
+cfg = pp.Config.tiny(stages=2, schedule="interleaved", chunks=2, microbatches=4)
+g = pp.verify(cfg, warm_cluster(2))
+print(f"interleaved, v = 2: largest difference from one process — losses {g['losses']:.1e}, "
+      f"gradients {g['grads']:.1e}, parameters {g['params']:.1e}")
+assert max(g.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.steps, depth=cfg.depth), g
+
+# %% [markdown]
 # What it costs, read from the same schedule: **messages**, v·P − 1 per micro-batch each way
 # instead of P − 1 (the table's messages column), each of the same size, since every boundary
 # carries one micro-batch's activation; and **memory**: the longer warm-up keeps more chunks in

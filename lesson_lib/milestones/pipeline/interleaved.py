@@ -183,3 +183,19 @@ def replayed_events(spans: dict) -> list[dict]:
     return [{"rank": r, "kind": "forward" if x == "F" else "backward", "chunk": c, "microbatch": i,
              "step": 0, "start": float(s), "end": float(e), "busy": float(e - s)}
             for (r, x, c, i), (s, e) in sorted(spans.items(), key=lambda kv: kv[1][0])]
+
+
+def measured_bubbles(actions: list[list[Action]], events: list[dict], step: int) -> dict:
+    """One step of a run on real ranks: its idle share on the wall clock, and replayed from each
+    action's busy time (every rank its own core, messages free), as :func:`.schedules.step_bubbles`."""
+    comp = [e for e in events if e["step"] == step and e["kind"] in ("forward", "backward")]
+    key = lambda e: (e["rank"], e["kind"][0].upper(), e.get("chunk", 0), e["microbatch"])  # noqa: E731
+    wall = {key(e): (e["start"], e["end"]) for e in comp}
+    busy = replay_interleaved(actions, {key(e): e["busy"] for e in comp})
+    return {"step": step, "wall": _share(wall), "busy": _share(busy)}
+
+
+def _share(spans: dict) -> float:
+    start, end = min(s for s, _ in spans.values()), max(e for _, e in spans.values())
+    ranks = len({k[0] for k in spans})
+    return 1.0 - sum(e - s for s, e in spans.values()) / (ranks * (end - start)) if end > start else 0.0
