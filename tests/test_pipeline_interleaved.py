@@ -77,6 +77,35 @@ def test_first_rank_order_matches_megatron_by_hand():
         ("B", 1, 2), ("B", 1, 3), ("B", 0, 2), ("B", 0, 3)]
 
 
+def test_megatrons_factor_2_costs_no_bubble_on_the_ideal_machine():
+    # With free messages, (P − r − 1) + (v − 1)·P warm-up forwards give the same idle share with
+    # fewer chunks in flight: the extra P − r − 1 forwards are slack for messages that take time.
+    for p, v, m in [c for c in CASES if c[1] > 1]:
+        fwd = [("F", c, i) for c, i in il.action_order(p, m, v, True)]
+        bwd = [("B", c, i) for c, i in il.action_order(p, m, v, False)]
+        acts = []
+        for r in range(p):
+            w = min(p - r - 1 + (v - 1) * p, v * m)
+            acts.append(fwd[:w] + [a for k in range(len(fwd) - w) for a in (fwd[w + k], bwd[k])]
+                        + bwd[len(fwd) - w:])
+        spans = il.replay_interleaved(acts, il.equal_durations(acts, v))
+        assert il.exact_idle_share(spans) == Fraction(p - 1, v * m + p - 1)
+        # rank 0 holds v·P chunks (capped at v·M) instead of Megatron's 2P − 1 + (v − 1)·P
+        assert il.max_in_flight(acts[0]) == min(v * p, v * m) <= il.in_flight_bound(p, m, v, 0)
+
+
+@pytest.mark.slow
+def test_bench_bubble_adds_interleaved(capsys):
+    from lesson_lib import bench
+
+    rows = bench.bubble(schedules=("interleaved",), microbatches=(2,), repeats=1, steps=2)
+    assert [(r["schedule"], r["microbatches"]) for r in rows] == [("interleaved", 2)]
+    assert rows[0]["formula"] == 1 / 5  # (P − 1)/(v·M + P − 1) with P = 2, v = 2, M = 2
+    assert rows[0]["busy_ratio"] == pytest.approx(5 * rows[0]["busy"]) and 0 < rows[0]["wall"] < 1
+    bench.print_bubble(rows)
+    assert "interleaved M=2: busy/formula" in capsys.readouterr().out
+
+
 def test_a_schedule_that_deadlocks_and_bad_input():
     bad = il.all_interleaved(2, 2, 2)
     bad[1] = [("B", 1, 0)] + [a for a in bad[1] if a != ("B", 1, 0)]
@@ -95,16 +124,17 @@ def test_a_schedule_that_deadlocks_and_bad_input():
 SMALL = dict(steps=3, global_batch=24, hidden=16, depth=3, d_in=8, classes=4, samples=256)
 
 
-def test_interleaved_on_real_ranks_equals_single_process_training(clusters):
+@pytest.mark.parametrize("P, v, M", [(2, 2, 4), (3, 2, 6)])  # 2 ranks: both links join the same pair
+def test_interleaved_on_real_ranks_equals_single_process_training(clusters, P, v, M):
     import torch
 
     from lesson_lib import run
     from lesson_lib.milestones import pipeline as pp
 
-    P, v, M = 2, 2, 4
-    cfg = pp.Config(stages=P, schedule="interleaved", chunks=v, microbatches=M, **SMALL).validate()
+    cfg = pp.Config(stages=P, schedule="interleaved", chunks=v, microbatches=M,
+                    **{**SMALL, "depth": v * P - 1}).validate()
     r = run("pipeline", cfg, cluster=clusters(P))
-    assert r["partition"] == [[0, 1], [1, 2], [2, 3], [3, 4]]  # v·P = 4 pieces of one layer each
+    assert r["partition"] == [[s, s + 1] for s in range(v * P)]  # v·P pieces of one layer each
     # each micro-batch crosses v·P − 1 = 3 boundaries each way, counted by the link's ops
     assert r["messages_per_microbatch"] == {"send_activation": v * P - 1, "send_grad": v * P - 1}
     assert r["max_in_flight"] == [il.in_flight_bound(P, M, v, k) for k in range(P)]

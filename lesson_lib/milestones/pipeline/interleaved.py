@@ -20,7 +20,10 @@ Where this follows Megatron-LM (``forward_backward_pipelining_with_interleaving`
 schedules.py``): the forward order runs the micro-batches in groups of P, each group through chunk
 0, then chunk 1, …; the backward order is the same with the chunks reversed; rank r does
 (P − r − 1)·2 + (v − 1)·P warm-up forwards (capped at v·M), then alternates one forward and one
-backward, then drains its backwards. At v = 1 Megatron runs its non-interleaved 1F1B instead
+backward, then drains its backwards. (On the ideal machine, with free messages, the factor 2
+costs nothing and buys nothing: (P − r − 1) + (v − 1)·P warm-up forwards give the same bubble with
+fewer chunks in flight, as the tests check; the extra forwards are slack for messages that take
+time.) At v = 1 Megatron runs its non-interleaved 1F1B instead
 (P − r − 1 warm-up forwards), and so do we: v = 1 is :func:`.schedules.stage_actions`' 1F1B exactly.
 Where it differs: we require M to be a multiple of P (Megatron did so until it let the last group
 absorb a remainder, ``microbatch_group_size_per_vp_stage``); the group size is always P; and a
