@@ -213,9 +213,10 @@ def print_ddp(rows: list[dict]) -> None:
 # --------------------------------------------------------------------------- pipeline bubble (chapter 3)
 
 
-def bubble(schedules=("gpipe", "1f1b"), microbatches=(4, 8), repeats: int = 3,
+def bubble(schedules=("gpipe", "1f1b", "interleaved"), microbatches=(4, 8), repeats: int = 3,
            steps: int | None = None) -> list[dict]:
-    """The pipeline bubble at P = 2 on the compute-dominated preset, against (P−1)/(M+P−1).
+    """The pipeline bubble at P = 2 on the compute-dominated preset, against (P−1)/(M+P−1) —
+    interleaved 1F1B (2 chunks per rank) against its (P−1)/(v·M+P−1), without the rungs.
 
     ``repeats`` runs of every (schedule, M), interleaved on one warm 2-rank cluster. Per run, the
     medians over its steps (step 0 skipped) of the bubble replayed from busy time, measured on the
@@ -231,21 +232,23 @@ def bubble(schedules=("gpipe", "1f1b"), microbatches=(4, 8), repeats: int = 3,
         for rep in range(repeats):
             for schedule in schedules:
                 for m in microbatches:
+                    chunks = {"chunks": 2} if schedule == "interleaved" else {}
                     cfg = pp.Config.from_preset("bubble", stages=2, microbatches=m, schedule=schedule,
-                                                **preset)
+                                                **chunks, **preset)
                     r = run("pipeline", cfg, cluster=cluster)
                     f, busy, wall = r["bubble_formula"], r["bubble_busy"], r["bubble_fraction"]
+                    b = {"stages": None, "messages": None, "per_stage": []} if schedule == "interleaved" \
+                        else r["bubble_breakdown"]
                     rows.append({"schedule": schedule, "microbatches": m, "run": rep, "formula": f,
-                                 "stages": r["bubble_breakdown"]["stages"], "busy": busy,
-                                 "messages": r["bubble_breakdown"]["messages"], "wall": wall,
-                                 "busy_ratio": busy / f, "wall_ratio": wall / f,
-                                 "per_stage": r["bubble_breakdown"]["per_stage"],
+                                 "stages": b["stages"], "busy": busy, "messages": b["messages"], "wall": wall,
+                                 "busy_ratio": busy / f, "wall_ratio": wall / f, "per_stage": b["per_stage"],
                                  "step_s": r.median_step_time(), "oversubscribed": cluster.oversubscribed})
     return rows
 
 
 def print_bubble(rows: list[dict]) -> None:
-    print("pipeline bubble, 2 stages, compute-dominated preset 'bubble', median over steps.\n"
+    print("pipeline bubble, 2 stages, compute-dominated preset 'bubble', median over steps; interleaved: "
+          "2 chunks per rank, formula (P−1)/(v·M+P−1), no rungs.\n"
           "  stages: replayed with each stage's mean forward and backward; busy: each action's busy time;\n"
           "  msgs: busy + each message's measured delay; wall: measured on the wall clock;\n"
           "  per stage, as shares of the step's window: off its core while computing, waiting in recv, "
@@ -254,8 +257,9 @@ def print_bubble(rows: list[dict]) -> None:
           f"{'wall':>7} {'busy/f':>7} {'wall/f':>7} {'step ms':>8}  stage 0 / stage 1: off-core recv between")
     for r in rows:
         shares = " / ".join(f"{s['off_core']:.2f} {s['recv']:.2f} {s['between']:.2f}" for s in r["per_stage"])
-        print(f"{r['schedule']:>8} {r['microbatches']:>2} {r['run']:>3} {r['formula']:>7.3f} "
-              f"{r['stages']:>7.3f} {r['busy']:>7.3f} {r['messages']:>7.3f} {r['wall']:>7.3f} "
+        rung = {k: "      –" if r[k] is None else f"{r[k]:>7.3f}" for k in ("stages", "messages")}
+        print(f"{r['schedule'][:8]:>8} {r['microbatches']:>2} {r['run']:>3} {r['formula']:>7.3f} "
+              f"{rung['stages']} {r['busy']:>7.3f} {rung['messages']} {r['wall']:>7.3f} "
               f"{r['busy_ratio']:>7.2f} {r['wall_ratio']:>7.2f} {1e3 * r['step_s']:>8.0f}   {shares}")
     for key in dict.fromkeys((r["schedule"], r["microbatches"]) for r in rows):
         mine = [r for r in rows if (r["schedule"], r["microbatches"]) == key]

@@ -7,6 +7,7 @@ clusters, displays its figures and returns what the notebook asserts.
 from __future__ import annotations
 
 import statistics
+from fractions import Fraction
 
 from IPython.display import display
 
@@ -14,6 +15,7 @@ from .. import plots, widgets
 from ..exercises import Exercise
 from ..experiments import Result, run_warm
 from ..milestones import pipeline as pp
+from ..milestones.pipeline import interleaved as il
 from ..milestones.pipeline import torch_ref
 from ..milestones.pipeline.schedules import (
     SCHEDULES,
@@ -153,6 +155,37 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
         rows, f"{schedule}, 2 stages: the bubble rebuilt one cause at a time",
         plots.common.oversubscription_note(runs)))
     return rows
+
+
+def interleaving(stages: int = 4, microbatches: int = 8, chunks=(1, 2, 4), shown: int = 2) -> dict:
+    """Interleaved 1F1B (Narayanan et al., 2021) on the ideal machine, F = 1 and B = 2 per whole
+    stage (1/v and 2/v per chunk): 1F1B's replayed timeline beside v = ``shown``'s, then per v the
+    replayed bubble, the formula, the messages and what each rank holds — all from the schedule."""
+    P, M, rows, panels = stages, microbatches, [], {}
+    for v in chunks:
+        acts = il.all_interleaved(P, M, v)
+        spans = il.replay_interleaved(acts, il.equal_durations(acts, v))
+        n = il.messages(acts, v)
+        rows.append({"chunks": v, "replayed": il.exact_idle_share(spans),
+                     "formula": il.interleaved_bubble(P, M, v),
+                     "makespan": max(e for _, e in spans.values()),
+                     "per_microbatch": {k: Fraction(c, M) for k, c in n.items()},
+                     "in_flight": [il.max_in_flight(a) for a in acts],
+                     "bound": [il.in_flight_bound(P, M, v, r) for r in range(P)]})
+        if v in (1, shown):
+            name = "1F1B" if v == 1 else f"interleaved 1F1B, v = {v} chunks per rank"
+            panels[f"{name}: replayed, bubble {float(rows[-1]['replayed']):.1%}"] = il.replayed_events(spans)
+    print_table(["chunks v", "replayed bubble", "formula (P−1)/(vM+P−1)", "step (one F = 1)",
+                 "messages per micro-batch, each way", "chunks held per rank (rank 0 … P−1)",
+                 "rank 0 holds, in whole stages"],
+                [[str(r["chunks"]), f"{float(r['replayed']):.2%}", f"{r['formula']:.2%}",
+                  f"{float(r['makespan']):.3g}", str(r["per_microbatch"]["activations"]),
+                  " ".join(map(str, r["in_flight"])), f"{r['in_flight'][0] / r['chunks']:.3g}"]
+                 for r in rows])
+    display(plots.pipeline.pipeline_gantt(
+        panels, P, f"{P} stages, {M} micro-batches on the ideal machine: numbers are micro-batches, "
+                   "shades are chunks", unit="time, in forwards of one whole stage (F = 1, B = 2)"))
+    return {"stages": P, "microbatches": M, "rows": rows}
 
 
 def against_torch(stages: int = 4, microbatches: int = 4) -> dict:

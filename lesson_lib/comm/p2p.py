@@ -127,15 +127,16 @@ _RECENT: collections.deque = collections.deque(maxlen=2)
 
 
 def exchange(send_t: torch.Tensor | None, dst: int | None, recv_t: torch.Tensor | None,
-             src: int | None, group=None, op: str = "exchange") -> Pending:
-    """Post a send to ``dst`` and a receive from ``src`` at once (either may be None)."""
+             src: int | None, group=None, op: str = "exchange", tag: int = 0) -> Pending:
+    """Post a send to ``dst`` and a receive from ``src`` at once (either may be None). ``tag`` keeps
+    two streams between the same two ranks apart (a receive takes the oldest send of its tag)."""
     send_t = send_t if send_t is not None and send_t.numel() else None
     recv_t = recv_t if recv_t is not None and recv_t.numel() else None
     sent = _nbytes(send_t) if send_t is not None else 0
     recv_b = _nbytes(recv_t) if recv_t is not None else 0
     if context().backend == "nccl":
         # NCCL must see the send and the receive of one step as one group, or a ring deadlocks.
-        ops = [dist.P2POp(fn, t, _global(group, peer), group)
+        ops = [dist.P2POp(fn, t, _global(group, peer), group, tag)
                for fn, t, peer in ((dist.isend, send_t, dst), (dist.irecv, recv_t, src)) if t is not None]
         works = dist.batch_isend_irecv(ops) if ops else []
     else:
@@ -144,9 +145,9 @@ def exchange(send_t: torch.Tensor | None, dst: int | None, recv_t: torch.Tensor 
         pg = group if group is not None else dist.group.WORLD
         works = []
         if send_t is not None:
-            works.append(pg.send([send_t], dst, 0))
+            works.append(pg.send([send_t], dst, tag))
         if recv_t is not None:
-            works.append(pg.recv([recv_t], src, 0))
+            works.append(pg.recv([recv_t], src, tag))
         return Pending(works, op, sent, recv_b, linger=True)
     return Pending(works, op, sent, recv_b)
 

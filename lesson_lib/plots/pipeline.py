@@ -20,23 +20,43 @@ def _pipe_t0(events: list[dict]) -> float:
     return min((e["start"] for e in events if e["kind"] == "forward"), default=0.0)
 
 
-def _pipe_bars(events: list[dict], t0: float, kinds=tuple(PIPE_COLORS), legend: bool = True) -> list:
-    """One horizontal bar trace per event kind: x = duration, base = start (ms since ``t0``);
+# one shade per model chunk (interleaved 1F1B): chunk 0 in the kind's colour, later chunks lighter
+_CHUNK_SHADES = {"forward": ["#4C78A8", "#9ECAE9", "#2A4A73", "#C6DBEF"],
+                 "backward": ["#54A24B", "#A6D96A", "#2F6B2A", "#D9F0A3"]}
+
+
+def _pipe_times(e: dict, unit: str) -> str:
+    if unit != "ms":
+        return f"{e['end'] - e['start']:.3g} {unit}"
+    return f"{1e3 * (e['end'] - e['start']):.2f} ms wall, {1e3 * e['busy']:.2f} ms busy"
+
+
+def _pipe_bars(events: list[dict], t0: float, kinds=tuple(PIPE_COLORS), legend: bool = True,
+               unit: str = "ms") -> list:
+    """One horizontal bar trace per event kind (and per model chunk, where events carry a
+    ``chunk``): x = duration, base = start (ms since ``t0``; in ``unit`` as given, other than ms);
     waits that began before ``t0`` are drawn from ``t0``."""
+    scale = 1e3 if unit == "ms" else 1.0
     traces = []
     for kind in kinds:
         ev = [{**e, "start": max(e["start"], t0)} for e in events if e["kind"] == kind and e["end"] > t0]
         width, offset = _PIPE_BAND[kind]
         compute = kind in ("forward", "backward")
-        traces.append(go.Bar(
-            y=[e["rank"] for e in ev], x=[1e3 * (e["end"] - e["start"]) for e in ev],
-            base=[1e3 * (e["start"] - t0) for e in ev], orientation="h", name=kind, width=width,
-            offset=offset, marker_color=PIPE_COLORS[kind], showlegend=legend, legendgroup=kind,
-            text=[str(e["microbatch"]) for e in ev] if compute else None, textposition="inside",
-            insidetextanchor="middle", textfont={"color": "white", "size": 10},
-            hovertext=[f"stage {e['rank']} · {kind} of micro-batch {e['microbatch']} · step {e['step']}<br>"
-                       f"{1e3 * (e['end'] - e['start']):.2f} ms wall, {1e3 * e['busy']:.2f} ms busy"
-                       for e in ev], hoverinfo="text"))
+        chunks = sorted({e["chunk"] for e in ev if "chunk" in e}) if compute else []
+        for chunk in chunks or [None]:
+            mine = [e for e in ev if e.get("chunk") == chunk]
+            color = PIPE_COLORS[kind] if chunk is None else _CHUNK_SHADES[kind][chunk % 4]
+            where = "" if chunk is None else f" · chunk {chunk}"
+            ink = "black" if (chunk or 0) % 2 else "white"  # dark text on the light shades
+            traces.append(go.Bar(
+                y=[e["rank"] for e in mine], x=[scale * (e["end"] - e["start"]) for e in mine],
+                base=[scale * (e["start"] - t0) for e in mine], orientation="h",
+                name=kind if chunk is None else f"{kind}, chunk {chunk}", width=width, offset=offset,
+                marker_color=color, showlegend=legend, legendgroup=f"{kind}{where}",
+                text=[str(e["microbatch"]) for e in mine] if compute else None, textposition="inside",
+                insidetextanchor="middle", textfont={"color": ink, "size": 10},
+                hovertext=[f"stage {e['rank']}{where} · {kind} of micro-batch {e['microbatch']} · "
+                           f"step {e['step']}<br>{_pipe_times(e, unit)}" for e in mine], hoverinfo="text"))
     return traces
 
 
@@ -89,21 +109,28 @@ class LiveGantt:
                 trace.text, trace.hovertext = new.text, new.hovertext
 
 
-def pipeline_gantt(panels: dict, stages: int, title: str, note: str | None = None) -> go.Figure:
+def pipeline_gantt(panels: dict, stages: int, title: str, note: str | None = None,
+                   unit: str = "ms") -> go.Figure:
     """Timelines of one step stacked: ``panels`` maps a label (say what the times are: measured
-    wall clock, or replayed from busy time) to its events ``{rank, kind, microbatch, start, end}``.
+    wall clock, or replayed from busy time) to its events ``{rank, kind, microbatch, start, end}``
+    (with a ``chunk``, one shade per model chunk: interleaved 1F1B). Times are seconds, drawn in ms;
+    with another ``unit`` (say, the forward time of a whole stage) they are drawn as they are.
 
     Labels and the note are wrapped, and only the bottom panel carries the x-axis title (the
     others say "ms" on their ticks): a title under the top panel ran into the next panel's label.
     """
     fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[wrap(t, 75) for t in panels],
                         vertical_spacing=0.16)
+    seen = set()  # a legend entry per kind (and chunk) at its first appearance in any panel
     for row, events in enumerate(panels.values(), start=1):
-        for tr in _pipe_bars(events, _pipe_t0(events), legend=row == 1):
+        for tr in _pipe_bars(events, _pipe_t0(events), unit=unit):
+            tr.showlegend = bool(len(tr.x)) and tr.name not in seen
+            seen |= {tr.name} if tr.showlegend else set()
             fig.add_trace(tr, row=row, col=1)
         _pipe_axes(fig, stages, row=row, col=1)
-        fig.update_xaxes(ticksuffix=" ms", row=row, col=1)
-    fig.update_xaxes(title_text="ms since the step's first forward", row=len(panels), col=1)
+        fig.update_xaxes(ticksuffix=" ms" if unit == "ms" else "", row=row, col=1)
+    fig.update_xaxes(title_text="ms since the step's first forward" if unit == "ms" else unit,
+                     row=len(panels), col=1)
     fig.update_layout(title=title, barmode="overlay", height=130 + (60 + 45 * stages) * len(panels),
                       margin={"t": 105 if note else 80}, legend={"orientation": "h", "y": -0.12},
                       title_y=0.98, title_yanchor="top")

@@ -39,7 +39,7 @@
 #
 # 1. cut a model into stages on real ranks and train it to the same gradients as one process (§1–3, first exercise);
 # 2. run GPipe and 1F1B and read their schedules on a timeline (§4, order exercise);
-# 3. predict the bubble, (P−1)/(M+P−1), and explain why a real run sits above it: unequal stages set the pace, micro-batches vary, messages cost (§5, bubble exercises);
+# 3. predict the bubble, (P−1)/(M+P−1), and explain why a real run sits above it: unequal stages set the pace, micro-batches vary, messages cost; and what interleaving v chunks per rank trades for its (P−1)/(v·M+P−1): v-fold messages (§5, bubble exercises);
 # 4. compare the activations GPipe and 1F1B hold, and check our schedules against `torch.distributed.pipelining` (§6–7).
 #
 # **Before it:** chapter 0 (backward passes, `send`/`recv`).
@@ -47,6 +47,8 @@
 # exercises come on top.
 
 # %%
+from fractions import Fraction
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -55,6 +57,7 @@ from lesson_lib import numerics, show_source, warm_cluster
 from lesson_lib.chapters import ch03
 from lesson_lib.milestones import pipeline as pp
 from lesson_lib.milestones.pipeline import comm as stage_comm  # noqa: F401  (the text points at stage_comm.StageLink)
+from lesson_lib.milestones.pipeline import interleaved as il
 from lesson_lib.milestones.pipeline.schedules import paced_bubble, stage_actions
 
 # %% [markdown]
@@ -293,6 +296,82 @@ for m in (4, 8):  # at each M, the model whose stages are more unequal in time p
 # so the work per sample grows as micro-batches shrink (compare the step times printed by the
 # sweep). That is why real systems do not simply take M = 1000.
 #
+# ### Interleaving: shorter steps instead of more micro-batches
+#
+# The bubble is the line filling and draining: P − 1 steps of one stage's forward and backward at
+# each end. Megatron-LM (Narayanan et al., 2021, SC21) makes each step shorter instead: cut the
+# model into v·P pieces and give rank r v of them, its **chunks** — pieces r, r + P, …, r + (v−1)·P.
+# A micro-batch now goes round the ranks v times (rank P−1's chunk c hands it to rank 0's chunk
+# c+1), and each hop takes 1/v of a stage's time. The schedule, **interleaved 1F1B**, is 1F1B over
+# chunks: micro-batches run in groups of P, each group through chunk 0, then chunk 1, and so on;
+# backwards in the same groups, last chunk first. Rank r runs (P − r − 1)·2 + (v − 1)·P forwards
+# before its first backward (Megatron's count; at v = 1 it is plain 1F1B, P − r − 1), then
+# alternates one forward and one backward, then drains. It needs M to be a multiple of P. The
+# schedule, as the library writes it (its docstring says where it follows Megatron-LM and torch's
+# `ScheduleInterleaved1F1B`, and where it differs):
+
+# %%
+show_source(il.interleaved_actions, il.action_order, il.warmup_forwards)
+
+# %% [markdown]
+# Replayed on the ideal machine — one core per rank, which its chunks take in turn, and free
+# messages — with a forward of a whole stage taking 1 and a backward 2 (so 1/v and 2/v per chunk):
+# 1F1B beside v = 2, then the bubble for v = 1, 2 and 4 against the formula, the messages counted in
+# the schedule, and how many chunks' activations each rank holds at once.
+
+# %%
+inter = ch03.interleaving(stages=4, microbatches=8, chunks=(1, 2, 4))
+
+# %%
+P, M = inter["stages"], inter["microbatches"]
+for r in inter["rows"]:
+    v = r["chunks"]
+    # work per rank 3M; the line fills and drains in P − 1 chunk steps of 3/v each
+    assert r["makespan"] == 3 * M + Fraction(3 * (P - 1), v), r
+    assert r["replayed"] == Fraction(P - 1, v * M + P - 1), r  # the formula, exactly
+    # each micro-batch crosses v·P − 1 boundaries each way (P − 1 without interleaving)
+    assert r["per_microbatch"] == {"activations": v * P - 1, "grads": v * P - 1}, r
+    assert r["in_flight"] == r["bound"], r  # the warm-up forwards and one more, min(w + 1, v·M)
+by_v = {r["chunks"]: r for r in inter["rows"]}
+assert by_v[1]["replayed"] > by_v[2]["replayed"] > by_v[4]["replayed"]
+
+# %% [markdown]
+# Where the formula comes from. Each rank still does M·(F + B) of work, but the line now fills and
+# drains in P − 1 *chunk* steps of (F + B)/v: the idle time falls v-fold, to (P − 1)·(F + B)/v. As
+# a share of the ideal time that is (P − 1)/(v·M); as the idle share of each rank's step — what the
+# replay measures and the cell asserts — (P − 1)/(v·M + P − 1), which is 1F1B's (P − 1)/(M + P − 1)
+# with v·M micro-batches. The replay meets it exactly, for every v in the table.
+#
+# The same schedule runs on real ranks: `schedule="interleaved", chunks=v` gives each rank v chunks
+# of the model, and the links become a ring (rank P−1's chunk c sends on to rank 0's chunk c+1;
+# `pp.interleaved_stage.train_interleaved`). Like every schedule, it must train to the same losses,
+# gradients and parameters as one process: 2 ranks, 2 chunks each, 4 micro-batches.
+
+# %%
+cfg = pp.Config.tiny(stages=2, schedule="interleaved", chunks=2, microbatches=4)
+g = pp.verify(cfg, warm_cluster(2))
+print(f"interleaved, v = 2: largest difference from one process — losses {g['losses']:.1e}, "
+      f"gradients {g['grads']:.1e}, parameters {g['params']:.1e}")
+assert max(g.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.steps, depth=cfg.depth), g
+
+# %% [markdown]
+# What it costs, read from the same schedule: **messages**, v·P − 1 per micro-batch each way
+# instead of P − 1 (the table's messages column), each of the same size, since every boundary
+# carries one micro-batch's activation; and **memory**: the longer warm-up keeps more chunks in
+# flight. A chunk holds 1/v of a stage's layers, so rank 0's w + 1 chunks are P + (P − 1)/v
+# stages' worth of activations, against 1F1B's P (the table's last column): a little more, not
+# v times more.
+#
+# **At cluster scale.** Megatron-LM uses interleaving where the bubble dominates: many pipeline
+# stages and few micro-batches per step, as with a large model at a modest batch. Narayanan et al.
+# (2021) find the interleaved schedule faster than plain 1F1B at small batches, and the gap closing
+# as the batch grows — the bubble shrinks by itself, while the v-fold point-to-point traffic grows
+# with the batch. So it needs a fast interconnect between pipeline ranks (they also split each
+# message over the tensor-parallel ranks' links, their scatter/gather optimization), a few chunks
+# per rank rather than many, and M a multiple of P (Megatron's current code lets the last group of
+# micro-batches absorb a remainder). On this laptop's shared cores a message costs more than its
+# bytes (see above), so the ideal machine is where this section shows the schedule's gain.
+#
 # ## 6. Memory: GPipe against 1F1B
 #
 # Activations saved for the backward are the other cost. Under GPipe every stage runs all M forwards
@@ -467,10 +546,10 @@ exercises["in_flight"].submit(...)  # replace ... with a number of micro-batches
 #
 # 1. **stages on real ranks** — §3's stage loop and your GPipe stage, judged on its messages and its gradients.
 # 2. **the schedules** — §4's timelines and your 1F1B order.
-# 3. **the bubble** — §5's sweep against the formula and the bubble rebuilt one cause at a time (the replay checked to equal 1 − M/(P + (M−1)·pace)).
+# 3. **the bubble** — §5's sweep against the formula and the bubble rebuilt one cause at a time (the replay checked to equal 1 − M/(P + (M−1)·pace)); interleaved 1F1B replayed to exactly (P−1)/(v·M+P−1) for v = 1, 2, 4, with its v·P − 1 messages per micro-batch counted in the schedule.
 # 4. **memory and torch** — §6's peak activations, inventoried and measured by the allocator (1F1B's stage 0 under 0.6× GPipe's in both, asserted); recomputation keeping one input per micro-batch for about one extra forward, training bit for bit the same (asserted); and §7's agreement with torch.
 #
-# **On a real cluster:** Pipelines pay a bubble of (P−1)/(M+P−1) at best; real systems add micro-batches, balance stages by time, and interleave several stages per device (Narayanan et al., 2021) to shrink it.
+# **On a real cluster:** Pipelines pay a bubble of (P−1)/(M+P−1) at best; real systems add micro-batches, balance stages by time, and interleave several stages per device (Narayanan et al., 2021), which shrinks it to (P−1)/(v·M+P−1) for v-fold point-to-point messages — worth it where the interconnect is fast and the bubble dominates.
 
 # %% [markdown]
 # ## What comes next

@@ -5,7 +5,9 @@ stage k to k+1 and gradients flow back, point-to-point (:mod:`.comm`). Splitting
 into M micro-batches lets stage k work on micro-batch i+1 while stage k+1 works on i, so most
 stages are busy most of the time; what is left idle is the *bubble*, (P−1)/(M+P−1) of each stage's
 time with equal stages. Schedules (who does which forward and backward when) are pure functions in
-:mod:`.schedules`: naive, GPipe (Huang et al., 2019) and 1F1B (Narayanan et al., 2021).
+:mod:`.schedules`: naive, GPipe (Huang et al., 2019) and 1F1B (Narayanan et al., 2021); interleaved
+1F1B (Narayanan et al., 2021, SC21), v model chunks per rank, in :mod:`.interleaved`, its rank's loop
+in :mod:`.interleaved_stage` (``schedule="interleaved"``, ``chunks``).
 
 The model is :func:`lesson_lib.models.mlp`; a *layer* here is one ``Linear`` together with the
 ``ReLU`` after it, so the model has ``depth + 1`` layers to cut. Stages are balanced by parameter

@@ -51,27 +51,29 @@ class Timeline:
         self.events: list[dict] = []
 
     def record(self, kind: str, microbatch: int, start: float, end: float, busy: float,
-               step: int | None = None) -> dict:
+               step: int | None = None, chunk: int | None = None) -> dict:
         ev = {"rank": self.rank, "step": self.step if step is None else step, "kind": kind,
               "microbatch": microbatch, "start": start, "end": end, "busy": busy}
+        if chunk is not None:  # interleaved 1F1B: which of the rank's model chunks
+            ev["chunk"] = chunk
         self.events.append(ev)  # list.append is atomic: the link's threads append too
         return ev
 
     @contextmanager
-    def event(self, kind: str, microbatch: int) -> Iterator[None]:
+    def event(self, kind: str, microbatch: int, chunk: int | None = None) -> Iterator[None]:
         t0, b0 = time.time(), time.thread_time()
         yield
         sync(self.device)  # on a GPU, wait for the kernels: the device is the one busy
         end = time.time()
         busy = end - t0 if self.device.type == "cuda" else time.thread_time() - b0
-        self.record(kind, microbatch, t0, end, busy)
+        self.record(kind, microbatch, t0, end, busy, chunk=chunk)
 
     def of_step(self, step: int) -> list[dict]:
         return [e for e in self.events if e["step"] == step]
 
 
-def _post_and_wait(send_t, dst, recv_t, src, op: str) -> comm.Pending:
-    pending = comm.exchange(send_t, dst, recv_t, src, op=op)
+def _post_and_wait(send_t, dst, recv_t, src, op: str, tag: int) -> comm.Pending:
+    pending = comm.exchange(send_t, dst, recv_t, src, op=op, tag=tag)
     for w in pending.works:
         w.wait()  # releases the GIL: the stage computes meanwhile
     pending.works = []  # a Gloo work can be waited for once; the main thread only counts the bytes
@@ -87,6 +89,8 @@ class _Channel:
                  meter=None):
         self.timeline, self.op, self.peer, self.shape, self.meter = timeline, op, peer, shape, meter
         self.arrive = op.replace("recv", "arrive")  # arrive_activation, arrive_grad
+        # activations and gradients apart: with 2 interleaved ranks both flow from rank 0 to rank 1
+        self.tag = 0 if op.endswith("activation") else 1
         self.room = threading.Semaphore(ahead or sys.maxsize)  # receives the stage has room for
         self.todo: queue.Queue = queue.Queue()  # sends to post, or a number of receives to post
         self.done: queue.Queue = queue.Queue()  # (microbatch, tensor, Pending) or an exception
@@ -105,7 +109,7 @@ class _Channel:
                 if self.shape is None:  # a send: (tensor, microbatch, step, handed-over time)
                     tensor, microbatch, step, start = item
                     b0 = time.thread_time()
-                    pending = _post_and_wait(tensor, self.peer, None, None, self.op)
+                    pending = _post_and_wait(tensor, self.peer, None, None, self.op, self.tag)
                     busy = time.thread_time() - b0
                     self.timeline.record("send", microbatch, start, time.time(), busy, step)
                     # sent: let the tensor go (kept until the step's flush, every activation a stage
@@ -126,7 +130,8 @@ class _Channel:
             while nxt < count and self.room.acquire(blocking=not posted):
                 # a fresh buffer per micro-batch: the stage keeps it for the backward
                 buf = torch.empty(self.shape, device=self.timeline.device)
-                posted.append((nxt, buf, comm.exchange(None, None, buf, self.peer, op=self.op), time.time()))
+                posted.append((nxt, buf, comm.exchange(None, None, buf, self.peer, op=self.op, tag=self.tag),
+                               time.time()))
                 nxt += 1
             microbatch, buf, pending, t0 = posted.popleft()
             for w in pending.works:
@@ -156,10 +161,12 @@ class StageLink:
     """Stage ``stage``'s links to its neighbours in a pipeline of ``stages`` ranks (rank = stage)."""
 
     def __init__(self, stage: int, stages: int, microbatches: int, act_shape, grad_shape, timeline: Timeline,
-                 ahead: int | None = None, meter=None):
-        prev = stage - 1 if stage > 0 else None
-        nxt = stage + 1 if stage < stages - 1 else None
-        self.microbatches, self.timeline = microbatches, timeline
+                 ahead: int | None = None, meter=None, wrap: dict | None = None):
+        """``wrap`` (interleaved 1F1B): the ranks are a ring — stage P−1 sends on to stage 0 — and
+        it maps each receiving op to how many messages it takes per step (``microbatches`` else)."""
+        prev = stage - 1 if stage > 0 else (stages - 1 if wrap else None)
+        nxt = stage + 1 if stage < stages - 1 else (0 if wrap else None)
+        self.microbatches, self.timeline, self.wrap = microbatches, timeline, wrap or {}
         specs = {"recv_activation": (prev, act_shape), "send_grad": (prev, None),
                  "recv_grad": (nxt, grad_shape), "send_activation": (nxt, None)}
         self.meter = meter  # a PeakMemory whose window the link's threads count in (or None)
@@ -170,7 +177,7 @@ class StageLink:
     def begin_step(self) -> None:
         for op in ("recv_activation", "recv_grad"):
             if op in self._ch:
-                self._ch[op].todo.put((self.microbatches, self.timeline.step))
+                self._ch[op].todo.put((self.wrap.get(op, self.microbatches), self.timeline.step))
 
     def _recv(self, op: str, microbatch: int) -> torch.Tensor:
         t0 = time.perf_counter()

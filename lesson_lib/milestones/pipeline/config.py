@@ -41,7 +41,9 @@ class Config(TrainConfig):
     world_size: int = opt(0, "derived: = stages, one rank per stage (leave unset)")
     stages: int = opt(2, "pipeline stages P, one rank each (1: the unsplit model on one rank)")
     microbatches: int = opt(4, "micro-batches M per step; must divide global_batch (naive ignores it)")
-    schedule: str = opt("1f1b", "naive (whole batch, one stage busy at a time) | gpipe | 1f1b")
+    schedule: str = opt("1f1b", "naive (whole batch, one stage busy at a time) | gpipe | 1f1b | interleaved "
+                                "(Narayanan et al., 2021: ``chunks`` model chunks per rank)")
+    chunks: int = opt(1, "model chunks per rank v (interleaved only): the model cut in v·P virtual stages")
     balance: str = opt("params", "params | time: equal parameter counts or equal measured time per stage")
     depth: int = opt(3, "hidden layers; the model has depth + 1 layers (Linear + ReLU) to cut into stages")
     lr: float = opt(0.3, "SGD learning rate (momentum 0.9)")
@@ -65,17 +67,36 @@ class Config(TrainConfig):
         if self.global_batch % self.microbatches:
             raise ValueError(f"microbatches={self.microbatches} must divide global_batch="
                              f"{self.global_batch} into equal micro-batches")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.schedule not in (*SCHEDULES, "interleaved"):
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, interleaved, "
+                             f"got {self.schedule!r}")
+        positive_int(self, "chunks")
+        if self.chunks > 1 and self.schedule != "interleaved":
+            raise ValueError(f"chunks={self.chunks} needs schedule='interleaved', got {self.schedule!r}")
         if self.balance not in BALANCES:
             raise ValueError(f"balance must be one of {', '.join(BALANCES)}, got {self.balance!r}")
         for name in ("recompute", "peak_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.schedule == "interleaved":
+            self._validate_interleaved()
         if self.stages > self.layers:
             raise ValueError(f"stages={self.stages} is more than the {self.layers} layers of the model "
                              f"(depth + 1); use at most {self.layers} stages or a deeper model")
         return self
+
+    def _validate_interleaved(self) -> None:
+        if self.stages < 2:
+            raise ValueError(f"stages={self.stages}: the interleaved schedule needs at least 2 stages")
+        if self.microbatches % self.stages:
+            raise ValueError(f"microbatches={self.microbatches} must be a multiple of stages={self.stages} "
+                             "for the interleaved schedule (micro-batches run in groups of P)")
+        if self.chunks * self.stages > self.layers:
+            raise ValueError(f"chunks={self.chunks} × stages={self.stages} virtual stages are more than the "
+                             f"{self.layers} layers of the model (depth + 1)")
+        for name in ("recompute", "peak_memory"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported with schedule='interleaved'")
 
     def replace(self, **changes) -> "Config":
         if "stages" in changes and "world_size" not in changes:

@@ -9,6 +9,7 @@ import statistics
 import torch
 
 from ...models import fit_whole_batch, flat_views, mlp, mlp_param_count
+from . import interleaved as il
 from .config import Config
 from .schedules import all_actions, bubble_breakdown, bubble_formula, message_delays, step_bubbles
 from .stage import worker
@@ -17,6 +18,8 @@ from .stage import worker
 def summarize(cfg: Config, outs: list[dict]) -> dict:
     events = sorted((e for o in outs for e in o["events"]), key=lambda e: e["start"])
     measured = list(range(1, cfg.steps)) or [0]  # step 0 pays one-off costs
+    if cfg.schedule == "interleaved":
+        return _summarize_interleaved(cfg, outs, events, measured)
     actions = all_actions(cfg.schedule, cfg.stages, cfg.m)
     bubbles = [step_bubbles(actions, events, s) for s in range(cfg.steps)]
     causes = [bubble_breakdown(actions, events, s) for s in measured]
@@ -39,6 +42,23 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
         # per step, each stage boundary carries the whole batch's activations one way, grads the other
         "bytes_per_step_formula": {"send_activation": 4 * B * H, "send_grad": 4 * B * H},
     }
+
+
+def _summarize_interleaved(cfg: Config, outs: list[dict], events: list[dict], measured: list[int]) -> dict:
+    """Interleaved 1F1B's run: the bubble on the wall clock and replayed from busy time against
+    (P−1)/(v·M+P−1), and the messages it sent, counted, per micro-batch."""
+    P, M, v = cfg.stages, cfg.m, cfg.chunks
+    bubbles = [il.measured_bubbles(il.all_interleaved(P, M, v), events, s) for s in range(cfg.steps)]
+    calls = {op: sum(o["per_rank"]["ops"].get(op, {"calls": 0})["calls"] for o in outs)
+             for op in ("send_activation", "send_grad")}
+    return {
+        "losses": outs[-1]["losses"], "events": events, "bubble_per_step": bubbles,
+        "bubble_fraction": statistics.median(bubbles[s]["wall"] for s in measured),
+        "bubble_busy": statistics.median(bubbles[s]["busy"] for s in measured),
+        "bubble_formula": il.interleaved_bubble(P, M, v), "microbatches_run": M, "chunks": v,
+        "messages_per_microbatch": {op: n / (cfg.steps * M) for op, n in calls.items()},
+        "partition": [list(b) for b in outs[0]["bounds"]], "layer_costs": outs[0]["costs"],
+        "max_in_flight": [o["max_in_flight"] for o in outs]}
 
 
 def _measured(out: dict) -> dict:
@@ -75,7 +95,13 @@ def reference(cfg: Config) -> dict:
 
 
 def state(outs: list[dict]) -> dict:
-    """The pipeline's losses, final parameters and last gradients, stages joined in layer order."""
+    """The pipeline's losses, final parameters and last gradients, stages joined in layer order
+    (interleaved: chunk c of rank r is piece c·P + r)."""
+    if "chunk_params" in outs[0]:
+        P, pieces = len(outs), len(outs) * len(outs[0]["chunk_params"])
+        return {"losses": outs[-1]["losses"],
+                **{key: torch.cat([outs[s % P][f"chunk_{key}"][s // P] for s in range(pieces)])
+                   for key in ("params", "grads")}}
     return {"losses": outs[-1]["losses"], "params": torch.cat([o["params"] for o in outs]),
             "grads": torch.cat([o["grads"] for o in outs])}
 

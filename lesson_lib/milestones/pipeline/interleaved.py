@@ -1,0 +1,204 @@
+"""The interleaved 1F1B schedule (Narayanan et al., 2021, SC21 — Megatron-LM's "virtual pipeline"),
+as pure functions beside :mod:`.schedules`' GPipe and 1F1B. Chapter 3 §5 draws and measures it.
+
+The model is cut into v·P pieces (*virtual stages*) instead of P; rank r holds v of them, its
+*chunks*: chunk c is virtual stage c·P + r, so a micro-batch goes round the ranks v times (rank
+P−1's chunk c hands it to rank 0's chunk c+1). An action is ``("F", c, i)`` or ``("B", c, i)``: the
+forward or backward of micro-batch i through rank r's chunk c. Virtual stage s's F(i) needs
+s−1's F(i); its B(i) needs its own F(i) and s+1's B(i).
+
+Why it helps: a chunk takes 1/v of a stage's time, and the pipeline fills and drains in P−1 chunk
+steps instead of P−1 stage steps, so the idle time of the ideal machine falls v-fold to
+(P−1)·(F+B)/v, against M·(F+B) of work per rank: the bubble, as a share of the ideal time, is
+(P−1)/(v·M), and as the idle share of each rank's step, (P−1)/(v·M + P − 1)
+(:func:`interleaved_bubble`; at v = 1, :func:`.schedules.bubble_formula`). The price: each
+micro-batch crosses v·P − 1 boundaries each way instead of P − 1 (:func:`messages`), and the warm-up
+is longer, so a rank holds more chunks' activations at once (:func:`in_flight_bound`).
+
+Where this follows Megatron-LM (``forward_backward_pipelining_with_interleaving`` and
+``get_pp_rank_microbatches`` / ``get_schedule_table`` in ``megatron/core/pipeline_parallel/
+schedules.py``): the forward order runs the micro-batches in groups of P, each group through chunk
+0, then chunk 1, …; the backward order is the same with the chunks reversed; rank r does
+(P − r − 1)·2 + (v − 1)·P warm-up forwards (capped at v·M), then alternates one forward and one
+backward, then drains its backwards. (On the ideal machine, with free messages, the factor 2
+costs nothing and buys nothing: (P − r − 1) + (v − 1)·P warm-up forwards give the same bubble with
+fewer chunks in flight, as the tests check; the extra forwards are slack for messages that take
+time.) At v = 1 Megatron runs its non-interleaved 1F1B instead
+(P − r − 1 warm-up forwards), and so do we: v = 1 is :func:`.schedules.stage_actions`' 1F1B exactly.
+Where it differs: we require M to be a multiple of P (Megatron did so until it let the last group
+absorb a remainder, ``microbatch_group_size_per_vp_stage``); the group size is always P; and a
+schedule here is a list of actions, not a loop that also posts Megatron's batched send/receive
+pairs — on the ideal machine and on our ranks' link threads sends never block. torch's
+``ScheduleInterleaved1F1B`` computes the same warm-up ((v − 1)·P + 2·(P − 1 − r), capped) and
+relaxes M % P differently (rounds of M // (M // P) micro-batches).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+Action = tuple[str, int, int]  # ("F" | "B", chunk, micro-batch)
+
+
+def _check(stages: int, microbatches: int, chunks: int, rank: int | None = None) -> None:
+    for name, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if chunks > 1 and microbatches % stages:
+        raise ValueError(f"microbatches={microbatches} must be a multiple of stages={stages} for the "
+                         f"interleaved schedule (micro-batches run in groups of P), e.g. "
+                         f"{stages * max(1, round(microbatches / stages))}")
+    if rank is not None and not 0 <= rank < stages:
+        raise ValueError(f"rank must be in 0..{stages - 1}, got {rank}")
+
+
+def virtual_stage(stages: int, rank: int, chunk: int) -> int:
+    """Which of the v·P pieces of the model rank ``rank``'s chunk ``chunk`` is: chunk·P + rank."""
+    return chunk * stages + rank
+
+
+def warmup_forwards(stages: int, microbatches: int, chunks: int, rank: int) -> int:
+    """Forwards rank ``rank`` runs before its first backward (Megatron-LM's count, capped at v·M):
+    at v = 1, P − r − 1 (plain 1F1B); else (P − r − 1)·2 + (v − 1)·P."""
+    if chunks == 1:
+        return min(stages - rank - 1, microbatches)
+    return min((stages - rank - 1) * 2 + (chunks - 1) * stages, chunks * microbatches)
+
+
+def action_order(stages: int, microbatches: int, chunks: int, forward: bool) -> list[tuple[int, int]]:
+    """The (chunk, micro-batch) of the k-th forward (or backward): groups of P micro-batches, each
+    through every chunk in turn (backwards: the chunks in reverse)."""
+    out = []
+    for g in range(0, microbatches, stages):
+        for c in range(chunks):
+            out += [(c if forward else chunks - 1 - c, i) for i in range(g, min(g + stages, microbatches))]
+    return out
+
+
+def interleaved_actions(stages: int, microbatches: int, chunks: int, rank: int) -> list[Action]:
+    """Rank ``rank``'s ordered actions in one step of interleaved 1F1B: warm-up forwards, then one
+    forward and one backward in turn, then the remaining backwards."""
+    _check(stages, microbatches, chunks, rank)
+    fwd = [("F", c, i) for c, i in action_order(stages, microbatches, chunks, True)]
+    bwd = [("B", c, i) for c, i in action_order(stages, microbatches, chunks, False)]
+    w = warmup_forwards(stages, microbatches, chunks, rank)
+    actions = fwd[:w]
+    for k in range(len(fwd) - w):  # steady state
+        actions += [fwd[w + k], bwd[k]]
+    return actions + bwd[len(fwd) - w:]
+
+
+def all_interleaved(stages: int, microbatches: int, chunks: int) -> list[list[Action]]:
+    return [interleaved_actions(stages, microbatches, chunks, r) for r in range(stages)]
+
+
+def max_in_flight(actions: list[Action]) -> int:
+    """Most (chunk, micro-batch) pairs whose forward is done and backward is not."""
+    live = peak = 0
+    for kind, *_ in actions:
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def in_flight_bound(stages: int, microbatches: int, chunks: int, rank: int) -> int:
+    """The most chunk activations rank ``rank`` holds: its w warm-up forwards, plus the first
+    steady-state forward before the first backward frees one — min(w + 1, v·M). A chunk is 1/v of a
+    stage's layers, so in whole stages that is (w + 1)/v: rank 0 holds P + (P − 1)/v stages' worth
+    where plain 1F1B holds P."""
+    return min(warmup_forwards(stages, microbatches, chunks, rank) + 1, chunks * microbatches)
+
+
+def interleaved_bubble(stages: int, microbatches: int, chunks: int) -> float:
+    """Idle share of every rank with equal chunks and free messages: (P−1)/(v·M + P − 1)."""
+    return (stages - 1) / (chunks * microbatches + stages - 1)
+
+
+def messages(actions: list[list[Action]], chunks: int) -> dict:
+    """Messages of one step, counted from the schedule: an activation leaves every forward but the
+    last virtual stage's, a gradient every backward but the first's."""
+    P = len(actions)
+    last = chunks * P - 1
+    where = [(x, virtual_stage(P, r, c)) for r, a in enumerate(actions) for x, c, _ in a]
+    return {"activations": sum(1 for x, s in where if x == "F" and s < last),
+            "grads": sum(1 for x, s in where if x == "B" and s > 0)}
+
+
+# --------------------------------------------------------------------------- time
+
+
+def replay_interleaved(actions: list[list[Action]], durations: dict) -> dict:
+    """Run an interleaved schedule on an ideal machine: each rank one core, which its v chunks take
+    in turn in schedule order; communication free. ``durations[(rank, kind, chunk, i)]`` are
+    seconds (or slots). Returns ``{(rank, kind, chunk, i): (start, end)}``; raises ``ValueError`` if
+    the schedule deadlocks (some rank waits for an action that can never happen).
+
+    As :func:`.schedules.replay`, with virtual stage s = c·P + r in place of stage k."""
+    P = len(actions)
+    S = P * (1 + max((c for a in actions for _, c, _ in a), default=0))
+
+    def where(s: int, kind: str, i: int) -> tuple[int, str, int, int]:
+        return s % P, kind, s // P, i
+
+    pos, free, done = [0] * P, [0] * P, {}
+    remaining = sum(len(a) for a in actions)
+    while remaining:
+        progressed = False
+        for r in range(P):
+            while pos[r] < len(actions[r]):
+                kind, c, i = actions[r][pos[r]]
+                s = virtual_stage(P, r, c)
+                deps = [where(s - 1, "F", i)] if kind == "F" and s > 0 else []
+                if kind == "B":
+                    deps = [(r, "F", c, i)] + ([where(s + 1, "B", i)] if s + 1 < S else [])
+                if any(d not in done for d in deps):
+                    break
+                start = max([free[r]] + [done[d][1] for d in deps])
+                key = (r, kind, c, i)
+                done[key] = (start, start + durations[key])
+                free[r] = done[key][1]
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {r: actions[r][pos[r]] for r in range(P) if pos[r] < len(actions[r])}
+            raise ValueError(f"the schedule deadlocks: ranks wait at {stuck}")
+    return done
+
+
+def equal_durations(actions: list[list[Action]], chunks: int, forward=1, backward=2) -> dict:
+    """Each chunk's forward and backward as exact fractions of a whole stage's (1/v each)."""
+    f, b = Fraction(forward, chunks), Fraction(backward, chunks)
+    return {(r, x, c, i): f if x == "F" else b for r, a in enumerate(actions) for x, c, i in a}
+
+
+def exact_idle_share(spans: dict) -> Fraction:
+    """1 − work / (ranks × makespan), exactly, for a replay with fractional durations."""
+    ranks = {key[0] for key in spans}
+    start = min(s for s, _ in spans.values())
+    end = max(e for _, e in spans.values())
+    return 1 - Fraction(sum(e - s for s, e in spans.values())) / (len(ranks) * (end - start))
+
+
+def replayed_events(spans: dict) -> list[dict]:
+    """A replay as timeline events (``{rank, kind, chunk, microbatch, start, end, busy}``) for
+    :func:`lesson_lib.plots.pipeline.pipeline_gantt`; times as floats."""
+    return [{"rank": r, "kind": "forward" if x == "F" else "backward", "chunk": c, "microbatch": i,
+             "step": 0, "start": float(s), "end": float(e), "busy": float(e - s)}
+            for (r, x, c, i), (s, e) in sorted(spans.items(), key=lambda kv: kv[1][0])]
+
+
+def measured_bubbles(actions: list[list[Action]], events: list[dict], step: int) -> dict:
+    """One step of a run on real ranks: its idle share on the wall clock, and replayed from each
+    action's busy time (every rank its own core, messages free), as :func:`.schedules.step_bubbles`."""
+    comp = [e for e in events if e["step"] == step and e["kind"] in ("forward", "backward")]
+    key = lambda e: (e["rank"], e["kind"][0].upper(), e.get("chunk", 0), e["microbatch"])  # noqa: E731
+    wall = {key(e): (e["start"], e["end"]) for e in comp}
+    busy = replay_interleaved(actions, {key(e): e["busy"] for e in comp})
+    return {"step": step, "wall": _share(wall), "busy": _share(busy)}
+
+
+def _share(spans: dict) -> float:
+    start, end = min(s for s, _ in spans.values()), max(e for _, e in spans.values())
+    ranks = len({k[0] for k in spans})
+    return 1.0 - sum(e - s for s, e in spans.values()) / (ranks * (end - start)) if end > start else 0.0

@@ -1,0 +1,105 @@
+"""One rank of interleaved 1F1B (chapter 3 §5): v model chunks per rank, trained in the order of
+:func:`.interleaved.interleaved_actions`, equal to single-process training.
+
+The model is cut into v·P virtual stages; rank r holds pieces r, r + P, …, r + (v−1)·P. The ranks
+form a ring: rank P−1's chunk c sends its activation on to rank 0's chunk c+1, and gradients come
+back the same way (:class:`.comm.StageLink` with ``wrap``). Each direction of each link carries its
+messages in the order both ends run them — the (chunk, micro-batch) order of the schedule is the
+same on every rank — so the link's threads need no more than a count of messages per step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...data import batch_indices, teacher_classification
+from ...metrics import StepRecorder, memory_report, per_rank_summary
+from ...models import flat_views
+from .comm import StageLink, Timeline
+from .config import Config
+from .cut import build_stage, choose_partition
+from .interleaved import interleaved_actions, virtual_stage
+
+
+def train_interleaved(cfg: Config, k: int, device: torch.device, emit=None) -> dict:
+    """Rank ``k``'s training loop under interleaved 1F1B with ``cfg.chunks`` chunks."""
+    P, M, v = cfg.stages, cfg.m, cfg.chunks
+    last_stage = v * P - 1
+    bounds, costs = choose_partition(cfg, k, device, pieces=v * P)
+    chunks = [build_stage(cfg, *bounds[virtual_stage(P, k, c)]).to(device) for c in range(v)]
+    whole = nn.ModuleList(chunks)  # the rank's parameters, chunk 0 first
+    flat, grads = flat_views(whole)
+    optimizer = torch.optim.SGD(whole.parameters(), lr=cfg.lr, momentum=0.9)
+    rows, width = cfg.global_batch // M, cfg.hidden
+    x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
+    x_all, y_all = x_all.to(device), y_all.to(device)
+    actions = interleaved_actions(P, M, v, k)
+    stage_of = {c: virtual_stage(P, k, c) for c in range(v)}
+    counts = {"recv_activation": sum(1 for x, c, _ in actions if x == "F" and stage_of[c] > 0),
+              "recv_grad": sum(1 for x, c, _ in actions if x == "B" and stage_of[c] < last_stage)}
+    tl = Timeline(k, device)
+    # every interior boundary carries (rows, hidden) both ways: one buffer shape for every chunk
+    link = StageLink(k, P, M, (rows, width), (rows, width), tl, wrap=counts)
+    rec = StepRecorder(device, emit)
+    losses, in_flight = [], 0
+    try:
+        for step in range(cfg.steps):
+            tl.step = step
+            idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
+            mbs = [idx[i * rows:(i + 1) * rows] for i in range(M)]
+            with rec.step(step) as r:
+                grads.zero_()
+                link.begin_step()
+                held, loss_sum, seq = {}, 0.0, {"F": 0, "B": 0}  # seq: the link's message order
+                for kind, c, i in actions:
+                    s = stage_of[c]
+                    if kind == "F":
+                        if s == 0:
+                            x = x_all[mbs[i]]
+                        else:
+                            x = link.recv_activation(seq["F"]).requires_grad_()
+                            seq["F"] += 1
+                        with tl.event("forward", i, chunk=c):
+                            out = chunks[c](x)
+                            if s == last_stage:
+                                out = F.cross_entropy(out, y_all[mbs[i]])
+                        if s == last_stage:
+                            loss_sum += out.item()
+                        else:
+                            link.send_activation(out.detach(), i)
+                        held[c, i] = (x, out)
+                        in_flight = max(in_flight, len(held))
+                    else:
+                        x, out = held.pop((c, i))
+                        g = None
+                        if s < last_stage:
+                            g = link.recv_grad(seq["B"])
+                            seq["B"] += 1
+                        with tl.event("backward", i, chunk=c):
+                            if g is None:
+                                (out / M).backward()  # mean over micro-batches = whole-batch mean
+                            else:
+                                out.backward(g)
+                        if s > 0:
+                            link.send_grad(x.grad, i)
+                        x = out = g = None
+                link.flush()
+                optimizer.step()
+                if k == P - 1:
+                    r["loss"] = loss_sum / M
+            if k == P - 1:
+                losses.append(r["loss"])
+            if emit is not None:
+                emit("pp_events", step=step, events=tl.of_step(step))
+    finally:
+        link.close()
+    memory = memory_report(whole, optimizer, 0, device=device)
+    return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events,
+            "params": flat.detach().clone(), "grads": grads.clone(), "chunk_params":
+            [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in chunks],
+            "chunk_grads": [torch.cat([p.grad.reshape(-1) for p in m.parameters()]) for m in chunks],
+            "activation_peak": 0, "activation_per_microbatch": 0, "max_in_flight": in_flight,
+            "per_rank": per_rank_summary(k, rec, memory)}
+
