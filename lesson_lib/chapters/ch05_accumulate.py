@@ -28,15 +28,18 @@ from ..runtime import warm_cluster
 
 
 def compare(ks=(1, 2, 4), preset: str = "accumulate") -> dict:
-    """``preset``'s run once per k in ``ks`` and once by DDP with ``no_sync()`` at the largest k:
+    """``preset``'s run once per k in ``ks``, and by DDP at the largest k with and without ``no_sync()``:
     the loss gaps to k = 1 (and the rounding tolerance), the counted all-reduce bytes per step and
-    their formula, each rank's measured peak, the median step time. Prints a table, draws the peaks."""
+    their formula, each rank's measured peak, the median step time; DDP's all-reduces per step
+    (counted by its comm hook). Prints a table, draws the peaks."""
     from IPython.display import display
 
     cfgs = {k: lb.Config.from_preset(preset, accumulate=k) for k in ks}  # all validated before any run
     runs = {k: run_warm(cfg) for k, cfg in cfgs.items()}
     base = runs[ks[0]].losses
-    ddp = warm_cluster(cfgs[ks[-1]].world_size).run(accumulation.ddp_worker, cfgs[ks[-1]], lb.lr_at)
+    cluster = warm_cluster(cfgs[ks[-1]].world_size)
+    ddp = {sync: cluster.run(accumulation.ddp_worker, cfgs[ks[-1]], lb.lr_at, sync)[0]
+           for sync in (True, False)}
     n, psi = cfgs[ks[0]].world_size, runs[ks[0]]["param_count"]
     rows = [{"k": k, "micro_batch": cfgs[k].global_batch // n // k, "loss_gap": max_gap(base, r.losses),
              "grad_bytes_per_step": r["grad_bytes_per_step"],
@@ -46,8 +49,10 @@ def compare(ks=(1, 2, 4), preset: str = "accumulate") -> dict:
     out = {"rows": rows, "tolerance": sum_order_tolerance(base), "steps": len(base),
            # one ring all-reduce of the Ψ float32 gradients and the loss per step, the busiest rank
            "grad_bytes_formula": max(ring_bytes_sent(psi + 1, 4, n, r) for r in range(n)),
-           "ddp_loss_gap": max_gap(base, ddp[0]["losses"]), "param_bytes": 4 * psi,
-           "ddp_all_reduce_bytes": ddp[0]["all_reduce_bytes"]}
+           "ddp_loss_gap": max(max_gap(base, d["losses"]) for d in ddp.values()), "param_bytes": 4 * psi,
+           # per step, the bytes of each all-reduce DDP launched: with no_sync(), then without
+           "ddp_no_sync": ddp[True]["all_reduce_bytes"],
+           "ddp_every_micro_batch": ddp[False]["all_reduce_bytes"]}
     print(f"global batch {cfgs[ks[0]].global_batch} on {n} ranks, {len(base)} SGD steps; loss gaps to k = "
           f"{ks[0]} (rounding allows {out['tolerance']:.1e}):")
     print(f"{'k':>3} {'micro-batch':>12} {'loss gap':>9} {'all-reduce B/step':>18} {'peak MB/rank':>13} "
@@ -55,9 +60,11 @@ def compare(ks=(1, 2, 4), preset: str = "accumulate") -> dict:
     for r in rows:
         print(f"{r['k']:>3} {r['micro_batch']:>12} {r['loss_gap']:>9.1e} {r['grad_bytes_per_step']:>18,.0f} "
               f"{max(r['peak']) / 1e6:>13.2f} {1e3 * r['step_s']:>8.1f}")
-    calls = {len(c) for c in out["ddp_all_reduce_bytes"]}
-    print(f"DDP with no_sync() at k = {ks[-1]}: loss gap {out['ddp_loss_gap']:.1e}, all-reduces per step "
-          f"{sorted(calls)} of {ddp[0]['all_reduce_bytes'][0][0]:,} bytes (the {psi:,} gradients)")
+    for name, key in (("with no_sync()", "ddp_no_sync"), ("without it", "ddp_every_micro_batch")):
+        calls = sorted({len(c) for c in out[key]})
+        print(f"DDP at k = {ks[-1]} {name}: all-reduces per step {', '.join(map(str, calls))}, of "
+              f"{out[key][0][0]:,} bytes each (the {psi:,} gradients)")
+    print(f"DDP's largest loss gap to k = {ks[0]}: {out['ddp_loss_gap']:.1e}")
     display(plots.large_batch.accumulation(rows))
     return out
 
@@ -126,9 +133,9 @@ def _none_before_last(outs: list[dict]) -> str | None:
             early = [c for c in step["calls"] if c["start"] < last]
             if early:
                 done = sum(m["label"] == "backward" and m["at"] < early[0]["start"] for m in step["passes"])
-                return (f"on rank {r}, step {s}: {summary(early)} ran after micro-batch {done} of {o['k']}, "
-                        "before the last one: each all-reduce of a part sum sends the whole gradient again "
-                        "— add the k gradients locally, then communicate once")
+                return (f"on rank {r}, step {s}: {summary(early)} ran from micro-batch {done} of {o['k']} "
+                        "on, before the last one: each all-reduce of a part sum sends the whole gradient "
+                        "again — add the k gradients locally, then communicate once")
 
 
 def _once(outs: list[dict]) -> str | None:

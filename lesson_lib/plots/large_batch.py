@@ -117,8 +117,8 @@ def accumulation(rows: list[dict]) -> go.Figure:
         "peak of allocated bytes, rank 0 (MB, measured)", "all-reduce bytes per step, rank 0"))
     xs = [f"k = {r['k']} ({r['micro_batch']} samples)" for r in rows]
     first = [r["at_first_step"][0] / 1e6 for r in rows]
-    fig.add_bar(x=xs, y=first, name="alive at the first step (data, model, gradients)", row=1, col=1,
-                marker_color="#BAB0AC")
+    fig.add_bar(x=xs, y=first, name="alive at the first step (data set, model, gradient bucket)",
+                row=1, col=1, marker_color="#BAB0AC")
     fig.add_bar(x=xs, y=[r["peak"][0] / 1e6 - f for r, f in zip(rows, first)], row=1, col=1,
                 name="added during a step (activations of one micro-batch, momentum)", marker_color="#4C78A8")
     fig.add_scatter(x=xs, y=[r["grad_bytes_per_step"] for r in rows], mode="markers", marker={"size": 11},
