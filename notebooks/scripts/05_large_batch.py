@@ -302,6 +302,7 @@ assert all(c == [acc["param_bytes"]] for c in acc["ddp_no_sync"])  # DDP with no
 assert all(c == [acc["param_bytes"]] * 4 for c in acc["ddp_every_micro_batch"])  # without it: k per step
 peak = [max(r["peak"]) for r in rows]
 assert peak[0] > peak[1] > peak[2], peak
+assert len({max(r["at_first_step"]) for r in rows}) == 1, rows  # data, model, bucket: the same for every k
 # the part that scales with the micro-batch halves with it (1,024 → 512 → 256 samples)
 assert abs((peak[0] - peak[1]) - 2 * (peak[1] - peak[2])) <= 0.1 * (peak[0] - peak[1]), peak
 
