@@ -20,6 +20,7 @@ from ..runtime import warm_cluster
 from .ch04_checkpoint import survive  # noqa: F401  (section 9)
 from .ch04_exercises import exercises, first_fitting_stage, task  # noqa: F401
 from .ch04_fsdp import fsdp2, fsdp2_memory  # noqa: F401  (section 8)
+from .ch04_precision import loss_scaling  # noqa: F401  (section 10)
 
 CATEGORIES = ("params", "grads", "optimizer")
 

@@ -11,10 +11,11 @@ from IPython.display import display
 from .. import plots
 from ..experiments import Result, run, run_warm
 from ..milestones import large_batch as lb
+from .ch05_accumulate import compare as accumulation  # noqa: F401  (§7)
 from .ch05_exercises import exercises  # noqa: F401  (the notebook calls it here)
 
-__all__ = ["GRID", "epoch_cost", "exercises", "explorer", "grid", "noise_scale", "row", "run", "table",
-           "trust_ratios"]
+__all__ = ["GRID", "accumulation", "epoch_cost", "exercises", "explorer", "grid", "noise_scale", "row", "run",
+           "table", "trust_ratios"]
 
 # The chapter's main experiment: LAMB and SGD at B₀ and 32·B₀, Adam and LARS at 32·B₀ (their B₀ runs,
 # 20–25 s each, would take the chapter past two minutes), LAMB also at 64·B₀ and 128·B₀, where its

@@ -1,5 +1,6 @@
 """Chapter 5's exercises: a trust ratio by hand, LAMB's update for one layer, the scaling rule
-confirmed by a run, why sharded norms need an all-reduce, and that all-reduce on real ranks."""
+confirmed by a run, why sharded norms need an all-reduce, that all-reduce on real ranks, and
+gradient accumulation on real ranks (:mod:`.ch05_accumulate`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ..exercises import (
 from ..experiments import run_warm
 from ..milestones import large_batch as lb
 from ..optim import LAMB
+from .ch05_accumulate import exercise as accumulate_exercise
 
 # Printed in the notebook for the by-hand trust ratio.
 LARS_CASE = {"eta": 0.001, "w_norm": 12.0, "g_norm": 0.05, "beta": 5e-4}
@@ -293,4 +295,5 @@ def exercises() -> dict[str, Exercise]:
                    "The check runs it on 2 and 3 real ranks (10 s timeout).",
             check=_check_sharded, hint="Norms do not add up; squares do. One all-reduce can carry both sums.",
             solution=solution_text(sharded_trust_ratio), reference=lambda: sharded_trust_ratio),
+        "accumulate": accumulate_exercise(),
     }

@@ -7,7 +7,9 @@ and then a cosine decay to zero; how ``lr`` grows with the batch (linear or squa
 the caller's choice. LARS and LAMB are :mod:`lesson_lib.optim`'s; rank 0 records their per-layer
 trust ratios every step. Every ``eval_every`` epochs each rank evaluates the held-out set and,
 with ``noise_scale``, the ranks measure McCandlish et al. (2018)'s simple noise scale
-B_simple = tr(Σ)/|G|² on the training set (:func:`noise_scale`).
+B_simple = tr(Σ)/|G|² on the training set (:func:`noise_scale`). With ``accumulate`` = k each rank
+runs its share of the batch as k micro-batches before the one all-reduce (:mod:`.accumulation`);
+with ``peak_memory`` each rank measures its peak of allocated bytes over the steps (:mod:`..peakmem`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from ..config import TrainConfig, opt
 from ..data import batch_indices, shard, subspace_teacher
 from ..metrics import StepRecorder, counters, memory_report, per_rank_summary
 from ..models import flat_views, mlp
+from ..peakmem import PeakMemory
 from ..runtime import context
+from .accumulation import accumulate, validate_accumulate
 
 NAME = "large-batch"
 
@@ -39,7 +43,12 @@ class Config(TrainConfig):
                "long": {"world_size": 2, "samples": 8192, "eval_samples": 2048, "epochs": 48,
                         "eval_every": 8, "hidden": 128, "depth": 6},
                "tiny": {"samples": 512, "eval_samples": 128, "epochs": 2, "hidden": 16, "depth": 3,
-                        "global_batch": 64}}
+                        "global_batch": 64},
+               # §7's gradient accumulation: the laptop task at B = 2,048, one epoch (4 steps, no evaluation
+               # inside the measured peak; ch05_accumulate)
+               "accumulate": {"world_size": 2, "samples": 8192, "eval_samples": 2048, "epochs": 1,
+                              "hidden": 128, "depth": 6, "global_batch": 2048, "optimizer": "sgd",
+                              "lr": 0.2, "peak_memory": True}}
 
     optimizer: str = opt("lamb", "sgd (with momentum 0.9) | adam (AdamW) | lars | lamb")
     epochs: int = opt(8, "passes over the training set (the budget of samples: fixed as the batch grows)")
@@ -49,6 +58,10 @@ class Config(TrainConfig):
     eval_samples: int = opt(2048, "held-out samples, evaluated every eval_every epochs")
     eval_every: int = opt(1, "epochs between evaluations of the held-out set (and the last epoch)")
     noise_scale: bool = opt(False, "at each evaluation also measure B_simple = tr(Σ)/|G|² (training set)")
+    accumulate: int = opt(1, "micro-batches per step: each rank's share of the batch in this many "
+                             "forward/backward passes, then one all-reduce (gradient accumulation)")
+    peak_memory: bool = opt(False, "measure each rank's peak of allocated bytes from the first step to "
+                                   "the end of the last (lesson_lib.peakmem)")
     # The task (chapter 5's defaults differ from the shared ones: a deeper MLP on a harder set).
     hidden: int = opt(128, "width of the hidden layers")
     depth: int = opt(6, "number of hidden layers")
@@ -73,7 +86,7 @@ class Config(TrainConfig):
             raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
         if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < 1):
             raise ValueError(f"weight_decay must be in [0, 1), got {self.weight_decay!r}")
-        for name in ("noise_scale", "adapt_biases"):
+        for name in ("noise_scale", "adapt_biases", "peak_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.adapt_biases and self.optimizer not in ("lars", "lamb"):
@@ -86,6 +99,7 @@ class Config(TrainConfig):
         if self.global_batch % self.world_size:
             raise ValueError(f"global_batch={self.global_batch} must divide evenly over "
                              f"world_size={self.world_size} ranks")
+        validate_accumulate(self.accumulate, self.global_batch // self.world_size)
         return self
 
     @property
@@ -179,7 +193,8 @@ def noise_scale(model, x, y, rank: int = 0, world_size: int = 1, chunk: int = 20
     return {"trace_sigma": trace, "grad_sq": g_sq, "b_simple": trace / g_sq if g_sq > 0 else math.inf}
 
 
-def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=None) -> dict:
+def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=None,
+          peak: PeakMemory | None = None) -> dict:
     """The loop; with ``world_size == 1`` and no process group it is the single-process reference."""
     x_all, y_all = subspace_teacher(cfg.samples + cfg.eval_samples, cfg.d_in, classes=cfg.classes)
     x_all, y_all = x_all.to(device), y_all.to(device)
@@ -192,15 +207,15 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
     adapted = [i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"]) if p.ndim > 1]
     rec = StepRecorder(device, emit)
     losses, evals, trust = [], [], []
+    if peak is not None:  # the peak is the steps': what is alive now (data, model, bucket) counts in it
+        peak.reset_peak()
     for step in range(cfg.steps):
         idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world_size)
         with rec.step(step) as r:
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(cfg, step)
             optimizer.zero_grad(set_to_none=False)
-            loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
-            loss.backward()
-            loss = loss.detach().reshape(1)
+            loss = accumulate(model, x_all, y_all, idx, cfg.accumulate).reshape(1)  # no communication
             if world_size > 1:  # chapter 0's step: sum the gradients, divide by the ranks
                 message[:-1].copy_(bucket)  # the loss rides in the same all-reduce: one per step,
                 message[-1:].copy_(loss)  # not two (B₀'s 6,144 small steps are latency-bound)
@@ -211,6 +226,8 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
             optimizer.step()
             r.update(loss=float(loss), lr=lr_at(cfg, step), samples=(step + 1) * cfg.global_batch)
         losses.append(r["loss"])
+        if peak is not None and step == cfg.steps - 1:
+            peak.stop()  # before the last evaluation
         if rank == 0 and isinstance(optimizer, (optim.LARS, optim.LAMB)):
             trust.append([optimizer.last_stats[i][2] for i in adapted])
         if not math.isfinite(r["loss"]):  # every rank sees the same all-reduced loss: all stop
@@ -234,7 +251,12 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
 def worker(cfg: Config) -> dict:
     ctx = context()
     counters().reset()
-    return train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit)
+    if not cfg.peak_memory:
+        return train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit)
+    with PeakMemory(ctx.device) as peak:  # the allocator's count: a measurement
+        out = train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit, peak=peak)
+    out["per_rank"]["memory"].update(peak.as_dict())
+    return out
 
 
 def reference(cfg: Config) -> dict:
@@ -256,6 +278,7 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
         "diverged": diverged, "steps": len(out["losses"]), "steps_per_epoch": cfg.steps_per_epoch,
         "evals": out["evals"], "trust_ratios": out["trust_ratios"], "param_count": psi,
         "grad_bytes_per_epoch": grad_sent / epochs_run if epochs_run else 0.0,
+        "grad_bytes_per_step": grad_sent / len(out["losses"]) if out["losses"] else 0.0,
         # exact: one ring all-reduce of the Ψ float32 gradients and the loss per step, busiest rank
         "grad_bytes_per_epoch_formula": cfg.steps_per_epoch * max(
             comm.ring_bytes_sent(psi + 1, 4, cfg.world_size, r) for r in range(cfg.world_size)),

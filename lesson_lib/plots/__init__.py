@@ -7,7 +7,18 @@ One module per kind of figure, each reached the same way: ``plots.<module>.<figu
 (``plots.training.timeline``, ``plots.common.LiveRuns``).
 """
 
-from . import checkpoint, collectives, common, compression, impact, large_batch, memory, pipeline, training
+from . import (
+    checkpoint,
+    collectives,
+    common,
+    compression,
+    impact,
+    large_batch,
+    memory,
+    pipeline,
+    precision,
+    training,
+)
 
 __all__ = ["checkpoint", "collectives", "common", "compression", "impact", "large_batch", "memory",
-           "pipeline", "training"]
+           "pipeline", "precision", "training"]

@@ -107,3 +107,26 @@ def noise_scale(evals: list[dict], batches=()) -> go.Figure:
     fig.update_layout(height=360, title="The simple noise scale grows as the loss falls", margin={"t": 60},
                       legend={"orientation": "h", "y": -0.25})
     return fig
+
+
+def accumulation(rows: list[dict]) -> go.Figure:
+    """Gradient accumulation at one global batch (chapter 5, §7): rank 0's measured peak of allocated
+    bytes per k, split at the first step, and the counted all-reduce bytes per step beside k times
+    them (what all-reducing every micro-batch would send: a formula, not a run)."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        "peak of allocated bytes, rank 0 (MB, measured)", "all-reduce bytes per step, rank 0"))
+    xs = [f"k = {r['k']} ({r['micro_batch']} samples)" for r in rows]
+    first = [r["at_first_step"][0] / 1e6 for r in rows]
+    fig.add_bar(x=xs, y=first, name="alive at the first step (data set, model, gradient bucket)",
+                row=1, col=1, marker_color="#BAB0AC")
+    fig.add_bar(x=xs, y=[r["peak"][0] / 1e6 - f for r, f in zip(rows, first)], row=1, col=1,
+                name="added during a step (activations of one micro-batch, momentum)", marker_color="#4C78A8")
+    fig.add_scatter(x=xs, y=[r["grad_bytes_per_step"] for r in rows], mode="markers", marker={"size": 11},
+                    name="counted: one all-reduce per step", row=1, col=2)
+    fig.add_scatter(x=xs, y=[r["k"] * r["grad_bytes_per_step"] for r in rows], mode="lines+markers",
+                    line={"dash": "dot"}, name="k × that: an all-reduce per micro-batch (formula)",
+                    row=1, col=2)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(barmode="stack", height=380, margin={"t": 70}, legend={"orientation": "h", "y": -0.25},
+                      title="Gradient accumulation: one global batch in k micro-batches")
+    return fig

@@ -38,7 +38,7 @@
 # %% [markdown]
 # **After this chapter you can:**
 #
-# 1. state the memory per rank of ZeRO's stages 1–3, (4 + 12/N)Ψ, (2 + 14/N)Ψ and 16Ψ/N in mixed precision, and tell the inventory from the allocator's measured peak per rank (§1, §5, formula exercises);
+# 1. state the memory per rank of ZeRO's stages 1–3, (4 + 12/N)Ψ, (2 + 14/N)Ψ and 16Ψ/N in mixed precision, tell the inventory from the allocator's measured peak per rank, and show why fp16 needs loss scaling where bf16 does not (§1, §5, §10, formula exercises);
 # 2. show that sharding changes no result: every stage trains like stage 0 (§2);
 # 3. write ZeRO-1's step — reduce-scatter, a step on your slice, all-gather — on real ranks (§3, first exercise);
 # 4. count what each stage costs on the wire, 1.5× plain data parallelism for ZeRO-3 (§4), and pick the smallest stage that fits a model (last exercise);
@@ -298,7 +298,7 @@ assert wire[3]["counted"] / wire[0]["counted"] == 1.5
 #
 # The paper's numbers assume fp16 parameters and gradients with an fp32 master copy and Adam
 # moments (K = 12). A CPU has no fast fp16, so here the low precision is **bfloat16**; the byte
-# counts are the same. Measured against 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N:
+# counts are the same (§10: why fp16 also needs a loss scale, and bf16 does not). Measured against 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N:
 
 # %%
 mixed = ch04.stages(world_size=4, precision="mixed")
@@ -495,7 +495,52 @@ assert set(ckpt["shards"]["keys"]) == {"__0_0.distcp", "__1_0.distcp"}, ckpt["sh
 # loading) becomes a real share of the time lost.
 
 # %% [markdown]
-# ## 10. Try it yourself
+# ## 10. fp16 needs a loss scale, bf16 does not
+#
+# §5 counted mixed precision's bytes in bfloat16, where the paper's K = 12 assumes fp16 parameters
+# and gradients. The bytes are the same; the numbers are not. fp16 keeps 5 exponent bits: its
+# smallest (subnormal) value is 2⁻²⁴ ≈ 6·10⁻⁸, and a gradient below half of that rounds to zero —
+# it *underflows*, and its weight stops learning. Micikevicius et al. (2018) found many of a real
+# network's activation gradients down there and introduced **loss scaling**: multiply the loss by
+# S before the backward, so that every gradient is S times larger; divide the fp32 gradients by S
+# before the step; when a gradient overflows to inf, skip the step and halve S (dynamic scaling).
+# `torch.amp.GradScaler` does it, on a CPU too. **bfloat16** (Kalamkar et al., 2019) keeps fp32's 8
+# exponent bits: its range is fp32's, so small gradients survive without a scale, at the price of
+# a coarser mantissa (8 bits against fp16's 11).
+#
+# A case where it shows: 12 tanh layers of 32 initialised small, so that the gradients shrink layer
+# by layer on the way back, trained with Adam (which turns even a tiny gradient into a full step, if
+# it survives). Each precision starts from the same weights on the same batches, its forward and
+# backward under `torch.autocast` with fp32 master weights. One process is enough: the point is the
+# number format, not the ranks. The loop, with the scaler's four calls:
+
+# %%
+from lesson_lib.milestones.zero import loss_scaling
+
+show_source(loss_scaling.train)
+
+# %%
+precision = ch04.loss_scaling()
+
+# %% [markdown]
+# The table and the figure are measurements of this run. At the first step unscaled fp16 flushes
+# most gradient values to zero — the first layers', whose gradients are the smallest; as the last
+# layers learn, the gradients grow and fewer flush, but the first layers have lost their first steps,
+# and in our runs the loss drifted from fp32's by more than rounding allows. With S = 2¹⁶
+# (GradScaler's default) no value flushes and the loss follows fp32's within fp16's rounding. bf16
+# flushes none with no scale at all; its tolerance is 8 times looser than fp16's (2⁻⁸ against 2⁻¹¹
+# relative per rounding), since it rounds more coarsely. That is why bf16, where the hardware has
+# it, has largely replaced fp16 with loss scaling for training.
+
+# %%
+assert precision["fp32"]["zero_max"] == 0, precision["fp32"]  # tanh: fp32 has no exact zeros here
+assert precision["fp16"]["zero_first"] > 0.5, precision["fp16"]  # unscaled fp16: most values flush
+for p in ("fp16+scaling", "bf16"):
+    assert precision[p]["zero_max"] < 0.01, (p, precision[p])  # scaled fp16 and bf16: (almost) none
+    assert precision[p]["loss_gap"] <= precision[p]["tolerance"], (p, precision[p])  # fp32, to rounding
+
+# %% [markdown]
+# ## 11. Try it yourself
 #
 # Run all four stages with 1, 2 or 4 ranks (the batch of 64 must split evenly) and either precision
 # (real processes).
@@ -554,7 +599,7 @@ exercises["fit"].submit(...)  # replace ... with a stage number
 #
 # What showed each of this chapter's objectives:
 #
-# 1. **memory per rank** — §1's inventory against the paper's formulas, the measured peak beside it (never below it, asserted), and §7's table at the scale of real models.
+# 1. **memory per rank** — §1's inventory against the paper's formulas, the measured peak beside it (never below it, asserted), §7's table at the scale of real models, and §10's precisions: unscaled fp16 flushing most gradient values to zero at the start, fp16 with loss scaling and bf16 flushing almost none and tracking fp32 within their rounding (asserted).
 # 2. **the same training** — §2's identical results across stages, and §6's agreement with PyTorch's ZeroRedundancyOptimizer.
 # 3. **ZeRO-1 by hand** — §3's sharded step, and your `my_zero1_step`, judged on the collectives it ran and on its result.
 # 4. **the wire** — §4's counted bytes, equal to the formulas (asserted).

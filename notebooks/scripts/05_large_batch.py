@@ -34,11 +34,11 @@
 # %% [markdown]
 # **After this chapter you can:**
 #
-# 1. compute a LARS trust ratio and LAMB's update for one layer (§1, first two exercises);
+# 1. compute a LARS trust ratio and LAMB's update for one layer, and read the ratios layer by layer (§1, §5, first two exercises);
 # 2. scale the learning rate with the batch by the linear and square-root rules, with warm-up, and show LAMB keeping its accuracy at 32× the batch while SGD with the linear rule diverges — and where LAMB's advantage ends (§3, scaling exercise);
 # 3. measure the gradient noise scale B_simple, which estimates the critical batch size (§3);
-# 4. read trust ratios layer by layer (§5);
-# 5. compute a layer's norm from its shards under ZeRO with one all-reduce of two numbers (§6, last exercise).
+# 4. compute a layer's norm from its shards under ZeRO with one all-reduce of two numbers (§6, sharded exercise);
+# 5. reach a large batch in the memory of a small one by gradient accumulation — k micro-batches, one all-reduce — and measure that it trains the same, sends the same bytes per step and needs one micro-batch's activations (§7, last exercise).
 #
 # **Before it:** chapter 0 (data-parallel training); optimizers (SGD with momentum, Adam).
 # **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
@@ -193,7 +193,8 @@ assert b_simple[-1][1] > 10 * b_simple[0][1], b_simple  # grows as the loss fall
 # Per epoch, a k-times larger batch takes k times fewer steps, so k times fewer all-reduces of the
 # same 91k gradients: the bytes each rank sends per epoch fall by k — **counted** on the wire against
 # steps × 2(N−1)/N·S (S: the gradients and the loss, which rides in the same all-reduce, in float32). The time per epoch falls too (fewer, fuller steps), though not k-fold: the
-# arithmetic per sample stays the same.
+# arithmetic per sample stays the same. (And when a rank's share of a large batch does not fit in
+# memory: §7.)
 
 # %%
 ch05.epoch_cost(out["rows"], "lamb")
@@ -253,7 +254,60 @@ for stage in (0, 1, 2, 3):
     assert zr["norm_traffic_per_step"] == zr["norm_traffic_formula"], zr["norm_traffic_per_step"]
 
 # %% [markdown]
-# ## 7. Try it
+# ## 7. Gradient accumulation: the large batch when memory is the limit
+#
+# §3 grew the batch to 32·B₀ and §4 counted what that saves, as if each rank's share of the batch
+# always fitted in memory. It need not: autograd keeps every layer's activations for the backward, and
+# they grow with the batch. What practitioners do then is **gradient accumulation**: each rank runs
+# its share as k micro-batches, one forward and backward each, lets `backward()` add the k gradients
+# into `p.grad`, and only then all-reduces, once. Scaled by 1/k, the k micro-batches' mean losses add
+# up to the mean over the whole share, so the step is the large batch's, to float rounding. These are
+# the lines `large_batch.train` runs with `accumulate=k`, before its one all-reduce of §2:
+
+# %%
+from lesson_lib.milestones import accumulation
+
+show_source(accumulation.accumulate)
+
+# %% [markdown]
+# PyTorch's DDP all-reduces from inside every `backward()`; its `no_sync()` context turns that off,
+# so the first k−1 micro-batches run under it and the last one does not (`accumulation.ddp_worker`,
+# the library reference, counts DDP's all-reduces with a communication hook). Below, one global batch
+# of 2,048 (§3's 32·B₀) on 2 ranks, for one epoch of SGD — not LAMB or Adam, which divide by the
+# gradient's own size and would hide a missing 1/k — with each rank's 1,024 samples in k = 1, 2 and 4
+# micro-batches, each rank's peak of allocated bytes **measured** by the allocator (chapter 4's
+# `PeakMemory`, from the first step to the end of the last):
+
+# %%
+acc = ch05.accumulation((1, 2, 4))
+
+# %% [markdown]
+# The losses agree to float rounding with k = 1 and with DDP's; the all-reduce bytes per step,
+# **counted** on the wire, are the same whatever k, and equal one ring all-reduce's formula — where
+# all-reducing every micro-batch (DDP without `no_sync()`, counted above) hands k times as many bytes
+# to the network per step. The measured peak falls with k: what scales with the micro-batch (its
+# activations) halves each time k doubles, while what was alive before the first step (the data set,
+# the model, its gradient bucket) stays. The step time is shown, not asserted: smaller micro-batches
+# run smaller, less efficient matrix products and k passes of Python, and on 2 shared cores it varies
+# from run to run by more than that. On a GPU a micro-batch too small leaves the device idle, so k is
+# chosen as small as memory allows. You write `accumulate_step` yourself in the last exercise below.
+
+# %%
+rows = acc["rows"]
+for r in rows:
+    assert r["loss_gap"] <= acc["tolerance"], r  # the large batch's training, to float rounding
+    assert r["grad_bytes_per_step"] == acc["grad_bytes_formula"], r  # one all-reduce per step: exact
+assert acc["ddp_loss_gap"] <= acc["tolerance"], acc["ddp_loss_gap"]
+assert all(c == [acc["param_bytes"]] for c in acc["ddp_no_sync"])  # DDP with no_sync: one per step
+assert all(c == [acc["param_bytes"]] * 4 for c in acc["ddp_every_micro_batch"])  # without it: k per step
+peak = [max(r["peak"]) for r in rows]
+assert peak[0] > peak[1] > peak[2], peak
+assert len({max(r["at_first_step"]) for r in rows}) == 1, rows  # data, model, bucket: the same for every k
+# the part that scales with the micro-batch halves with it (1,024 → 512 → 256 samples)
+assert abs((peak[0] - peak[1]) - 2 * (peak[1] - peak[2])) <= 0.1 * (peak[0] - peak[1]), peak
+
+# %% [markdown]
+# ## 8. Try it
 #
 # Pick an optimizer, a batch, a peak rate and a warm-up; each click trains on real ranks, on the quick
 # 8-epoch budget (`ch05.explorer("long")` gives the 48 epochs of section 3: about 20 s a run at B₀).
@@ -311,18 +365,29 @@ def sharded_trust_ratio(w_shard, u_shard):
 
 exercises["sharded"].submit(sharded_trust_ratio)
 
+# %%
+exercises["accumulate"]
+
+
+# %%
+def accumulate_step(model, batches):
+    ...  # your code here: runs on every rank; batches is a list of k micro-batches (x, y)
+
+
+exercises["accumulate"].submit(accumulate_step)
+
 # %% [markdown]
 # ## Summary
 #
 # What showed each of this chapter's objectives:
 #
-# 1. **the update rules** — §1's code, and your trust ratio and `lamb_step`.
+# 1. **the update rules** — §1's code, your trust ratio and `lamb_step`, and §5's ratios per layer.
 # 2. **large batches** — §3's accuracies on the same 48 epochs from 1× to 128× the batch: LAMB at 32× within 1.5 points of its B₀ accuracy, SGD with the linear rule far below, LAMB falling at 128× (all asserted).
 # 3. **the critical batch size** — §3's B_simple, measured on the ranks, growing as training goes on (asserted).
-# 4. **trust ratios** — §5's ratios per layer.
-# 5. **LAMB under ZeRO** — §6, and your `sharded_trust_ratio`, judged on its result and on the few bytes it sent.
+# 4. **LAMB under ZeRO** — §6, and your `sharded_trust_ratio`, judged on its result and on the few bytes it sent.
+# 5. **gradient accumulation** — §7's runs at k = 1, 2, 4: the same losses as k = 1 and as DDP with `no_sync()`, the same counted bytes per step, the measured peak falling with the micro-batch (all asserted); and your `accumulate_step`, judged on real ranks by when and how much it communicated.
 #
-# **On a real cluster:** Layer-wise trust ratios let a large batch keep the small batch's accuracy only up to a point — past the critical batch size (McCandlish et al., 2018) more samples per step stop buying fewer steps.
+# **On a real cluster:** Layer-wise trust ratios let a large batch keep the small batch's accuracy only up to a point — past the critical batch size (McCandlish et al., 2018) more samples per step stop buying fewer steps. Where a rank's share of such a batch does not fit in memory, gradient accumulation reaches it in k sequential micro-batches for the bytes of one all-reduce (DDP's `no_sync()`).
 
 # %% [markdown]
 # ## What comes next

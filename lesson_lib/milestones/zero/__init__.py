@@ -27,7 +27,8 @@ has no fast fp16) and an fp32 master copy with Adam's moments: K = 12 bytes per 
 
 :mod:`.fsdp` runs PyTorch's FSDP2 (``fully_shard``, Zhao et al., VLDB 2023) on the same model and
 batches as stage 3, and maps our steps to its own; :mod:`.checkpoint` saves its sharded state with
-``torch.distributed.checkpoint``, kills a rank, and resumes on fresh processes (section 9).
+``torch.distributed.checkpoint``, kills a rank, and resumes on fresh processes (section 9);
+:mod:`.loss_scaling` shows why fp16 needs a loss scale and bf16 does not (section 10).
 """
 
 from . import checkpoint, fsdp
