@@ -295,3 +295,36 @@ def test_out_of_sample_llama_65b():
     assert abs(tokens_s / p["tokens_per_s_per_device"] - 1) <= 0.25, tokens_s
     assert abs(e["days"] / p["published_days"] - 1) <= 0.25, e["days"]
     assert e["terms"]["flops"] == 6 * 65.2e9 * 2048 * 2048  # no recomputation: 6·Ψ per token
+
+
+def test_offload_moves_the_gradient_and_adam_shards_to_the_host_exactly():
+    """ZeRO-Offload on ZeRO-2 (Ren et al. 2021): 2 + 12 bytes per parameter of each device's shard
+    leave the device for the host; per step the shard crosses PCIe down and the parameters come back."""
+    for p in (1, 8, 64):
+        base = cm.Plan(1e12, 300e9, 1024, zero=2, pipeline=p).validate()
+        off = cm.Plan(1e12, 300e9, 1024, zero=2, pipeline=p, offload=True).validate()
+        moved = 14 * 1e12 / (p * base.data_parallel)
+        a, b = cm.estimate(base)["memory"], cm.estimate(off)["memory"]
+        assert b["host"] == pytest.approx(moved, rel=1e-12) and a["host"] == 0
+        assert a["total"] - b["total"] == pytest.approx(moved, rel=1e-9)
+        assert b["grads"] == b["optimizer"] == 0 and b["params"] == a["params"]
+        pcie = cm.links()["pcie4-x16"]
+        extra = 2 * pcie["alpha"] + 2 * 1e12 / (p * base.data_parallel) * pcie["beta"]
+        assert cm.estimate(off)["step_s"] - cm.estimate(base)["step_s"] == pytest.approx(extra, rel=1e-9)
+    # Ren et al.'s headline: 13B parameters on one 32 GB V100 fits with offload, not without
+    v100 = dict(device="v100-32gb", zero=2, batch_tokens=8 * 2048)
+    assert cm.estimate(cm.Plan(13e9, 1e9, 1, offload=True, **v100))["fits"]
+    assert not cm.estimate(cm.Plan(13e9, 1e9, 1, **v100))["fits"]
+    # the host's memory is checked too
+    assert not cm.estimate(cm.Plan(13e9, 1e9, 1, offload=True, host_gb=100, **v100))["fits"]
+    said = " ".join(cm.assumptions(cm.Plan(13e9, 1e9, 1, offload=True, **v100)))
+    assert "ZeRO-Offload" in said and "256 GB of host memory per device (assumed" in said and "PCIe" in said
+
+
+@pytest.mark.parametrize("bad, name", [({"offload": True, "zero": 3}, "offload"),
+                                       ({"offload": True, "zero": 0}, "offload"),
+                                       ({"offload": 1, "zero": 2}, "offload"),
+                                       ({"host_gb": 0}, "host_gb"), ({"host_link": "usb"}, "host_link")])
+def test_offload_inputs_are_checked_by_name(bad, name):
+    with pytest.raises(ValueError, match=name):
+        cm.Plan(1e9, 1e9, 8, **bad).validate()

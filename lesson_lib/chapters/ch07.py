@@ -60,6 +60,23 @@ def ps_sharding(servers=(1, 8, 64, 256, 1024), **overrides) -> list[dict]:
     return rows
 
 
+def offload(params: float = 1e12, devices: int = 1024, pipelines=(8, 16, 32, 64), **options) -> list[dict]:
+    """Which of ZeRO-2, ZeRO-2 with ZeRO-Offload and ZeRO-3 fits ``params`` on ``devices`` A100s, at
+    each pipeline depth: memory per device and per device on the host, fits, days. Prints the table."""
+    rows = []
+    print(f"{'pipeline P':>10} {'milestone':<17} {'GB/device':>10} {'GB on host':>11} {'fits':>5} "
+          f"{'days':>7}")
+    for p in pipelines:
+        for name, choice in (("zero-2", {"zero": 2}), ("zero-2 + offload", {"zero": 2, "offload": True}),
+                             ("zero-3", {"zero": 3})):
+            e = costmodel.estimate(costmodel.Plan(params, 300e9, devices, pipeline=p, **choice, **options))
+            rows.append({"pipeline": p, "milestone": name, **e})
+            mem = e["memory"]
+            print(f"{p:>10} {name:<17} {mem['total'] / 1e9:>10,.1f} {mem['host'] / 1e9:>11,.1f} "
+                  f"{'yes' if e['fits'] else 'NO':>5} {e['days']:>7,.1f}")
+    return rows
+
+
 def published_check() -> list[dict]:
     """The step model against every published run (data/published.csv), each with its use: the
     rows the efficiency was calibrated on, and the out-of-sample ones. Prints the table."""

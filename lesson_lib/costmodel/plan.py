@@ -55,6 +55,9 @@ class Plan:
     efficiency: float = 0.5            # share of peak FLOP/s the math reaches (assumed)
     recompute: bool = True             # 8Ψ FLOPs per token instead of 6Ψ, less activation memory
     overlap: float = 0.0               # share of data-parallel communication hidden behind compute
+    offload: bool = False              # ZeRO-Offload: gradients, Adam and its step on the host (Ren 2021)
+    host_link: str = "pcie4-x16"       # device ↔ host, for offload (data/links.csv)
+    host_gb: float = 256.0             # host memory per device (assumed; DGX A100: 2 TB for 8 GPUs)
 
     def shape(self) -> tuple[int, int, int]:
         """(layers, hidden, heads): given, or GPT-3's aspect (h = 128·L) from Ψ = 12·L·h²."""
@@ -77,7 +80,8 @@ class Plan:
         return self.batch_tokens * self.batch_scale / self.seq_len / (self.data_parallel * self.micro_batch)
 
     def validate(self) -> "Plan":
-        for name in ("params", "tokens", "batch_tokens", "batch_scale", "compression", "efficiency"):
+        for name in ("params", "tokens", "batch_tokens", "batch_scale", "compression", "efficiency",
+                     "host_gb"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
@@ -91,7 +95,7 @@ class Plan:
                 raise ValueError(f"{name} must be a positive int (0: derived from params), got {v!r}")
         if self.device not in devices():
             raise ValueError(f"device must be one of {', '.join(devices())}, got {self.device!r}")
-        for name in ("link", "intra_link"):
+        for name in ("link", "intra_link", "host_link"):
             if getattr(self, name) not in links():
                 raise ValueError(f"{name} must be one of {', '.join(links())}, got {getattr(self, name)!r}")
         if self.comm not in ("ring", "ps"):
@@ -100,6 +104,11 @@ class Plan:
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.comm == "ps" and (self.zero or self.pipeline > 1):
             raise ValueError("comm='ps' models chapter 1's parameter server: use it with zero=0, pipeline=1")
+        if not isinstance(self.offload, bool):
+            raise ValueError(f"offload must be True or False, got {self.offload!r}")
+        if self.offload and self.zero != 2:
+            raise ValueError("offload models ZeRO-Offload, built on ZeRO-2's partitioned gradients and "
+                             f"optimizer: use it with zero=2, got zero={self.zero}")
         if not 0 <= self.overlap <= 1:
             raise ValueError(f"overlap must be between 0 and 1, got {self.overlap!r}")
         if self.devices % (self.pipeline * self.tensor):

@@ -68,10 +68,16 @@ def memory(plan: Plan) -> dict:
         act = recompute_activation_bytes(plan.seq_len, plan.micro_batch, hidden, held) + full
     else:
         act = held * full
+    # ZeRO-Offload (on ZeRO-2): my shard of the gradients and of Adam's fp32 state live on the host,
+    # where Adam steps; the device keeps the bf16 parameters and the activations (Ren et al. 2021)
+    host = states["grads"] + states["optimizer"] if plan.offload else 0.0
+    if plan.offload:
+        states["grads"] = states["optimizer"] = 0.0
     out = {**states, "activations": act}
     out["total"] = sum(out.values())
     out["device"] = devices()[plan.device]["memory"]
-    out["fits"] = out["total"] <= out["device"]
+    out["host"], out["host_memory"] = host, plan.host_gb * 1e9
+    out["fits"] = out["total"] <= out["device"] and host <= out["host_memory"]
     out["server"] = server_memory(plan.params, plan.servers) if plan.comm == "ps" else 0.0
     return out
 
@@ -101,6 +107,9 @@ def step_time(plan: Plan) -> dict:
     if P > 1:  # each micro-batch sends its activation forward and its gradient back (chapter 3)
         boundary = 2 * plan.seq_len * plan.micro_batch * hidden / t  # bf16 bytes
         lat, bw = lat + 2 * m * net["alpha"], bw + 2 * m * boundary * net["beta"]
+    if plan.offload:  # my gradient shard to the host, my updated bf16 parameter shard back (full duplex)
+        pcie = links()[plan.host_link]
+        lat, bw = lat + 2 * pcie["alpha"], bw + 2 * plan.params / (P * t * d) * pcie["beta"]
     if t > 1:  # Megatron: 2 all-reduces per layer forward, 2 backward, 2 more when recomputing
         a, b = allreduce_terms("ring", t, 2 * plan.seq_len * plan.micro_batch * hidden)
         count = layers / P * m * (6 if plan.recompute else 4)
@@ -162,6 +171,15 @@ def assumptions(plan: Plan) -> list[str]:
             f"one {net['name']} link each, holding Adam's 12 bytes per parameter over K: "
             f"{server_memory(plan.params, plan.servers) / 1e9:,.4g} GB per server; per step each worker "
             "sends 2K messages of S/K and each server 2N (Dean et al. 2012, Li et al. 2014)")
+    if plan.offload:
+        pcie = links()[plan.host_link]
+        lines.append(f"offload (ZeRO-Offload on ZeRO-2, Ren et al. 2021): each device's shard of the bf16 "
+                     f"gradients and of Adam's fp32 state (2 + 12 bytes per parameter) on the host, "
+                     f"{plan.host_gb:g} GB of host memory per device (assumed; a DGX A100 has 2 TB for 8 "
+                     "GPUs, NVIDIA DGX A100 datasheet); per step the "
+                     f"gradient shard goes down and the bf16 parameter shard comes back over {pcie['name']}, "
+                     f"{1e-9 / pcie['beta']:g} GB/s each way — {pcie['source']}; the host's Adam step is "
+                     "not modelled (assumed hidden, as Ren et al. overlap it)")
     if plan.tensor > 1:
         lines.append(f"tensor parallel over {plan.tensor} devices of a node: {node['name']}, "
                      f"{1e-9 / node['beta']:g} GB/s — {node['source']}")

@@ -33,7 +33,7 @@
 #
 # 1. estimate a training run's days from FLOPs, devices and achieved throughput by hand, and check it against published runs (§1, days exercise);
 # 2. read the talk's chart from a cost model whose every assumption is printed, and change any of them (§2–3);
-# 3. pick the smallest ZeRO stage that fits a model on a given device, and say which term dominates a step (stage and link exercises);
+# 3. pick the smallest ZeRO stage that fits a model on a given device, with or without offload to the host, and say which term dominates a step (§2's offload table, stage and link exercises);
 # 4. compare every milestone on one model, measured on real ranks to the same loss (§4), against the model's predictions (§5);
 # 5. measure α and β with your own ping-pong and feed them to the cost model (ping-pong exercise).
 #
@@ -203,6 +203,44 @@ assert all(b < a for a, b in zip(days, days[1:])) and abs(days[-1] / sweep[-1]["
 assert all(r["terms"]["latency"] >= sweep[-1]["terms"]["latency"] * (N - 1) / N for r in sweep[:-1])
 
 # %% [markdown]
+# ### Offload: the host's memory as a fourth ZeRO stage?
+#
+# ZeRO-Offload (Ren et al., USENIX ATC 2021) builds on ZeRO-2: each device's shard of the gradients
+# and of Adam's fp32 state (2 + 12 bytes per parameter, over d) moves to the host's memory, where
+# the CPU takes Adam's step; the device keeps the bf16 parameters and the activations, and per step
+# sends its gradient shard down and gets its parameter shard back over PCIe. Ren et al. report 13
+# billion parameters trained on a single 32 GB V100 this way. The cost model with offload (its new
+# assumptions are printed below), first that case, then a trillion parameters on 1,024 A100s at
+# several pipeline depths:
+
+# %%
+v100 = costmodel.estimate(costmodel.Plan(13e9, 1e9, 1, device="v100-32gb", zero=2, offload=True,
+                                         batch_tokens=8 * 2048))
+alone = costmodel.estimate(costmodel.Plan(13e9, 1e9, 1, device="v100-32gb", zero=2, batch_tokens=8 * 2048))
+print(f"13B on one V100: {v100['memory']['total'] / 1e9:.1f} GB on the device, "
+      f"{v100['memory']['host'] / 1e9:.0f} GB on the host with offload; "
+      f"{alone['memory']['total'] / 1e9:.0f} GB on the device without")
+print(*costmodel.assumptions(v100["plan"])[-1:], sep="\n")
+trillion = ch07.offload(1e12, 1024)
+
+# %%
+assert v100["fits"] and not alone["fits"]  # Ren et al.'s headline case, from the model
+at = {(r["pipeline"], r["milestone"]): r for r in trillion}
+for p in (8, 16, 32, 64):
+    with_off, without = at[p, "zero-2 + offload"]["memory"], at[p, "zero-2"]["memory"]
+    plan = at[p, "zero-2"]["plan"]
+    moved = 14 * 1e12 / (p * plan.data_parallel)  # 2 + 12 bytes per parameter of my shard
+    assert abs(with_off["host"] - moved) <= 1e-9 * moved and abs(without["total"] - with_off["total"] - moved) <= 1e-6 * moved
+assert not at[8, "zero-2 + offload"]["fits"] and at[8, "zero-3"]["fits"]
+
+# %% [markdown]
+# At a trillion parameters offload moves only the small part: with ZeRO-2 each device still holds
+# the bf16 parameters of its pipeline stage, 2Ψ/P, which is what does not fit until P is large.
+# ZeRO-3 shards those too and fits at every depth here. Offloading the parameters as well is
+# ZeRO-Infinity (Rajbhandari et al., SC 2021), which also uses NVMe; it is not modelled here. What
+# offload costs is PCIe time each step and the host's own Adam step (assumed hidden here, as
+# Ren et al. overlap it); what it buys is memory where a machine has much more of it.
+#
 # ## 3. What if…
 #
 # Change the model, the tokens, the number and kind of device, the link, how much communication
@@ -371,7 +409,7 @@ exercises["pingpong"].submit(ping_pong)
 #
 # 1. **training time by hand** — §1's calibration and the out-of-sample LLaMA-65B check, and your GPT-3 days.
 # 2. **the chart** — §2's days per milestone with K sharded servers printed, and §3's calculator.
-# 3. **memory and the dominant term** — your ZeRO stage and link answers.
+# 3. **memory and the dominant term** — §2's offload table (ZeRO-Offload fits 13B on one V100; at a trillion parameters ZeRO-3 fits where ZeRO-2 with offload does not, asserted) and your ZeRO stage and link answers.
 # 4. **measured side by side** — §4's table (every milestone to the same loss, asserted) and §5's predictions beside it.
 #
 # **On a real cluster:** No single milestone wins: a modern run combines data, pipeline and sharded parallelism, mixed precision and large-batch optimizers, and the cost model says which term to attack next.
