@@ -286,3 +286,38 @@ def test_explorer_offers_only_valid_rank_counts_and_checks_before_starting(monke
         ch04.stages(world_size=3)
     box = ch04.explorer()
     assert list(box.children[0].options) == sizes
+
+
+def test_the_prefetch_timeline_records_one_forward_layer_by_layer():
+    """Rank 0's last forward: every layer computes once, in order, never while its own gather runs;
+    without prefetching every layer is gathered in the forward, with it all but the first on the
+    communication thread, and the forward waits only for what had not arrived. The emulated link
+    and the recording change nothing in the training or the bytes."""
+    job = dict(stage=3, world_size=2, steps=2, link_gbps=1.0)
+    plain = experiments.run_warm(zero.Config.laptop(**job))
+    layers = len(plain["layer_bytes"])
+    for d in (0, 1):
+        r = experiments.run_warm(zero.Config.laptop(**job, prefetch=d, timeline=True))
+        assert r.losses == plain.losses and r["traffic_per_step"] == plain["traffic_per_step"]
+        spans = r["timeline"]
+        lane = lambda name, spans=spans: [s for s in spans if s["lane"] == name]  # noqa: E731
+        computes = lane("compute")
+        assert [s["layer"] for s in computes] == list(range(layers))
+        assert all(a["end"] <= b["start"] for a, b in zip(computes, computes[1:]))
+        in_forward, on_thread = lane("gather, in the forward"), lane("gather, communication thread")
+        if d == 0:
+            assert [s["layer"] for s in in_forward] == list(range(layers)) and not on_thread
+        else:
+            assert [s["layer"] for s in in_forward] == [0]
+            assert sorted(s["layer"] for s in on_thread) == list(range(1, layers))
+        gathered = {s["layer"]: s for s in in_forward + on_thread}
+        for c in computes:  # a layer computes after its gather ended
+            assert c["start"] >= gathered[c["layer"]]["end"] - 1e-9
+        assert min(s["start"] for s in spans) == 0.0
+
+
+@pytest.mark.parametrize("bad, name", [({"timeline": True, "stage": 2}, "timeline"), ({"link_gbps": -1.0},
+                                       "link_gbps"), ({"link_gbps": True}, "link_gbps")])
+def test_timeline_and_link_are_checked_by_name(bad, name):
+    with pytest.raises(ValueError, match=name):
+        zero.Config.laptop(**{"stage": 3, **bad})

@@ -21,6 +21,7 @@ from .ch04_checkpoint import survive  # noqa: F401  (section 9)
 from .ch04_exercises import exercises, first_fitting_stage, task  # noqa: F401
 from .ch04_fsdp import fsdp2, fsdp2_memory  # noqa: F401  (section 8)
 from .ch04_precision import loss_scaling  # noqa: F401  (section 10)
+from .ch04_prefetch import prefetch_timeline  # noqa: F401  (section 3)
 
 CATEGORIES = ("params", "grads", "optimizer")
 

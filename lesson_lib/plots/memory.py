@@ -98,3 +98,37 @@ def side_by_side(rows: list[dict], title: str) -> go.Figure:
     fig.update_layout(barmode="group", title=wrap(title, 80), yaxis_title="MB per rank", height=440,
                       margin={"t": 100}, legend={"orientation": "h", "y": -0.15})
     return fig
+
+
+PREFETCH_LANES = {"compute": COLORS["compute"], "gather, in the forward": COLORS["comm"],
+                  "gather, communication thread": "#FFBF79", "waiting for the gather": COLORS["idle"]}
+
+
+def prefetch_timeline(runs: dict[str, list[dict]], title: str, note: str | None = None) -> go.Figure:
+    """One forward of ZeRO-3 per run (``label → spans {lane, layer, start, end}``, rank 0): each
+    layer's compute, its gather (in the forward, or ahead on the communication thread) and any wait
+    for a prefetched gather, one row per lane; the bars carry the layer's number (chapter 4)."""
+    from plotly.subplots import make_subplots
+
+    from .common import _annotate
+
+    fig = make_subplots(rows=len(runs), cols=1, subplot_titles=[wrap(k, 90) for k in runs],
+                        vertical_spacing=0.22, shared_xaxes=True)
+    shown: set[str] = set()  # one legend entry per lane, from the first run that has it
+    for row, spans in enumerate(runs.values(), start=1):
+        for lane, color in PREFETCH_LANES.items():
+            mine = [s for s in spans if s["lane"] == lane]
+            fig.add_bar(y=[lane] * len(mine), x=[1e3 * (s["end"] - s["start"]) for s in mine],
+                        base=[1e3 * s["start"] for s in mine], orientation="h", marker_color=color,
+                        text=[str(s["layer"]) for s in mine], textposition="inside", name=lane,
+                        legendgroup=lane, showlegend=bool(mine) and lane not in shown, row=row, col=1,
+                        hovertemplate="layer %{text}: %{base:.2f} ms + %{x:.2f} ms"
+                                      f"<extra>{lane}</extra>")
+            if mine:
+                shown.add(lane)
+        fig.update_yaxes(categoryorder="array", categoryarray=list(PREFETCH_LANES)[::-1], row=row, col=1)
+    fig.update_xaxes(title_text="ms since the forward's first gather", row=len(runs), col=1)
+    fig.update_layout(title=title, barmode="overlay", height=170 + 190 * len(runs),
+                      legend={"orientation": "h", "y": -0.18})
+    _annotate(fig, note)
+    return fig

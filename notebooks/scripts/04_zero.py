@@ -41,7 +41,7 @@
 # 1. state the memory per rank of ZeRO's stages 1–3, (4 + 12/N)Ψ, (2 + 14/N)Ψ and 16Ψ/N in mixed precision, tell the inventory from the allocator's measured peak per rank, and show why fp16 needs loss scaling where bf16 does not (§1, §5, §10, formula exercises);
 # 2. show that sharding changes no result: every stage trains like stage 0 (§2);
 # 3. write ZeRO-1's step — reduce-scatter, a step on your slice, all-gather — on real ranks (§3, first exercise);
-# 4. count what each stage costs on the wire, 1.5× plain data parallelism for ZeRO-3 (§4), and pick the smallest stage that fits a model (last exercise);
+# 4. count what each stage costs on the wire, 1.5× plain data parallelism for ZeRO-3 (§4), see on a timeline what prefetching the next layer's gather hides (§3), and pick the smallest stage that fits a model (last exercise);
 # 5. run PyTorch's FSDP2 (`fully_shard`) on the same model and name which of its steps does what our ZeRO-3 does (§8), and checkpoint its shards so that training survives a killed rank (§9).
 #
 # **Before it:** chapters 0 and 2 (all-reduce, reduce-scatter, all-gather).
@@ -258,6 +258,32 @@ ahead = ch04.prefetch_depths(world_size=4, stage3=results[3])
 assert all(row["same"] for row in ahead), ahead  # bit for bit the same training, the same bytes sent
 assert all(row["peak"] == row["window"] for row in ahead), ahead  # the depth bounds the gathered layers
 assert ahead[0]["peak"] < ahead[1]["peak"] < ahead[2]["peak"], ahead
+
+# %% [markdown]
+# That is the memory side of the trade. The time side, on a timeline: rank 0's last forward, layer
+# by layer, without prefetching and with one layer ahead. On this machine a gather is a memory copy
+# that takes far less than a layer's compute, so the timeline uses chapter 6's **emulated** link
+# (`link_gbps`: each transfer takes at least bytes/bandwidth; the rank sleeps out the rest, its core
+# free) at 1 Gbit/s, with a batch large enough that a layer computes about as long as it gathers.
+
+# %%
+timeline = ch04.prefetch_timeline()
+
+# %%
+# the same training and the same bytes with or without prefetching: only when the bytes move changes
+assert timeline[0]["losses"] == timeline[1]["losses"] and timeline[0]["traffic"] == timeline[1]["traffic"]
+# without prefetching the forward stands still for every gather; with it, only for the first layer's
+# and for what of the next had not arrived when its compute ended
+assert timeline[1]["waiting_ms"] < timeline[0]["waiting_ms"], timeline
+assert timeline[1]["hidden_gather_ms"] > 0 and timeline[0]["hidden_gather_ms"] == 0, timeline
+
+# %% [markdown]
+# Whether the whole forward gets shorter here varies from run to run: the communication thread's
+# copies and the compute share two cores, so a layer that computes while the next one is gathered can
+# itself take longer. On a GPU the gather runs on the interconnect and the compute on the device's own
+# cores; FSDP's `forward_prefetch` and `backward_prefetch` (and DeepSpeed's prefetch bucket) make the
+# same trade there, memory of d more layers for the waits they hide. Our prefetching covers the
+# forward; the backward gathers each layer just before its backward, as before.
 
 # %% [markdown]
 # Our stage 2 above still builds the whole gradient before scattering it, so for a moment it holds as
@@ -602,7 +628,7 @@ exercises["fit"].submit(...)  # replace ... with a stage number
 # 1. **memory per rank** — §1's inventory against the paper's formulas, the measured peak beside it (never below it, asserted), §7's table at the scale of real models, and §10's precisions: unscaled fp16 flushing most gradient values to zero at the start, fp16 with loss scaling and bf16 flushing almost none and tracking fp32 within their rounding (asserted).
 # 2. **the same training** — §2's identical results across stages, and §6's agreement with PyTorch's ZeroRedundancyOptimizer.
 # 3. **ZeRO-1 by hand** — §3's sharded step, and your `my_zero1_step`, judged on the collectives it ran and on its result.
-# 4. **the wire** — §4's counted bytes, equal to the formulas (asserted).
+# 4. **the wire** — §4's counted bytes, equal to the formulas (asserted), and §3's prefetch timeline: the same bytes, moved while the previous layer computes, so the forward waits less for parameters (asserted, on an emulated link).
 # 5. **what PyTorch ships** — §8's FSDP2 (`fully_shard`) beside our stage 3: equal training, equal shards, measured memory, the stage table; §9's sharded checkpoints (DCP), a rank SIGKILLed mid-step and fresh processes resuming bit for bit.
 #
 # **On a real cluster:** ZeRO trades memory for traffic: stage 3 moves 1.5× data parallelism's bytes, so on a slow network the stage that just fits is the one to use.

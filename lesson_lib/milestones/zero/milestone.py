@@ -52,6 +52,10 @@ class Config(TrainConfig):
                                    "CPU its profiler slows each step, so runs timed for figures skip it")
     prefetch: int = opt(0, "stage 3: gather this many next layers' parameters during a layer's forward, on a "
                            "communication thread (0: each layer just before its use)")
+    link_gbps: float = opt(0.0, "emulated link for every collective, Gbit/s (0: the real link; "
+                                "comm.set_link)")
+    timeline: bool = opt(False, "stage 3: record the last step's forward, layer by layer: gathers, compute, "
+                                "waits (chapter 4's prefetch timeline)")
     bucket_mb: float = opt(0.0, "stage 2: 0 scatter the gradients after the backward | > 0 in buckets of "
                                 "this many MiB during the backward, each freed once scattered (as ZeRO-2)")
 
@@ -73,6 +77,11 @@ class Config(TrainConfig):
             raise ValueError(f"prefetch must be a number of layers >= 0, got {self.prefetch!r}")
         if self.prefetch and self.stage != 3:
             raise ValueError(f"prefetch={self.prefetch} applies to stage 3 only (stage={self.stage})")
+        if isinstance(self.link_gbps, bool) or not isinstance(self.link_gbps, (int, float)) \
+                or not 0 <= self.link_gbps < float("inf"):
+            raise ValueError(f"link_gbps must be a number of Gbit/s >= 0, got {self.link_gbps!r}")
+        if self.timeline and self.stage != 3:
+            raise ValueError(f"timeline applies to stage 3 only (stage={self.stage})")
         if self.precision not in ("fp32", "mixed"):
             raise ValueError(f"precision must be 'fp32' or 'mixed', got {self.precision!r}")
         if self.global_batch % self.world_size:
@@ -90,13 +99,17 @@ def param_count(cfg: TrainConfig) -> int:
 
 def worker(cfg: Config) -> dict:
     counters().reset()
-    if not cfg.peak_memory:
-        return _train(cfg, None)
-    # The allocator's own count (a measurement), from before the model exists to the last step.
-    with PeakMemory(context().device) as peak:
-        out = _train(cfg, peak)
-    out["per_rank"]["memory"].update(peak.as_dict())
-    return out
+    comm.set_link(cfg.link_gbps or None)
+    try:
+        if not cfg.peak_memory:
+            return _train(cfg, None)
+        # The allocator's own count (a measurement), from before the model exists to the last step.
+        with PeakMemory(context().device) as peak:
+            out = _train(cfg, peak)
+        out["per_rank"]["memory"].update(peak.as_dict())
+        return out
+    finally:
+        comm.set_link(None)  # warm workers serve other chapters next
 
 
 def _train(cfg: Config, peak: PeakMemory | None) -> dict:
@@ -109,13 +122,14 @@ def _train(cfg: Config, peak: PeakMemory | None) -> dict:
     # Every stage shards layer by layer, so every stage adds the gradients in the same order.
     units = [Flat(list(m.parameters()), n, r) for m in layers]
     transient = Transients()
-    overlap = ahead = None  # the communication threads of stage 2 with buckets and stage 3 with prefetch
+    overlap = ahead = timeline = None  # the threads of stage 2 with buckets and stage 3 with prefetch
     # --- the model states this rank keeps between steps
     if stage == 3:
         for u in units:
             u.shard = u.full[u.lo:u.hi].clone()
             u.free()
-        ahead = fetch_layer_by_layer(units, layers, n, transient, cfg.prefetch, peak)
+        timeline = [] if cfg.timeline else None
+        ahead = fetch_layer_by_layer(units, layers, n, transient, cfg.prefetch, peak, timeline)
     if stage == 2 and cfg.bucket_mb > 0:
         overlap = scatter_during_backward(units, layers, n, int(cfg.bucket_mb * 2**20), transient, peak)
     owned = [u.full if stage == 0 else (u.shard if stage == 3 else u.full[u.lo:u.hi]) for u in units]
@@ -139,6 +153,8 @@ def _train(cfg: Config, peak: PeakMemory | None) -> dict:
     try:
         for step in range(cfg.steps):
             idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), r, n)
+            if timeline is not None:
+                timeline.clear()  # the last step's forward is kept
             with rec.step(step) as rs:
                 for u in units if stage < 3 and overlap is None else ():
                     if stage == 2:  # built during backward, freed once scattered (a transient)
@@ -178,6 +194,7 @@ def _train(cfg: Config, peak: PeakMemory | None) -> dict:
     return {"losses": losses, "params": final, "padded": sum(u.padded for u in units),
             "layer_bytes": [u.padded * u.full.element_size() for u in units],
             "grads_peak": transient.grads_peak, "params_peak": transient.params_peak,
+            "timeline": sorted(timeline or [], key=lambda e: e["start"]),
             "per_rank": per_rank_summary(r, rec, memory)}
 
 
@@ -202,5 +219,8 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
             # the most bytes of full (unsharded) gradients a rank held at once, and each layer's
             "full_grads_peak": [o["grads_peak"] for o in outs], "layer_bytes": outs[0]["layer_bytes"],
             # stage 3: the most bytes of gathered (full) parameters a rank had allocated at once
-            "full_params_peak": [o["params_peak"] for o in outs]}
+            "full_params_peak": [o["params_peak"] for o in outs],
+            # timeline: rank 0's last forward, spans in seconds from its first
+            "timeline": [{**e, "start": e["start"] - t0, "end": e["end"] - t0} for e in outs[0]["timeline"]
+                         for t0 in [outs[0]["timeline"][0]["start"]]]}
 

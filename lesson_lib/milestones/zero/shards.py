@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -90,22 +91,26 @@ class Prefetch:
     communication thread while this one computes. Their storage is allocated on the rank's thread
     when the gather is launched, so at most d + 1 layers are gathered at once (bounded depth)."""
 
-    def __init__(self, units: list[Flat], depth: int, transient: Transients, peak=None):
+    def __init__(self, units: list[Flat], depth: int, transient: Transients, peak=None, timeline=None):
         self.units, self.depth, self.transient, self.peak = units, depth, transient, peak
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
         self.inflight: dict[int, Future] = {}
+        self.timeline = timeline
 
     def _ring(self, u: Flat) -> None:  # on the communication thread
         with in_background(), self.peak.thread() if self.peak is not None else contextlib.nullcontext():
-            comm.ring_all_gather(u.full, op="param_all_gather")
+            with span(self.timeline, "gather, communication thread", self.units.index(u)):
+                comm.ring_all_gather(u.full, op="param_all_gather")
 
     def fetch(self, u: Flat) -> None:
         """Layer ``u``'s forward is next: wait for its gather (or run it), launch the next ones."""
         i = self.units.index(u)
         if i in self.inflight:
-            self.inflight.pop(i).result()  # re-raises a failed collective here
+            with span(self.timeline, "waiting for the gather", i):
+                self.inflight.pop(i).result()  # re-raises a failed collective here
         else:
-            u.gather()
+            with span(self.timeline, "gather, in the forward", i):
+                u.gather()
             self.transient.add(u.full.untyped_storage().nbytes())
         for j in range(i + 1, min(i + 1 + self.depth, len(self.units))):
             if j not in self.inflight:  # in layer order: every rank launches the same sequence
@@ -117,24 +122,45 @@ class Prefetch:
         self.thread.shutdown(wait=False, cancel_futures=True)
 
 
+@contextlib.contextmanager
+def span(timeline: list | None, lane: str, layer: int):
+    """Record ``{lane, layer, start, end}`` (perf_counter seconds) in ``timeline`` if one is kept."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        if timeline is not None:
+            timeline.append({"lane": lane, "layer": layer, "start": t0, "end": time.perf_counter()})
+
+
 def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Transients,
-                         prefetch: int = 0, peak=None) -> Prefetch | None:
+                         prefetch: int = 0, peak=None, timeline: list | None = None) -> Prefetch | None:
     """Stage 3: gather a layer's parameters just before its forward and again before its
     backward, free them right after; reduce-scatter its gradient as soon as it is complete.
-    With ``prefetch`` > 0 the forward gathers that many layers ahead (:class:`Prefetch`)."""
+    With ``prefetch`` > 0 the forward gathers that many layers ahead (:class:`Prefetch`).
+    ``timeline``, if given, receives the forward's spans: each layer's gather (on which thread),
+    its compute, and any wait for a prefetched gather (chapter 4's timeline)."""
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    ahead = Prefetch(units, prefetch, transient, peak) if prefetch else None
+    ahead = Prefetch(units, prefetch, transient, peak, timeline) if prefetch else None
+    started: dict[int, float] = {}
 
     def gather(u, forward=False):
         if forward and ahead is not None:
             ahead.fetch(u)
         else:
-            u.gather()
+            with span(timeline if forward else None, "gather, in the forward", units.index(u)):
+                u.gather()
             transient.add(u.full.untyped_storage().nbytes())
         allocated = sum(v.full.untyped_storage().nbytes() for v in units)  # measured, not bookkept
         transient.params_peak = max(transient.params_peak, allocated)
+        if forward:
+            started[units.index(u)] = time.perf_counter()
 
     def free(u):
+        i = units.index(u)
+        if timeline is not None and i in started:
+            timeline.append({"lane": "compute", "layer": i, "start": started.pop(i),
+                             "end": time.perf_counter()})
         transient.add(-u.full.untyped_storage().nbytes())
         u.free()
 

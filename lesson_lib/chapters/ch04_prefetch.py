@@ -1,0 +1,46 @@
+"""Chapter 4's prefetch timeline (notebooks/04_zero.ipynb §3): one forward of ZeRO-3 on rank 0,
+layer by layer, without prefetching and with it, on an emulated link where a gather takes about as
+long as a layer's compute — what the forward waits for, and what the communication thread hides."""
+
+from __future__ import annotations
+
+from IPython.display import display
+
+from .. import plots
+from ..experiments import run_warm
+from ..milestones import zero
+
+# Each rank's share of a 2,048-sample batch makes a layer's forward take about as long as its gather
+# over 1 Gbit/s (a 256 × 256 layer: 131 kB per rank on 2 ranks), so that hiding one can be seen.
+TIMELINE = {"world_size": 2, "global_batch": 2048, "link_gbps": 1.0, "steps": 3}
+
+
+def _waits(spans: list[dict]) -> dict:
+    """ms the forward stood still for parameters, ms of gathers on the communication thread, the
+    forward's length (from its first gather to its last layer's end)."""
+    dur = lambda lane: sum(s["end"] - s["start"] for s in spans if s["lane"] == lane)  # noqa: E731
+    waited = dur("gather, in the forward") + dur("waiting for the gather")
+    return {"waiting_ms": 1e3 * waited, "compute_ms": 1e3 * dur("compute"),
+            "hidden_gather_ms": 1e3 * dur("gather, communication thread"),
+            "forward_ms": 1e3 * max(s["end"] for s in spans)}
+
+
+def prefetch_timeline(depths=(0, 1), **options) -> dict[int, dict]:
+    """ZeRO-3 at each prefetch depth on :data:`TIMELINE`'s emulated link: the figure of rank 0's last
+    forward, and per depth its waits (:func:`_waits`). Training is the same at every depth."""
+    job = {**TIMELINE, **options}
+    runs = {d: run_warm(zero.Config.laptop(stage=3, prefetch=d, timeline=True, **job)) for d in depths}
+    label = lambda d: (f"prefetch = {d}: the next {d} layer(s) gathered on the communication thread"  # noqa: E731
+                       if d else "prefetch = 0: each layer gathered just before its forward")
+    display(plots.memory.prefetch_timeline(
+        {label(d): r["timeline"] for d, r in runs.items()},
+        f"ZeRO-3, one forward on rank 0 of {job['world_size']}, EMULATED link of {job['link_gbps']:g} "
+        "Gbit/s: gathers, compute and waits"))
+    out = {}
+    for d, r in runs.items():
+        out[d] = {**_waits(r["timeline"]), "losses": r.losses, "traffic": r["traffic_per_step"]}
+        w = out[d]
+        print(f"prefetch {d}: the forward waited {w['waiting_ms']:.1f} ms for parameters, computed "
+              f"{w['compute_ms']:.1f} ms; {w['hidden_gather_ms']:.1f} ms of gathers ran on the "
+              f"communication thread; forward {w['forward_ms']:.1f} ms")
+    return out
