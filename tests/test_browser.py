@@ -438,6 +438,7 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
             page.set_default_timeout(30_000)
             try:
                 # reset: a fresh workspace, so the last chapter's notebook is not reopened beside it
+                opened = time.monotonic()
                 page.goto(f"{base_url}/lab/tree/{notebook}?reset&token={token}",
                           wait_until="domcontentloaded")
 
@@ -461,7 +462,8 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
                 started = time.monotonic()
                 page.wait_for_function(RUN_FINISHED_JS, arg=PANEL, timeout=RUN_ALL_TIMEOUT_S * 1000,
                                        polling=500)
-                print(f"Run All Cells finished in {time.monotonic() - started:.1f} s")
+                run_all_s = time.monotonic() - started
+                print(f"Run All Cells finished in {run_all_s:.1f} s")
                 page.wait_for_timeout(1500)  # let late renderers (plotly, widgets) finish
 
                 # Save the served copy (never the repository's notebook) and read which
@@ -505,7 +507,11 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
                     print(f"animation played: {played}")
                 started = time.monotonic()
                 used = _use_a_control(page)
-                print(f"control used: {used}; its output changed in {time.monotonic() - started:.1f} s")
+                control_s = time.monotonic() - started
+                print(f"control used: {used}; its output changed in {control_s:.1f} s")
+                with open(ARTIFACTS / "timings.tsv", "a") as f:  # the README's Run All times come from here
+                    total_s = time.monotonic() - opened  # the page opened, the kernel, Run All, the control
+                    f.write(f"{stem}\t{run_all_s:.1f}\t{control_s:.1f}\t{total_s:.1f}\t{used}\n")
                 page.locator("[data-test-control]").screenshot(path=str(ARTIFACTS / f"{stem}-control.png"))
                 assert not page_errors, "uncaught errors in the page:\n" + "\n".join(page_errors)
                 assert not console_errors, "the browser console logged errors:\n" + "\n".join(console_errors)
