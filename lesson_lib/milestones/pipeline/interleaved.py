@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from .schedules import run_in_order
+
 Action = tuple[str, int, int]  # ("F" | "B", chunk, micro-batch)
 
 
@@ -140,30 +142,15 @@ def replay_interleaved(actions: list[list[Action]], durations: dict) -> dict:
     def where(s: int, kind: str, i: int) -> tuple[int, str, int, int]:
         return s % P, kind, s // P, i
 
-    pos, free, done = [0] * P, [0] * P, {}
-    remaining = sum(len(a) for a in actions)
-    while remaining:
-        progressed = False
-        for r in range(P):
-            while pos[r] < len(actions[r]):
-                kind, c, i = actions[r][pos[r]]
-                s = virtual_stage(P, r, c)
-                deps = [where(s - 1, "F", i)] if kind == "F" and s > 0 else []
-                if kind == "B":
-                    deps = [(r, "F", c, i)] + ([where(s + 1, "B", i)] if s + 1 < S else [])
-                if any(d not in done for d in deps):
-                    break
-                start = max([free[r]] + [done[d][1] for d in deps])
-                key = (r, kind, c, i)
-                done[key] = (start, start + durations[key])
-                free[r] = done[key][1]
-                pos[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = {r: actions[r][pos[r]] for r in range(P) if pos[r] < len(actions[r])}
-            raise ValueError(f"the schedule deadlocks: ranks wait at {stuck}")
-    return done
+    def deps(key):
+        r, kind, c, i = key
+        s = virtual_stage(P, r, c)
+        if kind == "F":
+            return [where(s - 1, "F", i)] if s > 0 else []
+        return [(r, "F", c, i)] + ([where(s + 1, "B", i)] if s + 1 < S else [])
+
+    return run_in_order([[(r, *a) for a in acts] for r, acts in enumerate(actions)], deps, durations,
+                        who="ranks")
 
 
 def equal_durations(actions: list[list[Action]], chunks: int, forward=1, backward=2) -> dict:

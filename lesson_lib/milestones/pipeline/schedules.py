@@ -123,27 +123,43 @@ def replay(actions: list[list[Action]], durations: dict, latency: dict | None = 
     (some stage waits for an action that can never happen).
     """
     n = len(actions)
-    pos, free, done = [0] * n, [0.0] * n, {}
-    remaining = sum(len(a) for a in actions)
+
+    def deps(key):
+        k, kind, i = key
+        need = [(k - 1, "F", i)] if kind == "F" else [(k, "F", i), (k + 1, "B", i)]
+        return [d for d in need if 0 <= d[0] < n]
+
+    def lag(key, dep):  # a neighbour's message; an action's own stage's earlier work has none
+        return (latency or {}).get(key, 0.0) if dep[0] != key[0] else 0.0
+
+    return run_in_order([[(k, *a) for a in acts] for k, acts in enumerate(actions)], deps, durations,
+                        lag, "stages")
+
+
+def run_in_order(queues: list[list[tuple]], deps, durations: dict, lag=None, who: str = "stages") -> dict:
+    """The one replay loop (GPipe, 1F1B and the interleaved schedule): queue k runs its actions in
+    order on a core of its own; an action starts when its queue is free and every action
+    ``deps(key)`` names has ended (plus ``lag(key, dep)``). An action's key is ``(queue, *action)``.
+    Returns ``{key: (start, end)}``; raises ``ValueError`` when no queue can go on (a deadlock)."""
+    pos, free, done = [0] * len(queues), [0] * len(queues), {}
+    remaining = sum(len(q) for q in queues)
     while remaining:
         progressed = False
-        for k in range(n):
-            while pos[k] < len(actions[k]):
-                kind, i = actions[k][pos[k]]
-                deps = [(k - 1, "F", i)] if kind == "F" else [(k, "F", i), (k + 1, "B", i)]
-                deps = [d for d in deps if 0 <= d[0] < n]
-                if any(d not in done for d in deps):
+        for k, queue in enumerate(queues):
+            while pos[k] < len(queue):
+                key = queue[pos[k]]
+                need = deps(key)
+                if any(d not in done for d in need):
                     break
-                lag = (latency or {}).get((k, kind, i), 0.0)
-                start = max([free[k]] + [done[d][1] + (lag if d[0] != k else 0.0) for d in deps])
-                done[(k, kind, i)] = (start, start + durations[(k, kind, i)])
-                free[k] = start + durations[(k, kind, i)]
+                start = max([free[k]] + [done[d][1] + (lag(key, d) if lag else 0) for d in need])
+                done[key] = (start, start + durations[key])
+                free[k] = done[key][1]
                 pos[k] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
-            stuck = {k: actions[k][pos[k]] for k in range(n) if pos[k] < len(actions[k])}
-            raise ValueError(f"the schedule deadlocks: stages wait at {stuck}")
+            stuck = {k: q[pos[k]][1:] for k, q in enumerate(queues) if pos[k] < len(q)}
+            raise ValueError(f"the schedule deadlocks: {who} wait at {stuck}")
     return done
 
 
