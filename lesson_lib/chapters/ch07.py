@@ -60,7 +60,8 @@ def ps_sharding(servers=(1, 8, 64, 256, 1024), **overrides) -> list[dict]:
     return rows
 
 
-def offload(params: float = 1e12, devices: int = 1024, pipelines=(8, 16, 32, 64), **options) -> list[dict]:
+def offload(params: float = 1e12, devices: int = 1024, pipelines=(8, 16, 32, 64), tokens: float = 300e9,
+            **options) -> list[dict]:
     """Which of ZeRO-2, ZeRO-2 with ZeRO-Offload and ZeRO-3 fits ``params`` on ``devices`` A100s, at
     each pipeline depth: memory per device and per device on the host, fits, days. Prints the table."""
     rows = []
@@ -69,7 +70,7 @@ def offload(params: float = 1e12, devices: int = 1024, pipelines=(8, 16, 32, 64)
     for p in pipelines:
         for name, choice in (("zero-2", {"zero": 2}), ("zero-2 + offload", {"zero": 2, "offload": True}),
                              ("zero-3", {"zero": 3})):
-            e = costmodel.estimate(costmodel.Plan(params, 300e9, devices, pipeline=p, **choice, **options))
+            e = costmodel.estimate(costmodel.Plan(params, tokens, devices, pipeline=p, **choice, **options))
             rows.append({"pipeline": p, "milestone": name, **e})
             mem = e["memory"]
             print(f"{p:>10} {name:<17} {mem['total'] / 1e9:>10,.1f} {mem['host'] / 1e9:>11,.1f} "

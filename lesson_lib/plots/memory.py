@@ -104,13 +104,11 @@ PREFETCH_LANES = {"compute": COLORS["compute"], "gather, in the forward": COLORS
                   "gather, communication thread": "#FFBF79", "waiting for the gather": COLORS["idle"]}
 
 
-def prefetch_timeline(runs: dict[str, list[dict]], title: str, note: str | None = None) -> go.Figure:
+def prefetch_timeline(runs: dict[str, list[dict]], title: str) -> go.Figure:
     """One forward of ZeRO-3 per run (``label → spans {lane, layer, start, end}``, rank 0): each
     layer's compute, its gather (in the forward, or ahead on the communication thread) and any wait
     for a prefetched gather, one row per lane; the bars carry the layer's number (chapter 4)."""
     from plotly.subplots import make_subplots
-
-    from .common import _annotate
 
     fig = make_subplots(rows=len(runs), cols=1, subplot_titles=[wrap(k, 90) for k in runs],
                         vertical_spacing=0.22, shared_xaxes=True)
@@ -130,5 +128,4 @@ def prefetch_timeline(runs: dict[str, list[dict]], title: str, note: str | None 
     fig.update_xaxes(title_text="ms since the forward's first gather", row=len(runs), col=1)
     fig.update_layout(title=title, barmode="overlay", height=170 + 190 * len(runs),
                       legend={"orientation": "h", "y": -0.18})
-    _annotate(fig, note)
     return fig
