@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -9,33 +10,60 @@ from . import probes
 from .runtime import Cluster
 
 
-def startup(world_sizes=(2, 4), repeats: int = 3, warm_runs: int = 50) -> list[dict]:
-    """Warm ``Cluster.run`` overhead vs starting a fresh world, for each world size."""
-    rows = []
-    for n in world_sizes:
-        fresh = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            with Cluster(n, quiet=True) as c:
-                c.run(probes.noop)
-            fresh.append(time.perf_counter() - t0)
+def startup(world_sizes=(2, 4, 6), repeats: int = 3, warm_runs: int = 50) -> list[dict]:
+    """A fresh world against a warm ``Cluster.run`` per world size: workers forked by the fork server
+    (CPU ranks on Linux, :mod:`lesson_lib.runtime.start`; its own start, once, before the timings) and
+    spawned ones, interleaved."""
+    from .runtime import start
+
+    methods = ["forkserver", "spawn"] if start.method("gloo") == "forkserver" else ["spawn"]
+    saved = os.environ.get("LESSON_LIB_START_METHOD")
+
+    def fresh(n: int, method: str) -> float:
+        if method == "spawn":
+            os.environ["LESSON_LIB_START_METHOD"] = "spawn"
+        else:
+            os.environ.pop("LESSON_LIB_START_METHOD", None)
+        t0 = time.perf_counter()
         with Cluster(n, quiet=True) as c:
             c.run(probes.noop)
-            warm = []
-            for _ in range(warm_runs):
-                t0 = time.perf_counter()
+        return time.perf_counter() - t0
+
+    rows = []
+    try:
+        fresh(1, methods[0])  # the fork server, started once for this process
+        for n in world_sizes:
+            times = {m: [] for m in methods}
+            for _ in range(repeats):
+                for m in methods:
+                    times[m].append(fresh(n, m))
+            with Cluster(n, quiet=True) as c:
                 c.run(probes.noop)
-                warm.append(time.perf_counter() - t0)
-        f, w = statistics.median(fresh), statistics.median(warm)
-        rows.append({"world_size": n, "fresh_s": f, "warm_s": w, "ratio": f / w})
+                warm = []
+                for _ in range(warm_runs):
+                    t0 = time.perf_counter()
+                    c.run(probes.noop)
+                    warm.append(time.perf_counter() - t0)
+            w = statistics.median(warm)
+            for m in methods:
+                f = statistics.median(times[m])
+                rows.append({"world_size": n, "method": m, "fresh_s": f, "warm_s": w, "ratio": f / w})
+    finally:
+        os.environ.pop("LESSON_LIB_START_METHOD", None)
+        os.environ.update({} if saved is None else {"LESSON_LIB_START_METHOD": saved})
     return rows
 
 
 def print_startup(rows: list[dict]) -> None:
     """Print the table of :func:`startup` (``python -m lesson_lib bench startup``)."""
-    print(f"{'ranks':>5} {'fresh world (s)':>16} {'warm run (ms)':>14} {'fresh / warm':>13}")
+    print(f"{'ranks':>5} {'workers':>11} {'fresh world (s)':>16} {'warm run (ms)':>14} {'fresh / warm':>13}")
     for r in rows:
-        print(f"{r['world_size']:>5} {r['fresh_s']:>16.2f} {1e3 * r['warm_s']:>14.2f} {r['ratio']:>13.0f}×")
+        print(f"{r['world_size']:>5} {r['method']:>11} {r['fresh_s']:>16.2f} {1e3 * r['warm_s']:>14.2f} "
+              f"{r['ratio']:>12.0f}×")
+    for n in dict.fromkeys(r["world_size"] for r in rows):
+        f = {r["method"]: r["fresh_s"] for r in rows if r["world_size"] == n}
+        if len(f) == 2:
+            print(f"{n} ranks: a spawned world takes {f['spawn'] / f['forkserver']:.0f}× as long to start")
 
 
 # --------------------------------------------------------------------------- all-reduce (chapter 2)

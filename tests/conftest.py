@@ -7,12 +7,23 @@ import pytest
 from lesson_lib.runtime import Cluster
 
 
+def _is_worker(p: psutil.Process) -> bool:
+    """Spawned (``spawn_main``), or forked by a fork server (its parent runs the server's loop;
+    the server itself is not a worker, nor is the resource tracker)."""
+    cmd = " ".join(p.cmdline())
+    if "spawn_main" in cmd:
+        return True
+    parent = p.parent()
+    return ("multiprocessing.forkserver" in cmd and parent is not None
+            and "multiprocessing.forkserver" in " ".join(parent.cmdline()))
+
+
 def worker_children() -> list[psutil.Process]:
-    """Live worker processes started by this test process (spawned, not the resource tracker)."""
+    """Live worker processes started by this test process."""
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if "spawn_main" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+            if p.status() != psutil.STATUS_ZOMBIE and _is_worker(p):
                 out.append(p)
         except psutil.NoSuchProcess:
             pass

@@ -1,7 +1,8 @@
 """``Cluster``: warm worker processes with a process group ready, and the one ``run`` contract.
 
-* spawn start method: fork is fast but a forked child that runs a matmul after the parent used
-  intra-op threads can hang (``../shared/MACHINE-NOTES.md`` of the course's developers has the
+* workers come from a fork server that imported torch once (CPU ranks on Linux) or are spawned
+  (:mod:`.start`), never forked from the kernel: a forked child that runs a matmul after the parent
+  used intra-op threads can hang (``../shared/MACHINE-NOTES.md`` of the course's developers has the
   measurements). Jobs travel as :func:`~.pickling.pack_job` bytes.
 * rendezvous through a ``file://`` store in a fresh temporary folder: no port is ever fixed, so
   any number of clusters in any number of kernels can start at once.
@@ -18,9 +19,7 @@ import os
 import pickle
 import queue
 import shutil
-import signal
 import socket
-import threading
 import time
 import warnings
 import weakref
@@ -28,17 +27,13 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from . import folders, output
+from . import folders, output, start
 from .errors import MAIN_GUARD_HELP, RunInterrupted, WorkerTimeout
 from .failures import check_alive, raise_failure, raise_timeout
 from .messages import Kind
 from .pickling import pack_job
 from .placement import choose_placement, cpu_count, oversubscribed, threads_per_rank, validate_world_size
 from .worker import worker_main
-
-# Set while workers start, to a file a worker writes when it finds itself re-importing a script
-# that starts workers at import time (no main guard); the parent turns it into MAIN_GUARD_HELP.
-_SPAWN_MARK = "LESSON_LIB_SPAWN_MARK"
 
 _LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
@@ -80,6 +75,7 @@ class Cluster:
         self._tmp: str | None = None
         self._native: output.NativeStderr | None = None
         self._job_id = 0
+        self._mark: str | None = None  # the main-guard mark of start.starting
         self.start_seconds = float("nan")
         note = (f"{world_size} ranks on {cpu_count()} CPU cores: ranks time-share the cores, so "
                 "wall-clock times stretch; compare each rank's busy (CPU) time where a figure shows it")
@@ -105,7 +101,7 @@ class Cluster:
             # We are a worker being started, re-importing a script that starts workers at import
             # time. Leave a note for the parent, which turns it into one clear error, and leave
             # quietly (SystemExit prints no traceback): the advice is printed once, by the parent.
-            mark = os.environ.get(_SPAWN_MARK)
+            mark = os.environ.get(start.SPAWN_MARK)
             if mark:
                 with open(mark, "w") as f:
                     f.write("main guard")
@@ -125,38 +121,22 @@ class Cluster:
         self.start_seconds = time.perf_counter() - t0
 
     def _spawn(self, init_method: str) -> None:
-        ctx = mp.get_context("spawn")
-        self._out_q = ctx.Queue()
-        self._report = ctx.Event()
-        self._job_qs = [ctx.Queue() for _ in range(self.world_size)]
-        env_backup = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", _SPAWN_MARK)}
+        env = {"OMP_NUM_THREADS": str(self.threads)}
         if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _has_iface("lo"):
-            os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: keep Gloo on loopback
-        os.environ["OMP_NUM_THREADS"] = str(self.threads)
-        os.environ[_SPAWN_MARK] = os.path.join(self._tmp, "main-guard")
-        # Children start with SIGINT ignored (an ignored signal stays ignored across exec, and
-        # Python then installs no KeyboardInterrupt handler): an interrupt during their start-up
-        # must not print a traceback per worker. The parent alone handles it, and stops them.
-        sigint = None
-        if threading.current_thread() is threading.main_thread():
-            sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
+            env["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: keep Gloo on loopback
+        with start.starting(self.backend, env, os.path.join(self._tmp, "main-guard")) as (ctx, mark):
+            self._mark = mark
+            self._out_q = ctx.Queue()
+            self._report = ctx.Event()
+            self._job_qs = [ctx.Queue() for _ in range(self.world_size)]
             for rank in range(self.world_size):
                 p = ctx.Process(
                     target=worker_main, name=f"lesson_lib-rank{rank}", daemon=True,
                     args=(rank, self.world_size, self.backend, init_method, self.timeout_s,
-                          self.threads, self._job_qs[rank], self._out_q, os.getpid(), self._report),
+                          self.threads, self._job_qs[rank], self._out_q, os.getpid(), self._report, env),
                 )
                 p.start()
                 self._procs.append(p)
-        finally:
-            if sigint is not None:
-                signal.signal(signal.SIGINT, sigint)
-            for k, v in env_backup.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     def close(self, grace_s: float = 2.0) -> None:
         """Stop the workers (politely for ``grace_s``, then by force); safe to call twice."""
@@ -250,7 +230,7 @@ class Cluster:
         values: list = [None] * self.world_size
         pending, started = set(range(self.world_size)), set()
         next_check = 0.0
-        guard_file = os.path.join(self._tmp, "main-guard") if self._tmp else None
+        guard_file = self._mark if self._tmp else None
         while pending:
             now = time.monotonic()
             if now >= next_check:  # also while events stream in: liveness and deadline first

@@ -37,7 +37,7 @@ class RunInterrupted(KeyboardInterrupt):
 
 MAIN_GUARD_HELP = (
     "the workers could not start: this script starts a Cluster (or a lesson_lib run) at import "
-    "time. Workers are started with 'spawn', which re-imports your script in every worker, so the "
+    "time. Every worker re-imports your script as it starts (spawned or forked by the fork server), so the "
     "code that starts them must sit under a guard:\n\n"
     "    if __name__ == \"__main__\":\n        main()   # everything that starts workers\n"
 )

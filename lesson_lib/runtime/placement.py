@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .start import method as start_method
+
 MAX_WORLD_SIZE = 64
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -167,7 +169,7 @@ def describe() -> dict:
         "gpus": gpu_count(),
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available(),
-        "start_method": "spawn",
+        "start_method": {"cpu ranks": start_method("gloo"), "gpu ranks": start_method("nccl")},
         "placement": {n: choose_placement(n).reason for n in (1, 2, 4, 8)},
         "threads_per_rank": {n: threads_per_rank(n) for n in (1, 2, 4, 8)},
     }

@@ -75,9 +75,22 @@ def set_context(ctx: WorkerContext | None) -> None:
     _CTX = ctx
 
 
+def _parent_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _watch_parent(parent_pid: int, folder: str) -> None:
+    # The kernel started us, but our parent may be its fork server (runtime.start), which exits with
+    # the kernel: either way a change of parent, or the kernel gone, means the kernel is gone.
+    first = os.getppid()
     while True:
-        if os.getppid() != parent_pid:  # the kernel is gone (killed, restarted): never outlive it,
+        if os.getppid() != first or not _parent_alive(parent_pid):  # never outlive the kernel,
             shutil.rmtree(folder, ignore_errors=True)  # nor leave its rendezvous folder behind
             os._exit(3)
         time.sleep(0.5)
@@ -117,9 +130,12 @@ def _join(rank, world_size, backend, init_method, timeout_s, threads, out_q) -> 
 
 
 def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_q, out_q, parent_pid,
-                report=None):
-    """The target of every worker process (spawned by :class:`~.cluster.Cluster`)."""
+                report=None, env=None):
+    """The target of every worker process (started by :class:`~.cluster.Cluster`). ``env``: the
+    variables this cluster's ranks need (a fork server's children inherit the server's, not the
+    kernel's of the moment)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(env or {})
     folder = os.path.dirname(init_method.removeprefix("file://"))
     threading.Thread(target=_watch_parent, args=(parent_pid, folder), daemon=True).start()
     state: dict = {"job": None}

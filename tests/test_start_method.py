@@ -1,0 +1,80 @@
+"""How workers start (lesson_lib.runtime.start): a fork server for CPU ranks on Linux, spawn elsewhere
+or when asked. Both paths must give the same workers: the cluster's settings, not the server's."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import wait_no_workers, worker_children
+
+from lesson_lib import Cluster
+from lesson_lib.runtime import start
+
+pytestmark = pytest.mark.ch0
+METHODS = ["forkserver", "spawn"] if sys.platform.startswith("linux") else ["spawn"]
+
+
+def _settings():
+    import torch
+
+    return {"omp": os.environ.get("OMP_NUM_THREADS"), "threads": torch.get_num_threads(),
+            "iface": os.environ.get("GLOO_SOCKET_IFNAME"), "pid": os.getpid(), "ppid": os.getppid()}
+
+
+def test_cpu_ranks_on_linux_use_the_fork_server_and_the_variable_turns_it_off(monkeypatch):
+    monkeypatch.delenv("LESSON_LIB_START_METHOD", raising=False)
+    assert start.method("gloo") == ("forkserver" if sys.platform.startswith("linux") else "spawn")
+    assert start.method("nccl") == "spawn"  # GPU ranks: spawn, until the CUDA path has run on a GPU
+    monkeypatch.setenv("LESSON_LIB_START_METHOD", "spawn")
+    assert start.method("gloo") == "spawn"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_cluster_gets_its_own_settings_whatever_started_the_server(method, monkeypatch):
+    """The fork server was started with one OpenMP thread; a cluster asking for 2 threads per rank
+    gets 2 (caught: the variables set in the kernel around the start, which a forked worker never
+    sees, as the only way the settings travelled)."""
+    monkeypatch.setenv("LESSON_LIB_START_METHOD", method)
+    for threads in (2, 1):
+        with Cluster(2, quiet=True, threads=threads) as c:
+            got = c.run(_settings)
+            pids = c.pids()
+            assert {p.pid for p in worker_children()} >= set(pids)  # what the orphan checks look for
+        assert [g["pid"] for g in got] == pids
+        assert {(g["omp"], g["threads"]) for g in got} == {(str(threads), threads)}
+        assert {g["iface"] for g in got} == {"lo"}
+        if method == "forkserver":  # forked by the server, not by this process
+            assert {g["ppid"] for g in got} != {os.getpid()}
+        assert not wait_no_workers(pids, 5.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_exit_when_the_kernel_is_killed(method):
+    """A SIGKILLed kernel: its fork server exits, and so do the workers it forked (they watch the
+    kernel, not their parent alone)."""
+    code = ("import sys, time; from lesson_lib import Cluster\n"
+            "c = Cluster(3, quiet=True); print(*c.pids(), flush=True); time.sleep(60)\n")
+    env = {**os.environ, "LESSON_LIB_START_METHOD": method}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 3
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not wait_no_workers(pids, 5.0), "workers outlived a SIGKILLed parent"
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_gets_the_same_clear_error_under_spawn(tmp_path):
+    """The default path (fork server) is tested in test_runtime; this is the spawn path's twin."""
+    script = tmp_path / "no_guard.py"
+    script.write_text("from lesson_lib import Cluster, probes\n"
+                      "with Cluster(2, quiet=True) as c:\n    print(c.run(probes.noop))\n")
+    env = {**os.environ, "LESSON_LIB_START_METHOD": "spawn"}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100, env=env)
+    assert proc.returncode != 0
+    assert proc.stderr.count('if __name__ == "__main__":') == 1, proc.stderr[-2000:]
+    assert "did not finish" not in proc.stderr
