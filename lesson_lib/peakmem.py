@@ -39,6 +39,7 @@ import torch
 from torch._C._profiler import ProfilerConfig, _ExperimentalConfig
 
 from .comm import release_buffers
+from .data import forget_permutations
 
 _MARK = "lesson_lib.peakmem.reset"
 
@@ -72,6 +73,7 @@ class PeakMemory:
         # An earlier run's garbage and the comm layer's kept buffers go now, not in the middle of
         # this run: the window starts as a fresh process would, whatever ran before in this worker.
         release_buffers()
+        forget_permutations()  # the data's cached shuffles, too
         gc.collect()
         if self.cuda:
             torch.cuda.synchronize(self.device)

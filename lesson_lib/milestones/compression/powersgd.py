@@ -42,18 +42,21 @@ class PowerSGD(Compressor):
         self.rank, self.warm_start, self.start_iter = rank, warm_start, start_iter
         self.min_compression_rate, self.epsilon = min_compression_rate, epsilon
         self.rng = np.random.RandomState(self.seed)
-        self.q: dict = {}
+        self.p: dict = {}  # per bucket, as torch keeps them: one flat P memory and one flat Q memory
+        self.q: dict = {}  # (the views of each matrix's P and Q are cut from them, see _reduce)
+        self.layout: dict = {}
 
     def state_tensors(self) -> list[torch.Tensor]:
-        return super().state_tensors() + [q for qs in self.q.values() for q in qs]
+        return super().state_tensors() + list(self.p.values()) + list(self.q.values())
 
     def forget(self, key) -> None:
         super().forget(key)
-        self.q.pop(key, None)
+        for kept in (self.p, self.q, self.layout):
+            kept.pop(key, None)
 
     def reduce(self, flat, shapes=None, key=0, op="grad"):
-        if key in self.q and sum(q.shape[1] for q in self.q[key]) > flat.numel():
-            self.forget(key)
+        if self.layout.get(key, None) not in (None, _layout(flat, shapes)):
+            self.forget(key)  # DDP rebuilt its buckets: this one starts afresh
         if self.calls[key] < self.start_iter:  # plain all-reduce, no residual kept yet
             self.calls[key] += 1
             return Compressor._reduce(self, flat, shapes, key, op) or flat
@@ -77,10 +80,25 @@ class PowerSGD(Compressor):
                 plain.append(v)
         return [m for group in by_shape.values() for m in group], plain
 
+    def memories(self, mats, key, dtype):
+        """Each matrix's P (n × r) and Q (m × r), views of the bucket's two flat memories. A new bucket
+        gets them, Q drawn from a normal distribution seeded as torch seeds it; later calls reuse them:
+        Q is the last step's (the warm start), P is overwritten."""
+        ranks = [min(*m.shape, self.rank) for m in mats]
+        if not self.warm_start or key not in self.q:
+            self.p[key] = torch.empty(sum(m.shape[0] * r for m, r in zip(mats, ranks)), dtype=dtype)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.rng.randint(1_000_000_000))
+                self.q[key] = torch.cat([torch.randn(m.shape[1] * r, dtype=dtype)
+                                         for m, r in zip(mats, ranks)])
+        return (_cut(self.p[key], [(m.shape[0], r) for m, r in zip(mats, ranks)]),
+                _cut(self.q[key], [(m.shape[1], r) for m, r in zip(mats, ranks)]))
+
     def _reduce(self, flat, shapes, key, op):
         n = _world()[1]
         mats, plain = self.split(flat, shapes)
-        if plain:
+        self.layout[key] = _layout(flat, shapes)
+        if plain:  # vectors and small matrices: averaged uncompressed, in one all-reduce
             rest = torch.cat(plain)
             ring_all_reduce(rest, op=op)
             rest.div_(n)
@@ -90,25 +108,27 @@ class PowerSGD(Compressor):
                 at += v.numel()
         if not mats:
             return None
-        ranks = [min(*m.shape, self.rank) for m in mats]
-        if not self.warm_start or key not in self.q:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.rng.randint(1_000_000_000))
-                self.q[key] = [torch.randn(1, m.shape[1], r, dtype=flat.dtype) for m, r in zip(mats, ranks)]
-        qs = [orthogonalize(q, self.epsilon) for q in self.q[key]]
-        p_flat = torch.cat([torch.bmm(m.unsqueeze(0), q).view(-1) for m, q in zip(mats, qs)])
-        ring_all_reduce(p_flat, op=op)  # P = M Q adds in place: Σ M_i Q = (Σ M_i) Q
-        ps, at = [], 0
-        for m, r in zip(mats, ranks):
-            ps.append(orthogonalize(p_flat[at:at + m.shape[0] * r].view(1, m.shape[0], r), self.epsilon))
-            at += m.shape[0] * r
-        q_flat = torch.cat([torch.bmm(m.unsqueeze(0).transpose(1, 2), p).view(-1) for m, p in zip(mats, ps)])
-        ring_all_reduce(q_flat, op=op)
-        q_flat.div_(n)
-        at = 0
-        for i, (m, p, r) in enumerate(zip(mats, ps, ranks)):
-            q = q_flat[at:at + m.shape[1] * r].view(1, m.shape[1], r)
-            at += m.shape[1] * r
+        ps, qs = self.memories(mats, key, flat.dtype)
+        for m, p, q in zip(mats, ps, qs):
+            torch.bmm(m.unsqueeze(0), orthogonalize(q, self.epsilon), out=p)  # P = M Q
+        ring_all_reduce(self.p[key], op=op)  # adds in place: Σ M_i Q = (Σ M_i) Q
+        for m, p, q in zip(mats, ps, qs):
+            torch.bmm(m.unsqueeze(0).transpose(1, 2), orthogonalize(p, self.epsilon), out=q)  # Q = Mᵀ P
+        ring_all_reduce(self.q[key], op=op)
+        self.q[key].div_(n)
+        for m, p, q in zip(mats, ps, qs):
             torch.bmm(p, q.transpose(1, 2), out=m.unsqueeze(0))  # M ≈ P Qᵀ, written into the bucket
-            self.q[key][i] = q.clone()
         return None  # error feedback keeps (gradient + old error) − the average, as torch does
+
+
+def _cut(memory: torch.Tensor, shapes) -> list[torch.Tensor]:
+    """Consecutive (1, rows, cols) views of a flat ``memory``."""
+    out, at = [], 0
+    for rows, cols in shapes:
+        out.append(memory[at:at + rows * cols].view(1, rows, cols))
+        at += rows * cols
+    return out
+
+
+def _layout(flat, shapes) -> tuple:
+    return flat.numel(), tuple(tuple(s) for s in (shapes if shapes is not None else [flat.shape]))
