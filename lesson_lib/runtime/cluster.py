@@ -249,6 +249,9 @@ class Cluster:
             elif msg.kind is Kind.EVENT:
                 if on_event is not None:
                     on_event(msg.data)
+            elif msg.kind is Kind.EVENTS:
+                for event in msg.data if on_event is not None else ():
+                    on_event(event)
             elif msg.kind is Kind.OUTPUT:
                 output.show(msg.rank, *msg.data)
             elif msg.kind is Kind.ERROR:

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +42,8 @@ class WorkerContext:
     oversubscribed: bool
     events: Any = None  # a queue (Cluster) or None (torchrun: events are dropped)
     restart_requested: bool = False
+    _soon: list = field(default_factory=list)  # events of emit(..., soon=True) not sent yet
+    _sent_at: float = 0.0
 
     def request_restart(self) -> None:
         """Ask for fresh workers after this job (e.g. a fault demo left the process group unusable).
@@ -50,10 +52,34 @@ class WorkerContext:
         """
         self.restart_requested = True
 
-    def emit(self, kind: str, **data: Any) -> None:
-        """Send a small event (floats, ints, strings) to the notebook while the job runs."""
-        if self.events is not None:
-            self.events.put(Message(Kind.EVENT, self.rank, None, {"kind": kind, "rank": self.rank, **data}))
+    def emit(self, kind: str, soon: bool = False, **data: Any) -> None:
+        """Send a small event (floats, ints, strings) to the notebook while the job runs.
+
+        ``soon``: it may wait up to :data:`SOON_S` and travel with the others emitted meanwhile, in
+        order (every step's record does: sent one by one, they took 0.6–1.1 ms of a 5 ms step of
+        chapter 5, the feeder thread's pickling and the kernel's share of the cores). An event
+        without it goes at once, after those waiting; so do they all when the job ends or raises.
+        """
+        if self.events is None:
+            return
+        event = {"kind": kind, "rank": self.rank, **data}
+        if soon:
+            self._soon.append(event)
+            if time.monotonic() - self._sent_at >= SOON_S:
+                self.flush_events()
+            return
+        self.flush_events()
+        self.events.put(Message(Kind.EVENT, self.rank, None, event))
+
+    def flush_events(self) -> None:
+        """Send the events that wait (see :meth:`emit`)."""
+        self._sent_at = time.monotonic()
+        if self._soon and self.events is not None:
+            batch, self._soon = self._soon, []
+            self.events.put(Message(Kind.EVENTS, self.rank, None, batch))
+
+
+SOON_S = 0.1
 
 
 _CTX: WorkerContext | None = None
@@ -164,10 +190,12 @@ def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_
             state["job"] = job_id
             value = fn(*args, **kwargs)
         except BaseException as e:
+            _CTX.flush_events()
             output.flush()
             state["job"] = None
             out_q.put(Message(Kind.ERROR, rank, job_id, format_exception(e)))
             break  # the process group may be half-way through a collective: leave it
+        _CTX.flush_events()
         output.flush()
         state["job"] = None
         # Requested restarts (a fault demo) are silent; a worker the job broke says why.
