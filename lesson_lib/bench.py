@@ -11,9 +11,9 @@ from .runtime import Cluster
 
 
 def startup(world_sizes=(2, 4, 6), repeats: int = 3, warm_runs: int = 50) -> list[dict]:
-    """A fresh world against a warm ``Cluster.run`` per world size: workers forked by the fork server
-    (CPU ranks on Linux, :mod:`lesson_lib.runtime.start`; its own start, once, before the timings) and
-    spawned ones, interleaved."""
+    """A fresh world and its first training step (:func:`~.probes.first_step`) against a warm
+    ``Cluster.run``, per world size: workers forked by the fork server (CPU ranks on Linux,
+    :mod:`lesson_lib.runtime.start`; its own start, once, before the timings) and spawned ones."""
     from .runtime import start
 
     methods = ["forkserver", "spawn"] if start.method("gloo") == "forkserver" else ["spawn"]
@@ -26,7 +26,7 @@ def startup(world_sizes=(2, 4, 6), repeats: int = 3, warm_runs: int = 50) -> lis
             os.environ.pop("LESSON_LIB_START_METHOD", None)
         t0 = time.perf_counter()
         with Cluster(n, quiet=True) as c:
-            c.run(probes.noop)
+            c.run(probes.first_step)
         return time.perf_counter() - t0
 
     rows = []
@@ -55,14 +55,14 @@ def startup(world_sizes=(2, 4, 6), repeats: int = 3, warm_runs: int = 50) -> lis
 
 
 def print_startup(rows: list[dict]) -> None:
-    """Print the table of :func:`startup` (``python -m lesson_lib bench startup``)."""
-    print(f"{'ranks':>5} {'workers':>11} {'fresh world (s)':>16} {'warm run (ms)':>14} {'fresh / warm':>13}")
+    """The table of :func:`startup` (``python -m lesson_lib bench startup``)."""
+    print(f"{'ranks':>5} {'workers':>11} {'fresh + 1 step (s)':>19} {'warm run (ms)':>14} "
+          f"{'fresh / warm':>13}")
     for r in rows:
-        print(f"{r['world_size']:>5} {r['method']:>11} {r['fresh_s']:>16.2f} {1e3 * r['warm_s']:>14.2f} "
+        print(f"{r['world_size']:>5} {r['method']:>11} {r['fresh_s']:>19.2f} {1e3 * r['warm_s']:>14.2f} "
               f"{r['ratio']:>12.0f}×")
     for n in dict.fromkeys(r["world_size"] for r in rows):
-        f = {r["method"]: r["fresh_s"] for r in rows if r["world_size"] == n}
-        if len(f) == 2:
+        if len(f := {r["method"]: r["fresh_s"] for r in rows if r["world_size"] == n}) == 2:
             print(f"{n} ranks: a spawned world takes {f['spawn'] / f['forkserver']:.0f}× as long to start")
 
 

@@ -27,6 +27,25 @@ def noop() -> None:
     return None
 
 
+def first_step() -> float:
+    """One data-parallel SGD step of a small MLP (the library's all_reduce): what a chapter's first
+    run on a fresh world does first, lazy imports included (``bench startup``)."""
+    import torch.nn.functional as F
+
+    from .data import teacher_classification
+    from .models import mlp
+
+    model = mlp(32, 64, 2, 10, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = teacher_classification(64, 32, 10)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step()
+    return loss.item()
+
+
 def echo(*args, **kwargs):
     return args, kwargs
 

@@ -78,3 +78,19 @@ def test_a_script_without_a_main_guard_gets_the_same_clear_error_under_spawn(tmp
     assert proc.returncode != 0
     assert proc.stderr.count('if __name__ == "__main__":') == 1, proc.stderr[-2000:]
     assert "did not finish" not in proc.stderr
+
+
+@pytest.mark.skipif("forkserver" not in METHODS, reason="Linux only")
+def test_the_fork_server_runs_one_thread_so_its_children_fork_safely(monkeypatch):
+    """Forking copies one thread; a lock another thread held would stay locked in the child. The
+    preloaded modules must start no thread in the server (caught: a preload that starts a pool)."""
+    import psutil
+
+    monkeypatch.delenv("LESSON_LIB_START_METHOD", raising=False)
+    with Cluster(1, quiet=True) as c:
+        c.run(_settings)
+        servers = [p for p in psutil.Process().children()
+                   if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+        assert len(servers) == 1
+        assert servers[0].num_threads() == 1
+        assert {"torch._dynamo", "torch.distributed.fsdp"} <= set(start.PRELOAD)
