@@ -287,18 +287,7 @@ def test_keyboard_interrupt_ends_all_workers_within_5s(no_orphans):
         assert time.monotonic() - t0 < 5
 
 
-@pytest.mark.slow
-def test_workers_exit_when_their_parent_is_killed():
-    code = ("import sys, time; from lesson_lib import Cluster\n"
-            "c = Cluster(2, quiet=True); print(*c.pids(), flush=True); time.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        pids = [int(x) for x in proc.stdout.readline().split()]
-        assert len(pids) == 2
-    finally:
-        proc.kill()
-        proc.wait()
-    assert not wait_no_workers(pids, 5.0), "workers outlived a SIGKILLed parent"
+# A SIGKILLed parent: tests/test_start_method.py, under each way of starting workers.
 
 
 def test_close_leaves_no_worker_and_is_idempotent():

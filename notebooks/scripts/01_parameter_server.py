@@ -172,7 +172,10 @@ assert bites["last5"]["sync"] < bites["last5"]["async"], bites["last5"]
 # in async mode the server answers each worker as soon as it has applied its gradient, so they wait
 # less. (On a 2-core laptop, four processes share two cores, so even async workers queue: the
 # server handles one message at a time, and the waiting shares move with whatever else runs on the
-# machine. What does not move is how far ahead the fast workers get, counted in steps.)
+# machine. What does not move is how far ahead the fast workers get, counted in steps — as long as
+# computing sets the pace: each worker takes 512 samples a step here, because with a tenth of that,
+# on a busy machine, the server's turnaround set everyone's pace and the async workers did not get
+# ahead at all.)
 
 # %%
 slow = ch01.stragglers(workers=3, factor=4.0)
