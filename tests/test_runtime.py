@@ -159,12 +159,14 @@ def test_bad_run_timeout_names_the_parameter(clusters):
 
 
 @pytest.mark.slow
-def test_a_script_without_a_main_guard_gets_a_clear_error_long_before_the_start_deadline(tmp_path):
+@pytest.mark.parametrize("method", ["forkserver", "spawn"] if sys.platform.startswith("linux") else ["spawn"])
+def test_a_script_without_a_main_guard_gets_a_clear_error_long_before_the_start_deadline(tmp_path, method):
     script = tmp_path / "no_guard.py"
     script.write_text("from lesson_lib import Cluster, probes\n"
                       "with Cluster(2, quiet=True) as c:\n    print(c.run(probes.noop))\n")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100)
+    env = {**os.environ, "LESSON_LIB_START_METHOD": method}  # the fork server's mark, or spawn's
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100, env=env)
     # catches: the parent waiting out its start-up deadline (120 s + timeout_s) for children that
     # died at once. Quiet, the error comes in about 5 s; 30 s leaves room for a loaded machine (9.4 s
     # was seen with two other test runs beside it).

@@ -21,7 +21,8 @@ def new() -> str:
     return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}_")
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """True while process ``pid`` runs (another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -36,7 +37,7 @@ def sweep(root: str | None = None) -> list[str]:
     removed = []
     for path in glob.glob(os.path.join(root or tempfile.gettempdir(), PREFIX + "*")):
         pid = os.path.basename(path)[len(PREFIX):].split("_", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)) and os.path.isdir(path):
+        if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)) and os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -22,7 +22,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from . import hygiene, output
+from . import folders, hygiene, output
 from .diagnosis import format_exception, user_frames
 from .messages import Kind, Message
 from .pickling import unpack_job
@@ -102,22 +102,12 @@ def set_context(ctx: WorkerContext | None) -> None:
     _CTX = ctx
 
 
-def _parent_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _watch_parent(parent_pid: int, folder: str) -> None:
     # The kernel started us, but our parent may be its fork server (runtime.start), which exits with
     # the kernel: either way a change of parent, or the kernel gone, means the kernel is gone.
     first = os.getppid()
     while True:
-        if os.getppid() != first or not _parent_alive(parent_pid):  # never outlive the kernel,
+        if os.getppid() != first or not folders.alive(parent_pid):  # never outlive the kernel,
             shutil.rmtree(folder, ignore_errors=True)  # nor leave its rendezvous folder behind
             os._exit(3)
         time.sleep(0.5)
