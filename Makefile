@@ -81,6 +81,7 @@ bench: install
 	$(BIN)/python -m lesson_lib bench compression
 	$(BIN)/python -m lesson_lib bench ddp
 	$(BIN)/python -m lesson_lib bench bubble
+	$(BIN)/python -m lesson_lib bench awake
 
 # Strip outputs, execution counts, execution timings and saved widget state so
 # notebooks are stored clean (checked by tests/test_packaging.py). Standard library

@@ -22,7 +22,8 @@ commands:
   run EXPERIMENT [options]   run one on real ranks (`run EXPERIMENT --help` lists its options)
   bench WHAT                 benchmarks, ratios measured in one run: startup | allreduce |
                              compression (PowerSGD vs torch's) | ddp (our data parallel vs DDP) |
-                             bubble (the pipeline bubble vs its formula)
+                             bubble (the pipeline bubble vs its formula) | awake (idle cores
+                             kept awake while ranks wait, or not)
   estimate [options]         the cost model: time and memory per milestone at cluster scale
   doctor                     torch version, backend per world size, cores, threads per rank
 
@@ -158,7 +159,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return cli_estimate(rest)
     if cmd == "doctor":
-        print(json.dumps(runtime.describe(), indent=2))
+        from .runtime import awake
+
+        why_not = awake.reason_off("gloo")
+        print(json.dumps({**runtime.describe(), "idle cores kept awake during jobs (runtime.awake)":
+                          f"no: {why_not}" if why_not else "yes"}, indent=2))
         return 0
     if cmd == "bench":
         what = rest[0] if rest else "startup"
@@ -179,7 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         if what == "bubble":
             bench.print_bubble(bench.bubble())
             return 0
-        return unknown("benchmark", what, ["startup", "allreduce", "compression", "ddp", "bubble"])
+        if what == "awake":
+            from .bench_awake import awake_loop, print_awake
+
+            print_awake(awake_loop())
+            return 0
+        return unknown("benchmark", what, ["startup", "allreduce", "compression", "ddp", "bubble", "awake"])
     return unknown("command", cmd, ["list", "run", "estimate", "bench", "doctor"])
 
 

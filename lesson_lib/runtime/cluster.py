@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from . import folders, output, start
+from . import awake, folders, output, start
 from .errors import MAIN_GUARD_HELP, RunInterrupted, WorkerTimeout
 from .failures import check_alive, raise_failure, raise_timeout
 from .messages import Kind
@@ -197,11 +197,12 @@ class Cluster:
         name = getattr(fn, "__qualname__", "the function")
         self.start()
         self._job_id += 1
-        for q in self._job_qs:
-            q.put((self._job_id, payload))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        done = self._collect_or_stop(f"the run of {name}", self._job_id, kinds=(Kind.DONE,),
-                                     deadline=deadline, on_event=on_event, timeout_s=timeout_s)
+        with awake.during(self.backend):  # idle cores kept awake while the ranks run (.awake)
+            for q in self._job_qs:
+                q.put((self._job_id, payload))
+            done = self._collect_or_stop(f"the run of {name}", self._job_id, kinds=(Kind.DONE,),
+                                         deadline=deadline, on_event=on_event, timeout_s=timeout_s)
         broken = {rank: why for rank, (_, why) in enumerate(done) if why is not None}
         if broken:
             self.close()  # those workers are exiting; the next run starts fresh ones

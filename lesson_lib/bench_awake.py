@@ -1,0 +1,43 @@
+"""``python -m lesson_lib bench awake``: chapter 5's B₀ training loop with idle cores kept awake
+(:mod:`lesson_lib.runtime.awake`) and without, taking turns on the same warm cluster."""
+
+from __future__ import annotations
+
+import statistics
+from contextlib import nullcontext
+
+from .experiments import run
+from .milestones import large_batch
+from .runtime import Cluster, awake
+
+
+def awake_loop(rounds: int = 4, epochs: int = 2, world_size: int = 2) -> dict:
+    """Median step time (slowest rank) and median all-reduce time of chapter 5's LAMB at B₀ = 64,
+    ``epochs`` of the laptop task per run, spinners on and off in alternate runs."""
+    cfg = large_batch.at_batch("lamb", large_batch.BASE_BATCH, "laptop", epochs=epochs,
+                               world_size=world_size)
+    out = {"on": [], "off": [], "steps": cfg.steps, "world_size": world_size,
+           "why_not": awake.reason_off("gloo")}
+    with Cluster(world_size, quiet=True) as c:
+        run("large-batch", cfg.replace(epochs=1), cluster=c)  # warm-up
+        for _ in range(rounds):
+            for mode in ("on", "off"):
+                with awake.off() if mode == "off" else nullcontext():
+                    r = run("large-batch", cfg, cluster=c)
+                comm = statistics.median(max(s["comm_s"] for s in per_step)
+                                         for per_step in zip(*(p["steps"][1:] for p in r.per_rank)))
+                out[mode].append({"step_s": r.median_step_time(), "comm_s": comm})
+    out["ratio"] = statistics.median(a["step_s"] / b["step_s"] for a, b in zip(out["off"], out["on"]))
+    return out
+
+
+def print_awake(r: dict) -> None:
+    print(f"chapter 5's LAMB at B0 = 64 on {r['world_size']} ranks, {r['steps']} steps a run, "
+          f"idle cores kept awake or not, taking turns")
+    if r["why_not"]:
+        print(f"note: the spinners are off here ({r['why_not']}): both columns run without them")
+    print(f"{'round':>5} {'awake: step':>12} {'all-reduce':>11} {'not: step':>10} {'all-reduce':>11}  (ms)")
+    for i, (a, b) in enumerate(zip(r["on"], r["off"])):
+        print(f"{i:>5} {1e3 * a['step_s']:>12.2f} {1e3 * a['comm_s']:>11.2f} "
+              f"{1e3 * b['step_s']:>10.2f} {1e3 * b['comm_s']:>11.2f}")
+    print(f"step time without / with = {r['ratio']:.2f} (median over rounds)")
