@@ -96,7 +96,11 @@ def during(backend: str = "gloo"):
     if reason_off(backend) is not None:
         yield
         return
-    flag = _spinners()
+    try:
+        flag = _spinners()
+    except OSError:  # no interpreter to start, no folder: the job runs as it would without
+        yield
+        return
     _ACTIVE["jobs"] += 1
     flag[0] = 1
     try:
