@@ -12,9 +12,12 @@ from .. import plots
 from ..experiments import run_warm
 from ..milestones import zero
 
-# Each rank's share of a 2,048-sample batch makes a layer's forward take about as long as its gather
-# over 1 Gbit/s (a 256 × 256 layer: 131 kB per rank on 2 ranks), so that hiding one can be seen.
-TIMELINE = {"world_size": 2, "global_batch": 2048, "link_gbps": 1.0, "steps": 3}
+# Each rank's share of a 4,096-sample batch makes a layer's forward take at least as long as its
+# gather over 1 Gbit/s (a 256 × 256 layer: 131 kB per rank on 2 ranks), so that hiding one can be
+# seen. At 2,048, once idle cores were kept awake (runtime.awake) and the compute got faster, the
+# medians of 5 runs gave prefetching 4.4 ms of waiting against 3.9 without it; at 4,096, 2.2 against
+# 5.9 ms with the cores kept awake and 2.3 against 6.3 without (5 runs each, 2-core test machine).
+TIMELINE = {"world_size": 2, "global_batch": 4096, "link_gbps": 1.0, "steps": 3}
 
 
 def _waits(spans: list[dict]) -> dict:
@@ -27,7 +30,7 @@ def _waits(spans: list[dict]) -> dict:
             "forward_ms": 1e3 * max(s["end"] for s in spans)}
 
 
-def prefetch_timeline(depths=(0, 1), repeats: int = 3, **options) -> dict[int, dict]:
+def prefetch_timeline(depths=(0, 1), repeats: int = 5, **options) -> dict[int, dict]:
     """ZeRO-3 at each prefetch depth on :data:`TIMELINE`'s emulated link, ``repeats`` runs each, taking
     turns: the figure of rank 0's last forward in the last run, and per depth the medians over the
     runs of its waits (:func:`_waits`). One forward alone is at the mercy of the 2 cores: in a CI run
