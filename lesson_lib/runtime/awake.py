@@ -9,11 +9,17 @@ B₀ training loop on 2 ranks, our ring all-reduce of the 91k gradients took 2.2
 loop with these spinners (taking turns in one run). Gloo's own all_reduce, with fewer hand-offs
 between threads than our ring's two exchanges, took 1.0–1.4 ms there without spinners. MPI
 libraries busy-poll while a rank waits, for the same reason. What the spinners do not remove: about
-one all-reduce in ten still took 5–6 ms with them, ours or Gloo's alike.
+one all-reduce in ten still took 5–6 ms with them, ours or Gloo's alike. ``perf sched`` showed where:
+a rank's Gloo I/O thread woken onto the core on which its own main thread computed, and queued
+there 4–6 ms while the other core ran a spinner. Our reading: Linux looks for an idle core to wake
+a thread on only while the cores' recent load leaves room (its SIS_UTIL heuristic), and a spinner's
+time counts as load. Pinning each rank's threads to a core of its own made our ring's median worse
+(2.1 against 0.7 ms) and Gloo's better (0.5 against 0.7 ms): not kept.
 
-A spinner is a tiny Python process (no torch) under ``SCHED_IDLE``: any rank, the kernel or any
-other program that becomes runnable takes its core at once, so it fills only time in which the core
-would have idled, and a rank's busy time (its own CPU time) is unchanged. It spins only while a
+A spinner is a tiny Python process (no torch) under ``SCHED_IDLE``: a rank, the kernel or any other
+program woken onto a spinner's core takes it at once (about 30 µs in ``perf sched``), so a spinner
+fills time in which its core would have idled, and a rank's busy time (its own CPU time) is
+unchanged. It spins only while a
 job runs (``during``); between jobs it sleeps in 20 ms naps. Not used where it would cost: under a
 container's CPU quota (the spinners' time would count against it), for GPU ranks, off Linux, or with
 ``LESSON_LIB_KEEP_AWAKE=0``. ``python -m lesson_lib doctor`` says whether it is on.
