@@ -20,8 +20,8 @@ def awake_loop(rounds: int = 4, epochs: int = 2, world_size: int = 2) -> dict:
            "why_not": awake.reason_off("gloo")}
     with Cluster(world_size, quiet=True) as c:
         run("large-batch", cfg.replace(epochs=1), cluster=c)  # warm-up
-        for _ in range(rounds):
-            for mode in ("on", "off"):
+        for i in range(rounds):
+            for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):  # neither always first
                 with awake.off() if mode == "off" else nullcontext():
                     r = run("large-batch", cfg, cluster=c)
                 comm = statistics.median(max(s["comm_s"] for s in per_step)

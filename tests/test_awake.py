@@ -55,6 +55,7 @@ def test_the_variable_turns_them_off_and_gpu_ranks_never_use_them(monkeypatch):
     assert awake.reason_off("gloo") == "LESSON_LIB_KEEP_AWAKE=0"
     monkeypatch.delenv("LESSON_LIB_KEEP_AWAKE")
     assert awake.reason_off("nccl") == "GPU ranks"
+    assert awake.reason_off("gloo", oversubscribed=True).startswith("more rank threads than cores")
     awake.stop()
     with awake.off():
         with awake.during("gloo"):
@@ -92,3 +93,15 @@ def test_off_keeps_them_asleep_for_the_jobs_inside_and_the_bench_takes_turns():
     r = awake_loop(rounds=1, epochs=1)
     assert r["why_not"] is None and len(r["on"]) == len(r["off"]) == 1 and r["steps"] == 128
     assert all(x["step_s"] > x["comm_s"] > 0 for x in r["on"] + r["off"])
+
+
+@needs_spinners
+def test_ranks_that_outnumber_the_cores_run_without_them():
+    """No core idles for long then, and the spinners slowed chapter 2's 4-rank measurement by a third."""
+    from lesson_lib.runtime.placement import cpu_count
+
+    awake.stop()
+    with Cluster(cpu_count() + 1, quiet=True) as c:
+        assert c.oversubscribed
+        c.run(_sleep, 0.05)
+    assert awake.pids() == []

@@ -12,9 +12,9 @@ from .. import plots
 from ..experiments import run_warm
 from ..milestones import zero
 
-# Each rank's share of a 4,096-sample batch makes a layer's forward take at least as long as its
-# gather over 1 Gbit/s (a 256 × 256 layer: 131 kB per rank on 2 ranks), so that hiding one can be
-# seen. At 2,048, once idle cores were kept awake (runtime.awake) and the compute got faster, the
+# Each rank's share of a 4,096-sample batch makes a layer's forward long enough to hide most of the
+# next layer's gather over 1 Gbit/s (a 256 × 256 layer: 131 kB per rank on 2 ranks), so that hiding
+# can be seen. At 2,048, once idle cores were kept awake (runtime.awake) and the compute got faster, the
 # medians of 5 runs gave prefetching 4.4 ms of waiting against 3.9 without it; at 4,096, 2.2 against
 # 5.9 ms with the cores kept awake and 2.3 against 6.3 without (5 runs each, 2-core test machine).
 TIMELINE = {"world_size": 2, "global_batch": 4096, "link_gbps": 1.0, "steps": 3}

@@ -20,7 +20,9 @@ A spinner is a tiny Python process (no torch) under ``SCHED_IDLE``: a rank, the 
 program woken onto a spinner's core takes it at once (about 30 µs in ``perf sched``), so a spinner
 fills time in which its core would have idled, and a rank's busy time (its own CPU time) is
 unchanged. It spins only while a
-job runs (``during``); between jobs it sleeps in 20 ms naps. Not used where it would cost: under a
+job runs (``during``); between jobs it sleeps in 20 ms naps. Not used where it would cost: when rank
+threads outnumber the cores (chapter 2's bandwidth measurement on 4 ranks of a 2-core machine took
+13.7–13.8 s with spinners, 10.3–10.8 s without; on 2 ranks 2.0 against 1.9–2.1 s), under a
 container's CPU quota (the spinners' time would count against it), for GPU ranks, off Linux, or with
 ``LESSON_LIB_KEEP_AWAKE=0``. ``python -m lesson_lib doctor`` says whether it is on.
 ``python -m lesson_lib bench awake`` times the same training loop with and without, in one run.
@@ -60,8 +62,9 @@ _STATE: dict[int, tuple[list[subprocess.Popen], mmap.mmap, str]] = {}  # pid →
 _ACTIVE = {"jobs": 0, "off": 0}
 
 
-def reason_off(backend: str = "gloo") -> str | None:
-    """Why no spinners run for ``backend``'s ranks here, or None when they do."""
+def reason_off(backend: str = "gloo", oversubscribed: bool = False) -> str | None:
+    """Why no spinners run for ``backend``'s ranks here (``oversubscribed``: more rank threads than
+    cores), or None when they do."""
     if os.environ.get("LESSON_LIB_KEEP_AWAKE", "").strip() == "0":
         return "LESSON_LIB_KEEP_AWAKE=0"
     if _ACTIVE["off"]:
@@ -74,6 +77,8 @@ def reason_off(backend: str = "gloo") -> str | None:
         return "a CPU quota: the spinners' time would count against it"
     if cpu_count() < 2:
         return "one core"
+    if oversubscribed:  # chapter 2's bandwidth on 4 ranks, 2 cores: 13.7-13.8 s with, 10.3-10.8 without
+        return "more rank threads than cores: no core idles for long, and the spinners slowed the ranks"
     return None
 
 
@@ -97,9 +102,9 @@ def _spinners() -> mmap.mmap:
 
 
 @contextmanager
-def during(backend: str = "gloo"):
+def during(backend: str = "gloo", oversubscribed: bool = False):
     """Spinners on every core while the block runs (a job), unless :func:`reason_off` says no."""
-    if reason_off(backend) is not None:
+    if reason_off(backend, oversubscribed) is not None:
         yield
         return
     try:

@@ -198,7 +198,7 @@ class Cluster:
         self.start()
         self._job_id += 1
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with awake.during(self.backend):  # idle cores kept awake while the ranks run (.awake)
+        with awake.during(self.backend, self.oversubscribed):  # idle cores kept awake (.awake)
             for q in self._job_qs:
                 q.put((self._job_id, payload))
             done = self._collect_or_stop(f"the run of {name}", self._job_id, kinds=(Kind.DONE,),

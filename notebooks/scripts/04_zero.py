@@ -264,9 +264,9 @@ assert ahead[0]["peak"] < ahead[1]["peak"] < ahead[2]["peak"], ahead
 # by layer, without prefetching and with one layer ahead. On this machine a gather is a memory copy
 # that takes far less than a layer's compute, so the timeline uses chapter 6's **emulated** link
 # (`link_gbps`: each transfer takes at least bytes/bandwidth; the rank sleeps out the rest, its core
-# free) at 1 Gbit/s, with a batch large enough that a layer computes at least as long as it gathers.
-# One forward is at the mercy of what else the two cores run, so each depth runs five times, taking
-# turns: the figure draws the last forward, the printout gives the medians the assert compares.
+# free) at 1 Gbit/s, with a batch large enough for a layer's compute to hide most of the next one's
+# gather. One forward is at the mercy of what else the two cores run, so each depth runs five times,
+# taking turns: the figure draws the last forward, the printout gives the medians the assert compares.
 
 # %%
 timeline = ch04.prefetch_timeline()
