@@ -124,7 +124,8 @@ def during(backend: str = "gloo", oversubscribed: bool = False):
 
 @contextmanager
 def off():
-    """No spinners for the jobs inside (``bench awake`` compares both in one run)."""
+    """No spinners for the jobs inside: ``bench awake`` compares both in one run, and chapter 4's
+    prefetch timeline (a gather thread beside the compute) runs without them."""
     _ACTIVE["off"] += 1
     try:
         yield
