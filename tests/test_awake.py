@@ -29,10 +29,11 @@ def _cpu(pids):
 
 @needs_spinners
 def test_spinners_spin_during_jobs_only_at_idle_priority_in_the_kernels_group():
-    """One per core; CPU time during a job and none between jobs; SCHED_IDLE, so a rank always
-    wins its core; and in the kernel's session (caught: with a session of its own, the scheduler's
-    autogroups gave the spinners half the cores against the ranks, and in chapter 5's B₀ loop our
-    ring's all-reduce took 2.7–4.6 ms instead of 2.2 without spinners and 0.4–0.5 with them)."""
+    """One per core; CPU time during a job and none between jobs; SCHED_IDLE, so a rank woken onto
+    a spinner's core takes it at once; and in the kernel's session (caught: with a session of its
+    own, the scheduler's autogroups gave the spinners half the cores against the ranks, and in
+    chapter 5's B₀ loop our ring's all-reduce took 2.7–4.6 ms instead of 2.2 without spinners and
+    0.4–0.5 with them)."""
     from lesson_lib.runtime.placement import cpu_count
 
     with Cluster(2, quiet=True) as c:

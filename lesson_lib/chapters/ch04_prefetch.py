@@ -15,9 +15,8 @@ from ..runtime import awake
 
 # Each rank's share of a 4,096-sample batch makes a layer's forward long enough to hide most of the
 # next layer's gather over 1 Gbit/s (a 256 × 256 layer: 131 kB per rank on 2 ranks), so that hiding
-# can be seen. At 2,048, once idle cores were kept awake (runtime.awake) and the compute got faster, the
-# medians of 5 runs gave prefetching 4.4 ms of waiting against 3.9 without it; at 4,096, 2.2 against
-# 5.9 ms with the cores kept awake and 2.3 against 6.3 without (5 runs each, 2-core test machine).
+# can be seen. At 4,096 the medians of 5 runs gave prefetching 2.3 ms of waiting against 6.3 without
+# it (2-core test machine, no spinners: see prefetch_timeline).
 TIMELINE = {"world_size": 2, "global_batch": 4096, "link_gbps": 1.0, "steps": 3}
 
 
@@ -42,7 +41,8 @@ def prefetch_timeline(depths=(0, 1), repeats: int = 5, **options) -> dict[int, d
     runs: dict[int, list] = {d: [] for d in depths}
     # Without runtime.awake's spinners: a gather thread beside the compute is more threads than cores
     # here, and a woken thread then queued behind its rank's compute while a spinner held the other
-    # core (a CI simulation's forward waited 5.8 ms with prefetching, 5.1 ms without)
+    # core (with spinners, at 2,048 samples, medians of 5: 4.4 ms of waiting with prefetching, 3.9
+    # without; a CI simulation at 4,096: 5.8 against 5.1)
     with awake.off():
         for _ in range(repeats):
             for d in depths:
