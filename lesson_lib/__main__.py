@@ -55,8 +55,8 @@ def _add_config_args(parser: argparse.ArgumentParser, config_cls) -> None:
 
 
 class _Progress:
-    def __init__(self, steps: int, stream=sys.stderr):
-        self.steps, self.stream, self.done = steps, stream, 0
+    def __init__(self, steps: int, stream=None):
+        self.steps, self.stream, self.done = steps, stream or sys.stderr, 0
         self.offset: dict = {}  # per rank: steps of the milestones it has finished (impact)
 
     def __call__(self, ev: dict) -> None:
@@ -78,8 +78,10 @@ class _Progress:
         self.stream.flush()
 
 
-def print_experiments(stream=sys.stdout) -> None:
-    """Each experiment with the first paragraph of its docstring (``list``, ``run --help``)."""
+def print_experiments(stream=None) -> None:
+    """Each experiment with the first paragraph of its docstring (``list``, ``run --help``), on
+    ``stream`` (default: sys.stdout as it is at the call)."""
+    stream = stream or sys.stdout
     width = max(60, shutil.get_terminal_size((100, 20)).columns)
     for n in experiments.names():
         print(textwrap.fill(summary(experiments.load(n).__doc__), width=width,

@@ -74,15 +74,12 @@ class _LayerWise(torch.optim.Optimizer):
         self.record_stats = record_stats  # off under ZeRO: ‖update‖ would cost one more all-reduce
         self.last_stats: list[tuple[float, float, float]] = []
 
-    def _ratio(self, w_norm: torch.Tensor, u_norm: torch.Tensor, group: dict) -> torch.Tensor:
-        """φ(‖w‖)/‖u‖, with 1 where either norm is 0 (a fresh zero layer, or no gradient)."""
-        one = torch.ones((), dtype=w_norm.dtype, device=w_norm.device)
-        if not group["adapt"]:
-            return one
-        ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm.clamp_min(1e-38), one)
-        if group["trust_clip"] is not None:
-            ratio = ratio.clamp(max=group["trust_clip"])
-        return ratio
+    def _ratio(self, w_norm: float, u_norm: float, group: dict) -> float:
+        """φ(‖w‖)/‖u‖, with 1 where either norm is 0 (a fresh zero layer, or no gradient) or not a number."""
+        if not group["adapt"] or not (w_norm > 0 and u_norm > 0):
+            return 1.0
+        ratio = w_norm / u_norm
+        return ratio if group["trust_clip"] is None else min(ratio, group["trust_clip"])
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -99,9 +96,12 @@ class _LayerWise(torch.optim.Optimizer):
                     raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
                 w, g = p.detach().float(), p.grad.detach().float()
                 update, w_norm, ratio = self._update(w, g, self.state[p], group)
-                p.copy_(w - update)  # bf16 parameters: the update is computed in fp32
+                if p.dtype == torch.float32:
+                    p.sub_(update)
+                else:  # bf16 parameters: the update is computed in fp32
+                    p.copy_(w - update)
                 if self.record_stats:
-                    self.last_stats.append((float(w_norm), float(self.norm(update)), float(ratio)))
+                    self.last_stats.append((w_norm, float(self.norm(update)), ratio))
         return loss
 
 
@@ -125,7 +125,7 @@ class LARS(_LayerWise):
 
     def _update(self, w, g, state, group):
         beta, eta = group["weight_decay"], group["trust_coefficient"]
-        w_norm, g_norm = self.norm(w), self.norm(g)
+        w_norm, g_norm = float(self.norm(w)), float(self.norm(g))
         # λ = η‖w‖ / (‖g‖ + β‖w‖ + ε): the trust ratio; 1 for excluded groups and zero norms
         ratio = self._ratio(eta * w_norm, g_norm + beta * w_norm + group["eps"], group)
         step = g.add(w, alpha=beta).mul_(ratio * group["lr"])  # a new tensor: p.grad stays as is
@@ -174,9 +174,10 @@ class LAMB(_LayerWise):
             m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
         r = m_hat / ((v_hat + eps).sqrt() if group["eps_inside_sqrt"] else v_hat.sqrt().add_(eps))
         u = r.add_(w, alpha=group["weight_decay"]) if group["weight_decay"] else r
-        w_norm = self.norm(w)
-        phi = w_norm if group["phi_clamp"] is None else w_norm.clamp(*group["phi_clamp"])
-        ratio = self._ratio(phi, self.norm(u), group)
+        w_norm = float(self.norm(w))
+        lo, hi = group["phi_clamp"] or (0.0, math.inf)
+        phi = min(max(w_norm, lo), hi)  # φ: the identity, or a clamp
+        ratio = self._ratio(phi, float(self.norm(u)), group)
         return u.mul_(ratio * group["lr"]), w_norm, ratio
 
 

@@ -1,4 +1,7 @@
+import contextlib
+import io
 import os
+import subprocess
 import time
 
 import psutil
@@ -39,6 +42,24 @@ def wait_no_workers(pids, timeout=5.0) -> list[int]:
                  and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         time.sleep(0.05)
     return alive
+
+
+def cli_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``python -m lesson_lib ARGS`` run in this process: its exit code and what it printed.
+
+    For the answers the command line gives before any rank starts (bad input, help, a mistyped
+    name): a subprocess costs seconds of ``import torch`` each, and the code is the same. An
+    exception that escapes ``main`` fails the test, as its traceback would in a shell."""
+    from lesson_lib.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's errors and --help
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["python", "-m", "lesson_lib", *args], code, out.getvalue(),
+                                       err.getvalue())
 
 
 @pytest.fixture(scope="session")

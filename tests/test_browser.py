@@ -3,8 +3,8 @@ open the notebook, Run -> Run All Cells, and check that it ran without errors, t
 figure drew and every widget rendered, that the browser logged no error, that an animation steps
 when played, and that one control of the chapter changes its output when used.
 
-This is where `make test` runs each notebook with the machine's own kernels (nbval runs them again
-under ATen's portable kernels, `make test-numerics`).
+This is where `make test` runs each notebook with the machine's own kernels (nbval runs chapters 4
+and 6 again under ATen's portable kernels, `make test-numerics`).
 
 The notebooks folder is copied into tmp_path and served from there, so nothing the
 browser does (autosave, checkpoints) touches the clean notebooks in the repository.

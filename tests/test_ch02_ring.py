@@ -3,12 +3,10 @@ schedules, the milestone and its CLI, the α-β model and the benchmark."""
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import cli_in_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +15,6 @@ from lesson_lib.comm import schedules
 from lesson_lib.milestones import ring_allreduce as ra
 
 pytestmark = pytest.mark.ch2
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OURS = ["ring", "halving-doubling", "naive"]
 
 
@@ -257,16 +254,11 @@ def test_unknown_algorithm_in_comm_names_it():
         comm.all_reduce(torch.ones(2), "tree")
 
 
-def cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "lesson_lib", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
-
-
 @pytest.mark.slow
 def test_cli_run_writes_the_json(tmp_path):
     f = tmp_path / "ring.json"
-    out = cli("run", "ring-allreduce", "--world-size", "2", "--size-mb", "0.05", "--steps", "3",
-              "--json", str(f))
+    out = cli_in_process("run", "ring-allreduce", "--world-size", "2", "--size-mb", "0.05", "--steps", "3",
+                         "--json", str(f))
     assert out.returncode == 0, out.stderr
     d = json.loads(f.read_text())
     assert d["experiment"] == "ring-allreduce" and d["world_size"] == 2 and d["correct"]
@@ -278,7 +270,7 @@ def test_cli_run_writes_the_json(tmp_path):
                                         (["--algorithm", "tree"], "algorithm")])
 @pytest.mark.slow
 def test_cli_bad_input_is_a_clear_error(args, name):
-    out = cli("run", "ring-allreduce", *args, timeout=60)
+    out = cli_in_process("run", "ring-allreduce", *args)
     assert out.returncode != 0 and name in out.stderr and "Traceback" not in out.stderr
 
 

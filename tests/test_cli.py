@@ -7,8 +7,11 @@ import sys
 
 import pytest
 import torch
+from conftest import cli_in_process
 
-pytestmark = [pytest.mark.ch0, pytest.mark.slow]  # every test runs the CLI in a subprocess (or torchrun)
+# The runs go through a subprocess (or torchrun); the answers given before any rank starts (bad input,
+# help, a mistyped name) are taken in this process (conftest.cli_in_process).
+pytestmark = [pytest.mark.ch0, pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--steps", "4", "--global-batch", "16", "--hidden", "16", "--samples", "256"]
 
@@ -25,7 +28,7 @@ def test_list_names_the_experiments_with_whole_sentences():
 
 
 def test_help_lists_the_commands_without_markup():
-    out = cli("--help")
+    out = cli_in_process("--help")
     assert out.returncode == 0
     assert all(c in out.stdout for c in ("list", "run EXPERIMENT", "bench", "doctor"))
     assert "``" not in out.stdout
@@ -73,23 +76,23 @@ def test_the_same_run_works_under_torchrun(tmp_path):
     (["run", "no-such-experiment"], "unknown experiment"),
 ])
 def test_bad_input_fails_fast_with_a_message_naming_it(args, name):
-    out = cli(*args, timeout=60)
+    out = cli_in_process(*args)
     assert out.returncode != 0 and name in out.stderr
 
 
 def test_a_mistyped_name_is_answered_with_a_suggestion_not_a_traceback():
     # bug caught: `run data-paralel` printing a Python traceback (KeyError/ValueError from the registry)
-    out = cli("run", "data-paralel")
+    out = cli_in_process("run", "data-paralel")
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert "unknown experiment 'data-paralel'; did you mean data-parallel?" in out.stderr
-    out = cli("bench", "bubbel")
+    out = cli_in_process("bench", "bubbel")
     assert out.returncode == 2 and "did you mean bubble?" in out.stderr
 
 
 def test_run_help_lists_every_experiment_with_its_description():
     # bug caught: `run --help` printing only a usage line
     from lesson_lib import experiments
-    out = cli("run", "--help")
+    out = cli_in_process("run", "--help")
     assert out.returncode == 0
     assert all(n in out.stdout for n in experiments.names()), out.stdout
     assert "workers push gradients and pull parameters" in " ".join(out.stdout.split())

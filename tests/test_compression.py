@@ -3,15 +3,13 @@ emulator, the compression experiment (bad inputs, CLI) and every exercise with w
 
 import json
 import math
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from conftest import worker_children
+from conftest import cli_in_process, worker_children
 
 from lesson_lib import comm, run
 from lesson_lib.chapters import ch06
@@ -332,17 +330,15 @@ def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
 @pytest.mark.slow
 def test_cli_writes_the_chapter_keys(tmp_path):
     out = tmp_path / "c.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "lesson_lib", "run", "compression", "--compressor", "topk", "--ratio", "0.05",
+    proc = cli_in_process("run", "compression", "--compressor", "topk", "--ratio", "0.05",
          "--no-error-feedback", "--link-gbps", "5", "--steps", "3", "--hidden", "16", "--world-size", "2",
-         "--json", str(out), "--quiet"], capture_output=True, text=True, timeout=120)
+         "--json", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(out.read_text())
     assert d["config"]["error_feedback"] is False and d["link_gbps"] == 5.0
     for key in ("wire_bytes_per_step", "uncompressed_bytes_per_step", "compression_ratio"):
         assert d[key] > 0, key
-    bad = subprocess.run([sys.executable, "-m", "lesson_lib", "run", "compression", "--ratio", "2"],
-                         capture_output=True, text=True, timeout=60)
+    bad = cli_in_process("run", "compression", "--ratio", "2")
     assert bad.returncode == 2 and "ratio" in bad.stderr
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import cli_in_process
 
 from lesson_lib import costmodel as cm
 
@@ -193,8 +194,7 @@ def test_cli_prints_the_table_and_writes_json(tmp_path):
 @pytest.mark.slow
 def test_cli_bad_input_is_one_line_naming_the_parameter(args, name):
     base = ["--params", "175e9", "--tokens", "300e9", "--devices", "1024"]
-    proc = subprocess.run([sys.executable, "-m", "lesson_lib", "estimate", *base, *args],
-                          capture_output=True, text=True, timeout=60)
+    proc = cli_in_process("estimate", *base, *args)
     assert proc.returncode == 2 and f"error: {name}" in proc.stderr and "Traceback" not in proc.stderr
 
 

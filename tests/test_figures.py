@@ -100,3 +100,18 @@ def test_fsdp2_side_by_side_draws_a_bar_per_rank_and_the_inventory_in_mb():
     assert [t.name for t in fig.data] == ["measured peak, rank 0", "measured peak, rank 1",
                                           "inventory: model states (rank 0)"]
     assert [list(t.y) for t in fig.data] == [[2, 4], [3, 5], [1, 1]]
+
+
+def test_live_figure_sends_a_bounded_curve_while_a_run_trains_and_every_step_at_its_end():
+    live = plots.common.LiveRuns("t", min_interval_s=1e9)  # redrawn here by hand, then at the end
+    cb = live.track("long", 3000, 2)
+    loss, wall, busy = (live.fig.data[i] for i in live._runs["long"]["traces"])
+    for s in range(3000):
+        for r in range(2):
+            cb({"kind": "step", "step": s, "rank": r, "wall_s": 0.01, "busy_s": 0.008, "loss": 1 / (s + 1)})
+        if s == 1999:  # mid-run: every k-th step and the latest, no more than LIVE_POINTS + 1
+            live._redraw(live._runs["long"])
+            for trace in (loss, wall, busy):
+                assert len(trace.x) <= live.LIVE_POINTS + 1 and trace.x[-1] == 1999
+            assert list(loss.y) == [1 / (x + 1) for x in loss.x]  # each point is its step's
+    assert list(loss.x) == list(range(3000)) and list(wall.x) == list(range(1, 3000))  # step 0 left out

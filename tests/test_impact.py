@@ -3,13 +3,11 @@ computation reaching the target in the same steps), its bad inputs, its CLI, and
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import worker_children
+from conftest import cli_in_process, worker_children
 
 from lesson_lib import comm, costmodel, run
 from lesson_lib.chapters import ch07_exercises as ex7
@@ -187,11 +185,9 @@ def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
 @pytest.mark.slow
 def test_cli_writes_one_record_per_milestone(tmp_path):
     out = tmp_path / "impact.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "lesson_lib", "run", "impact", "--preset", "quick", "--hidden", "16",
+    proc = cli_in_process("run", "impact", "--preset", "quick", "--hidden", "16",
          "--samples", "1024", "--steps", "6", "--large-batch-steps", "4", "--target-loss", "2.3",
-         "--milestones", "parameter-server,ring,zero-3", "--json", str(out)],
-        capture_output=True, text=True, timeout=180)
+         "--milestones", "parameter-server,ring,zero-3", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "step 18/18" in proc.stderr  # one progress bar over the three milestones' 6 steps
     records = json.loads(out.read_text())["milestones"]

@@ -2,13 +2,11 @@
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import worker_children
+from conftest import cli_in_process, worker_children
 
 from lesson_lib import run
 from lesson_lib.chapters.ch05_exercises import exercises
@@ -103,18 +101,16 @@ def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
 @pytest.mark.slow
 def test_cli_writes_the_chapter_keys(tmp_path):
     out = tmp_path / "lb.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "lesson_lib", "run", "large-batch", "--optimizer", "lamb",
+    proc = cli_in_process("run", "large-batch", "--optimizer", "lamb",
          "--global-batch", "64", "--epochs", "1", "--samples", "256", "--eval-samples", "64",
          "--hidden", "8", "--depth", "2", "--lr", "0.01", "--warmup-steps", "1", "--world-size", "2",
-         "--json", str(out), "--quiet"], capture_output=True, text=True, timeout=120)
+         "--json", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(out.read_text())
     for key in ("eval_loss", "eval_accuracy", "steps", "grad_bytes_per_epoch", "trust_ratios"):
         assert key in d, key
     assert d["steps"] == 4 and len(d["trust_ratios"]) == 4
-    bad = subprocess.run([sys.executable, "-m", "lesson_lib", "run", "large-batch", "--warmup-steps", "-3"],
-                         capture_output=True, text=True, timeout=60)
+    bad = cli_in_process("run", "large-batch", "--warmup-steps", "-3")
     assert bad.returncode == 2 and "warmup_steps" in bad.stderr
 
 

@@ -2,14 +2,12 @@
 measured memory, torch.distributed.pipelining, exercises, bad input and the CLI."""
 
 import json
-import os
 import random
 import statistics
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import cli_in_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +30,6 @@ from lesson_lib.milestones.pipeline.schedules import (
 )
 
 pytestmark = pytest.mark.ch3
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(steps=3, global_batch=24, hidden=16, depth=3, d_in=8, classes=4, samples=256)
 
 
@@ -298,11 +295,6 @@ def test_replace_keeps_one_rank_per_stage():
     assert cfg.world_size == cfg.stages == 4
 
 
-def cli(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "lesson_lib", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
-
-
 @pytest.mark.slow
 def test_cli_writes_the_chapter_keys_and_stages_1_is_the_unsplit_model(tmp_path):
     small = ["--steps", "3", "--global-batch", "16", "--seed", "0", "--hidden", "16", "--depth", "3",
@@ -310,8 +302,8 @@ def test_cli_writes_the_chapter_keys_and_stages_1_is_the_unsplit_model(tmp_path)
     losses = {}
     for p in (2, 1):
         f = tmp_path / f"pp{p}.json"
-        out = cli("run", "pipeline", "--stages", str(p), "--microbatches", "4", "--schedule", "1f1b",
-                  *small, "--json", str(f))
+        out = cli_in_process("run", "pipeline", "--stages", str(p), "--microbatches", "4", "--schedule",
+                             "1f1b", *small, "--json", str(f))
         assert out.returncode == 0, out.stderr[-2000:]
         d = json.loads(f.read_text())
         assert d["experiment"] == "pipeline" and d["world_size"] == p and len(d["per_rank"]) == p
@@ -330,7 +322,7 @@ def test_cli_writes_the_chapter_keys_and_stages_1_is_the_unsplit_model(tmp_path)
 ])
 @pytest.mark.slow
 def test_cli_bad_input_fails_fast_naming_the_parameter(args, name):
-    out = cli("run", "pipeline", *args, timeout=60)
+    out = cli_in_process("run", "pipeline", *args)
     assert out.returncode != 0 and name in out.stderr
 
 
@@ -403,3 +395,16 @@ def test_bubble_breakdown_of_a_synthetic_step():
               "busy": 0.0}
     late = bubble_breakdown(acts, events + [arrive], 0)
     assert late["busy"] == b["busy"] and late["messages"] == pytest.approx(1 - 18 / (2 * 15.5))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("stages, schedule, chunks", [(4, s, 1) for s in SCHEDULES] + [(2, "interleaved", 2)])
+def test_the_chapters_equality_checks_hold_within_the_pipeline_tolerance(clusters, stages, schedule, chunks):
+    """Chapter 3's §2 and interleaved checks, as the notebook makes them (``make test-numerics``
+    reruns them under the portable kernels, in place of rerunning the whole notebook)."""
+    from lesson_lib import numerics
+
+    cfg = pp.Config.tiny(stages=stages, schedule=schedule, microbatches=4,
+                         **({"chunks": chunks} if chunks > 1 else {}))
+    g = pp.verify(cfg, clusters(stages))
+    assert max(g.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.steps, depth=cfg.depth), g

@@ -1,11 +1,10 @@
 """Chapter 4: every ZeRO stage trains the same model; memory and traffic match the paper."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import cli_in_process
 
 from lesson_lib import experiments, numerics, run
 from lesson_lib.chapters import ch04
@@ -268,8 +267,7 @@ def test_cli_run_zero_writes_json(tmp_path):
     f = tmp_path / "z.json"
     args = ["run", "zero", "--stage", "3", "--world-size", "2", "--precision", "mixed", "--steps", "3",
             "--global-batch", "16", "--hidden", "16", "--json", str(f)]
-    out = subprocess.run([sys.executable, "-m", "lesson_lib", *args], capture_output=True, text=True,
-                         timeout=120)
+    out = cli_in_process(*args)
     assert out.returncode == 0, out.stderr
     d = json.loads(f.read_text())
     assert d["experiment"] == "zero" and d["config"]["stage"] == 3 and len(d["per_rank"]) == 2

@@ -110,18 +110,31 @@ class LiveRuns:
 
         return on_event
 
+    # While a run trains, each redraw sends at most this many points a curve (every k-th step and the
+    # latest) to the browser, which re-renders them all; its last redraw sends every step. Chapter 5's
+    # runs of 6,144 steps otherwise ship ever longer curves every 2 s to a browser on the ranks' cores.
+    LIVE_POINTS = 500
+
     def _redraw(self, run: dict) -> None:
         lt, wt, bt = run["traces"]
-        full = sorted(s for s, w in run["wall"].items() if len(w) == run["world"] and s > 0)
+        finished = len(run["loss"]) == run["steps"]
+        full = self._thin(sorted(s for s, w in run["wall"].items() if len(w) == run["world"] and s > 0),
+                          finished)
+        losses = self._thin(sorted(run["loss"]), finished)
         with self.fig.batch_update():
-            self.fig.data[lt].x = sorted(run["loss"])
-            self.fig.data[lt].y = [run["loss"][s] for s in sorted(run["loss"])]
+            self.fig.data[lt].x = losses
+            self.fig.data[lt].y = [run["loss"][s] for s in losses]
             self.fig.data[wt].x = full
             self.fig.data[wt].y = [1e3 * max(run["wall"][s].values()) for s in full]
             self.fig.data[bt].x = full  # the busiest rank's CPU time: what the wall clock hides
             self.fig.data[bt].y = [1e3 * max(run["busy"][s].values()) for s in full]
-            if len(run["loss"]) == run["steps"]:
+            if finished:
                 self._mark_coinciding()
+
+    def _thin(self, steps: list[int], finished: bool) -> list[int]:
+        """Every step once the run has finished; before, every k-th and the latest, ≤ LIVE_POINTS + 1."""
+        k = -(-len(steps) // self.LIVE_POINTS)
+        return steps if finished or k <= 1 else steps[::k] + ([steps[-1]] if (len(steps) - 1) % k else [])
 
     def coinciding(self) -> list[tuple[list[str], float]]:
         """Finished runs whose loss curves cannot be told apart on the figure: (labels, largest gap).
