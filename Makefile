@@ -41,10 +41,10 @@ lint: install
 # tolerance that only holds for one CPU's kernels fails here rather than on a learner's laptop, and
 # so do chapters 4 and 6 whole, under nbval (their timelines and PowerSGD's orthogonalisation change
 # with the kernels). Chapters 0, 3 and 5 make their float comparisons through lesson_lib.numerics
-# with the same configurations as tests marked `numerics`, which are what reruns for them: rerunning
-# them whole took 29 + 96 + 173 s of nbclient time on a 2-core machine where all of `make test` came
-# to 2,200 s, past CI's 30 minutes. (`pytest` alone runs nbval on every notebook with this machine's
-# kernels: testpaths.)
+# with the same configurations as tests marked `numerics`, which are what reruns for them: run whole
+# they took 29 + 96 + 173 s under nbclient on a slow 2-core machine, where `pytest tests` alone took
+# 1,568 s and `make test` with them ran past .ci/run's 1,800 s cap. (`pytest` alone runs nbval on
+# every notebook with this machine's kernels: testpaths.)
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests
