@@ -47,9 +47,10 @@ def wait_no_workers(pids, timeout=5.0) -> list[int]:
 def cli_in_process(*args: str) -> subprocess.CompletedProcess:
     """``python -m lesson_lib ARGS`` run in this process: its exit code and what it printed.
 
-    For the answers the command line gives before any rank starts (bad input, help, a mistyped
-    name): a subprocess costs seconds of ``import torch`` each, and the code is the same. An
-    exception that escapes ``main`` fails the test, as its traceback would in a shell."""
+    The same ``main``, without a subprocess's ``import torch`` and fork server (seconds each): for
+    bad input, help, mistyped names and the chapters' ``run ... --json`` checks, whose ranks fork from
+    this process's server. test_cli keeps real ``python -m`` and torchrun runs. An exception that
+    escapes ``main`` fails the test, as its traceback would in a shell."""
     from lesson_lib.__main__ import main
 
     out, err = io.StringIO(), io.StringIO()

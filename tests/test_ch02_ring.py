@@ -254,7 +254,6 @@ def test_unknown_algorithm_in_comm_names_it():
         comm.all_reduce(torch.ones(2), "tree")
 
 
-@pytest.mark.slow
 def test_cli_run_writes_the_json(tmp_path):
     f = tmp_path / "ring.json"
     out = cli_in_process("run", "ring-allreduce", "--world-size", "2", "--size-mb", "0.05", "--steps", "3",
@@ -268,7 +267,6 @@ def test_cli_run_writes_the_json(tmp_path):
 
 @pytest.mark.parametrize("args, name", [(["--size-mb", "-1"], "size_mb"),
                                         (["--algorithm", "tree"], "algorithm")])
-@pytest.mark.slow
 def test_cli_bad_input_is_a_clear_error(args, name):
     out = cli_in_process("run", "ring-allreduce", *args)
     assert out.returncode != 0 and name in out.stderr and "Traceback" not in out.stderr

@@ -327,12 +327,11 @@ def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
     assert len(worker_children()) == before
 
 
-@pytest.mark.slow
 def test_cli_writes_the_chapter_keys(tmp_path):
     out = tmp_path / "c.json"
     proc = cli_in_process("run", "compression", "--compressor", "topk", "--ratio", "0.05",
-         "--no-error-feedback", "--link-gbps", "5", "--steps", "3", "--hidden", "16", "--world-size", "2",
-         "--json", str(out), "--quiet")
+                          "--no-error-feedback", "--link-gbps", "5", "--steps", "3", "--hidden", "16",
+                          "--world-size", "2", "--json", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(out.read_text())
     assert d["config"]["error_feedback"] is False and d["link_gbps"] == 5.0

@@ -191,7 +191,6 @@ def test_cli_prints_the_table_and_writes_json(tmp_path):
     (["--device", "b300"], "device"), (["--link", "x"], "link"), (["--devices", "-4"], "devices"),
     (["--pipeline", "128"], "pipeline"),
 ])
-@pytest.mark.slow
 def test_cli_bad_input_is_one_line_naming_the_parameter(args, name):
     base = ["--params", "175e9", "--tokens", "300e9", "--devices", "1024"]
     proc = cli_in_process("estimate", *base, *args)

@@ -182,12 +182,11 @@ def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
     assert len(worker_children()) == before
 
 
-@pytest.mark.slow
 def test_cli_writes_one_record_per_milestone(tmp_path):
     out = tmp_path / "impact.json"
-    proc = cli_in_process("run", "impact", "--preset", "quick", "--hidden", "16",
-         "--samples", "1024", "--steps", "6", "--large-batch-steps", "4", "--target-loss", "2.3",
-         "--milestones", "parameter-server,ring,zero-3", "--json", str(out))
+    proc = cli_in_process("run", "impact", "--preset", "quick", "--hidden", "16", "--samples", "1024",
+                          "--steps", "6", "--large-batch-steps", "4", "--target-loss", "2.3",
+                          "--milestones", "parameter-server,ring,zero-3", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "step 18/18" in proc.stderr  # one progress bar over the three milestones' 6 steps
     records = json.loads(out.read_text())["milestones"]

@@ -98,13 +98,12 @@ def test_bad_input_names_the_parameter_before_any_worker_starts(options, name):
     assert len(worker_children()) == before
 
 
-@pytest.mark.slow
 def test_cli_writes_the_chapter_keys(tmp_path):
     out = tmp_path / "lb.json"
-    proc = cli_in_process("run", "large-batch", "--optimizer", "lamb",
-         "--global-batch", "64", "--epochs", "1", "--samples", "256", "--eval-samples", "64",
-         "--hidden", "8", "--depth", "2", "--lr", "0.01", "--warmup-steps", "1", "--world-size", "2",
-         "--json", str(out), "--quiet")
+    proc = cli_in_process("run", "large-batch", "--optimizer", "lamb", "--global-batch", "64",
+                          "--epochs", "1", "--samples", "256", "--eval-samples", "64", "--hidden", "8",
+                          "--depth", "2", "--lr", "0.01", "--warmup-steps", "1", "--world-size", "2",
+                          "--json", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(out.read_text())
     for key in ("eval_loss", "eval_accuracy", "steps", "grad_bytes_per_epoch", "trust_ratios"):

@@ -295,7 +295,6 @@ def test_replace_keeps_one_rank_per_stage():
     assert cfg.world_size == cfg.stages == 4
 
 
-@pytest.mark.slow
 def test_cli_writes_the_chapter_keys_and_stages_1_is_the_unsplit_model(tmp_path):
     small = ["--steps", "3", "--global-batch", "16", "--seed", "0", "--hidden", "16", "--depth", "3",
              "--samples", "256"]
@@ -320,7 +319,6 @@ def test_cli_writes_the_chapter_keys_and_stages_1_is_the_unsplit_model(tmp_path)
     (["--stages", "0"], "stages"),
     (["--stages", "9", "--depth", "3"], "stages"),
 ])
-@pytest.mark.slow
 def test_cli_bad_input_fails_fast_naming_the_parameter(args, name):
     out = cli_in_process("run", "pipeline", *args)
     assert out.returncode != 0 and name in out.stderr
@@ -404,7 +402,6 @@ def test_the_chapters_equality_checks_hold_within_the_pipeline_tolerance(cluster
     reruns them under the portable kernels, in place of rerunning the whole notebook)."""
     from lesson_lib import numerics
 
-    cfg = pp.Config.tiny(stages=stages, schedule=schedule, microbatches=4,
-                         **({"chunks": chunks} if chunks > 1 else {}))
+    cfg = pp.Config.tiny(stages=stages, schedule=schedule, microbatches=4, chunks=chunks)
     g = pp.verify(cfg, clusters(stages))
     assert max(g.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.steps, depth=cfg.depth), g

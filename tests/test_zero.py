@@ -262,7 +262,6 @@ def test_exercises():
     assert not v and v.message.startswith("you said stage 2"), v.message
 
 
-@pytest.mark.slow
 def test_cli_run_zero_writes_json(tmp_path):
     f = tmp_path / "z.json"
     args = ["run", "zero", "--stage", "3", "--world-size", "2", "--precision", "mixed", "--steps", "3",
