@@ -388,11 +388,33 @@ def test_bubble_breakdown_of_a_synthetic_step():
     # stage 1 sets the pace: makespan = F of stage 0 + M·(F+B) of stage 1 + B of stage 0 = 15, work 6 + 12
     assert b["stages"] == pytest.approx(1 - 18 / (2 * 15)) and b["stages"] > bubble_formula(2, 2)
     assert all(s["off_core"] == pytest.approx(0) and s["recv"] == 0 for s in b["per_stage"])
+    assert b["busy_bounds"] == pytest.approx((b["busy"], b["busy"]))  # no variation: no range
     # stage 1's first forward gets its activation 0.5 after stage 0's ends: everything after it moves
     arrive = {"rank": 1, "step": 0, "kind": "arrive_activation", "microbatch": 0, "start": 0.0, "end": 1.5,
               "busy": 0.0}
     late = bubble_breakdown(acts, events + [arrive], 0)
     assert late["busy"] == b["busy"] and late["messages"] == pytest.approx(1 - 18 / (2 * 15.5))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_the_variations_range_brackets_the_busy_replay(schedule):
+    # catches: bounds from the fastest and slowest action of the whole step (not of the stage's own
+    # kind), bounds from their own work instead of the run's, or a range that does not contain the replay
+    rng = random.Random(7)
+    acts = all_actions(schedule, 3, 6)
+    for _ in range(20):
+        durations = {(k, x, i): (1 + k / 4) * (1.0 if x == "F" else 2.0) * rng.uniform(0.7, 1.4)
+                     for k in range(3) for x, i in acts[k]}
+        events = [{"rank": k, "step": 0, "kind": "forward" if x == "F" else "backward", "microbatch": i,
+                   "start": s, "end": e, "busy": durations[k, x, i]}
+                  for (k, x, i), (s, e) in replay(acts, durations).items()]
+        b = bubble_breakdown(acts, events, 0)
+        lo, hi = b["busy_bounds"]
+        assert lo <= b["busy"] <= hi and lo < hi
+        slowest = {(k, x): max(d for (j, y, _), d in durations.items() if (j, y) == (k, x))
+                   for k in range(3) for x in "FB"}
+        spans = replay(acts, {key: slowest[key[:2]] for key in durations})
+        assert hi == pytest.approx(1 - sum(durations.values()) / (3 * max(e for _, e in spans.values())))
 
 
 @pytest.mark.numerics

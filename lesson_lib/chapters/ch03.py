@@ -133,11 +133,13 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
             b, f = r["bubble_breakdown"], r["bubble_formula"]
             rows.append({"label": f"{model}, M={m}", "model": model, "microbatches": m, "formula": f,
                          "pace": b["pace"],
-                         **{k: b[k] for k in ("stages", "busy", "wall", "per_stage")}})
+                         **{k: b[k] for k in ("stages", "busy", "busy_bounds", "wall", "per_stage")}})
             d = [1e3 * x for x in r["message_delays_s"]]  # sorted
             fwd = statistics.median(e["busy"] for e in r["events"] if e["kind"] == "forward" and e["step"])
             per = b["per_stage"]
-            table.append([f"{model}, M={m}", f"{f:.1%}", f"{b['stages']:.1%}", f"{b['busy']:.1%}",
+            lo, hi = b["busy_bounds"]
+            table.append([f"{model}, M={m}", f"{f:.1%}", f"{b['stages']:.1%}",
+                          f"{b['busy']:.1%} ({max(lo, 0):.0%}–{hi:.0%})",
                           f"{b['wall']:.1%}", f"{b['pace']:.3f}"])
             detail.append([f"{model}, M={m}", " / ".join(f"{1e3 * s['forward']:.1f}+{1e3 * s['backward']:.1f}"
                                                          for s in per),
@@ -146,7 +148,8 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
                            f"{1e3 * fwd:.1f}"])
     print("The bubble, one cause at a time (shares of the step; pace: the slowest forward + the slowest "
           "backward over the mean stage's):")
-    print_table(["run", "formula", "+ unequal stages", "+ variation", "wall clock", "pace"], table)
+    print_table(["run", "formula", "+ unequal stages", "+ variation (its range)", "wall clock", "pace"],
+                table)
     print("\nWhat the stages did (stage 0 / stage 1), and the messages, from the neighbour finishing to "
           "the message landing:")
     print_table(["run", "F + B busy (ms)", "off its core", "message ms: median / p90 / max", "one F (ms)"],

@@ -74,6 +74,8 @@ def _measured(out: dict) -> dict:
 def _median_breakdown(causes: list[dict]) -> dict:
     """Each rung of :func:`bubble_breakdown`, its pace and each per-stage figure: its median over steps."""
     med = {k: statistics.median(c[k] for c in causes) for k in ("busy", "messages", "wall")}
+    # each step's busy lies in its range, so the median does in the medians' (order statistics keep order)
+    med["busy_bounds"] = tuple(statistics.median(c["busy_bounds"][j] for c in causes) for j in (0, 1))
     # the lower median: a step's own figures, so that the stages rung stays paced_bubble of its pace
     # (one grows with the other)
     med.update({k: statistics.median_low(c[k] for c in causes) for k in ("stages", "pace")})

@@ -210,6 +210,10 @@ def replayed_events(actions: list[list[Action]], events: list[dict], step: int) 
 # --------------------------------------------------------------------------- where the idle goes
 
 
+def _makespan(spans: dict) -> float:
+    return max(e for _, e in spans.values()) - min(s for s, _ in spans.values())
+
+
 def _replay_with(actions: list[list[Action]], comp: list[dict], duration) -> float:
     return idle_share(replay(actions, {span_key(e): duration(e) for e in comp}))
 
@@ -237,6 +241,9 @@ def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int)
       :func:`stage_pace`) says how unequal, and for GPipe this rung is :func:`paced_bubble`;
     * ``busy``: replayed with each action's own busy time: adds the variation between
       micro-batches (a stage that waits for a slower neighbour turns it into idle time);
+      ``busy_bounds`` is what that variation can do: the same work on the timelines with every
+      action as fast, and as slow, as its stage's fastest and slowest of its kind (a replay's
+      makespan only grows with any action's time, so ``busy`` lies between them in every run);
     * ``messages``: replayed with each action's busy time and each message's measured delay
       (:func:`message_delays`): adds what messages cost where a stage waits for them. The delays
       are wall-clock times, so on a loaded machine (stages often off their cores) they include
@@ -268,8 +275,11 @@ def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int)
                        "off_core": (wall - sum(e["busy"] for e in mine)) / window,
                        "recv": recv / window, "between": max(0.0, t1 - t0 - wall - recv) / window})
     delays = message_delays(events, step)
+    work, n = sum(e["busy"] for e in comp), len(stages)
+    bounds = tuple(1 - work / (n * _makespan(replay(actions, {span_key(e): pick(by[e["rank"], e["kind"]])
+                                                              for e in comp}))) for pick in (min, max))
     return {"step": step, "stages": _replay_with(actions, comp, lambda e: mean[e["rank"], e["kind"]]),
             "pace": stage_pace(stages),
-            "busy": _replay_with(actions, comp, lambda e: e["busy"]),
+            "busy": _replay_with(actions, comp, lambda e: e["busy"]), "busy_bounds": bounds,
             "messages": idle_share(replay(actions, {span_key(e): e["busy"] for e in comp}, delays)),
             "wall": idle_share(measured_spans(events, step)), "per_stage": stages}
