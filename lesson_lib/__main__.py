@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import inspect
 import json
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -23,7 +25,7 @@ commands:
   bench WHAT                 benchmarks, ratios measured in one run: startup | allreduce |
                              compression (PowerSGD vs torch's) | ddp (our data parallel vs DDP) |
                              bubble (the pipeline bubble vs its formula) | awake (idle cores
-                             kept awake while ranks wait, or not)
+                             kept awake while ranks wait, or not); `bench --help` says more
   estimate [options]         the cost model: time and memory per milestone at cluster scale
   doctor                     torch version, backend per world size, cores, threads per rank
 
@@ -145,6 +147,53 @@ def cmd_run(argv: list[str]) -> int:
     return 0
 
 
+def _benches() -> dict:
+    """Each benchmark: (what it measures, one line; the call that runs and prints it)."""
+    from .bench_awake import awake_loop, print_awake
+
+    return {"startup": (bench.startup, lambda: bench.print_startup(bench.startup())),
+            "allreduce": (bench.allreduce, lambda: bench.print_allreduce(bench.allreduce())),
+            "compression": (bench.powersgd, lambda: bench.print_powersgd(bench.powersgd())),
+            "ddp": (bench.ddp, lambda: bench.print_ddp(bench.ddp())),
+            "bubble": (bench.bubble, lambda: bench.print_bubble(bench.bubble())),
+            "awake": (awake_loop, lambda: print_awake(awake_loop()))}
+
+
+def _plain(doc: str) -> str:
+    """A docstring without its reST markup: :func:`~.probes.first_step` → first_step,
+    :mod:`lesson_lib.runtime` → lesson_lib.runtime, ``x`` → x."""
+    doc = re.sub(r":\w+:`(~?)\.?([^`]*)`", lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], doc)
+    return re.sub(r"``([^`]*)``", r"\1", doc)
+
+
+def cmd_bench(argv: list[str]) -> int:
+    benches = _benches()
+    if not argv or argv[0] in ("-h", "--help"):  # say what there is; a bench takes minutes
+        stream = sys.stdout if argv else sys.stderr
+        print("usage: python -m lesson_lib bench WHAT   (each takes a few minutes and prints every "
+              "run)\n\nbenchmarks:", file=stream)
+        width = max(60, shutil.get_terminal_size((100, 20)).columns)
+        for name, (fn, _) in benches.items():
+            print(textwrap.fill(_plain(summary(fn.__doc__)), width=width, initial_indent=f"{name:<12} ",
+                                subsequent_indent=" " * 13), file=stream)
+        return 0 if argv else 2
+    what, extra = argv[0], argv[1:]
+    if what not in benches:
+        return unknown("benchmark", what, list(benches))
+    if extra and extra[0] in ("-h", "--help"):
+        doc = _plain(inspect.cleandoc(benches[what][0].__doc__))
+        print(f"usage: python -m lesson_lib bench {what}\n\n{doc}")
+        return 0
+    if extra:
+        print(f"bench {what} takes no options, got {' '.join(extra)!r} (see `bench {what} --help`)",
+              file=sys.stderr)
+        return 2
+    # The tables say when ranks outnumber cores; the per-cluster warning would only repeat it.
+    warnings.filterwarnings("ignore", message=".*ranks on .* CPU cores", category=RuntimeWarning)
+    benches[what][1]()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -168,30 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"no: {why_not}" if why_not else "yes"}, indent=2))
         return 0
     if cmd == "bench":
-        what = rest[0] if rest else "startup"
-        # The tables say when ranks outnumber cores; the per-cluster warning would only repeat it.
-        warnings.filterwarnings("ignore", message=".*ranks on .* CPU cores", category=RuntimeWarning)
-        if what == "startup":
-            bench.print_startup(bench.startup())
-            return 0
-        if what == "allreduce":
-            bench.print_allreduce(bench.allreduce())
-            return 0
-        if what == "compression":
-            bench.print_powersgd(bench.powersgd())
-            return 0
-        if what == "ddp":
-            bench.print_ddp(bench.ddp())
-            return 0
-        if what == "bubble":
-            bench.print_bubble(bench.bubble())
-            return 0
-        if what == "awake":
-            from .bench_awake import awake_loop, print_awake
-
-            print_awake(awake_loop())
-            return 0
-        return unknown("benchmark", what, ["startup", "allreduce", "compression", "ddp", "bubble", "awake"])
+        return cmd_bench(rest)
     return unknown("command", cmd, ["list", "run", "estimate", "bench", "doctor"])
 
 

@@ -89,6 +89,26 @@ def test_a_mistyped_name_is_answered_with_a_suggestion_not_a_traceback():
     assert out.returncode == 2 and "did you mean bubble?" in out.stderr
 
 
+def test_bench_help_says_what_each_benchmark_measures_and_runs_none():
+    # bug caught: `bench --help` answered "unknown benchmark '--help'", `bench allreduce --help` ran
+    # the whole benchmark (minutes) and ignored the option, and a bare `bench` ran `startup`
+    from lesson_lib.__main__ import _benches
+
+    out = cli_in_process("bench", "--help")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    lines = out.stdout.splitlines()
+    for name in _benches():
+        assert any(line.startswith(f"{name} ") for line in lines), (name, out.stdout)
+    assert "Algorithm bandwidth (S / time) of our all-reduces" in " ".join(out.stdout.split())
+    bare = cli_in_process("bench")
+    assert bare.returncode == 2 and bare.stdout == "" and "usage:" in bare.stderr
+    one = cli_in_process("bench", "ddp", "--help")
+    assert one.returncode == 0 and "usage: python -m lesson_lib bench ddp" in one.stdout
+    assert "torch DDP's" in one.stdout and "``" not in one.stdout
+    extra = cli_in_process("bench", "ddp", "--steps", "3")
+    assert extra.returncode == 2 and "takes no options" in extra.stderr and "--steps 3" in extra.stderr
+
+
 def test_run_help_lists_every_experiment_with_its_description():
     # bug caught: `run --help` printing only a usage line
     from lesson_lib import experiments
