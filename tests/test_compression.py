@@ -200,8 +200,8 @@ def test_counted_bytes_per_compressor(clusters, world):
         "randomk": ring(k, 4),
         "qsgd": [(n - 1) * (4 * blocks + math.ceil(numel * width / 8))] * n,  # bits=2: 4-bit codes
         "sign": [(n - 1) * (4 * blocks + math.ceil(numel / 8))] * n,
-        # three rings: the bias (50), P = M·Q (50 × 1) and Q = Mᵀ·P (59 × 1)
-        "powersgd": [a + b + c for a, b, c in zip(ring(50, 4), ring(50, 4), ring(59, 4))],
+        # two rings: P = M·Q (50 × 1) with the bias (50) after it, then Q = Mᵀ·P (59 × 1)
+        "powersgd": [a + b for a, b in zip(ring(50 + 50, 4), ring(59, 4))],
     }
     assert width == 4
     for name, want in expected.items():
@@ -288,8 +288,11 @@ def test_experiment_counts_and_predicts(clusters):
     c = clusters(2)
     none = run("compression", cluster=c, compressor="none", **SMALL)
     psgd = run("compression", cluster=c, compressor="powersgd", rank=1, **SMALL)
-    assert psgd["compression_ratio"] > 3 and psgd["messages_per_step"] == 2 + 3 * 2
+    # the loss's ring, then P (with the biases) and Q: 2(N−1) = 2 messages each
+    assert psgd["compression_ratio"] > 3 and psgd["messages_per_step"] == 2 + 2 * 2
     assert none["messages_per_step"] == 2 + 2
+    for r, rings in ((psgd, 2), (none, 1)):  # the formula's all-reduces are the ones the counted layer saw
+        assert all(p["ops"]["grad"]["calls"] == rings * SMALL["steps"] for p in r.per_rank), r.per_rank[0]["ops"]
     assert psgd["grad_bytes_cumulative"][-1] == 8 * psgd["wire_bytes_per_step"]
     p = cm.predicted_step_s(1e-3, 4, 125_000, 1.0, 1e-4)
     assert p == pytest.approx(1e-3 + 4e-4 + 1e-3)

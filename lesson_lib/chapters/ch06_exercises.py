@@ -56,7 +56,7 @@ def topk_mistakes(n: int, k: int) -> dict[float, str]:
 # --------------------------------------------------------------------------- when PowerSGD pays
 
 CROSSOVER_CASE = {"compute_none_s": 2.0e-3, "compute_powersgd_s": 2.6e-3, "messages_none": 4,
-                  "messages_powersgd": 8, "bytes_none": 307_240, "bytes_powersgd": 10_616,
+                  "messages_powersgd": 6, "bytes_none": 307_240, "bytes_powersgd": 10_616,
                   "latency_s": 100e-6}
 
 

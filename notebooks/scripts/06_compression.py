@@ -114,7 +114,9 @@ show_source(TopK._reduce, compression.Compressor.reduce)
 # PowerSGD treats each weight gradient M (n × m) as a matrix and sends P = MQ (n × r) and then
 # Q = MᵀP (m × r) — both **add in place**, because (Σᵢ Mᵢ)Q = Σᵢ MᵢQ — one power iteration per step,
 # warm-started from the last step's Q. The ranks end with P Qᵀ ≈ the average of M. Biases (1-D)
-# travel uncompressed. Our step:
+# travel uncompressed, in the same all-reduce as P: two all-reduces per step. (Torch's hook and the
+# paper's code post a third for the biases and overlap it with computing P; our ring blocks, so the
+# biases ride with P instead — the same bytes, one all-reduce's latency fewer.) Our step:
 
 # %%
 show_source(PowerSGD._reduce)
@@ -267,7 +269,7 @@ t = {(r["compressor"], r["gbps"]): r for r in sweep["rows"]}
 # %% [markdown]
 # On a slow link the bytes decide: every compressor's step is shorter by about the time its saved
 # bytes would take on the link. On a fast one the bytes cost little, and what is left is each
-# compressor's own work and messages: PowerSGD posts three all-reduces per step instead of one, each
+# compressor's own work and messages: PowerSGD posts two all-reduces per step instead of one, each
 # paying α twice per rank, so there the uncompressed ring is as fast or faster. Where the lines cross
 # depends on this machine's compute speed and on what else runs on its cores, so it moves from run to
 # run (compare the predicted and measured crossovers in the table); the slow end does not. The check

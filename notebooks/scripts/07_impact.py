@@ -303,8 +303,8 @@ states = [max(m["params"] + m["grads"] + m["optimizer"] for m in records[f"zero-
 assert states[0] > states[1] > states[2], states
 
 # %% [markdown]
-# PowerSGD's bytes follow from its shapes: per step three ring all-reduces — the biases it leaves
-# uncompressed, P (rows × 2 per weight matrix) and Q (columns × 2) — instead of one of all Ψ
+# PowerSGD's bytes follow from its shapes: per step two ring all-reduces — P (rows × 2 per weight
+# matrix) with the biases it leaves uncompressed, then Q (columns × 2) — instead of one of all Ψ
 # gradients. The emulated link changes the time of a step, never what is computed or sent: the two
 # PowerSGD runs have the same losses and the same counted bytes, and each emulated step lasts at
 # least its messages' latency plus its bytes over the bandwidth (the link holds every transfer that
@@ -315,12 +315,12 @@ from lesson_lib.milestones import impact
 
 real, slow = records["compression"], records["compression-slow-link"]
 sizes = impact.powersgd_sizes(impact.plans(impact.Config(preset="quick"))["compression"][1])
-print("elements per all-reduce (biases, P, Q):", sizes, "— of Ψ =", psi)
+print("elements per all-reduce (P with the biases, Q):", sizes, "— of Ψ =", psi)
 powersgd_bytes = max(sum(comm.ring_bytes_sent(m, 4, n, r) + comm.ring_bytes_sent(m, 4, n, r - 1)
                          for m in sizes + [1]) for r in range(n))  # sent + received, the loss's 1 float
 assert real["bytes_per_step_busiest"] == slow["bytes_per_step_busiest"] == powersgd_bytes
 assert real["losses"] == slow["losses"] and real["link_gbps"] is None and slow["link_gbps"] == 0.01
-messages = 4 * 2 * (n - 1)  # three all-reduces for the gradient, one for the loss: 2(N−1) messages each
+messages = 3 * 2 * (n - 1)  # two all-reduces for the gradient, one for the loss: 2(N−1) messages each
 sent = max(sum(comm.ring_bytes_sent(m, 4, n, r) for m in sizes) for r in range(n))
 floor = messages * 100e-6 + sent * 8 / 0.01e9
 assert slow["median_step_s"] >= floor, (slow["median_step_s"], floor)

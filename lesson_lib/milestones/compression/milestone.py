@@ -157,7 +157,7 @@ def messages_per_step(cfg: Config, shapes: list) -> int:
     grads = gather if cfg.compressor in ALL_GATHERED else ring
     if cfg.compressor == "powersgd":
         mats, plain = cfg.make_compressor().split(torch.empty(sum(math.prod(s) for s in shapes)), shapes)
-        grads = ring * (bool(plain) + 2 * bool(mats))
+        grads = ring * (2 if mats else 1)  # P (the uncompressed tensors ride with it), then Q
     return grads + ring
 
 
