@@ -280,9 +280,9 @@ for m in (4, 8):  # at each M, the model whose stages are more unequal in time p
 # loaded 2-core machine (the notebook in a browser), the 8 + 8 model at M = 8 had a pace of 1.073:
 # 15.9 % idle from unequal stages and 17.8 % with the variation, against the formula's 11.1 %. Whichever
 # it is, the one with the larger pace pays more idle time, which is what the cell checks. How much
-# the variation adds varies from run to run; the range in brackets in the first table brackets it:
-# the run's work on the timelines where every action is as fast, or as slow, as its stage's fastest,
-# or slowest, of its kind. Balancing
+# the variation adds varies from run to run; the range in brackets in the first table is where it
+# can land: the run's work on the timelines where every action is as fast, or as slow, as its
+# stage's fastest, or slowest, of its kind. Balancing
 # stages by *time*, not by parameter count, is what `balance="time"` and real systems do, but a cut
 # between whole layers can only be so even — with 15 equal layers on 2 stages, one stage always
 # gets 8. Messages cost more than their

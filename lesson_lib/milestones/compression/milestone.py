@@ -155,9 +155,8 @@ def messages_per_step(cfg: Config, shapes: list) -> int:
         return 0
     ring, gather = 2 * (n - 1), n - 1
     grads = gather if cfg.compressor in ALL_GATHERED else ring
-    if cfg.compressor == "powersgd":
-        mats, plain = cfg.make_compressor().split(torch.empty(sum(math.prod(s) for s in shapes)), shapes)
-        grads = ring * (2 if mats else 1)  # P (the uncompressed tensors ride with it), then Q
+    if cfg.compressor == "powersgd":  # P (the uncompressed tensors ride with it), then Q
+        grads = ring * len(cfg.make_compressor().all_reduce_sizes(shapes))
     return grads + ring
 
 

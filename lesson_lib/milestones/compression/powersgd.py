@@ -83,6 +83,18 @@ class PowerSGD(Compressor):
                 plain.append(v)
         return [m for group in by_shape.values() for m in group], plain
 
+    def all_reduce_sizes(self, shapes) -> list[int]:
+        """Elements of each ring all-reduce :meth:`_reduce` posts for a bucket of ``shapes``: P
+        (rows·r per matrix) with the tensors left uncompressed, then Q (columns·r per matrix); one
+        all-reduce of the whole bucket when no tensor is worth compressing."""
+        numel = sum(int(np.prod(s)) if len(s) else 1 for s in shapes)
+        mats, plain = self.split(torch.empty(numel), shapes)
+        if not mats:
+            return [numel]
+        ranks = [min(*m.shape, self.rank) for m in mats]
+        return [sum(v.numel() for v in plain) + sum(m.shape[0] * r for m, r in zip(mats, ranks)),
+                sum(m.shape[1] * r for m, r in zip(mats, ranks))]
+
     def memories(self, mats, key, dtype, extra: int = 0):
         """Each matrix's P (n × r) and Q (m × r), views of the bucket's two flat memories (P's has
         ``extra`` elements more at its end, for the tensors that ride with P). A new bucket gets them,

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from ... import comm, costmodel
 from ...models import mlp, mlp_param_count
 
@@ -40,18 +38,13 @@ def predict(name: str, sub, probe: dict) -> dict:
 
 
 def powersgd_sizes(sub) -> list[int]:
-    """Elements of each ring all-reduce PowerSGD posts per step: P (rows·r per matrix) with the
-    tensors it leaves uncompressed (here the biases), then Q (columns·r per matrix); compressor
-    "none": Ψ."""
+    """Elements of each ring all-reduce PowerSGD posts per step (its
+    :meth:`~lesson_lib.milestones.compression.powersgd.PowerSGD.all_reduce_sizes`: P with the
+    tensors it leaves uncompressed, here the biases, then Q); compressor "none": Ψ."""
     shapes = [p.shape for p in mlp(sub.d_in, sub.hidden, sub.depth, sub.classes, sub.seed).parameters()]
     if sub.compressor == "none":
         return [sum(math.prod(s) for s in shapes)]
-    mats, plain = sub.make_compressor().split(torch.empty(sum(math.prod(s) for s in shapes)), shapes)
-    r = [min(*m.shape, sub.rank) for m in mats]
-    if not mats:
-        return [sum(v.numel() for v in plain)]
-    return [sum(v.numel() for v in plain) + sum(m.shape[0] * k for m, k in zip(mats, r)),
-            sum(m.shape[1] * k for m, k in zip(mats, r))]
+    return sub.make_compressor().all_reduce_sizes(shapes)
 
 
 def predict_compression(sub, probe: dict) -> dict:

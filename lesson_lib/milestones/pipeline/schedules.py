@@ -168,10 +168,13 @@ def idle_share(spans: dict) -> float:
     if not spans:
         return 0.0
     stages = {key[0] for key in spans}
-    start = min(s for s, _ in spans.values())
-    end = max(e for _, e in spans.values())
+    makespan = _makespan(spans)
     work = sum(e - s for s, e in spans.values())
-    return 1.0 - work / (len(stages) * (end - start)) if end > start else 0.0
+    return 1.0 - work / (len(stages) * makespan) if makespan > 0 else 0.0
+
+
+def _makespan(spans: dict) -> float:
+    return max(e for _, e in spans.values()) - min(s for s, _ in spans.values())
 
 
 def span_key(event: dict) -> tuple[int, str, int]:
@@ -208,10 +211,6 @@ def replayed_events(actions: list[list[Action]], events: list[dict], step: int) 
 
 
 # --------------------------------------------------------------------------- where the idle goes
-
-
-def _makespan(spans: dict) -> float:
-    return max(e for _, e in spans.values()) - min(s for s, _ in spans.values())
 
 
 def _replay_with(actions: list[list[Action]], comp: list[dict], duration) -> float:
