@@ -115,9 +115,10 @@ def ddp_train(kind: str, steps: int = 6, rank: int = 2, start: int = 2, min_rate
         state = P.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=start,
                                 min_compression_rate=min_rate)
         ddp.register_comm_hook(state, P.powerSGD_hook)
-    elif kind == "powersgd":
+    elif kind in ("powersgd", "powersgd-library"):  # all-reduced by our ring, or by Gloo's
         ddp.register_comm_hook(None, compression.ddp_hook(compression.PowerSGD(
-            rank=rank, start_iter=start, min_compression_rate=min_rate)))
+            rank=rank, start_iter=start, min_compression_rate=min_rate,
+            algorithm="library" if kind == "powersgd-library" else "ring")))
     elif kind == "torch-fp16":
         ddp.register_comm_hook(None, D.fp16_compress_hook)
     elif kind != "plain":
@@ -138,7 +139,7 @@ def ddp_train(kind: str, steps: int = 6, rank: int = 2, start: int = 2, min_rate
 def test_hooks_against_plain_ddp_and_torchs_hooks(clusters, world):
     c = clusters(world)
     got = {k: c.run(ddp_train, k)[0] for k in ("plain", "none", "topk", "randomk", "fp16", "torch-fp16",
-                                               "bf16", "powersgd", "torch-powersgd")}
+                                               "bf16", "powersgd", "powersgd-library", "torch-powersgd")}
     assert torch.equal(got["none"], got["plain"])
     # k = S (ratio 1) sends everything: top-k and random-k are then plain all-reduces.
     assert torch.equal(got["topk"], got["plain"]) and torch.equal(got["randomk"], got["plain"])
@@ -155,6 +156,8 @@ def test_hooks_against_plain_ddp_and_torchs_hooks(clusters, world):
     # Gram–Schmidt for rank ≤ 2, error feedback over the whole bucket: equal bit for bit.
     assert torch.equal(got["powersgd"], got["torch-powersgd"])
     assert not torch.equal(got["powersgd"], got["plain"])
+    # the bench's other variant: the same hook all-reducing by Gloo's all_reduce, as torch's does
+    assert torch.equal(got["powersgd-library"], got["torch-powersgd"])
 
 
 @pytest.mark.numerics
@@ -217,6 +220,29 @@ def test_counted_bytes_per_compressor(clusters, world):
     assert torch.allclose(got, mean, atol=1e-6)
     if world == 8:  # the 8 workers are not kept for the rest of the session
         clusters(world).close()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_compressor_all_reducing_by_the_library_sends_the_same_messages(clusters, world):
+    """``algorithm="library"``: the same all-reduces, by the backend's all_reduce (bytes modelled as
+    2(N−1)/N of each message), and the same average as our ring's up to the order of the sums."""
+    n = world
+    for name in ("none", "fp16", "randomk", "powersgd"):
+        kw = {"ratio": 0.02, "rank": 1}
+        ring = clusters(world).run(reduce_on_ranks, name, BYTE_SHAPES, **kw)
+        lib = clusters(world).run(reduce_on_ranks, name, BYTE_SHAPES, algorithm="library", **kw)
+        sizes = {"none": [3000], "fp16": [3000], "randomk": [60], "powersgd": [50 + 50, 59]}[name]
+        esize = 2 if name == "fp16" else 4
+        assert [b for _, b, _ in lib] == [sum(2 * (n - 1) * esize * m // n for m in sizes)] * n, name
+        for (got, _, _), (want, _, _) in zip(lib, ring):
+            # Sums of N terms in another order: within a few float32 roundings (fp16: its own) of the
+            # largest value in play (PowerSGD's P and Q are normalised, its M ≈ PQᵀ of the same scale)
+            eps = torch.finfo(torch.float16 if name == "fp16" else torch.float32).eps
+            tol = 4 * n * eps * float(want.abs().max())
+            assert float((got - want).abs().max()) <= tol, name
+            assert n > 2 or torch.equal(got, want), name  # a sum of two terms has one order
+    with pytest.raises(ValueError, match="algorithm"):
+        compression.make("powersgd", algorithm="zip")
 
 
 def test_all_gather_break_even_is_where_the_gather_meets_the_ring():

@@ -35,8 +35,11 @@ all (:func:`~.milestone.all_gather_break_even`). That is why PowerSGD was design
 compatible (Vogels et al., 2019); fp16/bf16 and shared-seed random-k are too.
 
 Error feedback (Seide et al., 2014) keeps what a rank did not send (its residual) and adds it to
-the next gradient, so over the steps everything is sent eventually. :func:`.ddp.ddp_hook` turns any
-compressor into a DDP communication hook for ``DistributedDataParallel.register_comm_hook``.
+the next gradient, so over the steps everything is sent eventually. :func:`.ddp.ddp_hook` turns
+any compressor into a DDP communication hook for ``DistributedDataParallel.register_comm_hook``.
+The all-reduces are our counted ring unless a compressor is built with ``algorithm="library"``
+(the backend's all_reduce, its bytes modelled): ``python -m lesson_lib bench compression`` times our
+PowerSGD both ways against torch's hook, which uses the backend's.
 
 This module holds :class:`Compressor` (the shape of them all) and the compressors that work element
 by element, with the counted collectives and the bit-packing they send through; PowerSGD (low rank)
@@ -59,11 +62,6 @@ def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def ring_all_reduce(t: torch.Tensor, op: str) -> torch.Tensor:
-    """Our counted ring SUM, or nothing on one rank (the single-process reference has no group)."""
-    return comm.ring_all_reduce(t, op=op) if _world()[1] > 1 else t
 
 
 def all_gather_bytes(payload: torch.Tensor, op: str) -> torch.Tensor:
@@ -104,9 +102,12 @@ class Compressor:
     name = "none"
     biased = False  # compressors that drop information use error feedback when it is on
 
-    def __init__(self, error_feedback: bool = True, seed: int = 0):
+    def __init__(self, error_feedback: bool = True, seed: int = 0, algorithm: str = "ring"):
+        if algorithm not in comm.ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(comm.ALGORITHMS)}, got {algorithm!r}")
         self.error_feedback = bool(error_feedback) and self.biased
         self.seed = seed
+        self.algorithm = algorithm  # how the all-reduced compressors all-reduce (all-gathers: our ring)
         self.residual: dict = {}
         self.calls: dict = defaultdict(int)
 
@@ -126,6 +127,13 @@ class Compressor:
     def forget(self, key) -> None:
         self.residual.pop(key, None)
 
+    def all_reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
+        """SUM over the ranks in place, by ``algorithm``: our counted ring (the default), or the
+        backend's (``library``: its bytes modelled, see :func:`lesson_lib.comm.all_reduce`), to time a
+        compressor's own work against a peer that uses the backend's. Nothing on one rank (the
+        single-process reference has no group)."""
+        return comm.all_reduce(t, self.algorithm, op=op) if _world()[1] > 1 else t
+
     def state_tensors(self) -> list[torch.Tensor]:
         """What the compressor keeps between steps (error feedback's residuals), for memory reports."""
         return list(self.residual.values())
@@ -133,7 +141,7 @@ class Compressor:
     def _reduce(self, flat, shapes, key, op):
         """Average in place; return what this rank's own message decodes to (for error feedback)."""
         n = _world()[1]
-        ring_all_reduce(flat, op=op)
+        self.all_reduce(flat, op=op)
         flat.div_(n)
 
 
@@ -146,7 +154,7 @@ class Cast(Compressor):
 
     def _reduce(self, flat, shapes, key, op):
         half = flat.to(self.dtype).div_(_world()[1])
-        ring_all_reduce(half, op=op)
+        self.all_reduce(half, op=op)
         flat.copy_(half)
 
 
@@ -196,7 +204,7 @@ class RandomK(_Sparse):
         idx = torch.randperm(flat.numel(), generator=g)[:k]
         vals = flat[idx]
         sent = torch.zeros_like(flat).index_put_((idx,), vals)
-        ring_all_reduce(vals, op=op)
+        self.all_reduce(vals, op=op)
         flat.zero_()[idx] = vals / n
         return sent
 

@@ -35,8 +35,9 @@ def ddp_hook(compressor: Compressor):
 
 
 def time_powersgd_hooks(rank: int = 2, steps: int = 20, rounds: int = 7, hidden: int = 256) -> list[dict]:
-    """On each rank: seconds for ``steps`` DDP steps with our PowerSGD hook and with torch's, per
-    round, alternating (``python -m lesson_lib bench compression``).
+    """On each rank: seconds for ``steps`` DDP steps with our PowerSGD hook (all-reducing by our ring,
+    ``ours``, and by the backend's all_reduce, ``ours_library``: torch's hook uses the backend's) and
+    with torch's, per round, taking turns (``python -m lesson_lib bench compression``).
 
     The model (142k parameters, 570 KB) fits DDP's first 1 MB bucket: one bucket per step. With
     several buckets on Gloo, torch's hook chains all-reduces from callbacks while the next bucket's
@@ -47,13 +48,14 @@ def time_powersgd_hooks(rank: int = 2, steps: int = 20, rounds: int = 7, hidden:
 
     x, y = teacher_classification(64, 32, 10)
     models = {}
-    for name in ("ours", "torch"):
+    for name in ("ours", "ours_library", "torch"):
         ddp = DDP(mlp(32, hidden, 3, 10, seed=0))
-        if name == "ours":
-            ddp.register_comm_hook(None, ddp_hook(PowerSGD(rank=rank, start_iter=2)))
-        else:
+        if name == "torch":
             ddp.register_comm_hook(psgd.PowerSGDState(None, matrix_approximation_rank=rank,
                                                       start_powerSGD_iter=2), psgd.powerSGD_hook)
+        else:
+            algorithm = "library" if name == "ours_library" else "ring"
+            ddp.register_comm_hook(None, ddp_hook(PowerSGD(rank=rank, start_iter=2, algorithm=algorithm)))
         models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.01))
 
     def go(name: str) -> float:

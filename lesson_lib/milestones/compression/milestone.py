@@ -29,22 +29,24 @@ ALL_GATHERED = ("topk", "qsgd", "sign")
 
 
 def make(name: str, ratio: float = 0.01, bits: int = 4, rank: int = 1, error_feedback: bool = True,
-         seed: int = 0, **powersgd) -> Compressor:
-    """A compressor by name (the experiment's ``--compressor``); the other options where they apply."""
+         seed: int = 0, algorithm: str = "ring", **powersgd) -> Compressor:
+    """A compressor by name (the experiment's ``--compressor``); the other options where they apply.
+    ``algorithm``: the all-reduce of the compressors that all-reduce (:meth:`Compressor.all_reduce`)."""
+    kw = {"seed": seed, "algorithm": algorithm}
     if name == "none":
-        return Compressor(seed=seed)
+        return Compressor(**kw)
     if name in ("fp16", "bf16"):
-        return Cast(torch.float16 if name == "fp16" else torch.bfloat16, seed=seed)
+        return Cast(torch.float16 if name == "fp16" else torch.bfloat16, **kw)
     if name == "topk":
-        return TopK(ratio, error_feedback=error_feedback, seed=seed)
+        return TopK(ratio, error_feedback=error_feedback, **kw)
     if name == "randomk":
-        return RandomK(ratio, error_feedback=error_feedback, seed=seed)
+        return RandomK(ratio, error_feedback=error_feedback, **kw)
     if name == "qsgd":
-        return QSGD(bits, seed=seed)
+        return QSGD(bits, **kw)
     if name == "sign":
-        return Sign(error_feedback=error_feedback, seed=seed)
+        return Sign(error_feedback=error_feedback, **kw)
     if name == "powersgd":
-        return PowerSGD(rank, error_feedback=error_feedback, seed=seed, **powersgd)
+        return PowerSGD(rank, error_feedback=error_feedback, **kw, **powersgd)
     raise ValueError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {name!r}")
 
 

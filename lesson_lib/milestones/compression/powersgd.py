@@ -11,7 +11,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from .compressors import Compressor, _world, ring_all_reduce
+from .compressors import Compressor, _world
 
 
 def orthogonalize(m: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
@@ -123,13 +123,13 @@ class PowerSGD(Compressor):
         rest = self.p[key][self.p[key].numel() - extra:]
         if plain:
             torch.cat(plain, out=rest)
-        ring_all_reduce(self.p[key], op=op)  # adds in place: Σ M_i Q = (Σ M_i) Q, and the rest's sum
+        self.all_reduce(self.p[key], op=op)  # adds in place: Σ M_i Q = (Σ M_i) Q, and the rest's sum
         if plain:
             rest.div_(n)
             torch.split_with_sizes_copy(rest, [v.numel() for v in plain], out=plain)
         for m, p, q in zip(mats, ps, qs):
             torch.bmm(m.unsqueeze(0).transpose(1, 2), orthogonalize(p, self.epsilon), out=q)  # Q = Mᵀ P
-        ring_all_reduce(self.q[key], op=op)
+        self.all_reduce(self.q[key], op=op)
         self.q[key].div_(n)
         for m, p, q in zip(mats, ps, qs):
             torch.bmm(p, q.transpose(1, 2), out=m.unsqueeze(0))  # M ≈ P Qᵀ, written into the bucket
