@@ -25,7 +25,8 @@ commands:
   bench WHAT                 benchmarks, ratios measured in one run: startup | allreduce |
                              compression (PowerSGD vs torch's) | ddp (our data parallel vs DDP) |
                              bubble (the pipeline bubble vs its formula) | awake (idle cores
-                             kept awake while ranks wait, or not); `bench --help` says more
+                             kept awake while ranks wait, or not) | pin (a core per rank, or
+                             not); `bench --help` says more
   estimate [options]         the cost model: time and memory per milestone at cluster scale
   doctor                     torch version, backend per world size, cores, threads per rank
 
@@ -149,14 +150,15 @@ def cmd_run(argv: list[str]) -> int:
 
 def _benches() -> dict:
     """Each benchmark: (the function that measures, whose docstring says what; the one that prints it)."""
-    from .bench_awake import awake_loop, print_awake
+    from .bench_awake import awake_loop, pin_loop, print_awake
 
     return {"startup": (bench.startup, bench.print_startup),
             "allreduce": (bench.allreduce, bench.print_allreduce),
             "compression": (bench.powersgd, bench.print_powersgd),
             "ddp": (bench.ddp, bench.print_ddp),
             "bubble": (bench.bubble, bench.print_bubble),
-            "awake": (awake_loop, print_awake)}
+            "awake": (awake_loop, print_awake),
+            "pin": (pin_loop, print_awake)}
 
 
 def _plain(doc: str) -> str:

@@ -45,3 +45,53 @@ def test_the_quota_caps_the_cores_and_the_threads(monkeypatch, quota, want):
     assert placement.cpu_count() == want
     assert placement.threads_per_rank(4) == max(1, (want - 1) // 4)
     assert placement.oversubscribed(4, 1, "gloo") is (4 > want)
+
+
+def _masks() -> dict[int, set[int]]:
+    return {int(t): os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")}
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no affinity masks on this platform")
+def test_own_core_pins_every_thread_and_gives_them_back(monkeypatch):
+    import threading
+
+    monkeypatch.delenv("LESSON_LIB_PIN", raising=False)
+    monkeypatch.setattr(placement, "cpu_quota", lambda: None)
+    cpus = os.sched_getaffinity(0)
+    n = len(cpus)
+    before = _masks()
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # a thread started before: pinned too
+    other.start()
+    try:
+        with placement.own_core(n - 1, n, "gloo") as core:
+            assert core == sorted(cpus)[n - 1]
+            assert set(map(frozenset, _masks().values())) == {frozenset({core})}
+            late = threading.Thread(target=lambda: None)  # and one started inside inherits it
+            late.start()
+            late.join()
+        assert _masks().items() >= before.items() and os.sched_getaffinity(other.native_id) == cpus
+        for world, backend in ((n + 1, "gloo"), (n, "nccl")):  # not one rank per core; GPU ranks
+            with placement.own_core(0, world, backend) as core:
+                assert core is None and _masks() == {**before, other.native_id: cpus}
+        monkeypatch.setenv("LESSON_LIB_PIN", "0")
+        with placement.own_core(0, n, "gloo") as core:
+            assert core is None and _masks() == {**before, other.native_id: cpus}
+    finally:
+        stop.set()
+        other.join()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no affinity masks on this platform")
+def test_own_core_says_why_it_leaves_ranks_where_they_are(monkeypatch):
+    monkeypatch.delenv("LESSON_LIB_PIN", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(placement, "cpu_quota", lambda: None)
+    assert placement.own_core_reason_off(8, "gloo") is None
+    assert "4 rank(s) on 8 cores" in placement.own_core_reason_off(4, "gloo")
+    assert placement.own_core_reason_off(8, "nccl") == "GPU ranks"
+    monkeypatch.setattr(placement, "cpu_quota", lambda: 2.0)  # a pod: the mask shows the host's cores
+    assert "quota of 2 CPUs" in placement.own_core_reason_off(8, "gloo")
+    monkeypatch.setattr(placement, "cpu_quota", lambda: None)
+    monkeypatch.setenv("LESSON_LIB_PIN", "0")
+    assert placement.own_core_reason_off(8, "gloo") == "LESSON_LIB_PIN=0"

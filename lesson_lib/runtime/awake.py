@@ -13,8 +13,10 @@ one all-reduce in ten still took 5–6 ms with them, ours or Gloo's alike. ``per
 a rank's Gloo I/O thread woken onto the core on which its own main thread computed, and queued
 there 4–6 ms while the other core ran a spinner. Our reading: Linux looks for an idle core to wake
 a thread on only while the cores' recent load leaves room (its SIS_UTIL heuristic), and a spinner's
-time counts as load. Pinning each rank's threads to a core of its own made our ring's median worse
-(2.1 against 0.7 ms) and Gloo's better (0.5 against 0.7 ms): not kept.
+time counts as load. On that machine pinning each rank's threads to a core of its own made our ring's
+median worse (2.1 against 0.7 ms) and Gloo's better (0.5 against 0.7 ms); on another 2-core VM (no
+cpuidle driver, an add on 32 × 128 floats 3.2 µs) it made chapter 5's whole step faster in every round,
+so chapter 5 pins where there is one rank per core (:func:`.placement.own_core`, ``bench pin``).
 
 A spinner is a tiny Python process (no torch) under ``SCHED_IDLE``: a rank, the kernel or any other
 program woken onto a spinner's core takes it at once (about 30 µs in ``perf sched``), so a spinner
