@@ -151,10 +151,11 @@ def cmd_run(argv: list[str]) -> int:
 def _benches() -> dict:
     """Each benchmark: (the function that measures, whose docstring says what; the one that prints it)."""
     from .bench_awake import awake_loop, pin_loop, print_awake
+    from .milestones.compression.ddp import powersgd, print_powersgd
 
     return {"startup": (bench.startup, bench.print_startup),
             "allreduce": (bench.allreduce, bench.print_allreduce),
-            "compression": (bench.powersgd, bench.print_powersgd),
+            "compression": (powersgd, print_powersgd),
             "ddp": (bench.ddp, bench.print_ddp),
             "bubble": (bench.bubble, bench.print_bubble),
             "awake": (awake_loop, print_awake),

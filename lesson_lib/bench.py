@@ -168,45 +168,6 @@ def print_allreduce(rows: list[dict]) -> None:
               "their times include time-sharing")
 
 
-# --------------------------------------------------------------------------- PowerSGD hooks (chapter 6)
-
-
-def powersgd(world_size: int = 2, rank: int = 2, steps: int = 20, rounds: int = 7) -> dict:
-    """Our PowerSGD DDP hook against torch's ``powerSGD_hook``: time per step, interleaved; ours twice,
-    all-reducing by our counted ring and by Gloo's all_reduce (the collective torch's hook uses).
-
-    Each round times ``steps`` steps of each hook back to back on the same ranks; a ratio is the
-    median over rounds of ours / torch's (the slowest rank's time), robust to load that drifts. With
-    the same collective on both sides the ratio is the hooks' own work; the gap between our two is
-    our ring against Gloo's (``bench allreduce`` measures that alone).
-    """
-    from .milestones.compression.ddp import time_powersgd_hooks
-
-    with Cluster(world_size, quiet=True) as c:
-        outs = c.run(time_powersgd_hooks, rank, steps, rounds)
-        oversubscribed = c.oversubscribed
-    names = ("ours", "ours_library", "torch")
-    per_round = [{k: max(o[i][k] for o in outs) for k in names} for i in range(rounds)]
-    return {"world_size": world_size, "rank": rank, "steps": steps, "rounds": per_round,
-            **{f"{k}_s": statistics.median(r[k] for r in per_round) / steps for k in names},
-            "ratio": statistics.median(r["ours"] / r["torch"] for r in per_round),
-            "ratio_library": statistics.median(r["ours_library"] / r["torch"] for r in per_round),
-            "oversubscribed": oversubscribed}
-
-
-def print_powersgd(r: dict) -> None:
-    print(f"PowerSGD rank {r['rank']} in DDP on {r['world_size']} ranks, {r['steps']} steps x "
-          f"{len(r['rounds'])} interleaved rounds")
-    print(f"  ours, our counted ring:       {1e3 * r['ours_s']:.2f} ms/step   ours / torch's = "
-          f"{r['ratio']:.2f}")
-    print(f"  ours, Gloo's all_reduce:      {1e3 * r['ours_library_s']:.2f} ms/step   ours / torch's = "
-          f"{r['ratio_library']:.2f}")
-    print(f"  torch's powerSGD_hook (Gloo): {1e3 * r['torch_s']:.2f} ms/step")
-    print("  (ratios: median over rounds; < 1: ours is faster)")
-    if r["oversubscribed"]:
-        print("note: more ranks than cores on this machine; times include time-sharing")
-
-
 # --------------------------------------------------------------------------- data parallel vs DDP (issue 13)
 
 

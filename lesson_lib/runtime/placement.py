@@ -187,9 +187,9 @@ def _set_threads(cpus: set[int]) -> None:
 @contextmanager
 def own_core(rank: int, world_size: int, backend: str):
     """While the block runs, every thread of rank ``rank`` (its main thread, Gloo's, torch's) stays on
-    core ``rank`` of the CPUs this process may use — where the world has one CPU rank per core, on
-    Linux; elsewhere nothing changes (:func:`own_core_reason_off` says why). Yields the core, or
-    ``None``. Afterwards every thread may run on all of those CPUs again.
+    core ``rank`` of the CPUs this process may use — where the world (under torchrun: this machine's
+    ranks) has one CPU rank per core, on Linux; elsewhere nothing changes (:func:`own_core_reason_off`
+    says why). Yields the core, or ``None``. Afterwards every thread may run on all of those CPUs again.
 
     For step loops of short computations and small all-reduces (chapter 5's B₀ runs: 6,144 steps of
     91k gradients on 2 ranks): a probe on a 2-core machine, taking turns in one run, measured the
@@ -203,6 +203,9 @@ def own_core(rank: int, world_size: int, backend: str):
     at 16 MiB from 0.78–0.80 to 1.13–1.18 GB/s. ``python -m lesson_lib bench pin`` times chapter
     5's loop both ways on this machine; ``LESSON_LIB_PIN=0`` turns it off.
     """
+    if "LOCAL_RANK" in os.environ:  # under torchrun: the ranks on this machine
+        rank = int(os.environ["LOCAL_RANK"])
+        world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if own_core_reason_off(world_size, backend) is not None:
         yield None
         return
