@@ -198,10 +198,11 @@ def own_core(rank: int, world_size: int, backend: str):
     (``gloo_tcp_loop``) using 1.1–1.7 ms of CPU per all-reduce after a computation against 0.5 ms
     after a sleep: woken onto a core where a rank computes, it waits there. Message passing libraries
     bind ranks to cores for the same reason (Open MPI's ``mpirun`` binds each process to a core when
-    there are at most two). Not for every job: the same probe's back-to-back all-reduces with nothing
-    between them (chapter 2's bandwidth) went both ways, Gloo's at 1 MiB from 0.50–0.69 to 0.27 GB/s,
-    at 16 MiB from 0.78–0.80 to 1.13–1.18 GB/s. ``python -m lesson_lib bench pin`` times chapter
-    5's loop both ways on this machine; ``LESSON_LIB_PIN=0`` turns it off.
+    there are at most two, by its mpirun(1) manual page). Not for every job: the same probe's
+    back-to-back all-reduces with nothing between them (chapter 2's bandwidth) went both ways, Gloo's
+    at 1 MiB from 0.50–0.69 to 0.27 GB/s, at 16 MiB from 0.78–0.80 to 1.13–1.18 GB/s.
+    ``python -m lesson_lib bench pin`` times chapter 5's loop both ways on this machine;
+    ``LESSON_LIB_PIN=0`` turns it off.
     """
     if "LOCAL_RANK" in os.environ:  # under torchrun: the ranks on this machine
         rank = int(os.environ["LOCAL_RANK"])
