@@ -191,18 +191,18 @@ def own_core(rank: int, world_size: int, backend: str):
     ranks) has one CPU rank per core, on Linux; elsewhere nothing changes (:func:`own_core_reason_off`
     says why). Yields the core, or ``None``. Afterwards every thread may run on all of those CPUs again.
 
-    For step loops of short computations and small all-reduces (chapter 5's B₀ runs: 6,144 steps of
-    91k gradients on 2 ranks): a probe on a 2-core machine, taking turns in one run, measured the
-    median LAMB step at 9.44 ms pinned against 11.10 and 10.95 ms not, and the mean all-reduce
-    (from the later rank's arrival) at 2.2–2.9 against 3.7–4.1 ms. ``perf`` showed Gloo's I/O thread
-    (``gloo_tcp_loop``) using 1.1–1.7 ms of CPU per all-reduce after a computation against 0.5 ms
-    after a sleep: woken onto a core where a rank computes, it waits there. Message passing libraries
-    bind ranks to cores for the same reason (Open MPI's ``mpirun`` binds each process to a core when
-    there are at most two, by its mpirun(1) manual page). Not for every job: the same probe's
-    back-to-back all-reduces with nothing between them (chapter 2's bandwidth) went both ways, Gloo's
-    at 1 MiB from 0.50–0.69 to 0.27 GB/s, at 16 MiB from 0.78–0.80 to 1.13–1.18 GB/s.
-    ``python -m lesson_lib bench pin`` times chapter 5's loop both ways on this machine;
-    ``LESSON_LIB_PIN=0`` turns it off.
+    For step loops of short computations and small all-reduces (chapter 5's B₀ runs: 6,144 steps of 91k
+    gradients on 2 ranks): a probe on a 2-core machine, taking turns in one run, measured the median
+    LAMB step at 9.44 ms pinned against 11.10 and 10.95 ms not, and the mean all-reduce (from the later
+    rank's arrival) at 2.2–2.9 against 3.7–4.1 ms. Gloo's I/O thread (``gloo_tcp_loop``) used 1.1–1.7 ms
+    of CPU per all-reduce after a computation against 0.5 ms after a sleep (its ``/proc`` counters;
+    ``perf``: in ``epoll_wait``): woken onto a core where a rank computes, it waits. Message passing
+    libraries bind ranks to cores for the same reason (Open MPI's ``mpirun`` binds each process to a
+    core when there are at most two, by its mpirun(1) manual page). Not for every job: the same probe's
+    back-to-back all-reduces with nothing between them (chapter 2's bandwidth) went both ways, Gloo's at
+    1 MiB from 0.50–0.69 to 0.27 GB/s, at 16 MiB from 0.78–0.80 to 1.13–1.18 GB/s. ``python -m
+    lesson_lib bench pin`` times chapter 5's loop both ways on this machine; ``LESSON_LIB_PIN=0`` turns
+    it off.
     """
     if "LOCAL_RANK" in os.environ:  # under torchrun: the ranks on this machine
         rank = int(os.environ["LOCAL_RANK"])
