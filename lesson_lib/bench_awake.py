@@ -30,9 +30,9 @@ def _turns(cfg, world_size: int, rounds: int, on: dict, off: dict, off_ctx=nullc
     return out
 
 
-def _b0(epochs: int, world_size: int, **change):
+def _b0(epochs: int, world_size: int):
     return large_batch.at_batch("lamb", large_batch.BASE_BATCH, "laptop", epochs=epochs,
-                                world_size=world_size, **change)
+                                world_size=world_size)
 
 
 def awake_loop(rounds: int = 4, epochs: int = 2, world_size: int = 2) -> dict:

@@ -226,9 +226,8 @@ def test_counted_bytes_per_compressor(clusters, world):
 def test_a_compressor_all_reducing_by_the_library_sends_the_same_messages(clusters, world):
     """``algorithm="library"``: the same all-reduces, by the backend's all_reduce (bytes modelled as
     2(N−1)/N of each message), and the same average as our ring's up to the order of the sums."""
-    n = world
+    n, kw = world, {"ratio": 0.02, "rank": 1}
     for name in ("none", "fp16", "randomk", "powersgd"):
-        kw = {"ratio": 0.02, "rank": 1}
         ring = clusters(world).run(reduce_on_ranks, name, BYTE_SHAPES, **kw)
         lib = clusters(world).run(reduce_on_ranks, name, BYTE_SHAPES, algorithm="library", **kw)
         sizes = {"none": [3000], "fp16": [3000], "randomk": [60], "powersgd": [50 + 50, 59]}[name]

@@ -68,9 +68,11 @@ def test_own_core_pins_every_thread_and_gives_them_back(monkeypatch):
         with placement.own_core(n - 1, n, "gloo") as core:
             assert core == sorted(cpus)[n - 1]
             assert set(map(frozenset, _masks().values())) == {frozenset({core})}
-            late = threading.Thread(target=lambda: None)  # and one started inside inherits it
+            seen = []  # and one started inside inherits it
+            late = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
             late.start()
             late.join()
+            assert seen == [{core}]
         assert set(map(frozenset, _masks().values())) == free and other.native_id in _masks()
         for world, backend in ((n + 1, "gloo"), (n, "nccl")):  # not one rank per core; GPU ranks
             with placement.own_core(0, world, backend) as core:

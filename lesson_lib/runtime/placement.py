@@ -162,12 +162,12 @@ def oversubscribed(world_size: int, threads: int, backend: str) -> bool:
 
 def own_core_reason_off(world_size: int, backend: str) -> str | None:
     """Why :func:`own_core` leaves the ranks where they are, or ``None`` when it pins them."""
-    if os.environ.get("LESSON_LIB_PIN") == "0":
+    if os.environ.get("LESSON_LIB_PIN", "").strip() == "0":  # as LESSON_LIB_KEEP_AWAKE is read
         return "LESSON_LIB_PIN=0"
     if backend != "gloo":
         return "GPU ranks"
     if not hasattr(os, "sched_setaffinity"):
-        return "not on Linux"
+        return "not Linux"
     cores = len(os.sched_getaffinity(0))
     if cpu_count() < cores:
         return f"a CPU quota of {cpu_quota():g} CPUs on {cores} visible cores"
