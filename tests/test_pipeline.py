@@ -89,6 +89,30 @@ def test_every_schedule_equals_single_process_training(clusters, stages, schedul
         _close(ours[key], ref[key])
 
 
+@pytest.mark.parametrize("schedule, chunks", [("1f1b", 1), ("interleaved", 2)])
+def test_return_params_off_sends_no_state_and_verify_turns_it_back_on(clusters, schedule, chunks):
+    cfg = pp.Config(stages=2, schedule=schedule, chunks=chunks, microbatches=4, return_params=False,
+                    **SMALL).validate()
+    outs = clusters(2).run(pp.worker, cfg)
+    assert not {"params", "grads", "chunk_params", "chunk_grads"} & set(outs[0])
+    with pytest.raises(ValueError, match="return_params"):
+        pp.state(outs)
+    on = pp.state(clusters(2).run(pp.worker, cfg.replace(return_params=True)))
+    assert on["losses"] == outs[-1]["losses"]  # the same training, only less sent back
+    from lesson_lib import numerics
+
+    gaps = pp.verify(cfg, clusters(2))  # verify needs the parameters: it asks for them itself
+    assert max(gaps.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.steps, depth=cfg.depth)
+
+
+def test_the_timed_presets_send_no_parameters_back():
+    assert pp.Config().return_params is True
+    for preset in ("laptop", "bubble"):
+        assert pp.Config.from_preset(preset, stages=2).return_params is False
+    with pytest.raises(ValueError, match="return_params"):
+        pp.Config(stages=2, return_params=1, **SMALL).validate()
+
+
 def test_the_reference_is_the_course_single_process_reference():
     from lesson_lib.milestones.data_parallel import reference as single_process
 

@@ -30,11 +30,13 @@ class Config(TrainConfig):
     # per stage, and 128 samples per micro-batch at M = 8, so one layer's activation (128 KB) is
     # half a weight matrix and a micro-batch's saved tensors (5 per stage) outweigh the backward's
     # temporaries (a weight gradient and a few activation gradients).
+    # laptop and bubble are the timed presets: their stages (9.5M and 17M parameters in all) keep their
+    # parameters, rather than send them and the gradients back after every run for no check.
     PRESETS = {"laptop": {"steps": 5, "global_batch": 128, "hidden": 1024, "d_in": 32, "depth": 9,
-                          "samples": 1024},
+                          "samples": 1024, "return_params": False},
                "tiny": {"steps": 4, "global_batch": 24, "hidden": 32, "d_in": 16, "depth": 7, "samples": 512},
                "bubble": {"steps": 6, "global_batch": 1024, "hidden": 1024, "d_in": 32, "depth": 17,
-                          "samples": 4096},
+                          "samples": 4096, "return_params": False},
                "memory": {"steps": 2, "global_batch": 1024, "hidden": 256, "d_in": 32, "depth": 15,
                           "samples": 1024, "peak_memory": True}}
 
@@ -49,6 +51,8 @@ class Config(TrainConfig):
     lr: float = opt(0.3, "SGD learning rate (momentum 0.9)")
     recompute: bool = opt(False, "activation recomputation (Chen et al., 2016): each stage keeps only its "
                                  "input per micro-batch and reruns its forward during the backward")
+    return_params: bool = opt(True, "send each stage's trained parameters and last gradients back, for the "
+                                    "checks against one process (pp.state); the timed presets turn it off")
     peak_memory: bool = opt(False, "measure each stage's peak of allocated bytes (lesson_lib.peakmem), the "
                                    "last step's above what was alive at its start; on CPU its profiler "
                                    "slows each step")
@@ -75,7 +79,7 @@ class Config(TrainConfig):
             raise ValueError(f"chunks={self.chunks} needs schedule='interleaved', got {self.schedule!r}")
         if self.balance not in BALANCES:
             raise ValueError(f"balance must be one of {', '.join(BALANCES)}, got {self.balance!r}")
-        for name in ("recompute", "peak_memory"):
+        for name in ("recompute", "peak_memory", "return_params"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.schedule == "interleaved":

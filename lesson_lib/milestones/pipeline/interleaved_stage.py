@@ -96,10 +96,11 @@ def train_interleaved(cfg: Config, k: int, device: torch.device, emit=None) -> d
     finally:
         link.close()
     memory = memory_report(whole, optimizer, 0, device=device)
-    return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events,
-            "params": flat.detach().clone(), "grads": grads.clone(), "chunk_params":
-            [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in chunks],
-            "chunk_grads": [torch.cat([p.grad.reshape(-1) for p in m.parameters()]) for m in chunks],
+    kept = {} if not cfg.return_params else {
+        "params": flat.detach().clone(), "grads": grads.clone(),
+        "chunk_params": [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in chunks],
+        "chunk_grads": [torch.cat([p.grad.reshape(-1) for p in m.parameters()]) for m in chunks]}
+    return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events, **kept,
             "activation_peak": 0, "activation_per_microbatch": 0, "max_in_flight": in_flight,
             "per_rank": per_rank_summary(k, rec, memory)}
 

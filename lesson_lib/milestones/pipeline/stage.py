@@ -119,8 +119,8 @@ def _train_stage(cfg: Config, k: int, device: torch.device, emit, peak: PeakMemo
         if peak is not None:
             peak.stop()  # the steps' peak, not the copies made below to send back
     memory = memory_report(stage, optimizer, act_peak, device=device)
-    return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events,
-            "params": flat.detach().clone(), "grads": grads.clone(),
+    kept = {"params": flat.detach().clone(), "grads": grads.clone()} if cfg.return_params else {}
+    return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events, **kept,
             "activation_peak": act_peak, "activation_per_microbatch": per_mb, "max_in_flight": in_flight,
             "per_rank": per_rank_summary(k, rec, memory)}
 

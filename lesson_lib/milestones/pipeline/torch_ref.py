@@ -53,7 +53,7 @@ def compare(cfg: Config, cluster) -> dict:
     Returns ``{"ours_vs_torch": gaps, "torch_vs_reference": gaps}``, or ``{"error": text}`` if
     torch's pipeline fails here (the message is kept, never hidden).
     """
-    cfg.validate()
+    cfg = cfg.replace(return_params=True)  # the gaps need our stages' parameters
     if cfg.schedule not in ("gpipe", "1f1b"):
         raise ValueError(f"schedule must be 'gpipe' or '1f1b' to compare with torch, got {cfg.schedule!r}")
     outs = cluster.run(our_worker, cfg)
