@@ -11,7 +11,7 @@ from conftest import cli_in_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lesson_lib import run
+from lesson_lib import numerics, run
 from lesson_lib.chapters import ch03
 from lesson_lib.milestones import pipeline as pp
 from lesson_lib.milestones.pipeline import torch_ref
@@ -99,8 +99,6 @@ def test_return_params_off_sends_no_state_and_verify_turns_it_back_on(clusters, 
         pp.state(outs)
     on = pp.state(clusters(2).run(pp.worker, cfg.replace(return_params=True)))
     assert on["losses"] == outs[-1]["losses"]  # the same training, only less sent back
-    from lesson_lib import numerics
-
     gaps = pp.verify(cfg, clusters(2))  # verify needs the parameters: it asks for them itself
     assert max(gaps.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.steps, depth=cfg.depth)
 
@@ -446,7 +444,6 @@ def test_the_variations_range_brackets_the_busy_replay(schedule):
 def test_the_chapters_equality_checks_hold_within_the_pipeline_tolerance(clusters, stages, schedule, chunks):
     """Chapter 3's §2 and interleaved checks, as the notebook makes them (``make test-numerics``
     reruns them under the portable kernels, in place of rerunning the whole notebook)."""
-    from lesson_lib import numerics
 
     cfg = pp.Config.tiny(stages=stages, schedule=schedule, microbatches=4, chunks=chunks)
     g = pp.verify(cfg, clusters(stages))

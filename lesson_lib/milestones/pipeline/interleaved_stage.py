@@ -30,7 +30,7 @@ def train_interleaved(cfg: Config, k: int, device: torch.device, emit=None) -> d
     bounds, costs = choose_partition(cfg, k, device, pieces=v * P)
     chunks = [build_stage(cfg, *bounds[virtual_stage(P, k, c)]).to(device) for c in range(v)]
     whole = nn.ModuleList(chunks)  # the rank's parameters, chunk 0 first
-    flat, grads = flat_views(whole)
+    _, grads = flat_views(whole)  # the gradients in one buffer, zeroed at once
     optimizer = torch.optim.SGD(whole.parameters(), lr=cfg.lr, momentum=0.9)
     rows, width = cfg.global_batch // M, cfg.hidden
     x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
@@ -96,8 +96,7 @@ def train_interleaved(cfg: Config, k: int, device: torch.device, emit=None) -> d
     finally:
         link.close()
     memory = memory_report(whole, optimizer, 0, device=device)
-    kept = {} if not cfg.return_params else {
-        "params": flat.detach().clone(), "grads": grads.clone(),
+    kept = {} if not cfg.return_params else {  # per chunk: pp.state joins them in layer order
         "chunk_params": [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in chunks],
         "chunk_grads": [torch.cat([p.grad.reshape(-1) for p in m.parameters()]) for m in chunks]}
     return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events, **kept,

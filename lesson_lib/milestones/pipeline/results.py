@@ -99,9 +99,10 @@ def reference(cfg: Config) -> dict:
 def state(outs: list[dict]) -> dict:
     """The pipeline's losses, final parameters and last gradients, stages joined in layer order
     (interleaved: chunk c of rank r is piece c·P + r)."""
-    if "params" not in outs[0]:
-        raise ValueError("these stages sent no parameters back: run with return_params=True "
-                         "(the laptop and bubble presets turn it off)")
+    if not {"params", "chunk_params"} & set(outs[0]):
+        off = [name for name, p in Config.PRESETS.items() if p.get("return_params") is False]
+        raise ValueError(f"these stages sent no parameters back: run with return_params=True "
+                         f"(the {' and '.join(off)} presets turn it off)")
     if "chunk_params" in outs[0]:
         P, pieces = len(outs), len(outs) * len(outs[0]["chunk_params"])
         return {"losses": outs[-1]["losses"],
