@@ -3,9 +3,9 @@
 The backward computes gradients from the last layer to the first. Waiting for all of them before
 communicating leaves the network idle during the backward and the cores idle during the
 all-reduce. PyTorch's DDP (Li et al., VLDB 2020) groups gradients into buckets (25 MB by default,
-in reverse order of the parameters) and all-reduces a bucket as soon as autograd has written its
-last gradient, while the backward goes on with earlier layers; ZeRO-2 (Rajbhandari et al., SC 2020)
-reduce-scatters buckets the same way and frees each one once scattered.
+in reverse order of the parameters: :func:`plan_ddp`) and all-reduces a bucket as soon as autograd
+has written its last gradient, while the backward goes on with earlier layers; ZeRO-2 (Rajbhandari
+et al., SC 2020) reduce-scatters buckets the same way and frees each one once scattered (:func:`plan`).
 
 :class:`Overlap` does that with two standard pieces: a hook autograd calls after it has written a
 parameter's gradient (``register_post_accumulate_grad_hook``), and one communication thread that
@@ -27,7 +27,12 @@ from .metrics import counters, in_background
 def plan(sizes: list[int], cap: int) -> list[list[int]]:
     """Indices of ``sizes`` grouped into buckets in backward order (last item first): a bucket
     takes items until adding the next would pass ``cap`` (bytes); an item larger than ``cap``
-    gets a bucket of its own. ``cap <= 0`` puts everything in one bucket."""
+    gets a bucket of its own. ``cap <= 0`` puts everything in one bucket.
+
+    DeepSpeed's ZeRO rule (``reduce_bucket_size``: a bucket is reduced before an item would make it
+    overflow), so the gradients waiting for their reduce-scatter never pass ``cap`` — ZeRO-2's
+    memory bound. DDP closes its buckets the other way: :func:`plan_ddp`.
+    """
     if cap <= 0:
         return [list(reversed(range(len(sizes))))]
     buckets: list[list[int]] = []
@@ -39,6 +44,26 @@ def plan(sizes: list[int], cap: int) -> list[list[int]]:
         buckets[-1].append(i)
         size += sizes[i]
     return buckets
+
+
+def plan_ddp(sizes: list[int], cap: int) -> list[list[int]]:
+    """DDP's buckets for ``sizes`` (bytes) in backward order (last item first): an item joins the
+    open bucket, and the bucket closes once it holds ``cap`` bytes or more, so it may pass ``cap``
+    by its last item, and a small item never sits alone between two large ones (torch's
+    ``compute_bucket_assignment_by_size``, with an explicit ``bucket_cap_mb``; the tests compare
+    the two). ``cap <= 0`` puts everything in one bucket.
+    """
+    if cap <= 0:
+        return [list(reversed(range(len(sizes))))]
+    buckets: list[list[int]] = [[]]
+    size = 0
+    for i in reversed(range(len(sizes))):
+        buckets[-1].append(i)
+        size += sizes[i]
+        if size >= cap:
+            buckets.append([])
+            size = 0
+    return [b for b in buckets if b]
 
 
 class Overlap:

@@ -28,6 +28,29 @@ def test_plan_groups_in_backward_order_up_to_the_cap():
     assert sum(buckets.plan(list(range(1, 30)), 17), []) == list(reversed(range(29)))
 
 
+def test_plan_ddp_closes_a_bucket_once_it_reaches_the_cap():
+    assert buckets.plan_ddp([4, 4, 4, 4], 8) == [[3, 2], [1, 0]]
+    assert buckets.plan_ddp([4, 4, 4, 4], 7) == [[3, 2], [1, 0]]  # passes the cap by its last item
+    assert buckets.plan_ddp([2, 20, 2, 2], 8) == [[3, 2, 1], [0]]  # the small ones join the big one
+    assert buckets.plan_ddp([1, 2, 3], 0) == [[2, 1, 0]]
+
+
+def test_plan_ddp_is_torchs_own_bucket_assignment():
+    import random
+
+    import torch.distributed as dist
+
+    rng = random.Random(0)
+    for _ in range(500):
+        n = rng.randint(1, 12)
+        sizes = [4 * rng.choice([1, 3, 10, 100, 1000, 5000]) for _ in range(n)]
+        cap = 4 * rng.choice([1, 50, 200, 1000, 3000, 10000])
+        # DDP hands its parameters over in the order their gradients are ready: backward order
+        tensors = [torch.empty(b // 4) for b in reversed(sizes)]
+        got, _ = dist._compute_bucket_assignment_by_size(tensors, [cap], [False] * n)
+        assert buckets.plan_ddp(sizes, cap) == [[n - 1 - j for j in b] for b in got], (sizes, cap)
+
+
 def overlap_on(model, cap, reduce=None):
     params = list(model.parameters())
     plan = buckets.plan([p.numel() * 4 for p in params], cap)
@@ -90,7 +113,7 @@ def test_data_parallel_with_buckets_equals_single_process_training(clusters, n, 
             cluster=clusters(n))
     torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(ref), rtol=1e-5, atol=1e-6)
     for t in r["timeline"]:
-        assert len(t["buckets"]) == 3  # last layer + hidden layer, hidden layer, first layer
+        assert len(t["buckets"]) == 2  # DDP's rule: last layer + hidden layer, first layer
         assert t["buckets"][0]["launched"] < t["backward"][1]  # launched while the backward ran
 
 
@@ -99,7 +122,8 @@ def test_bucketed_traffic_is_the_ring_formula_per_bucket(clusters):
     r = run("data-parallel", dp.Config(world_size=n, bucket_mb=LAYER_MB, **SMALL), cluster=clusters(n))
     model = mlp(32, 32, 2, 10, 0)
     params = list(model.parameters())
-    plan = buckets.plan([4 * p.numel() for p in params], int(LAYER_MB * 2**20))
+    plan = buckets.plan_ddp([4 * p.numel() for p in params], int(LAYER_MB * 2**20))
+    assert len(plan) > 1
     sizes = [sum(params[j].numel() for j in b) for b in plan]
     for rank, pr in enumerate(r.per_rank):
         grads = pr["ops"]["grad_all_reduce"]
@@ -115,6 +139,43 @@ def test_bucketed_traffic_is_the_ring_formula_per_bucket(clusters):
         assert sum(s["comm_s"] for s in pr["steps"]) == pytest.approx(waited, rel=1e-9, abs=1e-12)
         for s in pr["steps"]:
             assert 0 < s["comm_s"] < s["wall_s"]
+
+
+def bucketed_gradients(bucket_mb, set_to_none):
+    """Each rank's own batch: the bucketed average of the gradients beside the library's (sum, / n)."""
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model = mlp(32, 64, 3, 10, 0)
+    flat = dp.flat_views(model)[1]
+    overlap = dp.overlapped(model, flat, bucket_mb, "ring", n)
+    gen = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(8, 32, generator=gen), torch.randint(0, 10, (8,), generator=gen)
+    try:
+        for _ in range(2):  # the second step starts from the first one's bucket contents
+            model.zero_grad(set_to_none=set_to_none)
+            overlap.start()
+            F.cross_entropy(model(x), y).backward()
+            overlap.wait()
+    finally:
+        overlap.close()
+    expected = torch.cat([g.reshape(-1) for g in torch.autograd.grad(F.cross_entropy(model(x), y),
+                                                                     list(model.parameters()))])
+    dist.all_reduce(expected)
+    starts = [0, *torch.tensor([q.numel() for q in model.parameters()]).cumsum(0).tolist()]
+    views = all(p.grad.data_ptr() == flat.data_ptr() + 4 * i for p, i in zip(model.parameters(), starts))
+    return flat.clone(), expected / n, views
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_bucketed_gradients_are_the_average_moved_or_divided_in_place(clusters, n, set_to_none):
+    # set_to_none: autograd's fresh gradient is divided into its bucket slice; False: the slice
+    # itself accumulated it and is divided in place. Either way the average, in the flat buffer.
+    for got, expected, views in clusters(n).run(bucketed_gradients, 0.004, set_to_none):
+        assert views  # every p.grad is its slice of the flat buffer again, for the optimizer
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(got, expected, rtol=8 * n * 2**-24, atol=8 * n * 2**-24 * scale)
 
 
 @pytest.mark.parametrize("options, name", [(dict(bucket_mb=-1), "bucket_mb"),

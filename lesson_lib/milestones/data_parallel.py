@@ -73,17 +73,26 @@ def build(cfg: Config, device: torch.device):
 
 
 def overlapped(model, flat: torch.Tensor, bucket_mb: float, allreduce: str, n: int) -> buckets.Overlap:
-    """Cut the flat gradient buffer into buckets of ``bucket_mb`` MiB (last layers first) and
-    all-reduce and average each on the communication thread as soon as the backward has written it."""
+    """Cut the flat gradient buffer into buckets of ``bucket_mb`` MiB as DDP does (last layers first,
+    :func:`~lesson_lib.buckets.plan_ddp`) and all-reduce each on the communication thread as soon as
+    the backward has written it. Also as in DDP, each gradient is divided by ``n`` on its way into
+    the bucket, in one pass: after ``zero_grad(set_to_none=True)`` autograd writes a fresh gradient,
+    which moves into its slice of ``flat`` instead of being added to a zeroed one."""
     params = list(model.parameters())
     ends = torch.tensor([p.numel() for p in params]).cumsum(0).tolist()  # p's slice of flat ends here
-    plan = buckets.plan([p.numel() * p.element_size() for p in params], int(bucket_mb * 2**20))
+    views = [flat[end - p.numel():end].view_as(p) for p, end in zip(params, ends)]
+    plan = buckets.plan_ddp([p.numel() * p.element_size() for p in params], int(bucket_mb * 2**20))
     spans = [(ends[min(b)] - params[min(b)].numel(), ends[max(b)]) for b in plan]
 
+    def into_bucket(p, view):  # p.grad is final: divide it into its slice (in place if it is already)
+        torch.div(p.grad, n, out=view)
+        p.grad = view
+
+    for p, view in zip(params, views):  # registered first: runs before Overlap's hook counts p ready
+        p.register_post_accumulate_grad_hook(lambda p, view=view: into_bucket(p, view))
+
     def reduce(i: int) -> None:
-        grads = flat[spans[i][0]:spans[i][1]]
-        comm.all_reduce(grads, allreduce, op="grad_all_reduce")
-        grads.div_(n)
+        comm.all_reduce(flat[spans[i][0]:spans[i][1]], allreduce, op="grad_all_reduce")
 
     return buckets.Overlap([[params[j] for j in b] for b in plan], reduce)
 
@@ -129,7 +138,8 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
             x, y = x_all[idx], y_all[idx]
             with rec.step(step) as r:
                 queued = runqueue_s()
-                optimizer.zero_grad(set_to_none=False)
+                # buckets: each gradient moves into its bucket after the backward (see overlapped)
+                optimizer.zero_grad(set_to_none=overlap is not None)
                 with meter.measure():
                     loss = F.cross_entropy(model(x), y)
                 if overlap is not None:
@@ -232,7 +242,7 @@ def time_against_ddp(hidden_sizes: list[int], steps: int = 12, global_batch: int
                     ddp_opt.step()
                 else:  # the library's train() step, without its meters and recorders
                     model, flat, optimizer, allreduce, overlap = ours[name]
-                    optimizer.zero_grad(set_to_none=False)
+                    optimizer.zero_grad(set_to_none=overlap is not None)
                     if overlap is not None:
                         overlap.start()
                     F.cross_entropy(model(x), y).backward()

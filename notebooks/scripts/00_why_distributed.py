@@ -380,6 +380,13 @@ show_source(buckets.Overlap)
 show_source(dp.overlapped)
 
 # %% [markdown]
+# `overlapped` follows DDP in two details. A bucket closes once it *reaches* `bucket_mb`, so a
+# layer's small bias travels with the weight beside it instead of paying a collective's fixed cost
+# alone (ZeRO-2 in chapter 4 closes a bucket *before* it would pass the cap, as DeepSpeed does: there
+# the cap bounds memory). And each gradient is divided by the number of ranks on its way into its
+# bucket: after `zero_grad(set_to_none=True)` autograd writes a fresh gradient, and one pass moves and
+# divides it, where zeroing the bucket, adding into it and dividing afterwards would take three.
+#
 # Below, one step of a wider model (hidden width 1024, about two million parameters) on 2 ranks, first
 # with one all-reduce after the backward, then with buckets of 2 MiB all-reduced during it (our ring,
 # counted). Each rank's bars start at its own backward. The bucketed all-reduces begin while the
