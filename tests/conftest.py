@@ -38,10 +38,16 @@ def wait_no_workers(pids, timeout=5.0) -> list[int]:
     end = time.monotonic() + timeout
     alive = list(pids)
     while alive and time.monotonic() < end:
-        alive = [p for p in alive if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in alive if _running(p)]
         time.sleep(0.05)
     return alive
+
+
+def _running(pid: int) -> bool:
+    try:  # a process may exit between any two questions about it
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def cli_in_process(*args: str) -> subprocess.CompletedProcess:

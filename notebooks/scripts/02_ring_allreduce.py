@@ -241,10 +241,17 @@ assert len(pframes) - 1 == 2 * 3 * 2                        # ... one slot per s
 # %% [markdown]
 # The library's code: the first step's segments go out at once; each time a segment lands it is added
 # (in the reduce-scatter), and the same segment of the next step is posted, while the others are still
-# in flight. The scratch buffer for the incoming segments is the ring's, reused from call to call.
-# Segments have a size in bytes (`segment_bytes`, 2 MiB by default) rather than a count: a chunk of up
-# to 2 MiB goes whole, exactly as in the plain ring, and a 32 MiB chunk goes as 16 segments. (Gloo cuts every chunk in at
-# least two, of at most a configurable size; below we measure why ours leaves small chunks whole.)
+# in flight. One more thing the animation does not show: on Gloo each *receive* is posted a step before
+# its data can come (`comm.ring.RECV_AHEAD`). There a send leaves only once its receiver has posted the
+# receive, so with the receive already there a neighbour that finishes its addition first sends at once
+# instead of waiting for ours — which pays most when ranks share cores (the comment above `RECV_AHEAD`
+# gives what `python -m lesson_lib bench allreduce` measured with and without it on 4 ranks sharing 2
+# cores). The reduce-scatter's segments then alternate between two halves of a scratch buffer of two
+# chunks (one chunk on 2 ranks, where each phase has a single step), reused from call to call. Segments
+# have a size in bytes (`segment_bytes`, 2 MiB by default) rather than a count: a chunk of up to 2 MiB
+# goes whole, exactly as in the plain ring, and a 32 MiB chunk goes as 16 segments. (Gloo cuts every
+# chunk in at least two, of at most a configurable size; below we measure why ours leaves small chunks
+# whole.)
 
 # %%
 show_source(comm.pipelined_ring_all_reduce, schedules.pipelined_ring_schedule)
