@@ -460,8 +460,8 @@ assert held["1f1b", True, 0]["measured"] < 0.75 * held["1f1b", False, 0]["measur
 for schedule, g in rc["equal"].items():
     assert max(g.values()) == 0, (schedule, g)
 # One extra forward: the model says 1 + F/(F + B). Busy time varies from run to run on shared cores
-# (128 samples per micro-batch keep it to a few percent: ch03.recomputation's docstring), so the check
-# allows from a quarter of a forward to two.
+# (at 128 samples per micro-batch within about a tenth of the model: ch03.recomputation's
+# docstring), so the check allows from a quarter of a forward to two.
 f = rc["forward_share"]
 assert 1 + 0.25 * f < rc["busy_ratio"] < 1 + 2 * f, (rc["busy_ratio"], f)
 
