@@ -100,7 +100,8 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: i
     pieces = [chunk(c).tensor_split(k) for c in range(n)]  # views, made once per call
     # Segment j of a reduce-scatter step lands at the offset of segment j of the largest chunk, in
     # the step's half of scratch: what may be in flight at once never shares memory. The
-    # all-gather's segments land in place: their chunk's old contents have already been sent.
+    # all-gather's segments land in place, even when posted early: a chunk's sum can only arrive
+    # after our own contribution to it has been received.
     at = [lo for lo, _ in chunk_bounds(width, k)]
 
     def into(x):
@@ -109,6 +110,9 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: i
             return inc
         lo = (x.step % halves) * width + at[x.segment]
         return scratch[lo:lo + inc.numel()]
+
+    bufs: dict = {}  # item -> where its segment lands
+    pending: dict = {}  # item -> its posted works
 
     def post(j, send, recv):  # item j's send and/or its receive, as one exchange
         if j < len(mine):
@@ -121,8 +125,6 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: i
     recv = sum(pieces[x.recv_chunk][x.segment].numel() for x in mine) * flat.element_size()
     ahead = (1 + early) * k  # receives posted this many items before their turn
     with _Timed(op + ".step", sent=sent, recv=recv):
-        bufs: dict = {}
-        pending: dict = {}  # item -> its posted works
         for j in range(ahead):  # the first step's segments all at once, and the receives ahead
             post(j, j < k, True)
         works = []
@@ -134,10 +136,10 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: i
             if x.phase == "reduce-scatter":
                 pieces[x.recv_chunk][x.segment].add_(bufs[i])  # while the other segments are on the wire
             del bufs[i]
-            if ahead > k:
+            if early:
                 post(i + ahead, False, True)  # into the half this segment just left
-            # the same segment, next step: its data is ready (and its receive, unless posted ahead)
-            post(i + k, True, ahead == k)
+            # the same segment, next step: its data is ready (and its receive, unless posted early)
+            post(i + k, True, not early)
     _RECENT.append(works)  # Gloo: let the works outlive the call (see Pending.wait)
     return _finish(tensor, flat, op, _nbytes(scratch))
 
