@@ -95,3 +95,11 @@ def test_the_meter_is_off_by_default_and_its_peaks_repeat(clusters):
 def test_bad_flags_name_the_parameter(options, name):
     with pytest.raises(ValueError, match=name):
         pp.Config(**{**SMALL, **options}).validate()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
+def test_the_chapter_recomputation_check_rejects_a_bad_count_of_timed_steps_before_any_run(bad):
+    from lesson_lib.chapters import ch03_memory
+
+    with pytest.raises(ValueError, match="timed_steps must be a positive int"):
+        ch03_memory.recomputation(timed_steps=bad)
