@@ -26,7 +26,8 @@ commands:
                              compression (PowerSGD vs torch's) | ddp (our data parallel vs DDP) |
                              bubble (the pipeline bubble vs its formula) | awake (idle cores
                              kept awake while ranks wait, or not) | pin (a core per rank, or
-                             not); `bench --help` says more
+                             not) | io (Gloo's I/O threads at the lowest priority, or not);
+                             `bench --help` says more
   estimate [options]         the cost model: time and memory per milestone at cluster scale
   doctor                     torch version, backend per world size, cores, threads per rank
 
@@ -150,7 +151,7 @@ def cmd_run(argv: list[str]) -> int:
 
 def _benches() -> dict:
     """Each benchmark: (the function that measures, whose docstring says what; the one that prints it)."""
-    from .bench_awake import awake_loop, pin_loop, print_awake
+    from .bench_awake import awake_loop, io_loop, pin_loop, print_awake
     from .milestones.compression.ddp import powersgd, print_powersgd
 
     return {"startup": (bench.startup, bench.print_startup),
@@ -159,7 +160,8 @@ def _benches() -> dict:
             "ddp": (bench.ddp, bench.print_ddp),
             "bubble": (bench.bubble, bench.print_bubble),
             "awake": (awake_loop, print_awake),
-            "pin": (pin_loop, print_awake)}
+            "pin": (pin_loop, print_awake),
+            "io": (io_loop, print_awake)}
 
 
 def _plain(doc: str) -> str:
@@ -214,11 +216,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return cli_estimate(rest)
     if cmd == "doctor":
-        from .runtime import awake
+        from .runtime import awake, iothread
 
-        why_not = awake.reason_off("gloo")
+        why_not, io_off = awake.reason_off("gloo"), iothread.reason_off("gloo")
         print(json.dumps({**runtime.describe(), "idle cores kept awake during jobs (runtime.awake)":
-                          f"no: {why_not}" if why_not else "yes"}, indent=2))
+                          f"no: {why_not}" if why_not else "yes",
+                          "Gloo's I/O threads at nice 19 (runtime.iothread)":
+                          f"no: {io_off}" if io_off else "yes"}, indent=2))
         return 0
     if cmd == "bench":
         return cmd_bench(rest)

@@ -13,7 +13,10 @@ one all-reduce in ten still took 5–6 ms with them, ours or Gloo's alike. ``per
 a rank's Gloo I/O thread woken onto the core on which its own main thread computed, and queued
 there 4–6 ms while the other core ran a spinner. Our reading: Linux looks for an idle core to wake
 a thread on only while the cores' recent load leaves room (its SIS_UTIL heuristic), and a spinner's
-time counts as load. On that machine pinning each rank's threads to a core of its own made our ring's
+time counts as load. (Found later, :mod:`.iothread`: with each rank on a core of its own, that I/O
+thread spins through ``epoll_wait`` while its main thread computes; at nice 19, as the runtime now
+sets it, such stalls fell from 671–886 to 78–84 of 2,048 all-reduces.) On that machine pinning each
+rank's threads to a core of its own made our ring's
 median worse (2.1 against 0.7 ms) and Gloo's better (0.5 against 0.7 ms); on another 2-core VM (no
 cpuidle driver, an add on 32 × 128 floats 3.2 µs) it made chapter 5's whole step faster in every round,
 so chapter 5 pins where there is one rank per core (:func:`.placement.own_core`, ``bench pin``).

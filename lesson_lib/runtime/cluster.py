@@ -36,6 +36,10 @@ from .placement import choose_placement, cpu_count, oversubscribed, threads_per_
 from .worker import worker_main
 
 _LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+# The switches a rank reads itself (placement.own_core, iothread), passed to each new world as they
+# are in this process at its start ("" when unset): a worker forked from the fork server would
+# otherwise see them as they were when the server started.
+WORKER_VARIABLES = ("LESSON_LIB_PIN", "LESSON_LIB_IO_NICE")
 
 
 @atexit.register
@@ -122,6 +126,8 @@ class Cluster:
 
     def _spawn(self, init_method: str) -> None:
         env = {"OMP_NUM_THREADS": str(self.threads)}
+        for name in WORKER_VARIABLES:  # as they are now: a fork server's children have its old ones
+            env[name] = os.environ.get(name, "")
         if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _has_iface("lo"):
             env["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: keep Gloo on loopback
         with start.starting(self.backend, env, os.path.join(self._tmp, "main-guard")) as (ctx, mark):

@@ -1,0 +1,105 @@
+"""Gloo's I/O threads at the lowest priority (lesson_lib.runtime.iothread): every rank's, also those of
+groups a job made, never for GPU ranks or with LESSON_LIB_IO_NICE=0 — read as the kernel has it when
+a cluster starts, not as the fork server had it."""
+
+import ctypes
+import os
+import sys
+import threading
+
+import pytest
+
+from lesson_lib import Cluster
+from lesson_lib.runtime import iothread
+
+pytestmark = [pytest.mark.ch0,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux threads only")]
+
+
+_nices = iothread.nices
+
+
+def _nices_then_a_new_group() -> list[int]:
+    import builtins
+
+    import torch.distributed as dist
+
+    seen = _nices()
+    builtins._lesson_lib_test_group = dist.new_group([0, 1])  # Gloo starts another I/O thread for it
+    return seen
+
+
+@pytest.fixture
+def named_thread():
+    """A thread of this process whose kernel name is Gloo's I/O thread's, at the default priority."""
+    ready, stop, tid = threading.Event(), threading.Event(), []
+
+    def body():
+        ctypes.CDLL(None).prctl(15, iothread.NAME.encode(), 0, 0, 0)  # PR_SET_NAME
+        tid.append(threading.get_native_id())
+        ready.set()
+        stop.wait()
+
+    t = threading.Thread(target=body)
+    t.start()
+    ready.wait(5)
+    yield tid[0]
+    stop.set()
+    t.join()
+
+
+def test_lower_sets_those_threads_to_nice_19_once_and_leaves_the_rest(monkeypatch, named_thread):
+    main = threading.get_native_id()
+    main_nice = os.getpriority(os.PRIO_PROCESS, main)
+    assert iothread.threads() == [named_thread]
+    monkeypatch.setenv("LESSON_LIB_IO_NICE", "0")  # first: a lowered priority cannot be raised again
+    assert iothread.reason_off("gloo") == "LESSON_LIB_IO_NICE=0"
+    assert iothread.lower("gloo") == [] and os.getpriority(os.PRIO_PROCESS, named_thread) == 0
+    monkeypatch.delenv("LESSON_LIB_IO_NICE")
+    assert iothread.lower("nccl") == [] and iothread.reason_off("nccl") == "GPU ranks"
+    assert os.getpriority(os.PRIO_PROCESS, named_thread) == 0
+    assert iothread.lower("gloo") == [named_thread]
+    assert os.getpriority(os.PRIO_PROCESS, named_thread) == iothread.NICE == 19
+    assert os.getpriority(os.PRIO_PROCESS, main) == main_nice  # only Gloo's thread
+    assert iothread.lower("gloo") == []  # already there
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert iothread.reason_off("gloo") == "not Linux"
+
+
+def test_every_ranks_io_threads_run_at_nice_19_also_those_of_a_jobs_new_group():
+    with Cluster(2, quiet=True) as c:
+        if c.backend != "gloo":
+            pytest.skip("GPU ranks: no Gloo I/O thread is lowered")
+        first = c.run(_nices_then_a_new_group)
+        second = c.run(_nices)
+    assert first == [[19], [19]]  # the world's own, from the start
+    assert second == [[19, 19], [19, 19]]  # and the new group's, before the next job
+
+
+def test_a_cluster_reads_the_switch_as_the_kernel_has_it_when_the_cluster_starts(monkeypatch):
+    # catches: workers forked from a fork server that started before the learner set the variable
+    # (they inherit the server's environment) ignoring it
+    with Cluster(2, quiet=True) as c:
+        if c.backend != "gloo":
+            pytest.skip("GPU ranks")
+        assert c.run(_nices) == [[19], [19]]
+    monkeypatch.setenv("LESSON_LIB_IO_NICE", "0")
+    with Cluster(2, quiet=True) as c:
+        assert c.run(_nices) == [[0], [0]]
+        assert c.run(os.environ.get, "LESSON_LIB_IO_NICE") == ["0", "0"]
+    monkeypatch.delenv("LESSON_LIB_IO_NICE")
+    with Cluster(2, quiet=True) as c:
+        assert c.run(_nices) == [[19], [19]]
+
+
+def test_bench_io_compares_lowered_io_threads_with_ones_at_their_own_priority():
+    """``bench io``'s two columns differ in that alone: its second cluster's I/O threads keep nice 0."""
+    from lesson_lib.bench_awake import io_loop
+
+    r = io_loop(rounds=1, epochs=1)
+    if r["why_not"] is not None:
+        pytest.skip(r["why_not"])
+    assert r["probe"] == {"on": [[19], [19]], "off": [[0], [0]]}
+    assert len(r["on"]) == len(r["off"]) == 1 and r["steps"] == 128
+    assert all(x["mean_s"] > 0 and x["step_s"] > x["comm_s"] > 0 for x in r["on"] + r["off"])
+    assert os.environ.get("LESSON_LIB_IO_NICE") is None  # the kernel's own environment, as it was
