@@ -7,22 +7,13 @@ from __future__ import annotations
 
 import os
 import statistics
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, nullcontext
+from unittest import mock
 
 from .experiments import run
 from .milestones import large_batch
 from .runtime import Cluster, awake, iothread
 from .runtime.placement import own_core_reason_off
-
-
-@contextmanager
-def _env(name: str, value: str):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        os.environ.pop(name) if old is None else os.environ.__setitem__(name, old)
 
 
 def _turns(cfg, world_size: int, rounds: int, on: dict, off: dict, off_ctx=nullcontext,
@@ -37,7 +28,7 @@ def _turns(cfg, world_size: int, rounds: int, on: dict, off: dict, off_ctx=nullc
         clusters = {"on": stack.enter_context(Cluster(world_size, quiet=True))}
         clusters["off"] = clusters["on"]
         if off_env is not None:
-            with _env(*off_env):
+            with mock.patch.dict(os.environ, dict([off_env])):
                 clusters["off"] = stack.enter_context(Cluster(world_size, quiet=True))
                 clusters["off"].start()  # its workers read the variable as they start
         for c in {id(c): c for c in clusters.values()}.values():
