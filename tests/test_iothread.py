@@ -103,3 +103,12 @@ def test_bench_io_compares_lowered_io_threads_with_ones_at_their_own_priority():
     assert len(r["on"]) == len(r["off"]) == 1 and r["steps"] == 128
     assert all(x["mean_s"] > 0 and x["step_s"] > x["comm_s"] > 0 for x in r["on"] + r["off"])
     assert os.environ.get("LESSON_LIB_IO_NICE") is None  # the kernel's own environment, as it was
+
+
+def test_without_proc_there_is_nothing_to_lower(monkeypatch):
+    # catches: a container without /proc failing every job of every rank (lower runs before each)
+    def no_proc(path):
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(os, "listdir", no_proc)
+    assert iothread.threads() == [] and iothread.lower("gloo") == []
