@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         why_not, io_off = awake.reason_off("gloo"), iothread.reason_off("gloo")
         print(json.dumps({**runtime.describe(), "idle cores kept awake during jobs (runtime.awake)":
                           f"no: {why_not}" if why_not else "yes",
-                          "Gloo's I/O threads at nice 19 (runtime.iothread)":
+                          "Gloo's I/O threads at nice 19 on a rank's own core (runtime.iothread)":
                           f"no: {io_off}" if io_off else "yes"}, indent=2))
         return 0
     if cmd == "bench":

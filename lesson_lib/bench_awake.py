@@ -72,8 +72,8 @@ def pin_loop(rounds: int = 4, epochs: int = 2, world_size: int = 2) -> dict:
 
 def io_loop(rounds: int = 4, epochs: int = 2, world_size: int = 2) -> dict:
     """Median and mean step time (slowest rank) and median all-reduce time of chapter 5's LAMB at
-    B₀ = 64, ``epochs`` of the laptop task per run, with Gloo's I/O threads at nice 19 (the
-    runtime's default) and at their own priority (a second cluster, ``LESSON_LIB_IO_NICE=0``), in
+    B₀ = 64, ``epochs`` of the laptop task per run, with Gloo's I/O threads at nice 19 (as
+    ``own_core`` sets them) and at their own priority (a second cluster, ``LESSON_LIB_IO_NICE=0``), in
     alternate runs."""
     out = _turns(_b0(epochs, world_size), world_size, rounds, {}, {}, off_env=("LESSON_LIB_IO_NICE", "0"),
                  probe=iothread.nices)

@@ -14,7 +14,7 @@ a rank's Gloo I/O thread woken onto the core on which its own main thread comput
 there 4–6 ms while the other core ran a spinner. Our reading: Linux looks for an idle core to wake
 a thread on only while the cores' recent load leaves room (its SIS_UTIL heuristic), and a spinner's
 time counts as load. (Found later, :mod:`.iothread`: with each rank on a core of its own, that I/O
-thread spins through ``epoll_wait`` while its main thread computes; at nice 19, as the runtime now
+thread spins through ``epoll_wait`` while its main thread computes; at nice 19, as own_core now
 sets it, such stalls fell from 671–886 to 78–84 of 2,048 all-reduces.) On that machine pinning each
 rank's threads to a core of its own made our ring's
 median worse (2.1 against 0.7 ms) and Gloo's better (0.5 against 0.7 ms); on another 2-core VM (no

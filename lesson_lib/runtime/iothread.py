@@ -1,4 +1,5 @@
-"""Gloo's I/O threads at the lowest priority of their rank (CPU ranks on Linux).
+"""Gloo's I/O threads at the lowest priority, where each rank trains on a core of its own (CPU ranks on
+Linux).
 
 Each Gloo process group runs an I/O thread, ``gloo_tcp_loop``: an ``epoll`` loop that reads every
 message and finishes the sends its rank's own thread could not. On a core it shares with that rank's
@@ -20,11 +21,15 @@ LAMB at B₀, 1,024 steps, taking turns on one warm cluster (three rounds): 6.5�
 at 5, 4.5–5.7 at 10, 4.2–4.8 at 19; its 48-epoch run with the noise scale, 34.0–35.1 s against 26.6–29.1
 s (two rounds). ``python -m lesson_lib bench io`` takes turns both ways on this machine.
 
-So every rank sets its Gloo I/O threads to nice 19 once its process group is up and again before each
-job (a job's ``new_group`` starts another): lowering a priority needs no privilege. Not ``SCHED_IDLE``:
-the keep-awake spinners (:mod:`.awake`) run there, and the SGD loop above took 30 s instead of 5.
-``LESSON_LIB_IO_NICE=0`` turns it off (read when a cluster starts); ``python -m lesson_lib doctor`` says
-whether it is on.
+Where: :func:`.placement.own_core` (chapter 5's B₀ loop, one rank per core) lowers every Gloo I/O thread
+of its rank to nice 19 when it pins the rank, and they stay there: lowering a priority needs no
+privilege, raising it again does, so the warm cluster's workers keep it for their life. Not every job:
+with it on every rank (b17c201), a CI simulation failed chapter 4's prefetch check, the forward waiting
+4.42 ms for parameters with prefetching against 4.08 ms without (medians of 5; the chapter's comment has
+2.3 against 6.3 before): a gather running on a communication thread while its rank computes needs the
+I/O thread to run then, which at nice 19 it seldom does. Not ``SCHED_IDLE``: the keep-awake spinners
+(:mod:`.awake`) run there, and the SGD loop above took 30 s instead of 5. ``LESSON_LIB_IO_NICE=0`` turns
+it off (read when a cluster starts); ``python -m lesson_lib doctor`` says whether it is on.
 """
 
 from __future__ import annotations
@@ -48,8 +53,8 @@ def reason_off(backend: str) -> str | None:
 
 
 def threads(name: str = NAME) -> list[int]:
-    """The ids of this process's threads called ``name`` (raw reads: a worker looks before each job,
-    and with ``open()`` that took 275 µs for 7 threads, 77 µs this way)."""
+    """The ids of this process's threads called ``name`` (raw reads: ``own_core`` looks at every job it
+    pins, and with ``open()`` that took 275 µs for 7 threads, 77 µs this way)."""
     found, want = [], name.encode() + b"\n"
     try:
         tids = os.listdir("/proc/self/task")

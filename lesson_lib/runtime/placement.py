@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import iothread
 from .start import method as start_method
 
 MAX_WORLD_SIZE = 64
@@ -197,8 +198,9 @@ def own_core(rank: int, world_size: int, backend: str):
     rank's arrival) at 2.2–2.9 against 3.7–4.1 ms. Gloo's I/O thread (``gloo_tcp_loop``) used 1.1–1.7 ms
     of CPU per all-reduce after a computation against 0.5 ms after a sleep (its ``/proc`` counters;
     ``perf``: in ``epoll_wait``): woken onto a core where a rank computes, it waits. (That probe ran
-    before the runtime put that thread at nice 19, :mod:`.iothread`; ``bench pin`` measures both ways
-    as things are now.) Message passing
+    before ``own_core`` also put that thread at nice 19, :mod:`.iothread`, which it now does, and for
+    good: a priority once lowered cannot be raised again without privilege; ``bench pin`` measures
+    both ways as things are now.) Message passing
     libraries bind ranks to cores for the same reason (Open MPI's ``mpirun`` binds each process to a
     core when there are at most two, by its mpirun(1) manual page). Not for every job: the same probe's
     back-to-back all-reduces with nothing between them (chapter 2's bandwidth) went both ways, Gloo's at
@@ -215,6 +217,7 @@ def own_core(rank: int, world_size: int, backend: str):
     cpus = os.sched_getaffinity(0)
     core = sorted(cpus)[rank]
     _set_threads({core})
+    iothread.lower(backend)  # Gloo's I/O threads yield the core to the rank (.iothread)
     try:
         yield core
     finally:

@@ -9,7 +9,6 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import iothread
 from .placement import choose_placement, oversubscribed, threads_per_rank
 from .worker import WorkerContext, set_context
 
@@ -41,7 +40,6 @@ class TorchrunCluster:
         torch.set_num_threads(threads)
         if not dist.is_initialized():
             dist.init_process_group(self.backend, timeout=timedelta(seconds=timeout_s))
-        iothread.lower(self.backend)  # Gloo's I/O thread yields the core (.iothread)
         self.world_size, self.rank, self.timeout_s = world_size, rank, timeout_s
         self.oversubscribed = oversubscribed(local_world, threads, self.backend)
         self.placement = type(placement)(self.backend, device.type, f"torchrun, {placement.reason}")
@@ -49,7 +47,6 @@ class TorchrunCluster:
                                   self.oversubscribed, None))
 
     def run(self, fn: Callable, *args: Any, on_event=None, timeout_s=None, **kwargs: Any) -> list:
-        iothread.lower(self.backend)  # also those of groups made since
         value = fn(*args, **kwargs)
         gathered: list = [None] * self.world_size
         dist.all_gather_object(gathered, value)

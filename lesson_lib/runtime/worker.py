@@ -22,7 +22,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from . import folders, hygiene, iothread, output
+from . import folders, hygiene, output
 from .diagnosis import format_exception, user_frames
 from .messages import Kind, Message
 from .pickling import unpack_job
@@ -164,7 +164,6 @@ def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_
     torch.set_num_threads(threads)
     try:
         _join(rank, world_size, backend, init_method, timeout_s, threads, out_q)
-        iothread.lower(backend)  # Gloo's I/O thread yields the core (.iothread)
         base = hygiene.baseline()
         output.flush()
         out_q.put(Message(Kind.READY, rank, 0))
@@ -179,7 +178,6 @@ def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_
         job_id, payload = msg
         try:
             fn, args, kwargs = unpack_job(payload)
-            iothread.lower(backend)  # also those of groups the last job made
             state["job"] = job_id
             value = fn(*args, **kwargs)
         except BaseException as e:
