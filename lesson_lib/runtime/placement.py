@@ -190,7 +190,8 @@ def own_core(rank: int, world_size: int, backend: str):
     """While the block runs, every thread of rank ``rank`` (its main thread, Gloo's, torch's) stays on
     core ``rank`` of the CPUs this process may use — where the world (under torchrun: this machine's
     ranks) has one CPU rank per core, on Linux; elsewhere nothing changes (:func:`own_core_reason_off`
-    says why). Yields the core, or ``None``. Afterwards every thread may run on all of those CPUs again.
+    says why). Yields the core, or ``None``. Afterwards every thread may run on all of those CPUs again,
+    but the rank's Gloo I/O threads, lowered to nice 19 as it pins (:mod:`.iothread`), stay there.
 
     For step loops of short computations and small all-reduces (chapter 5's B₀ runs: 6,144 steps of 91k
     gradients on 2 ranks): a probe on a 2-core machine, taking turns in one run, measured the median
