@@ -154,4 +154,7 @@ def run_warm(cfg, live=None, label: str | None = None, ranks: int | None = None,
     if live is not None:
         on_event = live.track(label or name, cfg.steps, ranks or cfg.world_size, loss_rank=loss_rank)
     cluster = warm_cluster(cfg.world_size, cfg.backend, timeout_s=cfg.timeout_s)
-    return run(name, cfg, cluster=cluster, on_event=on_event)
+    result = run(name, cfg, cluster=cluster, on_event=on_event)
+    if live is not None:
+        live.finish(label or name)  # every event is in: a run that stopped early is drawn in full too
+    return result

@@ -115,3 +115,60 @@ def test_live_figure_sends_a_bounded_curve_while_a_run_trains_and_every_step_at_
                 assert len(trace.x) <= live.LIVE_POINTS + 1 and trace.x[-1] == 1999
             assert list(loss.y) == [1 / (x + 1) for x in loss.x]  # each point is its step's
     assert list(loss.x) == list(range(3000)) and list(wall.x) == list(range(1, 3000))  # step 0 left out
+
+
+def _counting(live):
+    calls = []
+    draw = live._redraw
+    live._redraw = lambda run: (calls.append(len(run["loss"])), draw(run))
+    return calls
+
+
+def test_live_figure_redraws_in_full_once_when_the_last_ranks_final_events_come_late():
+    # Events come in batches per rank: rank 0 can finish its steps (and the loss) before rank 1's last
+    # batch is in. Each of those late events used to redraw every step of the run (over a second of
+    # the kernel's time, on the ranks' cores, at the end of each of chapter 5's 6,144-step runs).
+    live = plots.common.LiveRuns("t", min_interval_s=1e9)
+    cb = live.track("late", 3000, 2)
+    calls = _counting(live)
+    for r in (0, 1):
+        for s in range(3000):
+            cb({"kind": "step", "step": s, "rank": r, "wall_s": 0.01, "busy_s": 0.008, "loss": 1 / (s + 1)})
+    assert calls == [3000]  # one redraw, when rank 1's last step came
+    loss, wall, busy = (live.fig.data[i] for i in live._runs["late"]["traces"])
+    assert list(loss.x) == list(range(3000)) and list(wall.x) == list(range(1, 3000)) == list(busy.x)
+    assert live.progress.value == 3000
+    live.finish("late")  # run_warm's call after the run: nothing left to draw
+    assert calls == [3000]
+
+
+def test_live_figure_draws_a_run_that_stopped_early_in_full_when_it_finishes():
+    live = plots.common.LiveRuns("t", min_interval_s=1e9)
+    cb = live.track("diverged", 3000, 2)
+    calls = _counting(live)
+    for s in range(1200):  # the loss went to inf at step 1199: every rank stopped there
+        for r in range(2):
+            cb({"kind": "step", "step": s, "rank": r, "wall_s": 0.01, "busy_s": 0.008, "loss": float(s)})
+    assert calls == []
+    live.finish("diverged")
+    loss, wall, _ = (live.fig.data[i] for i in live._runs["diverged"]["traces"])
+    assert calls == [1200] and list(loss.x) == list(range(1200)) and list(wall.x) == list(range(1, 1200))
+    assert live.progress.value == 1200
+
+
+def test_run_warm_draws_its_run_in_full_after_the_last_event(monkeypatch):
+    from lesson_lib import experiments
+    from lesson_lib.milestones import large_batch as lb
+
+    def fake_run(name, cfg, cluster=None, on_event=None):  # two ranks, stopped after 10 steps
+        for s in range(10):
+            for r in range(2):
+                on_event({"kind": "step", "step": s, "rank": r, "wall_s": 0.01, "busy_s": 0.01, "loss": 1.0})
+        return "result"
+
+    monkeypatch.setattr(experiments, "run", fake_run)
+    monkeypatch.setattr(experiments, "warm_cluster", lambda *a, **k: None)
+    live = plots.common.LiveRuns("t", min_interval_s=1e9)
+    cfg = lb.at_batch("sgd", 64, "laptop")
+    assert experiments.run_warm(cfg, live, "sgd") == "result"
+    assert cfg.steps > 10 and list(live.fig.data[0].x) == list(range(10))

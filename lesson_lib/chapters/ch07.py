@@ -152,10 +152,9 @@ def what_if():
 def run_impact(preset: str = "quick", live: plots.common.LiveRuns | None = None, **options) -> Result:
     """The impact experiment on a warm cluster, one live trace per milestone."""
     cfg = impact.Config(preset=preset, **options).validate()
-    on_event = None
+    on_event, tracks = None, {}
     if live is not None:
         current: dict[int, object] = {}
-        tracks: dict[str, object] = {}
         subs = impact.plans(cfg)
 
         def on_event(ev: dict) -> None:
@@ -170,7 +169,10 @@ def run_impact(preset: str = "quick", live: plots.common.LiveRuns | None = None,
             elif ev.get("kind") == "step" and ev.get("rank") in current:
                 current[ev["rank"]](ev)
 
-    return run_warm(cfg, on_event=on_event)
+    result = run_warm(cfg, on_event=on_event)
+    for name in tracks:
+        live.finish(impact.LABELS[name])  # each milestone drawn in full, as it ended
+    return result
 
 
 def measured(preset: str = "quick", **options) -> Result:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 import time
 
@@ -89,7 +90,7 @@ class LiveRuns:
                              legendgroup="busy", showlegend=i == 0,
                              line={"color": color, "dash": "dot"}, row=1, col=2)
         run = {"loss": {}, "wall": {}, "busy": {}, "traces": (3 * i, 3 * i + 1, 3 * i + 2), "last": 0.0,
-               "steps": steps, "world": world_size}
+               "steps": steps, "world": world_size, "final": False}
         self._runs[label] = run
         self.progress.max, self.progress.value, self.progress.description = steps, 0, label
 
@@ -101,29 +102,48 @@ class LiveRuns:
             run["busy"].setdefault(s, {})[ev["rank"]] = ev.get("busy_s", 0.0)
             if ev["rank"] == loss_rank:
                 run["loss"][s] = ev["loss"]
-            done = len(run["loss"])
-            now = time.monotonic()
-            if now - run["last"] >= self.min_interval_s or done == steps:
-                run["last"] = now
-                self._redraw(run)
-                self.progress.value = done
+            if self._complete(run):  # every rank's last step is in: the one full redraw
+                self._final(run)
+            elif time.monotonic() - run["last"] >= self.min_interval_s:
+                self._draw(run)
 
         return on_event
 
+    def finish(self, label: str) -> None:
+        """Draw ``label``'s run in full, as it ended: also a run that stopped early (a loss that
+        diverged) or whose last events never came. ``run_warm`` calls it after each run."""
+        self._final(self._runs[label])
+
+    def _complete(self, run: dict) -> bool:
+        last = run["steps"] - 1
+        return len(run["loss"]) == run["steps"] and len(run["wall"].get(last, ())) == run["world"]
+
+    def _final(self, run: dict) -> None:
+        if not run["final"]:
+            run["final"] = True
+            self._draw(run)
+
+    def _draw(self, run: dict) -> None:
+        run["last"] = time.monotonic()
+        self._redraw(run)
+        self.progress.value = len(run["loss"])
+
     # While a run trains, each redraw sends at most this many points a curve (every k-th step and the
-    # latest) to the browser, which re-renders them all; its last redraw sends every step. Chapter 5's
-    # runs of 6,144 steps otherwise ship ever longer curves every 2 s to a browser on the ranks' cores.
+    # latest) to the browser, which re-renders them all; its last redraw sends every step, once.
+    # Chapter 5's runs of 6,144 steps otherwise ship ever longer curves every 2 s to a browser on the
+    # ranks' cores (and a full redraw for each of the last rank's final events took more than a second).
     LIVE_POINTS = 500
 
     def _redraw(self, run: dict) -> None:
         lt, wt, bt = run["traces"]
-        finished = len(run["loss"]) == run["steps"]
+        finished = run["final"]
         full = self._thin(sorted(s for s, w in run["wall"].items() if len(w) == run["world"] and s > 0),
                           finished)
         losses = self._thin(sorted(run["loss"]), finished)
         with self.fig.batch_update():
             self.fig.data[lt].x = losses
-            self.fig.data[lt].y = [run["loss"][s] for s in losses]
+            # A diverged run's inf or NaN as a gap: a widget's update is JSON, which has neither
+            self.fig.data[lt].y = [v if math.isfinite(v := run["loss"][s]) else None for s in losses]
             self.fig.data[wt].x = full
             self.fig.data[wt].y = [1e3 * max(run["wall"][s].values()) for s in full]
             self.fig.data[bt].x = full  # the busiest rank's CPU time: what the wall clock hides
