@@ -78,13 +78,9 @@ lab: install
 site: install
 	$(BIN)/python -m lesson_lib.site --out build/site $(if $(CHAPTERS),--chapters $(CHAPTERS))
 
+# Every benchmark in benchmarks/ (minutes each); record results in a dated file there.
 bench: install
-	$(BIN)/python -m lesson_lib bench startup
-	$(BIN)/python -m lesson_lib bench allreduce
-	$(BIN)/python -m lesson_lib bench compression
-	$(BIN)/python -m lesson_lib bench ddp
-	$(BIN)/python -m lesson_lib bench bubble
-	$(BIN)/python -m lesson_lib bench awake
+	for b in startup allreduce compression ddp bubble; do $(BIN)/python -m lesson_lib bench $$b || exit 1; done
 
 # Strip outputs, execution counts, execution timings and saved widget state so
 # notebooks are stored clean (checked by tests/test_packaging.py). Standard library

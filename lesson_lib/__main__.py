@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import inspect
 import json
 import os
@@ -13,8 +14,9 @@ import sys
 import textwrap
 import warnings
 from dataclasses import MISSING, fields
+from pathlib import Path
 
-from . import bench, experiments, runtime
+from . import experiments, runtime
 
 USAGE = """\
 usage: python -m lesson_lib COMMAND [options]
@@ -22,14 +24,10 @@ usage: python -m lesson_lib COMMAND [options]
 commands:
   list                       the experiments, one line each
   run EXPERIMENT [options]   run one on real ranks (`run EXPERIMENT --help` lists its options)
-  bench WHAT                 benchmarks, ratios measured in one run: startup | allreduce |
-                             compression (PowerSGD vs torch's) | ddp (our data parallel vs DDP) |
-                             bubble (the pipeline bubble vs its formula) | awake (idle cores
-                             kept awake while ranks wait, or not) | pin (a core per rank, or
-                             not) | io (Gloo's I/O threads at the lowest priority, or not);
-                             `bench --help` says more
+  bench WHAT                 a benchmark from the repository's benchmarks/ folder (ratios
+                             measured in one run); `bench --help` lists them
   estimate [options]         the cost model: time and memory per milestone at cluster scale
-  doctor                     torch version, backend per world size, cores, threads per rank
+  doctor [--json]            torch version, backend per world size, cores, threads per rank
 
 examples:
   python -m lesson_lib run data-parallel --world-size 4 --steps 20 --json dp.json
@@ -149,44 +147,56 @@ def cmd_run(argv: list[str]) -> int:
     return 0
 
 
-def _benches() -> dict:
-    """Each benchmark: (the function that measures, whose docstring says what; the one that prints it)."""
-    from .bench_awake import awake_loop, io_loop, pin_loop, print_awake
-    from .milestones.compression.ddp import powersgd, print_powersgd
+# The benchmarks live beside the package in a source checkout (benchmarks/bench_NAME.py, each with
+# measure() and show(result)), not in it: a learner's install carries no benchmark code.
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
-    return {"startup": (bench.startup, bench.print_startup),
-            "allreduce": (bench.allreduce, bench.print_allreduce),
-            "compression": (powersgd, print_powersgd),
-            "ddp": (bench.ddp, bench.print_ddp),
-            "bubble": (bench.bubble, bench.print_bubble),
-            "awake": (awake_loop, print_awake),
-            "pin": (pin_loop, print_awake),
-            "io": (io_loop, print_awake)}
+
+def benchmark_names() -> list[str]:
+    return sorted(p.stem.removeprefix("bench_") for p in BENCHMARKS.glob("bench_*.py"))
+
+
+def load_benchmark(name: str):
+    """benchmarks/bench_NAME.py as a module; its functions travel to the ranks by value."""
+    import cloudpickle
+
+    path = BENCHMARKS / f"bench_{name}.py"
+    spec = importlib.util.spec_from_file_location(f"lesson_lib_benchmarks.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module
 
 
 def _plain(doc: str) -> str:
-    """A docstring without its reST markup: :func:`~.probes.first_step` → first_step,
+    """A docstring without its reST markup: :func:`~.bench_startup.first_step` → first_step,
     :mod:`lesson_lib.runtime` → lesson_lib.runtime, ``x`` → x."""
     doc = re.sub(r":\w+:`(~?)\.?([^`]*)`", lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], doc)
     return re.sub(r"``([^`]*)``", r"\1", doc)
 
 
 def cmd_bench(argv: list[str]) -> int:
-    benches = _benches()
+    names = benchmark_names()
+    if not names:
+        print(f"no benchmarks here: they live in the course repository's benchmarks/ folder "
+              f"(looked in {BENCHMARKS})", file=sys.stderr)
+        return 2
     if not argv or argv[0] in ("-h", "--help"):  # say what there is; a bench takes minutes
         stream = sys.stdout if argv else sys.stderr
         print("usage: python -m lesson_lib bench WHAT   (each takes a few minutes and prints every "
               "run)\n\nbenchmarks:", file=stream)
         width = max(60, shutil.get_terminal_size((100, 20)).columns)
-        for name, (fn, _) in benches.items():
-            print(textwrap.fill(_plain(summary(fn.__doc__)), width=width, initial_indent=f"{name:<12} ",
-                                subsequent_indent=" " * 13), file=stream)
+        for name in names:
+            print(textwrap.fill(_plain(summary(load_benchmark(name).__doc__)), width=width,
+                                initial_indent=f"{name:<12} ", subsequent_indent=" " * 13), file=stream)
         return 0 if argv else 2
     what, extra = argv[0], argv[1:]
-    if what not in benches:
-        return unknown("benchmark", what, list(benches))
+    if what not in names:
+        return unknown("benchmark", what, names)
+    bench = load_benchmark(what)
     if extra and extra[0] in ("-h", "--help"):
-        doc = _plain(inspect.cleandoc(benches[what][0].__doc__))
+        doc = _plain(inspect.cleandoc(bench.__doc__))
         print(f"usage: python -m lesson_lib bench {what}\n\n{doc}")
         return 0
     if extra:
@@ -195,8 +205,33 @@ def cmd_bench(argv: list[str]) -> int:
         return 2
     # The tables say when ranks outnumber cores; the per-cluster warning would only repeat it.
     warnings.filterwarnings("ignore", message=".*ranks on .* CPU cores", category=RuntimeWarning)
-    measure, show = benches[what]
-    show(measure())
+    bench.show(bench.measure())
+    return 0
+
+
+def doctor_table(info: dict) -> str:
+    """``runtime.describe()`` as lines a person reads: one fact a line, a world size a column."""
+    lines = []
+    for key, value in info.items():
+        label = key.replace("_", " ")
+        if isinstance(value, dict):
+            lines.append(f"{label}:")
+            lines += [f"  {f'{k} rank(s)' if isinstance(k, int) else k:<12} {v}" for k, v in value.items()]
+        else:
+            lines.append(f"{label + ':':<16} {'none' if value is None else value}")
+    return "\n".join(lines)
+
+
+def cmd_doctor(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: python -m lesson_lib doctor [--json]\n\nWhat the runtime sees: versions, cores, "
+              "GPUs, the backend and threads a world of 1, 2, 4 or 8 ranks gets.")
+        return 0
+    if argv not in ([], ["--json"]):
+        print(f"doctor takes only --json, got {' '.join(argv)!r}", file=sys.stderr)
+        return 2
+    info = runtime.describe()
+    print(json.dumps(info, indent=2) if argv else doctor_table(info))
     return 0
 
 
@@ -216,14 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return cli_estimate(rest)
     if cmd == "doctor":
-        from .runtime import awake, iothread
-
-        why_not, io_off = awake.reason_off("gloo"), iothread.reason_off("gloo")
-        print(json.dumps({**runtime.describe(), "idle cores kept awake during jobs (runtime.awake)":
-                          f"no: {why_not}" if why_not else "yes",
-                          "Gloo's I/O threads at nice 19 on a rank's own core (runtime.iothread)":
-                          f"no: {io_off}" if io_off else "yes"}, indent=2))
-        return 0
+        return cmd_doctor(rest)
     if cmd == "bench":
         return cmd_bench(rest)
     return unknown("command", cmd, ["list", "run", "estimate", "bench", "doctor"])

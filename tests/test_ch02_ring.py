@@ -10,7 +10,7 @@ from conftest import cli_in_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lesson_lib import bench, comm, costmodel, experiments, plots
+from lesson_lib import comm, costmodel, experiments, plots
 from lesson_lib.comm import schedules
 from lesson_lib.milestones import ring_allreduce as ra
 
@@ -85,8 +85,8 @@ def test_naive_root_moves_2_n_minus_1_times_s(clusters):
     assert all(a + b == 2 * s for a, b in zip(r["bytes_sent_per_call"][1:], r["bytes_recv_per_call"][1:]))
 
 
-def test_bench_measures_ours_and_the_library_in_one_run(clusters):
-    rows = bench.allreduce(sizes=(4096, 65536), world_sizes=(2,), algorithms=("ring", "library"), repeats=2,
+def test_bandwidth_measures_ours_and_the_library_in_one_run(clusters):
+    rows = ra.bandwidth(sizes=(4096, 65536), world_sizes=(2,), algorithms=("ring", "library"), repeats=2,
                            cluster_for=clusters)
     assert {(r["size_bytes"], r["algorithm"]) for r in rows} == {(s, a) for s in (4096, 65536)
                                                                  for a in ("ring", "library")}
@@ -94,7 +94,7 @@ def test_bench_measures_ours_and_the_library_in_one_run(clusters):
 
 
 class _TimedCluster:
-    """Stands in for a cluster whose ranks report set call times: the bench's arithmetic, exactly."""
+    """Stands in for a cluster whose ranks report set call times: the arithmetic of bandwidth(), exactly."""
 
     oversubscribed = False
 
@@ -105,13 +105,13 @@ class _TimedCluster:
         return self.outs
 
 
-def test_bench_times_the_slowest_rank_and_pairs_each_repeat_with_the_library():
+def test_bandwidth_times_the_slowest_rank_and_pairs_each_repeat_with_the_library():
     # catches: vs_library inverted (ours / library), taken from the overall medians instead of the
     # median of paired per-repeat ratios, or from one rank's times rather than the slowest rank's
     s = 4096
     outs = [{s: {"library": [[2, 2], [4, 4], [6, 6]], "ring": [[1, 1], [4, 4], [2, 2]]}},  # rank 0
             {s: {"library": [[1, 3], [1, 1], [1, 1]], "ring": [[1, 1], [1, 1], [1, 1]]}}]  # rank 1
-    rows = bench.allreduce(sizes=(s,), world_sizes=(2,), algorithms=("ring", "library"), repeats=3,
+    rows = ra.bandwidth(sizes=(s,), world_sizes=(2,), algorithms=("ring", "library"), repeats=3,
                            cluster_for=lambda n: _TimedCluster(outs))
     by = {r["algorithm"]: r for r in rows}
     # slowest rank per call: library [[2, 3], [4, 4], [6, 6]], ring [[1, 1], [4, 4], [2, 2]]

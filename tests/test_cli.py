@@ -35,10 +35,16 @@ def test_help_lists_the_commands_without_markup():
     assert cli().returncode == 2  # no command: usage on stderr, failure
 
 
-def test_doctor_reports_torch_backend_and_cores():
-    out = cli("doctor")
-    d = json.loads(out.stdout)
+def test_doctor_prints_a_table_and_json_on_request():
+    # catches: doctor answering an instructor in JSON only, or --json and the table disagreeing
+    d = json.loads(cli("doctor", "--json").stdout)
     assert d["torch"] == torch.__version__ and d["cpu_cores"] >= 1 and "placement" in d
+    table = cli_in_process("doctor")
+    assert table.returncode == 0 and "{" not in table.stdout
+    assert f"torch:           {torch.__version__}" in table.stdout
+    assert f"  2 rank(s)    {d['placement']['2']}" in table.stdout
+    bad = cli_in_process("doctor", "--yaml")
+    assert bad.returncode == 2 and "--yaml" in bad.stderr
 
 
 def test_run_writes_json_independent_of_world_size(tmp_path):
@@ -92,14 +98,15 @@ def test_a_mistyped_name_is_answered_with_a_suggestion_not_a_traceback():
 def test_bench_help_says_what_each_benchmark_measures_and_runs_none():
     # bug caught: `bench --help` answered "unknown benchmark '--help'", `bench allreduce --help` ran
     # the whole benchmark (minutes) and ignored the option, and a bare `bench` ran `startup`
-    from lesson_lib.__main__ import _benches
+    from lesson_lib.__main__ import benchmark_names
 
     out = cli_in_process("bench", "--help")
     assert out.returncode == 0 and out.stderr == "", out.stderr
     lines = out.stdout.splitlines()
-    for name in _benches():
+    assert set(benchmark_names()) >= {"allreduce", "bubble", "compression", "ddp", "startup"}
+    for name in benchmark_names():
         assert any(line.startswith(f"{name} ") for line in lines), (name, out.stdout)
-    assert "Algorithm bandwidth (S / time) of our all-reduces" in " ".join(out.stdout.split())
+    assert "All-reduce bandwidth: our rings and the backend's" in " ".join(out.stdout.split())
     bare = cli_in_process("bench")
     assert bare.returncode == 2 and bare.stdout == "" and "usage:" in bare.stderr
     one = cli_in_process("bench", "ddp", "--help")

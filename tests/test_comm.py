@@ -1,11 +1,12 @@
 """Our ring all-reduce against the library's, and its counted bytes against the formula."""
 
+import probes
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lesson_lib import comm, probes
+from lesson_lib import comm
 from lesson_lib.comm import chunk_bounds, ring_bytes_sent
 
 pytestmark = pytest.mark.ch0
@@ -85,7 +86,7 @@ def test_pipelined_ring_equals_the_sum_for_any_segment_size(clusters, n, length,
     # segments smaller than an element leave some pieces empty: they must be skipped, not deadlock
     g = torch.Generator().manual_seed(seed)
     values = [torch.randint(-9, 10, (length,), generator=g).tolist() for _ in range(n)]
-    fn = lambda v, d, k: _pipelined(v, d, k)  # noqa: E731  (a lambda travels by value)
+    fn = lambda v, d, k: _pipelined(v, d, k)
     out = clusters(n).run(fn, values, dtype, segment_bytes)
     expected = torch.tensor(values, dtype=torch.float64).sum(0).tolist() if length else []
     size = torch.tensor([], dtype=getattr(torch, dtype)).element_size()

@@ -194,7 +194,7 @@ BYTE_SHAPES = [(50, 59), (50,)]
 def test_counted_bytes_per_compressor(clusters, world):
     numel, n = 3000, world
     k, blocks, width = 60, math.ceil(3000 / compression.BLOCK), compressors.qsgd_width(2)
-    ring = lambda m, e: [comm.ring_bytes_sent(m, e, n, r) for r in range(n)]  # noqa: E731
+    ring = lambda m, e: [comm.ring_bytes_sent(m, e, n, r) for r in range(n)]
     expected = {  # bytes each rank sends
         "none": ring(numel, 4),
         "fp16": ring(numel, 2),

@@ -69,7 +69,7 @@ def test_per_step_split_adds_up(clusters):
         for s in pr["steps"]:
             assert 0 < s["comm_s"] < s["wall_s"] and 0 <= s["busy_s"] <= s["wall_s"] + 1e-6
             # the gradients' and the loss's ring all-reduces, and what the left neighbour sent
-            per_step = lambda r: ring_bytes_sent(psi, 4, 2, r) + ring_bytes_sent(1, 4, 2, r)  # noqa: E731
+            per_step = lambda r: ring_bytes_sent(psi, 4, 2, r) + ring_bytes_sent(1, 4, 2, r)
             assert s["bytes_sent"] == per_step(rank) and s["bytes_recv"] == per_step(1 - rank)
         assert [s["step"] for s in pr["steps"]] == list(range(SMALL["steps"]))
         starts = [s["start"] for s in pr["steps"]]
@@ -128,10 +128,10 @@ def test_run_rejects_a_config_of_another_experiment_or_mixed_arguments():
 
 @pytest.mark.slow
 def test_the_ddp_benchmark_times_both_steps_on_the_same_model():
-    from lesson_lib import bench
+    from lesson_lib.__main__ import load_benchmark
     from lesson_lib.models import mlp_param_count
 
-    rows = bench.ddp(hidden_sizes=(16,), steps=2, bucket_mb=0.001)
+    rows = load_benchmark("ddp").measure(hidden_sizes=(16,), steps=2, bucket_mb=0.001)
     assert [r["variant"] for r in rows] == ["ring", "ring+buckets", "library", "library+buckets"]
     assert all(r["params"] == mlp_param_count(32, 16, 3, 10) for r in rows)
     assert all(r["ours_s"] > 0 and r["ddp_s"] > 0 and r["ratio"] > 0 for r in rows)

@@ -202,7 +202,7 @@ def test_progress_bar_runs_over_every_milestone():
 
     out = io.StringIO()
     bar = _Progress(steps=3, stream=out)
-    step = lambda rank, i: bar({"kind": "step", "rank": rank, "step": i, "loss": 1.0})  # noqa: E731
+    step = lambda rank, i: bar({"kind": "step", "rank": rank, "step": i, "loss": 1.0})
     for rank in (0, 1):
         bar({"kind": "milestone", "rank": rank, "name": "a", "steps": 3, "offset": 0, "total": 5})
     step(0, 0), step(0, 1), step(0, 2)

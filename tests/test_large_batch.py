@@ -41,39 +41,6 @@ def test_two_ranks_equal_the_single_process_reference(clusters, optimizer):
         assert result["trust_ratios"] == []
 
 
-def _pinned(cfg):
-    """The run's cores, losses, and each rank's threads' masks after it (back to all the CPUs?)."""
-    import os
-
-    from lesson_lib.runtime import context
-
-    out = lb.worker(cfg)
-    masks = {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
-    return out["per_rank"]["core"], out["losses"], masks, context().rank
-
-
-@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no affinity masks here")
-def test_a_world_of_one_rank_per_core_trains_pinned_and_the_same(clusters):
-    """own_core moves the ranks, not the numbers: the same losses pinned and not, each rank on a core
-    of its own while it trains, and every thread free again after."""
-    import os
-
-    from lesson_lib.runtime.placement import cpu_count, own_core_reason_off
-
-    n = cpu_count()
-    if n > 4 or own_core_reason_off(n, "gloo") is not None:
-        pytest.skip(f"pins only a world of one rank per core; here {n} cores: "
-                    f"{own_core_reason_off(n, 'gloo')}")
-    cfg = lb.Config(world_size=n, optimizer="lamb", lr=0.01, **{**SMALL, "global_batch": 16 * n})
-    pinned = clusters(n).run(_pinned, cfg.validate())
-    free = clusters(n).run(_pinned, cfg.replace(own_core=False).validate())
-    cpus = sorted(os.sched_getaffinity(0))
-    assert [core for core, _, _, _ in pinned] == [cpus[r] for _, _, _, r in pinned]
-    assert [core for core, _, _, _ in free] == [None] * n
-    assert all(losses == free[0][1] for _, losses, _, _ in pinned + free)
-    assert all(masks == {frozenset(cpus)} for _, _, masks, _ in pinned + free)
-
-
 def _first_trust_ratios(cfg):
     """The first step's trust ratio of each weight matrix, from the combined batch's gradient:
     LARS η‖w‖/(‖g‖ + β‖w‖) with η = 0.001 (its default), ε = 0; LAMB at t = 1, where the corrected

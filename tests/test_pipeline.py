@@ -351,9 +351,10 @@ def test_cli_bad_input_fails_fast_naming_the_parameter(args, name):
 
 @pytest.mark.slow
 def test_bench_bubble_runs_and_prints_every_run(capsys):
-    from lesson_lib import bench
+    from lesson_lib.__main__ import load_benchmark
 
-    rows = bench.bubble(schedules=("gpipe",), microbatches=(2,), repeats=2, steps=2)
+    bench = load_benchmark("bubble")
+    rows = bench.measure(schedules=("gpipe",), microbatches=(2,), repeats=2, steps=2)
     assert [(r["schedule"], r["microbatches"], r["run"]) for r in rows] == [("gpipe", 2, 0), ("gpipe", 2, 1)]
     for r in rows:
         # catches: a ratio taken against another figure than (P - 1) / (M + P - 1) = 1/3 here, or the
@@ -367,7 +368,7 @@ def test_bench_bubble_runs_and_prints_every_run(capsys):
         assert r["messages"] >= r["busy"] - 1e-12  # a message delay can only postpone an action
         assert [s["stage"] for s in r["per_stage"]] == [0, 1]
         assert all(0 <= s[k] <= 1 for s in r["per_stage"] for k in ("off_core", "recv", "between"))
-    bench.print_bubble(rows)
+    bench.show(rows)
     out = capsys.readouterr().out
     assert "gpipe M=2: busy/formula" in out and out.count("\n") >= len(rows) + 4
 

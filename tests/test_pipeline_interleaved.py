@@ -96,13 +96,14 @@ def test_megatrons_factor_2_costs_no_bubble_on_the_ideal_machine():
 
 @pytest.mark.slow
 def test_bench_bubble_adds_interleaved(capsys):
-    from lesson_lib import bench
+    from lesson_lib.__main__ import load_benchmark
 
-    rows = bench.bubble(schedules=("interleaved",), microbatches=(2,), repeats=1, steps=2)
+    bench = load_benchmark("bubble")
+    rows = bench.measure(schedules=("interleaved",), microbatches=(2,), repeats=1, steps=2)
     assert [(r["schedule"], r["microbatches"]) for r in rows] == [("interleaved", 2)]
     assert rows[0]["formula"] == 1 / 5  # (P − 1)/(v·M + P − 1) with P = 2, v = 2, M = 2
     assert rows[0]["busy_ratio"] == pytest.approx(5 * rows[0]["busy"]) and 0 < rows[0]["wall"] < 1
-    bench.print_bubble(rows)
+    bench.show(rows)
     assert "interleaved M=2: busy/formula" in capsys.readouterr().out
 
 

@@ -7,11 +7,12 @@ import sys
 import threading
 import time
 
+import probes
 import pytest
 import torch
 from conftest import wait_no_workers, worker_children
 
-from lesson_lib import Cluster, WorkerError, probes
+from lesson_lib import Cluster, WorkerError
 from lesson_lib.runtime import WorkerTimeout, choose_placement, context, cpu_count, threads_per_rank
 
 pytestmark = pytest.mark.ch0
@@ -55,6 +56,29 @@ def test_events_stream_to_the_caller_before_the_result(clusters):
     out = clusters(2).run(probes.emit_events, 5, on_event=seen.append)
     assert out == [5, 5]
     assert sorted((e["rank"], e["i"]) for e in seen) == [(r, i) for r in (0, 1) for i in range(5)]
+
+
+def test_a_job_starts_no_process_but_its_ranks(clusters):
+    # catches: helper processes started beside the ranks (keep-awake spinners once ran, one per core,
+    # during every job and outlived the cluster): while a job runs, this process's children are its
+    # ranks (and other tests' warm ranks), the fork server, multiprocessing's resource tracker
+    import psutil
+
+    cluster, seen = clusters(2), []
+
+    def look(event):
+        for p in psutil.Process().children(recursive=True):
+            try:
+                seen.append((p.pid, " ".join(p.cmdline())))
+            except psutil.NoSuchProcess:
+                pass
+
+    cluster.run(probes.emit_events, 1, on_event=look)
+    assert seen, "the job's event never came"
+    ranks = set(cluster.pids())
+    known = ("multiprocessing.forkserver", "spawn_main", "resource_tracker")
+    others = [cmd for pid, cmd in seen if pid not in ranks and not any(k in cmd for k in known)]
+    assert not others, others
 
 
 def test_events_that_may_wait_travel_together_and_arrive_in_order(clusters):
@@ -162,8 +186,8 @@ def test_bad_run_timeout_names_the_parameter(clusters):
 @pytest.mark.parametrize("method", ["forkserver", "spawn"] if sys.platform.startswith("linux") else ["spawn"])
 def test_a_script_without_a_main_guard_gets_a_clear_error_long_before_the_start_deadline(tmp_path, method):
     script = tmp_path / "no_guard.py"
-    script.write_text("from lesson_lib import Cluster, probes\n"
-                      "with Cluster(2, quiet=True) as c:\n    print(c.run(probes.noop))\n")
+    script.write_text("from lesson_lib import Cluster\n"
+                      "with Cluster(2, quiet=True) as c:\n    print(c.run(print, 'hello'))\n")
     t0 = time.monotonic()
     env = {**os.environ, "LESSON_LIB_START_METHOD": method}  # the fork server's mark, or spawn's
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100, env=env)
@@ -305,12 +329,18 @@ def test_close_leaves_no_worker_and_is_idempotent():
 def test_two_processes_starting_ten_clusters_each_never_collide(tmp_path):
     code = r"""
 import sys, threading
-from lesson_lib import Cluster, probes
+from lesson_lib import Cluster
 errors, ok = [], []
+def library_all_reduce(numel):
+    import torch, torch.distributed as dist
+    from lesson_lib.runtime import context
+    t = torch.full((numel,), float(context().rank + 1))
+    dist.all_reduce(t)
+    return float(t[0])
 def one():
     try:
         with Cluster(2, quiet=True, timeout_s=60) as c:
-            ok.append(c.run(probes.library_all_reduce, 4) == [3.0, 3.0])
+            ok.append(c.run(library_all_reduce, 4) == [3.0, 3.0])
     except Exception as e:
         errors.append(repr(e))
 ts = [threading.Thread(target=one) for _ in range(10)]

@@ -16,7 +16,7 @@ FIG = {"data": [{"type": "scatter", "x": [1, 2], "y": [3, 4], "name": "</script>
 def _notebook_with_every_kind_of_output():
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("...")
-    view = lambda mid: {site.WIDGET: {"version_major": 2, "version_minor": 0, "model_id": mid}}  # noqa: E731
+    view = lambda mid: {site.WIDGET: {"version_major": 2, "version_minor": 0, "model_id": mid}}
     cell.outputs = [
         nbformat.v4.new_output("display_data", data={site.PLOTLY: FIG, "text/plain": "Figure()"}),
         nbformat.v4.new_output("display_data", data={**view("box"), "text/plain": "VBox(...)"}),

@@ -13,12 +13,13 @@ import tempfile
 import threading
 import time
 
+import probes
 import pytest
 import torch
 import torch.distributed as dist
 from conftest import wait_no_workers
 
-from lesson_lib import Cluster, WorkerError, probes
+from lesson_lib import Cluster, WorkerError
 from lesson_lib.runtime import folders
 
 pytestmark = pytest.mark.ch0

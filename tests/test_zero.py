@@ -297,7 +297,7 @@ def test_the_prefetch_timeline_records_one_forward_layer_by_layer():
         r = experiments.run_warm(zero.Config.laptop(**job, prefetch=d, timeline=True))
         assert r.losses == plain.losses and r["traffic_per_step"] == plain["traffic_per_step"]
         spans = r["timeline"]
-        lane = lambda name, spans=spans: [s for s in spans if s["lane"] == name]  # noqa: E731
+        lane = lambda name, spans=spans: [s for s in spans if s["lane"] == name]
         computes = lane("compute")
         assert [s["layer"] for s in computes] == list(range(layers))
         assert all(a["end"] <= b["start"] for a, b in zip(computes, computes[1:]))

@@ -16,7 +16,7 @@ from ..data import read_csv
 from ..experiments import Result, run_warm
 from ..milestones import data_parallel as dp
 from ..runtime import warm_cluster
-from .ch00_exercises import exercises  # noqa: F401  (the notebook calls it here)
+from .ch00_exercises import exercises
 
 __all__ = ["model_growth", "memory_calculator", "memory_bill", "fits", "config", "data_parallel",
            "max_loss_gap", "comm_overhead", "overlap", "straggler", "straggler_explorer", "idle_resources",
@@ -213,12 +213,20 @@ def idle_resources(results: dict[int, Result]) -> dict[int, dict]:
 
 def failure_demo(world_size: int = 2) -> str:
     """Make rank 1 raise mid-run and show the error the notebook gets (no hang, no orphans)."""
-    from .. import probes
-    from ..runtime import Cluster, WorkerError
+    import torch
+    import torch.distributed as dist
+
+    from ..runtime import Cluster, WorkerError, context
+
+    def raise_on(rank: int, message: str) -> int:  # sent by value: rank ``rank`` raises mid-job
+        if context().rank == rank:
+            raise ValueError(message)
+        dist.all_reduce(torch.ones(1))  # the others are left waiting in a collective
+        return context().rank
 
     with Cluster(world_size, quiet=True) as cluster:
         try:
-            cluster.run(probes.raise_on, world_size - 1, "a deliberate failure on this rank")
+            cluster.run(raise_on, world_size - 1, "a deliberate failure on this rank")
         except WorkerError as e:
             print(f"caught WorkerError from rank {e.rank}:\n{e}")
             return str(e)

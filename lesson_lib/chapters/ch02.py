@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from IPython.display import display
 
-from .. import bench, comm, costmodel, experiments, plots, widgets
+from .. import comm, costmodel, experiments, plots, widgets
 from ..comm import schedules
 from ..experiments import Result, run_warm
 from ..milestones import data_parallel as dp
@@ -109,7 +109,7 @@ def bandwidth(sizes=SIZES, world_sizes=(2, 4), repeats: int = 3,
     ring step and β the cost of a byte (the pipelined ring's extra messages, one per segment, grow
     with the bytes: their cost lands in β).
     """
-    rows = bench.allreduce(sizes, world_sizes, algorithms, repeats, cluster_for=warm_cluster)
+    rows = ra.bandwidth(sizes, world_sizes, algorithms, repeats, cluster_for=warm_cluster)
     rings = [a for a in ("ring", PIPELINED) if a in algorithms]
     fits = {a: {} for a in rings}
     models = {n: {} for n in world_sizes}
@@ -124,7 +124,7 @@ def bandwidth(sizes=SIZES, world_sizes=(2, 4), repeats: int = 3,
     display(plots.collectives.allreduce_bandwidth(rows, models, note))
     ratios = {a: {(r["world_size"], r["size_bytes"]): r["vs_library"] for r in rows if r["algorithm"] == a}
               for a in rings}
-    display(plots.memory.fits_table(*bench.allreduce_table(rows), "Gloo's time ÷ ours at each size (> 1: "
+    display(plots.memory.fits_table(*ra.bandwidth_table(rows), "Gloo's time ÷ ours at each size (> 1: "
                                     "ours is faster; median of paired ratios), and the α-β fit of each"))
     return {"rows": rows, "fits": fits.get("ring"), "ratios": ratios.get("ring"),
             "pipelined_fits": fits.get(PIPELINED), "pipelined_ratios": ratios.get(PIPELINED)}

@@ -45,7 +45,7 @@ def check_order(stages: int, microbatches: int, stage: int):
     gpipe = stage_actions("gpipe", stages, microbatches, stage)
     bound, last = max_in_flight(expected), microbatches - 1
     others = [stage_actions("1f1b", stages, microbatches, k) for k in range(stages)]
-    with_mine = lambda got: others[:stage] + [got] + others[stage + 1:]  # noqa: E731
+    with_mine = lambda got: others[:stage] + [got] + others[stage + 1:]
     best = _slots(others)
 
     def once(got):

@@ -42,7 +42,7 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
 
 
 def _print_rows(rows: list[dict]) -> None:
-    mb = lambda b: f"{b / 1e6:.2f}"  # noqa: E731
+    mb = lambda b: f"{b / 1e6:.2f}"
     print_table(["run", "stage", "in flight", "inventory MB", "measured MB", "measured − inventory MB"],
                 [[r["label"], str(r["stage"]), str(r["in_flight"]), mb(r["inventory"]), mb(r["measured"]),
                   mb(r["measured"] - r["inventory"])] for r in rows])

@@ -237,7 +237,7 @@ def measured_memory(preset: str = "memory", bucket_mb: float = 4.0) -> dict:
         rows, f"{psi / 1e6:.1f}M parameters, {cfg.depth + 1} layers, {n} ranks, fp32 Adam: peak allocated "
               "per rank (measured), what it lists (inventory), Rajbhandari et al. (2020) (model)"))
     print(f"measured by: {rows[0]['method']}")
-    mb = lambda b: f"{b / 1e6:,.1f} MB"  # noqa: E731
+    mb = lambda b: f"{b / 1e6:,.1f} MB"
     for row in rows:
         listed = [s + b + a for s, b, a in zip(row["states"], row["buffers"], row["activations"])]
         unlisted = min(m - x for m, x in zip(row["measured"], listed))

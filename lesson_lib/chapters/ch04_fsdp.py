@@ -56,7 +56,7 @@ def fsdp2_memory(measured: dict, preset: str = "memory") -> dict:
     display(plots.memory.side_by_side(
         rows, f"{psi / 1e6:.1f}M parameters, {n} ranks, fp32 Adam: the peak each rank allocated during the "
               "steps (measured, torch's allocator) and the model states it keeps (inventory)"))
-    mb = lambda b: f"{b / 1e6:,.1f} MB"  # noqa: E731
+    mb = lambda b: f"{b / 1e6:,.1f} MB"
     for row in rows:
         print(f"{row['label']}: measured {', '.join(map(mb, row['measured']))} per rank; "
               f"model states (inventory) {mb(max(row['states']))}")

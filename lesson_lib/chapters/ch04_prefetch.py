@@ -11,7 +11,6 @@ from IPython.display import display
 from .. import plots
 from ..experiments import run_warm
 from ..milestones import zero
-from ..runtime import awake
 
 # Each rank's share of a 4,096-sample batch makes a layer's forward long enough to hide most of the
 # next layer's gather over 1 Gbit/s (a 256 × 256 layer: 131 kB per rank on 2 ranks), so that hiding
@@ -23,7 +22,7 @@ TIMELINE = {"world_size": 2, "global_batch": 4096, "link_gbps": 1.0, "steps": 3}
 def _waits(spans: list[dict]) -> dict:
     """ms the forward stood still for parameters, ms of gathers on the communication thread, the
     forward's length (from its first gather to its last layer's end)."""
-    dur = lambda lane: sum(s["end"] - s["start"] for s in spans if s["lane"] == lane)  # noqa: E731
+    dur = lambda lane: sum(s["end"] - s["start"] for s in spans if s["lane"] == lane)
     waited = dur("gather, in the forward") + dur("waiting for the gather")
     return {"waiting_ms": 1e3 * waited, "compute_ms": 1e3 * dur("compute"),
             "hidden_gather_ms": 1e3 * dur("gather, communication thread"),
@@ -39,15 +38,10 @@ def prefetch_timeline(depths=(0, 1), repeats: int = 5, **options) -> dict[int, d
     the same at every depth."""
     job = {**TIMELINE, **options}
     runs: dict[int, list] = {d: [] for d in depths}
-    # Without runtime.awake's spinners: a gather thread beside the compute is more threads than cores
-    # here, and a woken thread then queued behind its rank's compute while a spinner held the other
-    # core (with spinners, at 2,048 samples, medians of 5: 4.4 ms of waiting with prefetching, 3.9
-    # without; a CI simulation at 4,096: 5.8 against 5.1)
-    with awake.off():
-        for _ in range(repeats):
-            for d in depths:
-                runs[d].append(run_warm(zero.Config.laptop(stage=3, prefetch=d, timeline=True, **job)))
-    label = lambda d: (f"prefetch = {d}: the next {d} layer(s) gathered on the communication thread"  # noqa: E731
+    for _ in range(repeats):
+        for d in depths:
+            runs[d].append(run_warm(zero.Config.laptop(stage=3, prefetch=d, timeline=True, **job)))
+    label = lambda d: (f"prefetch = {d}: the next {d} layer(s) gathered on the communication thread"
                        if d else "prefetch = 0: each layer gathered just before its forward")
     display(plots.memory.prefetch_timeline(
         {label(d): rs[-1]["timeline"] for d, rs in runs.items()},

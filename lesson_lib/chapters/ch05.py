@@ -11,8 +11,8 @@ from IPython.display import display
 from .. import plots
 from ..experiments import Result, run, run_warm
 from ..milestones import large_batch as lb
-from .ch05_accumulate import compare as accumulation  # noqa: F401  (§7)
-from .ch05_exercises import exercises  # noqa: F401  (the notebook calls it here)
+from .ch05_accumulate import compare as accumulation
+from .ch05_exercises import exercises
 
 __all__ = ["GRID", "accumulation", "epoch_cost", "exercises", "explorer", "grid", "noise_scale", "row", "run",
            "table", "trust_ratios"]

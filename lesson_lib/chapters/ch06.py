@@ -141,7 +141,7 @@ def bandwidth_sweep(compressors=("none", "fp16", "topk", "powersgd"), gbps=GBPS,
             rows.append({"compressor": c, "gbps": g, "step_s": r.median_step_time(), "oversubscribed":
                          r.oversubscribed, "world_size": r.world_size})
     xs = [gbps[0] * (gbps[-1] / gbps[0]) ** (i / 40) for i in range(41)]
-    predict = lambda c, g: cm.predicted_step_s(  # noqa: E731
+    predict = lambda c, g: cm.predicted_step_s(
         base[c]["compute_s_per_step"], base[c]["messages_per_step"], base[c]["wire_bytes_per_step"],
         g, latency_us * 1e-6)
     predicted = {c: (xs, [predict(c, g) for g in xs]) for c in compressors}

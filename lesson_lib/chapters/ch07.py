@@ -12,7 +12,7 @@ from IPython.display import display
 from .. import costmodel, plots
 from ..experiments import Result, run_warm
 from ..milestones import impact
-from .ch07_exercises import exercises  # noqa: F401  (the notebook calls it here)
+from .ch07_exercises import exercises
 
 # The talk's named model on a named cluster: GPT-3 (Brown et al., 2020: 175B parameters, 300B
 # tokens) on 1,024 A100s with one HDR InfiniBand port each, as Narayanan et al. (SC21) trained it.

@@ -37,7 +37,7 @@ def _ring_steps(flat: torch.Tensor, phase: str | None, group, op: str, shift: in
     """
     rank, n = _rank_world(group)
     bounds = chunk_bounds(flat.numel(), n)
-    chunk = lambda i: flat[bounds[(i - shift) % n][0]:bounds[(i - shift) % n][1]]  # noqa: E731
+    chunk = lambda i: flat[bounds[(i - shift) % n][0]:bounds[(i - shift) % n][1]]
     scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
     counters().scratch(_nbytes(scratch))
     for st in ring_schedule(n):
@@ -87,7 +87,7 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: i
         return tensor
     flat = _flat(tensor)
     bounds = chunk_bounds(flat.numel(), n)
-    chunk = lambda i: flat[bounds[i][0]:bounds[i][1]]  # noqa: E731
+    chunk = lambda i: flat[bounds[i][0]:bounds[i][1]]
     k = max(1, -(-_nbytes(chunk(0)) // segment_bytes))  # chunk 0 is the largest, on every rank
     mine = [x for x in pipelined_ring_schedule(n, k) if x.rank == rank]  # in the order they cross
     width = bounds[0][1] - bounds[0][0]

@@ -53,7 +53,7 @@ def halving_doubling_all_reduce(tensor: torch.Tensor, group=None,
         return tensor
     flat = _flat(tensor)
     bounds = chunk_bounds(flat.numel(), power_of_two_below(n))
-    part = lambda chunks: flat[slice(*span(bounds, chunks))] if chunks else None  # noqa: E731
+    part = lambda chunks: flat[slice(*span(bounds, chunks))] if chunks else None
     mine = [st for st in halving_doubling_schedule(n) if st.rank == rank]
     biggest = max((part(st.recv).numel() for st in mine if st.reduce), default=0)
     scratch = _scratch(biggest, flat.dtype, flat.device)

@@ -105,7 +105,7 @@ def ring_bytes_sent(numel: int, element_size: int, world_size: int, rank: int) -
     if world_size == 1:
         return 0
     bounds = chunk_bounds(numel, world_size)
-    size = lambda i: bounds[i % world_size][1] - bounds[i % world_size][0]  # noqa: E731
+    size = lambda i: bounds[i % world_size][1] - bounds[i % world_size][0]
     return element_size * (2 * numel - size(rank + 1) - size(rank + 2))
 
 
@@ -229,7 +229,7 @@ def halving_doubling_schedule(n: int) -> tuple[PairStep, ...]:
         raise ValueError(f"world_size must be at least 1, got {n}")
     p = power_of_two_below(n)
     extra = n - p
-    real = lambda v: 2 * v + 1 if v < extra else v + extra  # noqa: E731  virtual rank → rank
+    real = lambda v: 2 * v + 1 if v < extra else v + extra
     out: list[PairStep] = []
     for r in range(0, 2 * extra, 2):  # fold: even ranks hand everything to their odd partner
         out += [PairStep("fold", 0, r, r + 1, (0, p), None, False),

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .. import buckets, comm
 from ..config import TrainConfig, opt, parse_stragglers
 from ..data import batch_indices, shard, teacher_classification
-from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary, sync
+from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary
 from ..models import flat_views, mlp
 from ..runtime import context
 
@@ -199,63 +199,3 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
             "stragglers": parse_stragglers(cfg.straggler, n),
             # the last step's backward and each bucket's all-reduce, per rank (perf_counter seconds)
             "timeline": [o["timeline"] for o in outs]}
-
-
-def time_against_ddp(hidden_sizes: list[int], steps: int = 12, global_batch: int = 256,
-                     bucket_mb: float = 4.0) -> dict:
-    """On every rank: seconds of our data-parallel step and of ``DistributedDataParallel``'s, on
-    the same model, data and Adam, interleaved step by step (issue 13's yardstick,
-    ``python -m lesson_lib bench ddp``). Ours four ways: one flat all-reduce after the backward or
-    buckets of ``bucket_mb`` MiB during it, by our ring or the library's all_reduce. DDP gets the
-    same bucket size. The first step of each is a warm-up and dropped.
-    """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    ctx = context()
-    rank, n, device = ctx.rank, ctx.world_size, ctx.device
-    out = {}
-    for hidden in hidden_sizes:
-        cfg = Config(world_size=n, hidden=hidden, global_batch=global_batch, steps=1,
-                     samples=max(4096, global_batch)).validate()
-        ours = {}
-        for allreduce in ("ring", "library"):
-            for mb in (0, bucket_mb):
-                model, flat, optimizer = build(cfg, device)
-                overlap = overlapped(model, flat, mb, allreduce, n) if mb else None
-                ours[allreduce + ("+buckets" if mb else "")] = (model, flat, optimizer, allreduce, overlap)
-        ddp = DDP(mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed).to(device),
-                  bucket_cap_mb=bucket_mb)
-        ddp_opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
-        x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
-        names = [*ours, "ddp"]
-        times: dict = {k: [] for k in names}
-        for step in range(steps + 1):
-            idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, n)
-            x, y = x_all[idx].to(device), y_all[idx].to(device)
-            k = step % len(names)
-            for name in names[k:] + names[:k]:  # take turns: load falls on all alike
-                torch.distributed.barrier()
-                t0 = time.perf_counter()
-                if name == "ddp":
-                    ddp_opt.zero_grad()
-                    F.cross_entropy(ddp(x), y).backward()  # DDP all-reduces its buckets in here
-                    ddp_opt.step()
-                else:  # the library's train() step, without its meters and recorders
-                    model, flat, optimizer, allreduce, overlap = ours[name]
-                    optimizer.zero_grad(set_to_none=overlap is not None)
-                    if overlap is not None:
-                        overlap.start()
-                    F.cross_entropy(model(x), y).backward()
-                    if overlap is not None:
-                        overlap.wait()
-                    else:
-                        comm.all_reduce(flat, allreduce, op="bench")
-                        flat.div_(n)
-                    optimizer.step()
-                sync(device)
-                times[name].append(time.perf_counter() - t0)
-        for *_, overlap in ours.values():
-            if overlap is not None:
-                overlap.close()
-        out[hidden] = {"params": ours["ring"][1].numel(), **{k: v[1:] for k, v in times.items()}}
-    return out

@@ -10,14 +10,11 @@ with ``noise_scale``, the ranks measure McCandlish et al. (2018)'s simple noise 
 B_simple = tr(Σ)/|G|² on the training set (:func:`noise_scale`). With ``accumulate`` = k each rank
 runs its share of the batch as k micro-batches before the one all-reduce (:mod:`.accumulation`);
 with ``peak_memory`` each rank measures its peak of allocated bytes over the steps (:mod:`..peakmem`).
-Where the world has one CPU rank per core, each rank trains on a core of its own (``own_core``,
-:func:`lesson_lib.runtime.placement.own_core`).
 """
 
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +27,6 @@ from ..metrics import StepRecorder, counters, memory_report, per_rank_summary
 from ..models import flat_views, mlp
 from ..peakmem import PeakMemory
 from ..runtime import context
-from ..runtime.placement import own_core
 from .accumulation import accumulate, validate_accumulate
 
 NAME = "large-batch"
@@ -66,8 +62,6 @@ class Config(TrainConfig):
                              "forward/backward passes, then one all-reduce (gradient accumulation)")
     peak_memory: bool = opt(False, "measure each rank's peak of allocated bytes from the first step to "
                                    "the end of the last (lesson_lib.peakmem)")
-    own_core: bool = opt(True, "each rank on a core of its own while it trains, where the world has one "
-                               "CPU rank per core (lesson_lib.runtime.placement.own_core)")
     # The task (chapter 5's defaults differ from the shared ones: a deeper MLP on a harder set).
     hidden: int = opt(128, "width of the hidden layers")
     depth: int = opt(6, "number of hidden layers")
@@ -257,16 +251,11 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
 def worker(cfg: Config) -> dict:
     ctx = context()
     counters().reset()
-    # B₀'s thousands of short steps, each with a small all-reduce: one core per rank keeps Gloo's
-    # I/O thread off the other rank's core (own_core's docstring has the measurements)
-    with own_core(ctx.rank, ctx.world_size, ctx.backend) if cfg.own_core else nullcontext() as core:
-        if not cfg.peak_memory:
-            out = train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit)
-        else:
-            with PeakMemory(ctx.device) as peak:  # the allocator's count: a measurement
-                out = train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit, peak=peak)
-            out["per_rank"]["memory"].update(peak.as_dict())
-    out["per_rank"]["core"] = core  # None: not pinned
+    if not cfg.peak_memory:
+        return train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit)
+    with PeakMemory(ctx.device) as peak:  # the allocator's count: a measurement
+        out = train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit, peak=peak)
+    out["per_rank"]["memory"].update(peak.as_dict())
     return out
 
 

@@ -20,7 +20,7 @@ from .. import comm
 from ..comm.algorithms import BYTES_SENT, formula_bytes_sent
 from ..config import CommonConfig, opt
 from ..metrics import StepRecorder, counters, memory_report, per_rank_summary, sync
-from ..runtime import context
+from ..runtime import Cluster, context
 
 NAME = "ring-allreduce"
 DTYPES = ("float32", "float64", "bfloat16")
@@ -195,3 +195,80 @@ def time_algorithms(sizes: list[int], algorithms: list[str], repeats: int = 5,
                                   repeats, k)
     counters().reset()
     return out
+
+
+# --------------------------------------------------------------------------- bandwidth (chapter 2)
+
+ALLREDUCE_SIZES = tuple(4096 * 4**k for k in range(8))  # 4 KiB … 64 MiB
+ALLREDUCE_ALGORITHMS = ("ring", "pipelined-ring", "library", "naive", "halving-doubling")
+
+
+def bandwidth(sizes=ALLREDUCE_SIZES, world_sizes=(2, 4), algorithms=ALLREDUCE_ALGORITHMS,
+              repeats: int = 15, cluster_for=None) -> list[dict]:
+    """Algorithm bandwidth (S / time) of our all-reduces and the backend's, in the same run.
+
+    One row per (world size, size, algorithm): ``time_s`` is the median over calls of the
+    slowest rank's time; ``vs_library`` the median over repeats of library time / our time,
+    measured back to back (a paired ratio, robust to load that comes and goes).
+    ``cluster_for(n)`` supplies warm clusters (the notebook's); by default each world size gets
+    a fresh one, closed after. Used by chapter 2 and ``benchmarks/allreduce.py``; few repeats leave
+    the paired ratios noisy (the benchmark takes 15).
+    """
+
+    algorithms = list(algorithms)
+    rows = []
+    for n in world_sizes:
+        cluster = cluster_for(n) if cluster_for else Cluster(n, quiet=True)
+        try:
+            outs = cluster.run(time_algorithms, list(sizes), algorithms, repeats)
+        finally:
+            if cluster_for is None:
+                cluster.close()
+        for s in sizes:
+            # per[a][repeat][call]: the slowest rank's time for that call
+            per = {a: [[max(o[s][a][i][j] for o in outs) for j in range(len(outs[0][s][a][i]))]
+                       for i in range(repeats)] for a in algorithms}
+            lib = per.get("library")
+            for a in algorithms:
+                t = statistics.median(x for rep in per[a] for x in rep)
+                ratio = statistics.median(statistics.median(x) / statistics.median(y)
+                                          for x, y in zip(lib, per[a])) if lib else None
+                rows.append({"world_size": n, "size_bytes": s, "algorithm": a, "time_s": t,
+                             "algbw_GBps": s / t / 1e9, "vs_library": ratio,
+                             "oversubscribed": cluster.oversubscribed})
+    return rows
+
+
+def size_label(nbytes: float) -> str:
+    return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:g} KiB"
+
+
+def bandwidth_fits(rows: list[dict]) -> dict[tuple[int, str], dict]:
+    """The ring's α-β model fitted to each (world size, algorithm) of :func:`bandwidth`'s rows, the
+    library's too (it is a ring as well): α and β side by side say whether a gap is per-step
+    latency or bandwidth."""
+    from ..costmodel import fit_alpha_beta
+
+    fits = {}
+    for n in dict.fromkeys(r["world_size"] for r in rows):
+        for a in ("ring", "pipelined-ring", "library"):
+            mine = [r for r in rows if r["algorithm"] == a and r["world_size"] == n]
+            if len(mine) >= 2:
+                fits[n, a] = fit_alpha_beta(mine, "ring")
+    return fits
+
+
+def bandwidth_table(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """:func:`bandwidth`'s rows as one table (rows, columns): per world size and fitted algorithm,
+    its α-β fit and, for ours, the library's time ÷ ours at each size (> 1: ours is faster)."""
+    by = {(r["algorithm"], r["world_size"], r["size_bytes"]): r for r in rows}
+    sizes = list(dict.fromkeys(r["size_bytes"] for r in rows))
+    table = []
+    for (n, a), fit in bandwidth_fits(rows).items():
+        row = {"ranks": n, "algorithm": "Gloo's dist.all_reduce" if a == "library" else a,
+               "α (µs per step)": f"{1e6 * fit['alpha_s']:.0f}", "1/β (GB/s)": f"{fit['bandwidth_GBps']:.2f}"}
+        for s in sizes:
+            ratio = by.get((a, n, s), {}).get("vs_library")
+            row[size_label(s)] = f"{ratio:.2f}" if ratio and a != "library" else ""
+        table.append(row)
+    return table, ["ranks", "algorithm", "α (µs per step)", "1/β (GB/s)", *map(size_label, sizes)]

@@ -171,7 +171,7 @@ def bytes_per_rank(rows: list[dict], title: str) -> go.Figure:
 
 def allreduce_bandwidth(rows: list[dict], models: dict, note: str | None = None,
                         title: str = "All-reduce algorithm bandwidth (S / time), measured in one run"):
-    """rows: bench.allreduce rows; models: {world_size: {algorithm: (sizes, predicted algbw GB/s)}},
+    """rows: ring_allreduce.bandwidth rows; models: {world_size: {algorithm: (sizes, predicted algbw GB/s)}},
     each drawn dashed."""
     ns = sorted({r["world_size"] for r in rows})
     fig = make_subplots(rows=1, cols=len(ns), subplot_titles=[f"{n} ranks" for n in ns], shared_yaxes=True)

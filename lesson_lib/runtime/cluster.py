@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from . import awake, folders, output, start
+from . import folders, output, start
 from .errors import MAIN_GUARD_HELP, RunInterrupted, WorkerTimeout
 from .failures import check_alive, raise_failure, raise_timeout
 from .messages import Kind
@@ -36,10 +36,6 @@ from .placement import choose_placement, cpu_count, oversubscribed, threads_per_
 from .worker import worker_main
 
 _LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
-# The switches a rank reads itself (placement.own_core, iothread), passed to each new world as they
-# are in this process at its start ("" when unset): a worker forked from the fork server would
-# otherwise see them as they were when the server started.
-WORKER_VARIABLES = ("LESSON_LIB_PIN", "LESSON_LIB_IO_NICE")
 
 
 @atexit.register
@@ -126,8 +122,6 @@ class Cluster:
 
     def _spawn(self, init_method: str) -> None:
         env = {"OMP_NUM_THREADS": str(self.threads)}
-        for name in WORKER_VARIABLES:  # as they are now: a fork server's children have its old ones
-            env[name] = os.environ.get(name, "")
         if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _has_iface("lo"):
             env["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: keep Gloo on loopback
         with start.starting(self.backend, env, os.path.join(self._tmp, "main-guard")) as (ctx, mark):
@@ -204,11 +198,10 @@ class Cluster:
         self.start()
         self._job_id += 1
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with awake.during(self.backend, self.oversubscribed):  # idle cores kept awake (.awake)
-            for q in self._job_qs:
-                q.put((self._job_id, payload))
-            done = self._collect_or_stop(f"the run of {name}", self._job_id, kinds=(Kind.DONE,),
-                                         deadline=deadline, on_event=on_event, timeout_s=timeout_s)
+        for q in self._job_qs:
+            q.put((self._job_id, payload))
+        done = self._collect_or_stop(f"the run of {name}", self._job_id, kinds=(Kind.DONE,),
+                                     deadline=deadline, on_event=on_event, timeout_s=timeout_s)
         broken = {rank: why for rank, (_, why) in enumerate(done) if why is not None}
         if broken:
             self.close()  # those workers are exiting; the next run starts fresh ones

@@ -9,14 +9,12 @@ from __future__ import annotations
 import math
 import os
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import iothread
 from .start import method as start_method
 
 MAX_WORLD_SIZE = 64
@@ -161,70 +159,6 @@ def oversubscribed(world_size: int, threads: int, backend: str) -> bool:
     return backend == "gloo" and world_size * threads > cpu_count()
 
 
-def own_core_reason_off(world_size: int, backend: str) -> str | None:
-    """Why :func:`own_core` leaves the ranks where they are, or ``None`` when it pins them."""
-    if os.environ.get("LESSON_LIB_PIN", "").strip() == "0":  # as LESSON_LIB_KEEP_AWAKE is read
-        return "LESSON_LIB_PIN=0"
-    if backend != "gloo":
-        return "GPU ranks"
-    if not hasattr(os, "sched_setaffinity"):
-        return "not Linux"
-    cores = len(os.sched_getaffinity(0))
-    if cpu_count() < cores:
-        return f"a CPU quota of {cpu_quota():g} CPUs on {cores} visible cores"
-    if world_size != cores:
-        return f"{world_size} rank(s) on {cores} cores: only a world of one rank per core is pinned"
-    return None
-
-
-def _set_threads(cpus: set[int]) -> None:
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:  # the thread has just ended
-            pass
-
-
-@contextmanager
-def own_core(rank: int, world_size: int, backend: str):
-    """While the block runs, every thread of rank ``rank`` (its main thread, Gloo's, torch's) stays on
-    core ``rank`` of the CPUs this process may use — where the world (under torchrun: this machine's
-    ranks) has one CPU rank per core, on Linux; elsewhere nothing changes (:func:`own_core_reason_off`
-    says why). Yields the core, or ``None``. Afterwards every thread may run on all of those CPUs again,
-    but the rank's Gloo I/O threads, lowered to nice 19 as it pins (:mod:`.iothread`), stay there.
-
-    For step loops of short computations and small all-reduces (chapter 5's B₀ runs: 6,144 steps of 91k
-    gradients on 2 ranks): a probe on a 2-core machine, taking turns in one run, measured the median
-    LAMB step at 9.44 ms pinned against 11.10 and 10.95 ms not, and the mean all-reduce (from the later
-    rank's arrival) at 2.2–2.9 against 3.7–4.1 ms. Gloo's I/O thread (``gloo_tcp_loop``) used 1.1–1.7 ms
-    of CPU per all-reduce after a computation against 0.5 ms after a sleep (its ``/proc`` counters;
-    ``perf``: in ``epoll_wait``): woken onto a core where a rank computes, it waits. (That probe ran
-    before ``own_core`` also put that thread at nice 19, :mod:`.iothread`, which it now does, and for
-    good: a priority once lowered cannot be raised again without privilege; ``bench pin`` measures
-    both ways as things are now.) Message passing
-    libraries bind ranks to cores for the same reason (Open MPI's ``mpirun`` binds each process to a
-    core when there are at most two, by its mpirun(1) manual page). Not for every job: the same probe's
-    back-to-back all-reduces with nothing between them (chapter 2's bandwidth) went both ways, Gloo's at
-    1 MiB from 0.50–0.69 to 0.27 GB/s, at 16 MiB from 0.78–0.80 to 1.13–1.18 GB/s. ``python -m
-    lesson_lib bench pin`` times chapter 5's loop both ways on this machine; ``LESSON_LIB_PIN=0`` turns
-    it off.
-    """
-    if "LOCAL_RANK" in os.environ:  # under torchrun: the ranks on this machine
-        rank = int(os.environ["LOCAL_RANK"])
-        world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if own_core_reason_off(world_size, backend) is not None:
-        yield None
-        return
-    cpus = os.sched_getaffinity(0)
-    core = sorted(cpus)[rank]
-    _set_threads({core})
-    iothread.lower(backend)  # Gloo's I/O threads yield the core to the rank (.iothread)
-    try:
-        yield core
-    finally:
-        _set_threads(cpus)
-
-
 def describe() -> dict:
     """What the runtime sees: used by ``python -m lesson_lib doctor``."""
     return {
@@ -238,6 +172,4 @@ def describe() -> dict:
         "start_method": {"cpu ranks": start_method("gloo"), "gpu ranks": start_method("nccl")},
         "placement": {n: choose_placement(n).reason for n in (1, 2, 4, 8)},
         "threads_per_rank": {n: threads_per_rank(n) for n in (1, 2, 4, 8)},
-        "a core per rank (own_core, chapter 5's training)": {
-            n: own_core_reason_off(n, choose_placement(n).backend) or "yes" for n in (1, 2, 4, 8)},
     }

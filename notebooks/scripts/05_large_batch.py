@@ -127,11 +127,8 @@ assert all(abs(a - b) <= 1e-3 * max(1.0, abs(a)) for a, b in zip(one[0], two[0])
 # Why 48 epochs: a large batch needs *enough steps*, whatever their size. On this task, with the same
 # rules, LAMB at 32·B₀ lost about 15 points on 8 epochs (32 steps) and 1–3 on 32 epochs (128 steps);
 # from 48 epochs on it matched B₀ in every seed we tried (single-process probes, seeds 0–2; the
-# library's `large_batch.Config.PRESETS` keeps the history). The runs take one to three minutes on
-# a 2-core laptop, most of it B₀'s 6,144 short steps, each with an all-reduce of 91k gradients. Where
-# there is one rank per core, each rank trains on a core of its own (`own_core=True`, the default):
-# there Gloo's I/O thread cannot be woken onto the other rank's core and wait behind its computation
-# (`python -m lesson_lib bench pin` times both ways on your machine; `LESSON_LIB_PIN=0` turns it off).
+# library's `large_batch.Config.PRESETS` says so). The runs take one to three minutes on a 2-core
+# laptop, most of it B₀'s 6,144 short steps, each with an all-reduce of 91k gradients.
 
 # %%
 out = ch05.grid()

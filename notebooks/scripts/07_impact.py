@@ -46,7 +46,7 @@ import math
 
 import torch.distributed as dist  # noqa: F401  (your ping_pong below uses dist and comm)
 
-from lesson_lib import comm, costmodel, show_source  # noqa: F401
+from lesson_lib import comm, costmodel, show_source
 from lesson_lib.chapters import ch07
 
 # %% [markdown]

@@ -4,11 +4,15 @@ One GPU means NCCL worlds of one rank; larger worlds fall back to Gloo on CPU (c
 """
 
 import json
+import pathlib
 import sys
 
 import torch
 
-from lesson_lib import Cluster, probes, run
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # tests/probes.py
+import probes
+
+from lesson_lib import Cluster, run
 from lesson_lib.milestones import data_parallel as dp
 from lesson_lib.milestones import zero
 from lesson_lib.peakmem import PeakMemory

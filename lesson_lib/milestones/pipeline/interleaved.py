@@ -179,7 +179,7 @@ def measured_bubbles(actions: list[list[Action]], events: list[dict], step: int)
     """One step of a run on real ranks: its idle share on the wall clock, and replayed from each
     action's busy time (every rank its own core, messages free), as :func:`.schedules.step_bubbles`."""
     comp = [e for e in events if e["step"] == step and e["kind"] in ("forward", "backward")]
-    key = lambda e: (e["rank"], e["kind"][0].upper(), e.get("chunk", 0), e["microbatch"])  # noqa: E731
+    key = lambda e: (e["rank"], e["kind"][0].upper(), e.get("chunk", 0), e["microbatch"])
     wall = {key(e): (e["start"], e["end"]) for e in comp}
     busy = replay_interleaved(actions, {key(e): e["busy"] for e in comp})
     return {"step": step, "wall": _share(wall), "busy": _share(busy)}

@@ -1,20 +1,24 @@
-"""Small worker functions for tests, benchmarks and the failure demos of chapter 0.
+"""Small worker functions for the tests: whoami, echo, collectives, failures, events.
 
-They live in a module (not a notebook cell) because spawned workers import them by name.
+Registered with cloudpickle to travel by value, so workers need not find ``tests/`` on their path.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
+import cloudpickle
 import torch
 import torch.distributed as dist
 
-from . import comm
-from .metrics import counters
-from .runtime import context
+from lesson_lib import comm
+from lesson_lib.metrics import counters
+from lesson_lib.runtime import context
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def whoami() -> dict:
@@ -25,25 +29,6 @@ def whoami() -> dict:
 
 def noop() -> None:
     return None
-
-
-def first_step() -> float:
-    """One data-parallel SGD step of a small MLP (the library's all_reduce): what a chapter's first
-    run on a fresh world does first, lazy imports included (``bench startup``)."""
-    import torch.nn.functional as F
-
-    from .data import teacher_classification
-    from .models import mlp
-
-    model = mlp(32, 64, 2, 10, seed=0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = teacher_classification(64, 32, 10)
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
-    opt.step()
-    return loss.item()
 
 
 def echo(*args, **kwargs):
