@@ -8,7 +8,9 @@ and 6 again under ATen's portable kernels, `make test-numerics`).
 
 The notebooks folder is copied into tmp_path and served from there, so nothing the
 browser does (autosave, checkpoints) touches the clean notebooks in the repository.
-Screenshots and logs go to artifacts/browser/ whether the test passes or fails.
+Screenshots and logs go to artifacts/browser/ whether the test passes or fails; a chapter that
+passes has its Run All time merged into artifacts/browser/run_all_times.json, which
+`python benchmarks/run_all_table.py` renders as benchmarks/run-all.md.
 
 Point it at one notebook with BROWSER_TEST_NOTEBOOK: a name inside notebooks/,
 or a path to an .ipynb elsewhere, which is copied into the served folder.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import secrets
 import shutil
@@ -36,6 +39,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 ARTIFACTS = ROOT / "artifacts" / "browser"
+RUN_ALL_TIMES = ARTIFACTS / "run_all_times.json"  # each chapter's last passing run: benchmarks/run-all.md
 CHAPTERS = sorted(p.name for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 NOTEBOOKS = [os.environ["BROWSER_TEST_NOTEBOOK"]] if os.environ.get("BROWSER_TEST_NOTEBOOK") else CHAPTERS
 CHROMIUM = "/usr/bin/chromium"
@@ -449,6 +453,42 @@ def _screenshot_whole_notebook(page, path: Path) -> None:
     page.set_viewport_size(VIEWPORT)
 
 
+def _machine() -> str:
+    """The OS, architecture and CPU model, for the Run All table (benchmarks/run_all_table.py)."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return ", ".join(x for x in (f"{platform.system()} {platform.machine()}", cpu) if x)
+
+
+def _record_run_all(notebook: str, run_all_s: float, control_s: float, total_s: float,
+                    load: float | None) -> None:
+    """Merge this chapter's passing run into RUN_ALL_TIMES, one entry per notebook (the latest run):
+    `python benchmarks/run_all_table.py` renders the file as benchmarks/run-all.md."""
+    try:
+        times = json.loads(RUN_ALL_TIMES.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        times = {}
+    one = os.environ.get("BROWSER_TEST_NOTEBOOK")
+    times[notebook] = {
+        "run_all_s": round(run_all_s, 1),
+        "control_s": round(control_s, 1),
+        "open_to_control_s": round(total_s, 1),  # the page opened, the kernel, Run All, the control
+        "date": time.strftime("%Y-%m-%d"),
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "load_1min": None if load is None else round(load, 2),  # before Run All: other jobs on the machine
+        "ci": bool(os.environ.get("CI")),
+        "machine": _machine(),
+        "command": f"BROWSER_TEST_NOTEBOOK={one} pytest tests/test_browser.py" if one else "make test",
+    }
+    tmp = RUN_ALL_TIMES.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, RUN_ALL_TIMES)
+
+
 def test_notebook_runs_in_jupyterlab(jupyter_lab):
     from playwright.sync_api import sync_playwright  # present: checked by the fixture
 
@@ -488,6 +528,7 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
                 )
                 _wait_for_kernel(base_url, token, notebook, NOTEBOOK_LOAD_TIMEOUT_S)
 
+                load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
                 started = time.monotonic()
                 _run_all(page)
                 try:  # a click the page was not ready for starts nothing: then once more
@@ -545,12 +586,13 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
                 used = _use_a_control(page)
                 control_s = time.monotonic() - started
                 print(f"control used: {used}; its output changed in {control_s:.1f} s")
-                with open(ARTIFACTS / "timings.tsv", "a") as f:  # the README's Run All times come from here
-                    total_s = time.monotonic() - opened  # the page opened, the kernel, Run All, the control
+                total_s = time.monotonic() - opened  # the page opened, the kernel, Run All, the control
+                with open(ARTIFACTS / "timings.tsv", "a") as f:  # every run that got this far, one line each
                     f.write(f"{stem}\t{run_all_s:.1f}\t{control_s:.1f}\t{total_s:.1f}\t{used}\n")
                 page.locator("[data-test-control]").screenshot(path=str(ARTIFACTS / f"{stem}-control.png"))
                 assert not page_errors, "uncaught errors in the page:\n" + "\n".join(page_errors)
                 assert not console_errors, "the browser console logged errors:\n" + "\n".join(console_errors)
+                _record_run_all(notebook, run_all_s, control_s, total_s, load_before)
             finally:
                 try:
                     _screenshot_whole_notebook(page, screenshot)
