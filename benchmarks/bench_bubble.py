@@ -31,7 +31,7 @@ def measure(schedules=("gpipe", "1f1b", "interleaved"), microbatches=(4, 8), rep
                     cfg = pp.Config.from_preset("bubble", stages=2, microbatches=m, schedule=schedule,
                                                 **chunks, **preset)
                     r = run("pipeline", cfg, cluster=cluster)
-                    f, busy, wall = r["bubble_formula"], r["bubble_busy"], r["bubble_fraction"]
+                    f, busy, wall = r["bubble_formula"], r["bubble_busy"], r["bubble_wall"]
                     b = {"stages": None, "messages": None, "per_stage": []} if schedule == "interleaved" \
                         else r["bubble_breakdown"]
                     rows.append({"schedule": schedule, "microbatches": m, "run": rep, "formula": f,

@@ -36,8 +36,8 @@ def batch_indices(n: int, global_batch: int, step: int, seed: int) -> torch.Tens
 
 @functools.lru_cache(maxsize=4)
 def _permutation(n: int, seed: int) -> torch.Tensor:
-    # Drawn once per pass, not once per step: chapter 5's 6,144-step runs at B = 64 spent about 4 % of
-    # their step drawing the same permutation again. The caller gets a copy of its slice.
+    # Drawn once per pass, not once per step: chapter 5's 6,144-step runs at B = 64 would draw the
+    # same permutation again every step. The caller gets a copy of its slice.
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
 
 

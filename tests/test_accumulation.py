@@ -168,7 +168,6 @@ def _not_waited(model, batches):
         dist.all_reduce(p.grad, async_op=True)
 
 
-@pytest.mark.slow
 def test_accumulate_exercise_on_real_ranks():
     ex = exercise()
     assert ex.submit(ex.reference())

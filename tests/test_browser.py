@@ -55,7 +55,7 @@ CHROMIUM_ARGS = [
 ]
 SERVER_START_TIMEOUT_S = 60
 NOTEBOOK_LOAD_TIMEOUT_S = 90
-RUN_ALL_TIMEOUT_S = 450  # chapter 5 took 194-231 s on a slow quiet 2-core machine
+RUN_ALL_TIMEOUT_S = 450  # about twice the slowest chapter's (5) Run All on a slow 2-core machine
 CONTROL_TIMEOUT_S = 120  # an explorer's run starts real ranks
 VIEWPORT = {"width": 1400, "height": 1000}
 MAX_SCREENSHOT_HEIGHT = 12000

@@ -1,4 +1,4 @@
-"""Gradient buckets reduced during the backward (issue 13): the plan, the order, the errors, and
+"""Gradient buckets reduced during the backward: the plan, the order, the errors, and
 data parallel and ZeRO-2 with buckets equal to their one-bucket versions."""
 
 import threading
@@ -197,6 +197,7 @@ def test_zero_buckets_apply_to_stage_2_only(stage):
 ZSMALL = zero.Config.PRESETS["tiny"]
 
 
+@pytest.mark.ch4  # ZeRO-2's buckets: `-m ch4` must see a bucket scattered without its ÷N
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_zero2_with_buckets_is_the_same_training_holding_one_bucket_and_a_layer(clusters, precision, n):
@@ -217,6 +218,7 @@ def test_zero2_with_buckets_is_the_same_training_holding_one_bucket_and_a_layer(
             assert pr["ops"]["grad_reduce_scatter"]["overlapped"]
 
 
+@pytest.mark.ch4
 @pytest.mark.numerics
 def test_zero2_with_buckets_equals_single_process_adam(clusters):
     cfg = zero.Config(stage=2, world_size=3, bucket_mb=0.005, **ZSMALL)

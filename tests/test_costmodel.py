@@ -32,8 +32,9 @@ def test_tables_carry_a_source_per_row_and_load_checked():
 
 
 def test_formulas_against_hand_computed_cases():
-    assert cm.bubble_fraction(4, 12) == 3 / 15
-    assert cm.bubble_fraction(1, 7) == 0
+    assert cm.bubble_formula(4, 12) == 3 / 15
+    assert cm.bubble_formula(1, 7) == 0
+    assert cm.bubble_formula(4, 6, chunks=2) == 3 / 15  # interleaved: (P−1)/(v·M+P−1)
     # ring: 2(N−1)α + 2(N−1)/N·S·β with N=4, S=1 GB, α=10 µs, β=1 ns/B → 60 µs + 1.5 s
     assert math.isclose(cm.ring_time(1e9, 4, 1e-5, 1e-9), 6e-5 + 1.5)
     # parameter server: 2·N·S/K = 2·4·1 GB/2 = 4 GB on the busiest server's link

@@ -23,7 +23,6 @@ def verdict(ex: Exercise, answer):
 
 
 @pytest.mark.parametrize("ex", [*EX3.values(), *EX4.values()], ids=lambda e: e.key)
-@pytest.mark.slow
 def test_every_reference_is_accepted(ex):
     assert verdict(ex, ex.reference())
 
@@ -129,13 +128,11 @@ def zero1_raises(params, grad, step):
     (zero1_raises, "undefined_name"),
     (zero1_all_reduce_then_gather, "ran dist.all_reduce ×1 (48 bytes) + comm.ring_all_gather"),
 ])
-@pytest.mark.slow
 def test_zero1_rejects_wrong_answers(answer, words):
     v = verdict(EX4["zero1"], answer)
     assert not v and words in v.message, v.message
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("answer", [zero1_torch_collectives, zero1_by_hand])
 def test_zero1_accepts_right_answers_in_other_forms(answer):
     v = verdict(EX4["zero1"], answer)
@@ -326,7 +323,6 @@ def gpipe_only_the_last_stage_backpropagates(stage, xs, ys):
 
 
 @pytest.mark.numerics  # float64 gradients against single-process backprop, within GRAD_RTOL
-@pytest.mark.slow
 def test_gpipe_accepts_another_correct_order():
     assert verdict(EX3["gpipe"], gpipe_reverse_backwards)
 
@@ -336,13 +332,11 @@ def test_gpipe_accepts_another_correct_order():
     (gpipe_first_microbatch_only, "stage 0 sent 1 activation(s) to stage 1"),
     (gpipe_input_without_grad, "rank"),  # x.grad is None: the send fails, the verdict names the rank
 ])
-@pytest.mark.slow
 def test_gpipe_rejects_wrong_answers(answer, words):
     v = verdict(EX3["gpipe"], answer)
     assert not v and words in v.message, v.message
 
 
-@pytest.mark.slow
 def test_gpipe_rejects_a_stage_that_never_backpropagates():
     v = check_gpipe(gpipe_only_the_last_stage_backpropagates, timeout_s=5)
     assert not v and "0 gradient(s) to stage" in v.message, v.message
@@ -367,7 +361,6 @@ def gpipe_one_f_one_b(stage, xs, ys):  # right gradients, but each backward foll
 
 
 @pytest.mark.numerics
-@pytest.mark.slow
 def test_gpipe_rejects_a_schedule_that_is_not_gpipes():
     v = check_gpipe(gpipe_one_f_one_b, timeout_s=10)
     assert not v and "not GPipe's schedule" in v.message, v.message

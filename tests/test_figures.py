@@ -126,8 +126,8 @@ def _counting(live):
 
 def test_live_figure_redraws_in_full_once_when_the_last_ranks_final_events_come_late():
     # Events come in batches per rank: rank 0 can finish its steps (and the loss) before rank 1's last
-    # batch is in. Each of those late events used to redraw every step of the run (over a second of
-    # the kernel's time, on the ranks' cores, at the end of each of chapter 5's 6,144-step runs).
+    # batch is in. Each of those late events used to redraw every step of the run (the kernel's time,
+    # on the ranks' cores, at the end of each of chapter 5's 6,144-step runs).
     live = plots.common.LiveRuns("t", min_interval_s=1e9)
     cb = live.track("late", 3000, 2)
     calls = _counting(live)

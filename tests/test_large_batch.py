@@ -337,7 +337,6 @@ def _comm_all_reduce(w_shard, u_shard):  # right, through the course's own ring
     return float(sq[0].sqrt() / sq[1].sqrt())
 
 
-@pytest.mark.slow
 def test_sharded_exercise_on_real_ranks(ex):
     assert ex["sharded"].submit(ex["sharded"].reference())
     for right in (_two_all_reduces_tensor, _comm_all_reduce):
@@ -348,6 +347,10 @@ def test_sharded_exercise_on_real_ranks(ex):
         wrong.__module__ = "__main__"  # as a learner's cell function: sent by value
         verdict = ex["sharded"].submit(wrong)
         assert not verdict and says in verdict.message, (wrong.__name__, verdict.message)
+
+
+@pytest.mark.slow  # waits out the exercise's timeout
+def test_sharded_exercise_deadlock_ends_with_the_timeout(ex):
     _deadlock.__module__ = "__main__"
     verdict = ex["sharded"].submit(_deadlock)
     assert not verdict and "timeout_s=10" in verdict.message, verdict.message

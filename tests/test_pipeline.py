@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 from lesson_lib import numerics, run
 from lesson_lib.chapters import ch03
+from lesson_lib.costmodel import bubble_formula
 from lesson_lib.milestones import pipeline as pp
 from lesson_lib.milestones.pipeline import torch_ref
 from lesson_lib.milestones.pipeline.schedules import (
     SCHEDULES,
     all_actions,
     bubble_breakdown,
-    bubble_formula,
     idle_share,
     max_in_flight,
     paced_bubble,
@@ -145,13 +145,15 @@ def test_schedule_properties(schedule, p, m):
     acts = all_actions(schedule, p, m)
     n = 1 if schedule == "naive" else m
     for k, a in enumerate(acts):
-        assert sorted(a) == sorted([("F", i) for i in range(n)] + [("B", i) for i in range(n)])
-        assert all(a.index(("F", i)) < a.index(("B", i)) for i in range(n))  # forward before backward
+        where = f"{schedule}, stage {k} of P={p}, M={m}: {a}"  # a failure names the stage, P and M
+        assert sorted(a) == sorted([("F", i) for i in range(n)] + [("B", i) for i in range(n)]), where
+        assert all(a.index(("F", i)) < a.index(("B", i)) for i in range(n)), f"backward first: {where}"
         # each direction carries micro-batches in order (what StageLink's early receives rely on)
         for kind in "FB":
-            assert [i for x, i in a if x == kind] == list(range(n))
+            assert [i for x, i in a if x == kind] == list(range(n)), f"{kind} out of order: {where}"
         held = max_in_flight(a)
-        assert held == (min(p - k, n) if schedule == "1f1b" else n)
+        want = min(p - k, n) if schedule == "1f1b" else n
+        assert held == want, f"{held} micro-batches in flight, expected {want}: {where}"
     replay(acts, {(k, x, i): 1.0 for k in range(p) for x, i in acts[k]})  # raises if it deadlocks
 
 
@@ -161,7 +163,7 @@ def test_schedule_properties(schedule, p, m):
 def test_equal_stages_give_exactly_the_formula_bubble(schedule, p, m, backward):
     acts = all_actions(schedule, p, m)
     spans = replay(acts, {(k, x, i): 1.0 if x == "F" else backward for k in range(p) for x, i in acts[k]})
-    assert idle_share(spans) == pytest.approx(bubble_formula(p, m), abs=1e-12)
+    assert idle_share(spans) == pytest.approx(bubble_formula(p, m), abs=1e-12), f"{schedule}, P={p}, M={m}"
 
 
 def test_1f1b_order_and_a_schedule_that_deadlocks():
@@ -244,7 +246,7 @@ def test_events_bubble_and_parameter_memory(clusters):
         window = max(e["end"] for e in comp) - min(e["start"] for e in comp)
         wall.append(1 - sum(e["end"] - e["start"] for e in comp) / (2 * window))
         assert r["bubble_per_step"][step]["wall"] == pytest.approx(wall[-1], abs=1e-9)
-    assert r["bubble_fraction"] == pytest.approx(statistics.median(wall[1:]), abs=1e-9)
+    assert r["bubble_wall"] == pytest.approx(statistics.median(wall[1:]), abs=1e-9)
     busy = [b["busy"] for b in r["bubble_per_step"]]
     assert r["bubble_busy"] == statistics.median(busy[1:]) and 0 < min(busy) < 1
     # every message of the measured steps (step 0 skipped) was timed: 4 activations and 4 gradients
@@ -329,7 +331,7 @@ def test_cli_writes_the_chapter_keys_and_stages_1_is_the_unsplit_model(tmp_path)
         d = json.loads(f.read_text())
         assert d["experiment"] == "pipeline" and d["world_size"] == p and len(d["per_rank"]) == p
         assert {"rank", "kind", "microbatch", "start", "end"} <= set(d["events"][0])
-        for key in ("bubble_fraction", "bubble_formula", "bubble_busy", "stage_memory", "partition"):
+        for key in ("bubble_wall", "bubble_formula", "bubble_busy", "stage_memory", "partition"):
             assert key in d
         assert len(d["stage_memory"]) == p and "activation_peak" in d["stage_memory"][0]
         losses[p] = d["losses"]

@@ -5,6 +5,7 @@ from fractions import Fraction
 
 import pytest
 
+from lesson_lib.costmodel import bubble_formula
 from lesson_lib.milestones.pipeline import interleaved as il
 from lesson_lib.milestones.pipeline.schedules import all_actions, idle_share, replay, stage_actions
 
@@ -57,7 +58,7 @@ def test_equal_chunks_give_exactly_the_formula_bubble(p, v, m):
     makespan = max(e for _, e in spans.values())
     assert makespan == 3 * m + Fraction(3 * (p - 1), v)
     assert il.exact_idle_share(spans) == Fraction(p - 1, v * m + p - 1)
-    assert idle_share(spans) == pytest.approx(il.interleaved_bubble(p, m, v), abs=1e-12)
+    assert idle_share(spans) == pytest.approx(bubble_formula(p, m, v), abs=1e-12)
     assert (makespan - 3 * m) / (3 * m) == Fraction(p - 1, v * m)
 
 
@@ -139,7 +140,7 @@ def test_interleaved_on_real_ranks_equals_single_process_training(clusters, P, v
     # each micro-batch crosses v·P − 1 = 3 boundaries each way, counted by the link's ops
     assert r["messages_per_microbatch"] == {"send_activation": v * P - 1, "send_grad": v * P - 1}
     assert r["max_in_flight"] == [il.in_flight_bound(P, M, v, k) for k in range(P)]
-    assert r["bubble_formula"] == il.interleaved_bubble(P, M, v) and 0 <= r["bubble_busy"] < 1
+    assert r["bubble_formula"] == bubble_formula(P, M, v) and 0 <= r["bubble_busy"] < 1
     ours, ref = pp.state(clusters(P).run(pp.worker, cfg)), pp.reference(cfg)
     for key in ("losses", "grads", "params"):  # float32 sums in another order: the tolerance of
         torch.testing.assert_close(torch.as_tensor(ours[key]), torch.as_tensor(ref[key]),  # test_pipeline

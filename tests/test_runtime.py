@@ -192,8 +192,7 @@ def test_a_script_without_a_main_guard_gets_a_clear_error_long_before_the_start_
     env = {**os.environ, "LESSON_LIB_START_METHOD": method}  # the fork server's mark, or spawn's
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100, env=env)
     # catches: the parent waiting out its start-up deadline (120 s + timeout_s) for children that
-    # died at once. Quiet, the error comes in about 5 s; 30 s leaves room for a loaded machine (9.4 s
-    # was seen with two other test runs beside it).
+    # died at once. The error comes in seconds; 30 s leaves room for a loaded machine.
     assert time.monotonic() - t0 < 30
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()

@@ -1,4 +1,4 @@
-"""Whatever a learner's function does to its worker, the next run works (issue 20, section 4).
+"""Whatever a learner's function does to its worker, the next run works.
 
 Each test plants one way a cell function can leave its worker unusable or changed, then checks
 that the *next, unrelated* run sees a clean worker: restored in place where that is possible,

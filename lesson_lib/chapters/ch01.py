@@ -99,9 +99,8 @@ def stragglers(workers: int = 3, factor: float = 4.0) -> dict:
     """Worker 0 does ``factor`` times the work: sync makes everyone wait, async does not.
 
     A batch of 1,536 (512 samples a worker), so that computing, not the server's turnaround, sets a
-    worker's pace: at 96 a worker computed about a tenth of its step, and in one CI run (the browser,
-    the kernel and the ranks sharing 2 cores) the async fast workers waited 91 % of their time and got
-    0 steps ahead. Beside another CI run: 14–16.5 steps ahead at 1,536, 4.5–8 at 96."""
+    worker's pace: at a small batch a worker mostly waits for the server, and on shared cores async's
+    fast workers may get no further ahead than sync's."""
     runs = {m: _run(m, workers, straggler=f"0:{factor}", hidden=128, global_batch=1536)
             for m in ("sync", "async")}
     note = plots.common.oversubscription_note(runs.values(), busy_shown=False)

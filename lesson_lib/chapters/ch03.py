@@ -12,6 +12,7 @@ from fractions import Fraction
 from IPython.display import display
 
 from .. import plots, widgets
+from ..costmodel.terms import bubble_formula
 from ..exercises import Exercise
 from ..experiments import Result, run_warm
 from ..milestones import pipeline as pp
@@ -108,7 +109,7 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
         for m in microbatches:
             r = run_warm(_cfg(p, m, schedule))
             runs.append(r)
-            rows.append({"stages": p, "microbatches": m, "wall": r["bubble_fraction"],
+            rows.append({"stages": p, "microbatches": m, "wall": r["bubble_wall"],
                          "busy": r["bubble_busy"], "formula": r["bubble_formula"],
                          "step_ms": 1e3 * r.median_step_time()})
             print(f"P={p} M={m}: formula {rows[-1]['formula']:.0%}, measured {rows[-1]['wall']:.0%} "
@@ -170,7 +171,7 @@ def interleaving(stages: int = 4, microbatches: int = 8, chunks=(1, 2, 4), shown
         spans = il.replay_interleaved(acts, il.equal_durations(acts, v))
         n = il.messages(acts, v)
         rows.append({"chunks": v, "replayed": il.exact_idle_share(spans),
-                     "formula": il.interleaved_bubble(P, M, v),
+                     "formula": bubble_formula(P, M, v),
                      "makespan": max(e for _, e in spans.values()),
                      "per_microbatch": {k: Fraction(c, M) for k, c in n.items()},
                      "in_flight": [il.max_in_flight(a) for a in acts],
@@ -213,7 +214,7 @@ def explorer():
         r = run_warm(_cfg(stages, microbatches, schedule, balance=balance))
         display(timeline(r, f"{schedule}: {stages} stages, {r['microbatches_run']} micro-batch(es)"))
         print(f"bubble: formula {r['bubble_formula']:.0%}; median over the steps after the first "
-              f"{r['bubble_fraction']:.0%} (wall clock), {r['bubble_busy']:.0%} (busy time) — the figure "
+              f"{r['bubble_wall']:.0%} (wall clock), {r['bubble_busy']:.0%} (busy time) — the figure "
               f"draws one step, its own bubble in its title; peak activations per stage "
               f"{[round(s['activation_peak'] / 1e6, 2) for s in r['stage_memory']]} MB")
 

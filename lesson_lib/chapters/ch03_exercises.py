@@ -4,6 +4,7 @@ ranks is judged in :mod:`.ch03_gpipe`.
 
 from __future__ import annotations
 
+from ..costmodel.terms import bubble_formula
 from ..exercises import (
     Exercise,
     Property,
@@ -15,7 +16,7 @@ from ..exercises import (
 )
 from ..experiments import run_warm
 from ..milestones import pipeline as pp
-from ..milestones.pipeline.schedules import bubble_formula, max_in_flight, replay, stage_actions
+from ..milestones.pipeline.schedules import max_in_flight, replay, stage_actions
 from .ch03_gpipe import check_gpipe, my_gpipe_stage
 
 # --------------------------------------------------------------------------- paper and pencil
@@ -107,7 +108,7 @@ def measured_bubble(m: int, stages: int = 4) -> str:
     r = run_warm(pp.Config.laptop(stages=stages, microbatches=m, schedule="1f1b", steps=3,
                                   global_batch=8 * m))
     return (f"the formula gives {r['bubble_formula']:.1%}; the run measured {r['bubble_busy']:.1%} replayed "
-            f"from busy time and {r['bubble_fraction']:.1%} on the wall clock. The formula assumes every "
+            f"from busy time and {r['bubble_wall']:.1%} on the wall clock. The formula assumes every "
             "forward and backward takes the same time; measured ones vary, and in 1F1B's steady state each "
             "stage waits for the slower of its neighbours, so the variation becomes idle time (the wall "
             "clock adds the cores the stages share)")

@@ -80,14 +80,10 @@ def recomputation(stages: int = 4, microbatches: int = 8, rows_per_microbatch: i
     small op time), against one extra forward: (2F + B)/(F + B).
 
     ``timed_rows`` = 128 samples per micro-batch, so that the arithmetic outweighs each operation's
-    fixed cost, as on real hardware. With 32, four pairs of runs on a 2-core machine measured 0.98×
-    to 1.42× against the model's 1.27-1.29× (a forward without autograd's bookkeeping costs less
-    than one with it, and at that size the bookkeeping is much of the forward); with 128, eight
-    pairs measured 1.30-1.45× against 1.31-1.34×, but a CI simulation with the browser on the same cores
-    measured 0.93×, both steps summed. So each run times ``timed_steps`` steps after the first and
-    keeps its least disturbed one (least busy time): three calls measured 1.32-1.35× against
-    1.31-1.32× (4 steps), and 1.17-1.34× against 1.31-1.33× (3 steps) beside a process that kept
-    one core busy for 0.1-0.6 s at a time."""
+    fixed cost, as on real hardware (a forward without autograd's bookkeeping costs less than one
+    with it, and on small micro-batches the bookkeeping is much of the forward). Other processes on
+    the same cores inflate single steps, so each run times ``timed_steps`` steps after the first and
+    keeps its least disturbed one (least busy time)."""
     positive_int(SimpleNamespace(timed_steps=timed_steps), "timed_steps")  # the configs' own check
     rows, equal = [], {}
     for schedule in ("gpipe", "1f1b"):

@@ -14,8 +14,7 @@ from ..milestones import zero
 
 # Each rank's share of a 4,096-sample batch makes a layer's forward long enough to hide most of the
 # next layer's gather over 1 Gbit/s (a 256 × 256 layer: 131 kB per rank on 2 ranks), so that hiding
-# can be seen. At 4,096 the medians of 5 runs gave prefetching 2.3 ms of waiting against 6.3 without
-# it (2-core test machine, no spinners: see prefetch_timeline).
+# can be seen.
 TIMELINE = {"world_size": 2, "global_batch": 4096, "link_gbps": 1.0, "steps": 3}
 
 
@@ -32,10 +31,9 @@ def _waits(spans: list[dict]) -> dict:
 def prefetch_timeline(depths=(0, 1), repeats: int = 5, **options) -> dict[int, dict]:
     """ZeRO-3 at each prefetch depth on :data:`TIMELINE`'s emulated link, ``repeats`` runs each, taking
     turns: the figure of rank 0's last forward in the last run, and per depth the medians over the
-    runs of its waits (:func:`_waits`). One forward alone is at the mercy of the 2 cores: in a CI run
-    whose machine was shared, the forward without prefetching waited 3.7 ms and the one with it
-    7.2 ms; five runs beside another test run gave 4.5–22 ms without, 1.5–11 ms with. Training is
-    the same at every depth."""
+    runs of its waits (:func:`_waits`). Medians, because one forward alone is at the mercy of the
+    shared cores: another process on them can swap which depth waits longer. Training is the same
+    at every depth."""
     job = {**TIMELINE, **options}
     runs: dict[int, list] = {d: [] for d in depths}
     for _ in range(repeats):

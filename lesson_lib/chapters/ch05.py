@@ -17,9 +17,9 @@ from .ch05_exercises import exercises
 __all__ = ["GRID", "accumulation", "epoch_cost", "exercises", "explorer", "grid", "noise_scale", "row", "run",
            "table", "trust_ratios"]
 
-# The chapter's main experiment: LAMB and SGD at B₀ and 32·B₀, Adam and LARS at 32·B₀ (their B₀ runs,
-# 20–25 s each, would take the chapter past two minutes), LAMB also at 64·B₀ and 128·B₀, where its
-# advantage ends. LAMB's B₀ run also measures the noise scale.
+# The chapter's main experiment: LAMB and SGD at B₀ and 32·B₀, Adam and LARS at 32·B₀ (their B₀ runs
+# would take the chapter past two minutes), LAMB also at 64·B₀ and 128·B₀, where its advantage ends.
+# LAMB's B₀ run also measures the noise scale.
 GRID = {"lamb": (64, 2048, 4096, 8192), "sgd": (64, 2048), "adam": (2048,), "lars": (2048,)}
 
 

@@ -58,10 +58,9 @@ def _ring_steps(flat: torch.Tensor, phase: str | None, group, op: str, shift: in
 # the pipelined ring beside it): each message costs a round of notice in Gloo (a send leaves only once
 # the receiver has posted its receive), so fewer, larger segments win until the addition no longer hides.
 SEGMENT_BYTES = 2 << 20
-# Receives posted a step early (on Gloo: see pipelined_ring_all_reduce). Gloo's time / ours on 4 ranks
-# sharing 2 cores, ``bench allreduce``: posting each receive with its step's send, 0.74-0.83 at 4 MiB,
-# 0.85-0.89 at 16 MiB and 0.98-1.00 at 64 MiB (3 runs); a step early, 0.83-1.00, 0.91-0.96 and 0.95-1.02
-# (6 runs). It costs a second chunk of scratch beyond 2 ranks (on 2 each phase is one step).
+# Receives posted a step early (on Gloo: see pipelined_ring_all_reduce), so that a neighbour that
+# finishes its addition first sends at once; ``bench allreduce`` compares it with Gloo's all_reduce.
+# It costs a second chunk of scratch beyond 2 ranks (on 2 each phase is one step).
 RECV_AHEAD = 1
 
 

@@ -25,7 +25,7 @@ from .terms import (
     activation_bytes,
     allreduce_terms,
     allreduce_time,
-    bubble_fraction,
+    bubble_formula,
     days_from_throughput,
     devices,
     devices_needed,
@@ -47,7 +47,7 @@ from .terms import (
 
 __all__ = [
     "MILESTONES", "MILESTONE_PLANS", "PRECISIONS", "TERMS", "Plan", "accelerators", "activation_bytes",
-    "allreduce_terms", "allreduce_time", "assumptions", "bubble_fraction", "cli_estimate",
+    "allreduce_terms", "allreduce_time", "assumptions", "bubble_formula", "cli_estimate",
     "days_from_throughput", "devices", "devices_needed", "estimate", "fit_alpha_beta",
     "fit_point_to_point", "fits", "latency_crossover_bytes", "links", "memory", "memory_bill",
     "milestones", "plan_for", "ps_terms", "ps_time", "published", "published_plan",

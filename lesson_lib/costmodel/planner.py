@@ -15,6 +15,7 @@ from .plan import MILESTONE_PLANS, MILESTONES, TERMS, Plan
 from .terms import (
     activation_bytes,
     allreduce_terms,
+    bubble_formula,
     devices,
     links,
     ps_terms,
@@ -93,7 +94,8 @@ def step_time(plan: Plan) -> dict:
     d, P, t, m = plan.data_parallel, plan.pipeline, plan.tensor, plan.microbatches
     flops = (8 if plan.recompute else 6) * plan.params * plan.batch_tokens * plan.batch_scale
     compute = flops / (plan.devices * dev["peak_flops"] * plan.efficiency)  # Kaplan et al., 2020
-    bubble = compute * (P - 1) / m  # the idle (P−1)/(M+P−1) of the pipeline's time
+    idle = bubble_formula(P, m)  # the idle share of the pipeline's time
+    bubble = compute * idle / (1 - idle)  # = compute · (P−1)/M
     grads = 2 * plan.params / (P * t) / plan.compression  # bf16 gradients of my part of the model
     if plan.comm == "ps":  # the busiest endpoint: a server (2N messages, 2·N·S/K) or a worker (2K, 2S)
         lat, bw = ps_terms(d, plan.servers, grads)

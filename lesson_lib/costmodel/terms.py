@@ -204,9 +204,11 @@ def days_from_throughput(tokens: float, params: float, devices: int, flops_per_d
     return flops_per_token_per_param * tokens * params / (devices * flops_per_device) / 86400
 
 
-def bubble_fraction(stages: int, microbatches: int) -> float:
-    """Idle share of a pipeline step with equal stages: (P−1)/(M+P−1) (GPipe and 1F1B; chapter 3)."""
-    return (stages - 1) / (microbatches + stages - 1)
+def bubble_formula(stages: int, microbatches: int, chunks: int = 1) -> float:
+    """Idle share of a pipeline step with equal stages and free messages: (P−1)/(v·M+P−1), with v
+    chunks per rank (v = 1: GPipe and 1F1B, (P−1)/(M+P−1); interleaved 1F1B otherwise; chapter 3).
+    The one definition: the pipeline, its chapter and the cost model all use it."""
+    return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
 def ring_time(nbytes: float, n: int, alpha: float, beta: float) -> float:

@@ -35,9 +35,8 @@ NAME = "large-batch"
 @dataclass
 class Config(TrainConfig):
     # laptop: chapter 5's 6-layer, 91k-parameter MLP; 8 epochs of 8,192 samples on 2 ranks (quick
-    # runs: the explorer, the exercise). long: the chapter's main experiment, 48 epochs, the budget
-    # on which LAMB at 32·B₀ (192 steps) matches B₀ (6,144 steps) — 32 epochs (128 steps) fell short
-    # (single-process probes, seeds 0–2; the chapter asserts it on every run).
+    # runs: the explorer, the exercise). long: the chapter's main experiment, 48 epochs, a budget
+    # on which LAMB at 32·B₀ (192 steps) matches B₀ (6,144 steps); the chapter asserts it on every run.
     PRESETS = {"laptop": {"world_size": 2, "samples": 8192, "eval_samples": 2048, "epochs": 8,
                           "hidden": 128, "depth": 6},
                "long": {"world_size": 2, "samples": 8192, "eval_samples": 2048, "epochs": 48,
@@ -110,12 +109,9 @@ class Config(TrainConfig):
 # The course's rule for growing the batch (chapter 5): rates tuned once at B₀ = 64 on the laptop
 # task (a short sweep), then only scaled by the rule, never retuned. SGD and LARS: the linear rule
 # (Goyal et al., 2017; You, Gitman & Ginsburg, 2017); Adam and LAMB: the square-root rule
-# (You et al., ICLR 2020 use it for LAMB). LARS, probed on the long budget (48 epochs, one
-# process, held-out accuracy at 32·B₀): with the biases excluded (ratio 1) they move by the global
-# rate itself, 2.0 × 32 = 64, and the run collapsed (0.14 at 64 epochs; 0.48 with the square-root
-# rule); with a trust ratio for the biases too, base 2.0 still collapsed (0.23), 0.25 / 0.5 / 1.0
-# reached 0.81 / 0.83 / 0.83 (square-root rule from 0.5 or 2.0: 0.75 / 0.82). Tuned at B₀ as the
-# others were (0.5: 0.83, 1.0: 0.85), the chapter keeps 1.0, linear rule, biases adapted.
+# (You et al., ICLR 2020 use it for LAMB). LARS adapts its biases too (ADAPT_BIASES): excluded
+# (ratio 1), they move by the scaled global rate itself, and at 32·B₀ the run collapsed. Its base
+# rate was tuned at B₀ like the others'.
 BASE_BATCH = 64
 BASE_LR = {"sgd": 0.1, "adam": 2e-3, "lars": 1.0, "lamb": 5e-3}
 RULE = {"sgd": "linear", "adam": "sqrt", "lars": "linear", "lamb": "sqrt"}

@@ -130,8 +130,8 @@ class LiveRuns:
 
     # While a run trains, each redraw sends at most this many points a curve (every k-th step and the
     # latest) to the browser, which re-renders them all; its last redraw sends every step, once.
-    # Chapter 5's runs of 6,144 steps otherwise ship ever longer curves every 2 s to a browser on the
-    # ranks' cores (and a full redraw for each of the last rank's final events took more than a second).
+    # Chapter 5's runs of 6,144 steps would otherwise ship ever longer curves every 2 s to a browser on
+    # the ranks' cores.
     LIVE_POINTS = 500
 
     def _redraw(self, run: dict) -> None:

@@ -2,8 +2,8 @@
 
 * workers come from a fork server that imported torch once (CPU ranks on Linux) or are spawned
   (:mod:`.start`), never forked from the kernel: a forked child that runs a matmul after the parent
-  used intra-op threads can hang (``../shared/MACHINE-NOTES.md`` of the course's developers has the
-  measurements). Jobs travel as :func:`~.pickling.pack_job` bytes.
+  used intra-op threads can hang (the thread pool's state is copied, its threads are not). Jobs
+  travel as :func:`~.pickling.pack_job` bytes.
 * rendezvous through a ``file://`` store in a fresh temporary folder: no port is ever fixed, so
   any number of clusters in any number of kernels can start at once.
 * workers start once and stay warm; ``run`` ships the pickled function and arguments to them.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .cluster import Cluster
 
 _WARM: dict[tuple[int, str], Cluster] = {}
-MAX_WARM_RANKS = 12  # an idle spawned worker holds ~300 MB, a forked one less (README); keep a laptop usable
+MAX_WARM_RANKS = 12  # an idle spawned worker holds ~300 MB, a forked one less; keep a laptop usable
 
 
 def warm_cluster(world_size: int, backend: str = "auto", timeout_s: float = 30.0) -> Cluster:

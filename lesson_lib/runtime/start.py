@@ -3,9 +3,8 @@
 Spawn starts a fresh interpreter per rank, and each one imports torch (and, at its first optimizer
 step, torch._dynamo): seconds of CPU a rank. A fork server (Python's ``forkserver``) is one clean
 process, started once per kernel, that imports them once (:data:`PRELOAD`) and forks a worker per
-rank from then on. ``python -m lesson_lib bench startup``, a fresh world and its first training step
-on 2 / 4 / 6 ranks of a 2-core machine: 0.19 / 0.32 / 0.50 s forked, 4.3 / 8.4 / 11.5 s spawned; the
-server's own start, once, took 2.8 s.
+rank from then on. ``python -m lesson_lib bench startup`` times a fresh world and its first
+training step both ways.
 
 Fork alone is not safe here (a forked child that runs a matmul after the parent used intra-op
 threads can hang, see ``Cluster``); the server never runs a tensor operation, so its children start
@@ -35,10 +34,10 @@ from . import folders
 
 SPAWN_MARK = "LESSON_LIB_SPAWN_MARK"
 # What the server imports once for all its workers. Not only torch: a worker's first optimizer step
-# imports torch._dynamo (and with it sympy, torch.fx, parts of inductor: about 800 modules, over a
-# second of CPU per rank), so a fresh 4-rank world's first pipeline run took 4.4 s against 0.93 s
-# with it preloaded. FSDP2 and DCP (chapter 4) add 0.06 s to the server's start. Never lesson_lib
-# itself: its workers import it fresh (47 ms), so an edited course module is what runs.
+# imports torch._dynamo (and with it sympy, torch.fx, parts of inductor), which would cost every
+# fresh rank its own import (``bench startup``). FSDP2 and DCP (chapter 4) add little to the
+# server's one start. Never lesson_lib itself: its workers import it fresh, so an edited course
+# module is what runs.
 PRELOAD = ["torch", "torch.distributed", "cloudpickle", "torch._dynamo", "torch.nn.parallel",
            "torch.utils.checkpoint", "torch.distributed.fsdp", "torch.distributed.checkpoint"]
 _SERVER_MARK: dict[int, str] = {}  # this process's pid → the mark file its fork server's workers write

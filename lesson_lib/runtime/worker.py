@@ -56,10 +56,9 @@ class WorkerContext:
         """Send a small event (floats, ints, strings) to the notebook while the job runs.
 
         ``soon``: it may wait up to :data:`SOON_S` and travel with the others emitted meanwhile, in
-        order. Every step's record does: sent one by one, the records of chapter 5's 5 ms steps
-        (2 ranks) cost the ranks and the kernel 0.96 ms of CPU per step, 0.34 ms batched (the feeder
-        thread's pickling, the kernel's unpickling). An event without ``soon`` goes at once, after
-        those waiting; so do they all when the job ends or raises.
+        order. Every step's record does: one message per event costs the ranks and the kernel a
+        pickling and an unpickling each, a sizeable share of a short step's CPU. An event without
+        ``soon`` goes at once, after those waiting; so do they all when the job ends or raises.
         """
         if self.events is None:
             return

@@ -461,9 +461,8 @@ assert held["1f1b", True, 0]["measured"] < 0.75 * held["1f1b", False, 0]["measur
 for schedule, g in rc["equal"].items():
     assert max(g.values()) == 0, (schedule, g)
 # One extra forward: the model says 1 + F/(F + B). Busy time varies from run to run on shared cores
-# (each run keeps its least disturbed step; at 128 samples per micro-batch within about a tenth
-# of the model, more beside another busy process: ch03.recomputation's docstring), so the check
-# allows from a quarter of a forward to two.
+# (each run keeps its least disturbed step; the course's measurements are in
+# benchmarks/history/pipeline-recomputation.md), so the check allows from a quarter of a forward to two.
 f = rc["forward_share"]
 assert 1 + 0.25 * f < rc["busy_ratio"] < 1 + 2 * f, (rc["busy_ratio"], f)
 

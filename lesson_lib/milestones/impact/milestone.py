@@ -28,11 +28,9 @@ LABELS = {"parameter-server": "parameter server (sync)", "ring": "ring all-reduc
           "lamb": "LAMB, large batch", "compression": "PowerSGD (ring)",
           "compression-slow-link": "PowerSGD, emulated link"}
 # Chapter 6's compressor for this model: PowerSGD (Vogels et al., NeurIPS 2019) at rank 2, error
-# feedback on. Chapter 6 runs the compressors side by side (steps to the target, time per step on its
-# emulated links); on THIS model (SGD with momentum 0.9, as the ring milestone) PowerSGD rank 2 reaches
-# the quick target with many times fewer gradient bytes, where top-k at 1% falls short of it within the
-# quick preset's steps and top-k at 10% compresses far less. It is also the compressor torch ships as a
-# DDP hook, which chapter 6 checks ours against (``python -m lesson_lib bench compression``).
+# feedback on, which reaches the quick target with many times fewer gradient bytes (chapter 6 runs
+# the compressors side by side). It is also the compressor torch ships as a DDP hook, which chapter 6
+# checks ours against (``python -m lesson_lib bench compression``).
 COMPRESSOR = {"compressor": "powersgd", "rank": 2, "error_feedback": True}
 # What the ``preset`` option fills into the options left at 0. quick: under nbval on 2 cores;
 # workshop: a longer run for a room of laptops with 4+ cores.

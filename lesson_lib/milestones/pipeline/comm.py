@@ -11,13 +11,12 @@ receives ahead (all of them unless ``ahead`` bounds how many wait untaken), so e
 the moment its sender has it: Gloo writes a message only once the receiver has posted its receive,
 and posting each receive only after the previous one had arrived put that round of notice on the
 path of every message. Posting ahead lowers the wall-clock bubble of GPipe and 1F1B alike (``python
--m lesson_lib bench bubble`` measures it against the formula). Letting the stage wait on Gloo's work
-itself (one thread wake-up fewer per message) gave no clear gain and would lose the landing time of a
-message that came before the stage asked; posting sends from the main thread neither (and under load
-made some messages late). The stage waits only when its input really is not there yet: the time it
-waits is the bubble. Sends complete on their own (Gloo's send completes once the receiver has posted
-its receive; two neighbours sending to each other with blocking sends would deadlock — the reason
-Megatron-LM pairs them into one batched exchange).
+-m lesson_lib bench bubble`` measures it against the formula). The link thread, not the stage, waits
+on Gloo's work, so the landing time of a message that came before the stage asked is kept. The stage
+waits only when its input really is not there yet: the time it waits is the bubble. Sends complete
+on their own (Gloo's send completes once the receiver has posted its receive; two neighbours
+sending to each other with blocking sends would deadlock — the reason Megatron-LM pairs them into
+one batched exchange).
 
 :class:`Timeline` records every action of a rank: forward, backward, send, recv (the stage
 waiting for a message) and arrive_activation / arrive_grad (the message landing, waited for or

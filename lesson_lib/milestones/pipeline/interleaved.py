@@ -11,7 +11,7 @@ Why it helps: a chunk takes 1/v of a stage's time, and the pipeline fills and dr
 steps instead of P−1 stage steps, so the idle time of the ideal machine falls v-fold to
 (P−1)·(F+B)/v, against M·(F+B) of work per rank: the bubble, as a share of the ideal time, is
 (P−1)/(v·M), and as the idle share of each rank's step, (P−1)/(v·M + P − 1)
-(:func:`interleaved_bubble`; at v = 1, :func:`.schedules.bubble_formula`). The price: each
+(:func:`lesson_lib.costmodel.terms.bubble_formula` with v chunks). The price: each
 micro-batch crosses v·P − 1 boundaries each way instead of P − 1 (:func:`messages`), and the warm-up
 is longer, so a rank holds more chunks' activations at once (:func:`in_flight_bound`).
 
@@ -109,11 +109,6 @@ def in_flight_bound(stages: int, microbatches: int, chunks: int, rank: int) -> i
     stage's layers, so in whole stages that is (w + 1)/v: rank 0 holds P + (P − 1)/v stages' worth
     where plain 1F1B holds P."""
     return min(warmup_forwards(stages, microbatches, chunks, rank) + 1, chunks * microbatches)
-
-
-def interleaved_bubble(stages: int, microbatches: int, chunks: int) -> float:
-    """Idle share of every rank with equal chunks and free messages: (P−1)/(v·M + P − 1)."""
-    return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
 def messages(actions: list[list[Action]], chunks: int) -> dict:

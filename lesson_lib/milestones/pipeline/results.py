@@ -8,10 +8,11 @@ import statistics
 
 import torch
 
+from ...costmodel.terms import bubble_formula
 from ...models import fit_whole_batch, flat_views, mlp, mlp_param_count
 from . import interleaved as il
 from .config import Config
-from .schedules import all_actions, bubble_breakdown, bubble_formula, message_delays, step_bubbles
+from .schedules import all_actions, bubble_breakdown, message_delays, step_bubbles
 from .stage import worker
 
 
@@ -26,7 +27,7 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
     B, H = cfg.global_batch, cfg.hidden
     return {
         "losses": outs[-1]["losses"], "events": events,
-        "bubble_fraction": statistics.median(bubbles[s]["wall"] for s in measured),
+        "bubble_wall": statistics.median(bubbles[s]["wall"] for s in measured),
         "bubble_busy": statistics.median(bubbles[s]["busy"] for s in measured),
         "bubble_formula": bubble_formula(cfg.stages, cfg.m), "bubble_per_step": bubbles,
         "bubble_breakdown": _median_breakdown(causes),
@@ -53,9 +54,9 @@ def _summarize_interleaved(cfg: Config, outs: list[dict], events: list[dict], me
              for op in ("send_activation", "send_grad")}
     return {
         "losses": outs[-1]["losses"], "events": events, "bubble_per_step": bubbles,
-        "bubble_fraction": statistics.median(bubbles[s]["wall"] for s in measured),
+        "bubble_wall": statistics.median(bubbles[s]["wall"] for s in measured),
         "bubble_busy": statistics.median(bubbles[s]["busy"] for s in measured),
-        "bubble_formula": il.interleaved_bubble(P, M, v), "microbatches_run": M, "chunks": v,
+        "bubble_formula": bubble_formula(P, M, v), "microbatches_run": M, "chunks": v,
         "messages_per_microbatch": {op: n / (cfg.steps * M) for op, n in calls.items()},
         "partition": [list(b) for b in outs[0]["bounds"]], "layer_costs": outs[0]["costs"],
         "max_in_flight": [o["max_in_flight"] for o in outs]}

@@ -15,7 +15,7 @@ A schedule is, per stage, a list of actions ``("F", i)`` (forward of micro-batch
   as GPipe, but stage k holds at most P−k micro-batches' activations at once.
 
 With equal stage times both take (M+P−1) slots of one forward+backward, of which P·M are work:
-the idle share ("bubble") of each stage is (P−1)/(M+P−1).
+the idle share ("bubble") of each stage is (P−1)/(M+P−1) (:func:`lesson_lib.costmodel.terms.bubble_formula`).
 """
 
 from __future__ import annotations
@@ -58,18 +58,13 @@ def max_in_flight(actions: list[Action]) -> int:
     return peak
 
 
-def bubble_formula(stages: int, microbatches: int) -> float:
-    """Idle share of every stage with equal stage times and free communication: (P−1)/(M+P−1)."""
-    return (stages - 1) / (microbatches + stages - 1)
-
-
 def paced_bubble(stages: int, microbatches: int, pace: float) -> float:
     """GPipe's idle share when the stages' times differ: 1 − M/(P + (M−1)·pace).
 
     ``pace`` is the slowest forward plus the slowest backward over the mean stage's forward plus
     backward (1 for equal stages). With identical micro-batches each phase is a flow shop, whose
     makespan is the sum of the stage times plus M−1 times the slowest one: the slowest stage sets
-    the pace. At pace 1 this is :func:`bubble_formula`."""
+    the pace. At pace 1 this is :func:`lesson_lib.costmodel.terms.bubble_formula`."""
     return 1 - microbatches / (stages + (microbatches - 1) * pace)
 
 

@@ -63,8 +63,8 @@ def _train_stage(cfg: Config, k: int, device: torch.device, emit, peak: PeakMemo
     actions = stage_actions(cfg.schedule, P, M, k)
     tl = Timeline(k, device)
     # Receives are posted ahead so that a neighbour's message leaves as soon as it is computed; 1F1B,
-    # whose point is to bound what a stage holds, gets two buffers ahead, which costs its bubble no more
-    # than posting all M at once (``python -m lesson_lib bench bubble`` measures both schedules' bubble).
+    # whose point is to bound what a stage holds, gets two buffers ahead rather than all M
+    # (``python -m lesson_lib bench bubble`` measures both schedules' bubble).
     link = StageLink(k, P, M, (rows, linears[0].in_features), (rows, linears[-1].out_features), tl,
                      ahead=2 if cfg.schedule == "1f1b" else None, meter=peak)
     rec = StepRecorder(device, emit)
