@@ -15,10 +15,11 @@ from . import (
     impact,
     large_batch,
     memory,
+    parallelism,
     pipeline,
     precision,
     training,
 )
 
 __all__ = ["checkpoint", "collectives", "common", "compression", "impact", "large_batch", "memory",
-           "pipeline", "precision", "training"]
+           "parallelism", "pipeline", "precision", "training"]

@@ -50,8 +50,8 @@
 # 5. explain what a dead server or worker does to each mode (§5).
 #
 # **Before it:** chapter 0 (ranks, `send`/`recv`, data-parallel training).
-# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
-# exercises come on top.
+# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
+# (beside `notebooks/`); the exercises come on top.
 
 # %%
 import torch

@@ -38,8 +38,8 @@
 # 4. predict from a real interconnect's α and β how the ring, a tree and halving-doubling scale to 1,024 ranks (§8).
 #
 # **Before it:** chapter 0 (all-reduce, data parallelism); chapter 1 helps (the root's traffic).
-# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
-# exercises come on top.
+# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
+# (beside `notebooks/`); the exercises come on top.
 
 # %%
 import torch

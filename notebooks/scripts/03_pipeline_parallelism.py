@@ -43,8 +43,8 @@
 # 4. compare the activations GPipe and 1F1B hold, and check our schedules against `torch.distributed.pipelining` (§6–7).
 #
 # **Before it:** chapter 0 (backward passes, `send`/`recv`).
-# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
-# exercises come on top.
+# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
+# (beside `notebooks/`); the exercises come on top.
 
 # %%
 from fractions import Fraction

@@ -45,8 +45,8 @@
 # 5. run PyTorch's FSDP2 (`fully_shard`) on the same model and name which of its steps does what our ZeRO-3 does (§8), and checkpoint its shards so that training survives a killed rank (§9).
 #
 # **Before it:** chapters 0 and 2 (all-reduce, reduce-scatter, all-gather).
-# **Time:** Run All's measured time for each chapter is in [the table of contents](README.md); the
-# exercises come on top.
+# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
+# (beside `notebooks/`); the exercises come on top.
 
 # %%
 import torch

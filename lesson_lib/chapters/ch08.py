@@ -1,0 +1,251 @@
+"""What notebooks/08_beyond_data_parallel.ipynb calls: each function runs one section's real ranks
+on a warm cluster, prints what it found, draws it, and returns the data the notebook asserts on.
+The algorithms themselves are in :mod:`lesson_lib.milestones.tensor_parallel`; no presets here.
+"""
+
+from __future__ import annotations
+
+import torch
+from IPython.display import display
+
+from .. import plots
+from ..costmodel import devices, links, ring_time
+from ..milestones.tensor_parallel import formulas, moe, ring_attention, tolerances, train
+from ..milestones.tensor_parallel.dtensor import dtensor_job
+from ..milestones.tensor_parallel.grid import Layout
+from ..milestones.tensor_parallel.memory import memory_job
+from ..milestones.tensor_parallel.model import Config
+from ..numerics import max_gap
+from ..runtime import warm_cluster
+
+
+def _gap(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in b)
+
+
+def compare(cfg: Config, layout: Layout, outs: list[dict], ref: dict) -> dict:
+    """Every rank's losses, first logits (its replica's sequences), first gradients and final
+    parameters against one process, with the tolerances of :mod:`~.tensor_parallel.tolerances`."""
+    tol = tolerances.transformer(cfg, ref)
+    share = cfg.batch // layout.dp
+    logits = max(float((o["logits"] - ref["logits"][:, o["grid"][0] * share:(o["grid"][0] + 1) * share])
+                       .abs().max()) for o in outs)
+    gaps = {"losses": max(max_gap(o["losses"], ref["losses"]) for o in outs), "logits": logits,
+            "grads": max(_gap(o["grads"], ref["grads"]) for o in outs),
+            "params": max(_gap(o["params"], ref["params"]) for o in outs)}
+    loss_tol = tol["rel"] * max(ref["losses"])
+    ok = gaps["losses"] <= loss_tol and all(gaps[k] <= tol[k] for k in ("logits", "grads", "params"))
+    return {"layout": layout, "gaps": gaps, "tolerance": {**tol, "losses": loss_tol}, "equal": ok}
+
+
+def tensor_parallel(world_sizes=(2, 4), cfg: Config | None = None) -> dict:
+    """§1: tensor parallelism over 2 and 4 ranks against one process; bytes per op against the formula."""
+    cfg = cfg or Config.tiny()
+    layouts = [Layout(tp=n).check(n, cfg) for n in world_sizes]  # all checked before any rank starts
+    ref = train.reference(cfg)
+    rows, traffic = [], []
+    for n, layout in zip(world_sizes, layouts):
+        outs = warm_cluster(n).run(train.train_job, cfg, layout)
+        row = compare(cfg, layout, outs, ref)
+        want = formulas.tensor_parallel(cfg, n)
+        for phase in ("forward", "backward"):
+            ops = outs[0][phase].get("tp_all_reduce", {"calls": 0, "bytes_sent": 0})
+            row[phase] = {"calls": ops["calls"], "counted": ops["bytes_sent"], "formula": want[phase]}
+            traffic.append({"label": f"t = {n}, {phase}", "counted": ops["bytes_sent"],
+                            "formula": want[phase]})
+        rows.append(row)
+        g = row["gaps"]
+        print(f"t = {n}: {cfg.steps} SGD steps; largest gaps to one process: losses {g['losses']:.1e}, "
+              f"logits {g['logits']:.1e}, gradients {g['grads']:.1e}, parameters {g['params']:.1e} "
+              f"(rounding allows {row['tolerance']['params']:.1e} for parameters) — equal: {row['equal']}\n"
+              f"       all-reduces per step: {row['forward']['calls']} forward, {row['backward']['calls']} "
+              f"backward for {cfg.layers} blocks; bytes each rank sent: {row['forward']['counted']:,} + "
+              f"{row['backward']['counted']:,} (formula 2·{cfg.layers}·2(t−1)/t·S twice: "
+              f"{want['forward']:,.0f} + {want['backward']:,.0f})")
+    display(plots.parallelism.bytes_vs_formula(
+        traffic, f"Tensor parallelism: bytes each rank sends per step, {cfg.layers} blocks, S = "
+                 f"{formulas.activation_bytes(cfg):,} bytes per activation"))
+    return {"rows": rows, "cfg": cfg}
+
+
+def memory(world_size: int = 4, cfg: Config | None = None) -> dict:
+    """§1 and §3: one rank's memory, measured, unsharded beside tensor and sequence parallelism."""
+    cfg = cfg or Config.memory()
+    rows = []
+    for sp in (False, True):
+        layout = Layout(tp=world_size, sequence_parallel=sp).check(world_size, cfg)
+        outs = warm_cluster(world_size).run(memory_job, cfg, layout, not sp)
+        if not sp:
+            rows.append({"label": "unsharded (one process)", **outs[0]["unsharded"]})
+        label = f"t = {world_size}" + (" + sequence parallel" if sp else "")
+        rows.append({"label": label, **outs[0]["parallel"],
+                     "same_on_every_rank": len({o["parallel"]["measured_peak"] for o in outs}) == 1})
+    for r in rows:
+        print(f"{r['label']}: parameters {r['params'] / 1e6:.2f} MB, blocks' saved activations "
+              f"{r['block_activations'] / 1e6:.2f} MB, peak allocated {r['measured_peak'] / 1e6:.2f} MB")
+    display(plots.parallelism.memory_per_rank(
+        rows, f"One rank's memory: the unsharded model and t = {world_size} (d = {cfg.d_model}, "
+              f"{cfg.seq} tokens × {cfg.batch} sequences)"))
+    return {"rows": rows, "t": world_size}
+
+
+def sequence_parallel(world_sizes=(2, 4), cfg: Config | None = None) -> dict:
+    """§3: sequence parallelism equal to one process; its collectives' bytes against plain TP's."""
+    cfg = cfg or Config.tiny()
+    layouts = [Layout(tp=n, sequence_parallel=True).check(n, cfg) for n in world_sizes]
+    ref = train.reference(cfg)
+    rows = []
+    for n, layout in zip(world_sizes, layouts):
+        outs = warm_cluster(n).run(train.train_job, cfg, layout)
+        row = compare(cfg, layout, outs, ref)
+        step = outs[0]["step"]
+        b = {op: s["bytes_sent"] for op, s in step.items()}.get
+        row["halves"] = b("sp_all_gather", 0) + b("sp_reduce_scatter", 0)
+        row["tp_formula"] = sum(formulas.tensor_parallel(cfg, n)[k] for k in ("forward", "backward"))
+        row["regather"] = b("sp_regather", 0)
+        row["regather_formula"] = formulas.sequence_parallel(cfg, n)["regather"]
+        row["ends"], row["norm_grads"] = b("sp_ends", 0), b("sp_norm_grads", 0)
+        rows.append(row)
+        print(f"t = {n} with sequence parallelism: equal to one process: {row['equal']} (parameters "
+              f"{row['gaps']['params']:.1e}); reduce-scatters + all-gathers {row['halves']:,} bytes per rank "
+              f"per step, plain TP's all-reduces {row['tp_formula']:,.0f}; on top: the backward's re-gather "
+              f"{row['regather']:,}, entering/leaving the region {row['ends']:,}, norms' gradients "
+              f"{row['norm_grads']:,}")
+    return {"rows": rows}
+
+
+def experts(world_sizes=(2, 4), capacity_factors=(1.0, 1.25, 2.0)) -> dict:
+    """§2: the expert-parallel MoE against one process, its drops by capacity factor, its bytes."""
+    rows = []
+    for n in world_sizes:
+        for cf in capacity_factors:
+            cfg = moe.MoEConfig(capacity_factor=cf).check(n)
+            ref = moe.reference_moe(cfg, n)
+            outs = warm_cluster(n).run(moe.moe_job, cfg)
+            e = cfg.experts // n
+            got = {"y": torch.stack([o["y"] for o in outs]),
+                   "x_grad": torch.stack([o["x_grad"] for o in outs]),
+                   "w1_grad": torch.cat([o["w1_grad"] for o in outs]),
+                   "w2_grad": torch.cat([o["w2_grad"] for o in outs]),
+                   "router_grad": outs[0]["router_grad"]}
+            tol = tolerances.moe(cfg, ref)
+            gaps = {k: float((got[k] - ref[k]).abs().max()) for k in got}
+            sent = outs[0]["step"]["ep_all_to_all"]
+            rows.append({"ranks": n, "capacity_factor": cf, "capacity": cfg.capacity, "experts_per_rank": e,
+                         "gaps": gaps, "equal": all(gaps[k] <= tol[k] for k in gaps),
+                         "dropped": [o["dropped"] for o in outs], "ref_dropped": ref["dropped"],
+                         "loads": [o["load"] for o in outs], "aux": [o["aux"] for o in outs],
+                         "calls": sent["calls"], "counted": sent["bytes_sent"],
+                         "formula": sent["calls"] * formulas.all_to_all(cfg.experts, cfg.capacity,
+                                                                         cfg.d_model, n),
+                         "tokens": n * cfg.tokens})
+    for r in rows:
+        print(f"{r['ranks']} ranks, capacity factor {r['capacity_factor']} ({r['capacity']} slots per expert "
+              f"per rank): equal to one process {r['equal']}; dropped {sum(r['dropped'])} of {r['tokens']} "
+              "tokens "
+              f"(one process: {sum(r['ref_dropped'])}); load-balancing loss per rank "
+              f"{', '.join(f'{a:.2f}' for a in r['aux'])} (1.00 when balanced); {r['calls']} all-to-alls, "
+              f"{r['counted']:,} bytes sent per rank (formula {r['formula']:,.0f})")
+    first = next(r for r in rows
+                 if r["ranks"] == max(world_sizes) and r["capacity_factor"] == capacity_factors[0])
+    display(plots.parallelism.expert_load(
+        first["loads"], first["capacity"], f"Tokens each rank's router sends to each expert "
+        f"({first['ranks']} ranks, capacity factor {first['capacity_factor']}): above the line, tokens are "
+        "dropped"))
+    return {"rows": rows}
+
+
+def ring(world_sizes=(2, 4), batch: int = 2, heads: int = 2, seq: int = 32, dim: int = 8) -> dict:
+    """§4: ring attention on c ranks against full attention; the bytes the ring passed."""
+    rows = []
+    for c in world_sizes:
+        ring_attention.check_sequence(seq, c)
+        for causal in (True, False):
+            outs = warm_cluster(c).run(ring_attention.ring_job, batch, heads, seq, dim, causal)
+            ref = ring_attention.full_attention(*ring_attention.qkv(batch, heads, seq, dim), causal)
+            gap = float((torch.cat([o["out"] for o in outs], 2) - ref).abs().max())
+            rows.append({"ranks": c, "causal": causal, "gap": gap,
+                         "tolerance": tolerances.attention(seq, dim, ref),
+                         "counted": [o["sent"] for o in outs],
+                         "formula": formulas.ring_attention(batch, heads, seq, dim, c)})
+    for r in rows:
+        print(f"c = {r['ranks']}, {'causal' if r['causal'] else 'full'}: largest gap to one softmax "
+              f"{r['gap']:.1e} (rounding allows {r['tolerance']:.1e}); bytes each rank sent "
+              f"{r['counted'][0]:,} (formula (c−1)·2·b·h·(s/c)·d·4 = {r['formula']:,.0f})")
+    return {"rows": rows}
+
+
+def composed(cfg: Config | None = None, dp: int = 2, tp: int = 2) -> dict:
+    """§5: data × tensor parallelism on one grid, then PyTorch's DeviceMesh stack on the same model."""
+    cfg = cfg or Config.tiny()
+    layout = Layout(dp=dp, tp=tp).check(dp * tp, cfg)
+    ref = train.reference(cfg)
+    ours = warm_cluster(dp * tp).run(train.train_job, cfg, layout)
+    row = compare(cfg, layout, ours, ref)
+    theirs = warm_cluster(dp * tp).run(dtensor_job, cfg, layout)
+    row["dtensor_gap"] = max(_gap(t["params"], ours[0]["params"]) for t in theirs)
+    row["dtensor_loss_gap"] = max(max_gap(t["losses"], ref["losses"]) for t in theirs)
+    step = ours[0]["step"]
+    row["bytes"] = {op: s["bytes_sent"] for op, s in step.items()}
+    want = formulas.tensor_parallel(cfg, tp, dp)
+    row["formula"] = {"tp_all_reduce": want["forward"] + want["backward"],
+                      "dp_grad_all_reduce": formulas.data_parallel(ours[0]["param_numel"], dp)}
+    row["param_numel"] = {"ours": ours[0]["param_numel"], "fsdp2+tp": theirs[0]["param_numel"],
+                          "unsharded": ref["param_numel"]}
+    print(f"dp = {dp} × tp = {tp} on {dp * tp} ranks: equal to one process: {row['equal']} (parameters "
+          f"{row['gaps']['params']:.1e}, allowed {row['tolerance']['params']:.1e})")
+    for op, b in row["bytes"].items():
+        print(f"  {op}: {b:,} bytes per rank in the first step (formula {row['formula'][op]:,.0f})")
+    print(f"PyTorch's stack (init_device_mesh, parallelize_module, fully_shard over dp): parameters "
+          f"{row['dtensor_gap']:.1e} from ours, losses {row['dtensor_loss_gap']:.1e} from one process; "
+          f"parameters held per rank: ours {row['param_numel']['ours']:,}, FSDP2 + TP "
+          f"{row['param_numel']['fsdp2+tp']:,}, unsharded {row['param_numel']['unsharded']:,}")
+    return row
+
+
+def at_scale(hidden: int = 12288, seq: int = 2048, micro: int = 1, device: str = "a100-80gb",
+             efficiency: float = 0.5) -> list[dict]:
+    """§6: one transformer block's tensor-parallel all-reduces (bf16, 4 per step) against its compute
+    (24·s·b·h² FLOPs forward, 3× that with the backward, shared by t devices) on each link."""
+    flops = devices()[device]["peak_flops"] * efficiency
+    nbytes = 2 * seq * micro * hidden
+    rows = []
+    for link in ("nvlink3", "ib-hdr", "ethernet-100g"):
+        spec = links()[link]
+        for t in (2, 8, 32):
+            comm_s = 4 * ring_time(nbytes, t, spec["alpha"], spec["beta"])
+            compute_s = 3 * 24 * seq * micro * hidden ** 2 / t / flops
+            rows.append({"link": spec["name"], "t": t, "comm_ms": 1e3 * comm_s, "compute_ms": 1e3 * compute_s,
+                         "comm_share": comm_s / (comm_s + compute_s)})
+    print(f"One block of width {hidden}, {seq} tokens, bf16, {device} at {efficiency:.0%} of peak; "
+          "communication not overlapped:")
+    print(f"{'link':<46}{'t':>4}{'all-reduces ms':>16}{'compute ms':>12}{'comm share':>12}")
+    for r in rows:
+        print(f"{r['link']:<46}{r['t']:>4}{r['comm_ms']:>16.2f}{r['compute_ms']:>12.2f}{r['comm_share']:>12.0%}")
+    return rows
+
+
+def scale_calculator():
+    """§6's table as a control: a link and a tensor-parallel width → one block's all-reduces against
+    its compute (the same α-β model and figures as :func:`at_scale`)."""
+    import ipywidgets as W
+
+    names = {spec["name"]: k for k, spec in links().items()}
+    link = W.Dropdown(options=list(names), value=links()["ib-hdr"]["name"], description="link")
+    t = W.Dropdown(options=[2, 4, 8, 16, 32, 64], value=8, description="t")
+    out = W.HTML()
+
+    def update(*_):
+        spec = links()[names[link.value]]
+        hidden, seq, flops = 12288, 2048, devices()["a100-80gb"]["peak_flops"] * 0.5
+        comm_s = 4 * ring_time(2 * seq * hidden, t.value, spec["alpha"], spec["beta"])
+        compute_s = 3 * 24 * seq * hidden ** 2 / t.value / flops
+        out.value = (f"<b>{comm_s * 1e3:.2f} ms</b> of all-reduces against "
+                     f"<b>{compute_s * 1e3:.2f} ms</b> of compute per block: communication is "
+                     f"{comm_s / (comm_s + compute_s):.0%} of the step "
+                     "if nothing overlaps (width 12,288, 2,048 tokens, bf16, A100 at 50% of peak)")
+
+    link.observe(update, "value")
+    t.observe(update, "value")
+    update()
+    return W.VBox([link, t, out])

@@ -1,0 +1,89 @@
+"""Context parallelism as ring attention (Liu et al., 2023): each rank keeps seq / c of the
+queries, and the key/value blocks travel round the ring, one step at a time, while each rank folds
+every block it sees into an online softmax (Milakov & Gimelshein, 2018; the running maximum and sum
+of FlashAttention). No rank ever holds the whole sequence's keys, values or scores.
+
+Each of the c − 1 steps posts the exchange (send my current block to the next rank, receive the
+previous rank's) before computing on the block in hand, so the transfer can hide behind the
+compute. Counted by :mod:`lesson_lib.comm` under ``cp_ring``: (c − 1) blocks of K and V per rank.
+The forward pass only: the backward is a second ring that also carries dK and dV. Chapter 8.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ... import comm
+from ...metrics import counters
+
+
+def block_update(q, k, v, m, denom, o, mask=None):
+    """Fold one key/value block into the running (max ``m``, sum ``denom``, output ``o``) of the online
+    softmax; ``q`` ``[..., s_q, d]``, ``k`` and ``v`` ``[..., s_k, d]``."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(mask, float("-inf"))
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+    p = torch.exp(s - m_new)
+    scale = torch.exp(m - m_new)  # what the earlier blocks' terms were measured against
+    return m_new, denom * scale + p.sum(-1, keepdim=True), o * scale + p @ v
+
+
+def ring_attention(q, k, v, causal: bool = True, group=None):
+    """This rank's block of the attention output, ``[b, heads, s/c, d]``, from its own blocks of
+    q, k, v; rank r holds tokens r·s/c … (r+1)·s/c − 1."""
+    r, c = dist.get_rank(group), dist.get_world_size(group)
+    m = q.new_full((*q.shape[:-1], 1), float("-inf"))
+    denom, o = q.new_zeros((*q.shape[:-1], 1)), torch.zeros_like(q)
+    kv = torch.stack([k, v]).contiguous()
+    for step in range(c):
+        src = (r - step) % c  # whose block I hold now
+        if step < c - 1:  # pass it on while I compute on it
+            nxt = torch.empty_like(kv)
+            pending = comm.exchange(kv, (r + 1) % c, nxt, (r - 1) % c, group, op="cp_ring")
+        if not causal or src < r:
+            m, denom, o = block_update(q, kv[0], kv[1], m, denom, o)
+        elif src == r:  # my own block: the causal triangle
+            n = q.shape[-2]
+            causal_mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+            m, denom, o = block_update(q, kv[0], kv[1], m, denom, o, causal_mask)
+        # src > r: keys from later tokens, all masked under causality (a zig-zag layout balances this)
+        if step < c - 1:
+            pending.wait()
+            kv = nxt
+    return o / denom
+
+
+def full_attention(q, k, v, causal: bool = True):
+    """The reference: softmax(QKᵀ/√d)V over the whole sequence at once."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def qkv(batch: int, heads: int, seq: int, dim: int, seed: int = 0):
+    """Random queries, keys and values ``[b, heads, seq, dim]`` (the same on every rank)."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(batch, heads, seq, dim, generator=g) for _ in range(3))
+
+
+def check_sequence(seq: int, ranks: int) -> None:
+    """ValueError naming the parameter, before any rank starts."""
+    if seq % ranks:
+        raise ValueError(f"seq = {seq} does not divide among {ranks} context-parallel ranks")
+
+
+def ring_job(batch: int, heads: int, seq: int, dim: int, causal: bool = True) -> dict:
+    """On every rank: my block of q, k, v → my block of the output; the bytes the ring sent."""
+    r, c = dist.get_rank(), dist.get_world_size()
+    check_sequence(seq, c)
+    q, k, v = (t.chunk(c, dim=2)[r] for t in qkv(batch, heads, seq, dim))
+    counters().reset()
+    out = ring_attention(q, k, v, causal)
+    ops = counters().as_dict()
+    return {"out": out, "sent": ops.get("cp_ring", {}).get("bytes_sent", 0), "kv_block_bytes": 2 * k.nbytes}

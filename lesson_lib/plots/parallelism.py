@@ -1,0 +1,48 @@
+"""Figures of chapter 8: counted bytes beside their formulas, memory per rank, experts' load."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from .common import COLORS, wrap
+
+
+def bytes_vs_formula(rows: list[dict], title: str) -> go.Figure:
+    """rows: {label, counted, formula} in bytes per rank — bars counted, markers the formula."""
+    labels = [r["label"] for r in rows]
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=[r["counted"] / 1e3 for r in rows], name="counted (our ring's messages)",
+                marker_color=COLORS["comm"])
+    fig.add_scatter(x=labels, y=[r["formula"] / 1e3 for r in rows], mode="markers", name="formula",
+                    marker={"symbol": "line-ew-open", "size": 40, "color": "black", "line": {"width": 3}})
+    fig.update_layout(title=wrap(title, 80), yaxis_title="kB sent per rank", height=420, margin={"t": 90},
+                      legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def memory_per_rank(rows: list[dict], title: str) -> go.Figure:
+    """rows: {label, params, block_activations, measured_peak} in bytes (one rank each)."""
+    labels = [r["label"] for r in rows]
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=[r["params"] / 1e6 for r in rows], name="parameters (inventory)",
+                marker_color=COLORS["params"])
+    fig.add_bar(x=labels, y=[r["block_activations"] / 1e6 for r in rows],
+                name="activations the blocks save (inventory)", marker_color=COLORS["activations"])
+    fig.add_scatter(x=labels, y=[r["measured_peak"] / 1e6 for r in rows], mode="markers",
+                    name="peak allocated, forward + backward (measured)",
+                    marker={"symbol": "diamond", "size": 14, "color": "black"})
+    fig.update_layout(barmode="group", title=wrap(title, 80), yaxis_title="MB on one rank", height=440,
+                      margin={"t": 90}, legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def expert_load(loads: list[list[int]], capacity: int, title: str) -> go.Figure:
+    """loads[rank][expert]: tokens each rank's router sent to each expert; the capacity line."""
+    fig = go.Figure()
+    experts = list(range(len(loads[0])))
+    for r, load in enumerate(loads):
+        fig.add_bar(x=[f"expert {e}" for e in experts], y=load, name=f"from rank {r}")
+    fig.add_hline(y=capacity, line_dash="dash", annotation_text=f"capacity {capacity} per rank")
+    fig.update_layout(barmode="group", title=wrap(title, 80), yaxis_title="tokens routed", height=400,
+                      margin={"t": 90}, legend={"orientation": "h", "y": -0.2})
+    return fig

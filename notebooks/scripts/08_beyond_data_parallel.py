@@ -1,0 +1,334 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,scripts//py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 8 — What the talk left out: tensor, sequence, context and expert parallelism
+#
+# Every chapter so far split the *batch* (data parallelism, ZeRO) or the *stack of layers* (the
+# pipeline). A single layer stayed whole on one device. Past a few billion parameters that stops
+# working: one layer's weights, or one long sequence's activations, no longer fit, and the
+# batch cannot grow forever (chapter 5). The answer is to split inside the layer:
+#
+# | split | what each of t ranks holds | its collective | paper |
+# |---|---|---|---|
+# | tensor | heads / t attention heads, ffn / t hidden units | all-reduce, 2 per block each way | Shoeybi et al., 2019 |
+# | sequence | seq / t tokens between the blocks | reduce-scatter + all-gather | Korthikanti et al., 2022 |
+# | context | seq / c queries; keys and values go round a ring | send/recv | Liu et al., 2023 |
+# | expert | experts / n experts; tokens travel to them | all-to-all | Lepikhin et al., 2020; Fedus et al., 2021 |
+#
+# Every one of them runs here on real ranks and equals one process to float32 rounding; every
+# collective's bytes are counted against its formula. Then they compose on one rank grid, and
+# PyTorch's own stack (`DeviceMesh`, `parallelize_module`, `fully_shard`) trains the same model.
+
+# %% [markdown]
+# **After this chapter you can:**
+#
+# 1. write tensor parallelism's conjugate operators f and g as autograd Functions and build column- and row-parallel layers that train a transformer on 2 and 4 real ranks as one process does, with two all-reduces per block each way (§1, g exercise);
+# 2. send tokens to experts on other ranks with an all-to-all, and read a mixture of experts' capacity, dropped tokens and load-balancing loss (§2, dispatch exercise);
+# 3. turn each all-reduce into a reduce-scatter and an all-gather (sequence parallelism) and measure the activations per rank fall about t-fold; pass keys and values round a ring so that no rank holds the whole sequence (§3–4);
+# 4. compose data and tensor parallelism on one rank grid, check PyTorch's `DeviceMesh` stack against ours, and say why tensor parallelism stays inside a node (§5–6).
+#
+# **Before it:** chapters 0, 2 and 4 (all-reduce, reduce-scatter, all-gather, FSDP2).
+# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
+# (beside `notebooks/`); the exercises come on top.
+
+# %%
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lesson_lib import show_source, warm_cluster
+from lesson_lib.chapters import ch08, ch08_exercises
+from lesson_lib.milestones import tensor_parallel as tp
+from lesson_lib.milestones.tensor_parallel import mappings, moe, ring_attention
+
+# %% [markdown]
+# ## 1. Tensor parallelism: f and g
+#
+# Cut an MLP `y = gelu(x·W₁ᵀ)·W₂ᵀ` between t ranks. Rank r keeps rows r of W₁ (a slice of the
+# hidden units: **column-parallel**) and the matching columns of W₂ (**row-parallel**). Then
+# `gelu(x·W₁,ᵣᵀ)` needs no communication at all, and `y = Σᵣ hᵣ·W₂,ᵣᵀ` is one sum over the ranks.
+# Megatron-LM (Shoeybi et al., 2019) writes the two places where ranks meet as two operators that
+# mirror each other:
+#
+# * **f** before the column layer: identity forward (every rank already has x); in the backward,
+#   each rank's gradient of x is a partial sum through its own rows, so **all-reduce** it;
+# * **g** after the row layer: **all-reduce** forward (each rank holds a partial sum); in the
+#   backward every rank already holds the whole gradient of y, so identity.
+#
+# Here they are, as the library has them (picotron calls them `CopyToModelParallelRegion` and
+# `ReduceFromModelParallelRegion`):
+
+# %%
+show_source(mappings.CopyToTensorRegion)
+
+# %%
+show_source(mappings.ReduceFromTensorRegion)
+
+# %% [markdown]
+# And the MLP cut in two, written in a cell and run on 2 and 4 real ranks against the whole MLP:
+
+# %%
+def my_tensor_parallel_mlp(seed):
+    rank, t = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed)
+    fc1, fc2 = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8)  # the whole MLP, the same on every rank
+    x = torch.randn(4, 8, requires_grad=True)
+    w1 = fc1.weight.detach().chunk(t, 0)[rank].clone().requires_grad_()  # column: my hidden units
+    b1 = fc1.bias.detach().chunk(t, 0)[rank].clone().requires_grad_()
+    w2 = fc2.weight.detach().chunk(t, 1)[rank].clone().requires_grad_()  # row: their columns of fc2
+    h = F.gelu(F.linear(tp.f(x), w1, b1))  # f: identity forward, all-reduce backward
+    y = tp.g(F.linear(h, w2)) + fc2.bias.detach()  # g: all-reduce forward, identity backward
+    y.square().sum().backward()
+    x_ref = x.detach().clone().requires_grad_()
+    fc2(F.gelu(fc1(x_ref))).square().sum().backward()
+    return {"y": float((y - fc2(F.gelu(fc1(x_ref)))).abs().max()),
+            "w1_grad": float((w1.grad - fc1.weight.grad.chunk(t, 0)[rank]).abs().max()),
+            "x_grad": float((x.grad - x_ref.grad).abs().max())}
+
+
+for t in (2, 4):
+    print(f"t = {t}:", warm_cluster(t).run(my_tensor_parallel_mlp, 0)[0])
+
+# %%
+mlp_gaps = [g for t in (2, 4) for g in warm_cluster(t).run(my_tensor_parallel_mlp, 0)]
+assert all(v < 1e-5 for g in mlp_gaps for v in g.values()), mlp_gaps
+
+# %% [markdown]
+# The library's layers are the same lines, built from a whole `nn.Linear`'s weights. Attention is
+# split the same way: q, k and v column-parallel (heads / t heads on each rank; one f for the three,
+# as Megatron-LM's fused QKV), the output projection row-parallel. So a transformer block has
+# **two all-reduces forward (g) and two backward (f)**, each of one activation
+# S = 4·seq·batch·d bytes, 2(t−1)/t·S per rank on a ring.
+
+# %%
+show_source(tp.ColumnParallelLinear)
+show_source(tp.RowParallelLinear)
+
+# %% [markdown]
+# The whole transformer (2 blocks, 4 heads, ffn 128), 3 SGD steps on 2 and 4 ranks, against one
+# process; every collective goes through our ring, so its bytes are counted, not modelled:
+
+# %%
+tp_run = ch08.tensor_parallel(world_sizes=(2, 4))
+
+# %%
+for row in tp_run["rows"]:
+    assert row["equal"], row  # losses, logits, gradients and parameters within float32 rounding
+    for phase in ("forward", "backward"):  # two all-reduces per block each way, the formula's bytes
+        assert row[phase]["calls"] == 2 * tp_run["cfg"].layers, row
+        assert row[phase]["counted"] == row[phase]["formula"], row
+
+# %% [markdown]
+# ### Memory per rank
+#
+# Tensor parallelism divides the blocks' weights by t, and the activations inside the split
+# regions (q, k, v, the scores, the MLP's hidden layer). What lies between the regions — the norms,
+# the residual stream — stays whole on every rank. One rank's allocations over one forward and
+# backward, counted by torch's allocator (`PeakMemory`, chapter 4), on a wider model (d = 128):
+
+# %%
+mem = ch08.memory(world_size=4)
+
+# %%
+whole, tp4, sp4 = (r for r in mem["rows"])
+assert tp4["params"] < whole["params"] / 3  # blocks / 4; embeddings, norms and head stay whole
+assert whole["measured_peak"] > tp4["measured_peak"] > sp4["measured_peak"], mem["rows"]
+assert whole["block_activations"] > tp4["block_activations"] > sp4["block_activations"]
+
+# %% [markdown]
+# ## 2. Expert parallelism: tokens travel to the experts
+#
+# A mixture-of-experts layer (GShard, Lepikhin et al., 2020; Switch Transformer, Fedus et al.,
+# 2021) replaces the MLP by E experts and a router that sends each token to one of them (top-1).
+# Parameters grow E-fold, the compute per token does not. With the experts spread over n ranks, each
+# rank routes its own tokens, packs them into a `[experts, capacity, d]` buffer — at most
+# `capacity = ⌈capacity_factor · tokens / E⌉` per expert; the rest are **dropped** and pass
+# through on the residual — and one **all-to-all** sends chunk j of the buffer to rank j, which
+# holds those experts. A second all-to-all brings the outputs back. The router learns to balance
+# the load through the **load-balancing loss** E · Σₑ fₑ·Pₑ (fₑ the share of tokens sent to e, Pₑ
+# the router's mean probability for e): 1 when balanced, E when everything goes to one expert.
+
+# %%
+show_source(moe.route)
+
+# %%
+show_source(moe.moe_expert_parallel)
+
+# %%
+experts = ch08.experts(world_sizes=(2, 4), capacity_factors=(1.0, 1.25, 2.0))
+
+# %%
+for row in experts["rows"]:
+    assert row["equal"], row  # output and every gradient equal the single process's
+    assert row["dropped"] == row["ref_dropped"] and row["counted"] == row["formula"], row
+drops = {r["capacity_factor"]: sum(r["dropped"]) for r in experts["rows"] if r["ranks"] == 4}
+assert drops[1.0] > drops[1.25] > drops[2.0] == 0, drops  # more slots, fewer dropped tokens
+
+# %% [markdown]
+# ## 3. Sequence parallelism: split what lies between the blocks
+#
+# Korthikanti et al. (2022) noticed that an all-reduce is a reduce-scatter followed by an
+# all-gather — the same bytes (chapter 2). So end each block's parallel region with a
+# **reduce-scatter along the sequence** instead of g, run the norm and the residual on seq / t
+# tokens, and start the next region with an **all-gather** instead of f. Their conjugates swap in
+# the backward. To really save the activations, the column layer keeps only its slice of the input
+# for the backward and gathers it again there (the paper's §4.2.2; Megatron-LM overlaps it):
+
+# %%
+show_source(mappings.LinearGatherSequence)
+
+# %%
+sp_run = ch08.sequence_parallel(world_sizes=(2, 4))
+
+# %%
+for row in sp_run["rows"]:
+    assert row["equal"], row
+    assert row["halves"] == row["tp_formula"], row  # reduce-scatters + all-gathers = the all-reduces' bytes
+    assert row["regather"] == row["regather_formula"], row
+t = mem["t"]  # §1's measurement: the blocks' saved activations, about t-fold smaller than whole
+assert whole["block_activations"] / sp4["block_activations"] > 0.75 * t, mem["rows"]
+
+# %% [markdown]
+# ## 4. Context parallelism: ring attention
+#
+# Sequence parallelism still gathers the whole sequence for attention. For sequences of a million
+# tokens even one layer's keys and values do not fit. Ring attention (Liu et al., 2023) keeps
+# seq / c queries, keys and values on each rank and passes the key/value blocks round a ring: at
+# each of c − 1 steps a rank sends the block it holds to its neighbour while it folds that block
+# into an **online softmax** — a running maximum, sum and output, rescaled as new blocks arrive
+# (the trick FlashAttention uses inside one GPU). No rank ever holds the whole score matrix.
+
+# %%
+show_source(ring_attention.block_update)
+show_source(ring_attention.ring_attention)
+
+# %%
+ring = ch08.ring(world_sizes=(2, 4))
+
+# %%
+for row in ring["rows"]:
+    assert row["gap"] <= row["tolerance"], row  # equal to one softmax over the whole sequence
+    assert all(b == row["formula"] for b in row["counted"]), row  # (c − 1) K and V blocks per rank
+
+# %% [markdown]
+# Under causal masking, rank 0's queries need only its own block and rank c − 1's need all of them:
+# the ranks' work is unequal. Real systems deal blocks out in a zig-zag (rank r takes blocks r and
+# 2c − 1 − r) to balance it. We show the forward pass; the backward is a second ring that carries
+# the gradients of K and V along with them.
+
+# %% [markdown]
+# ## 5. One grid for all of them
+#
+# In practice these compose. picotron builds every process group from one tensor of ranks,
+# `torch.arange(world).view(dp, pp, tp)`: a rank's tensor-parallel group is its row — neighbouring
+# ranks, the GPUs of one node — and its data-parallel group its column. We pass that `Grid`
+# explicitly to whatever needs a group (no global singleton):
+
+# %%
+show_source(tp.Grid.__init__)
+
+# %% [markdown]
+# dp = 2 × tp = 2 on 4 ranks: each replica takes half the batch and averages its gradients over its
+# data-parallel group; inside a replica, the blocks are tensor-parallel. Then the same model under
+# PyTorch's own stack, as torchtitan does it: `init_device_mesh("cpu", (2, 2),
+# mesh_dim_names=("dp", "tp"))`, `parallelize_module` with `ColwiseParallel` for q, k, v and fc1
+# and `RowwiseParallel` for o and fc2 (our column and row layers, f and g included), then
+# `fully_shard(model, mesh=mesh["dp"])` (FSDP2, chapter 4) over the data-parallel dimension:
+
+# %%
+show_source(tp.dtensor.plan)
+composed = ch08.composed(dp=2, tp=2)
+
+# %%
+assert composed["equal"], composed  # data × tensor parallel = one process
+assert composed["bytes"]["tp_all_reduce"] == composed["formula"]["tp_all_reduce"], composed
+assert composed["bytes"]["dp_grad_all_reduce"] == composed["formula"]["dp_grad_all_reduce"], composed
+assert composed["dtensor_gap"] <= composed["tolerance"]["params"], composed  # PyTorch's stack = ours
+assert composed["param_numel"]["fsdp2+tp"] < composed["param_numel"]["ours"]  # FSDP2 also shards over dp
+
+# %% [markdown]
+# ## 6. At cluster scale
+#
+# On this machine every "link" is a memory copy between processes on 2 cores, so we assert bytes
+# and equality, never times: 4 ranks on 2 cores take turns on the cores, and a wall-clock figure
+# would show that, not the algorithms. At scale the times decide where each kind of parallelism
+# goes. A block's tensor-parallel all-reduces move its whole activation four times per step, and
+# they sit **on the critical path**: the next matmul needs their result. Inside a node, NVLink
+# moves 300 GB/s each way per A100; between nodes one InfiniBand HDR port moves 25 GB/s
+# (data/links.csv). The α-β model of chapter 2 for one GPT-3-sized block (width 12,288, 2,048
+# tokens, bf16), against its compute at half an A100's peak:
+
+# %%
+scale = ch08.at_scale()
+ch08.scale_calculator()
+
+# %%
+by = {(r["link"].split(" (")[0], r["t"]): r["comm_share"] for r in scale}
+assert by[("NVLink 3", 8)] < 0.1 < by[("InfiniBand HDR", 8)], by  # t = 8 inside a node costs little
+
+# %% [markdown]
+# So Megatron-LM keeps t ≤ 8, the GPUs of one NVLink node, and uses pipeline and data parallelism
+# (chapters 3 and 4) between nodes, whose traffic is smaller per byte of compute or overlaps with
+# it. Expert parallelism's all-to-all crosses nodes, which is why MoE systems cap the capacity
+# factor and count every dropped token. Context parallelism overlaps each ring step with a block
+# of attention, so it pays whenever a block's attention takes longer than sending it.
+
+# %% [markdown]
+# ## Exercises
+#
+# Both run on real ranks, and the checker judges what they computed and sent, against the single
+# process.
+
+# %%
+exercises = ch08_exercises.exercises()
+exercises["g"]
+
+# %%
+class MyG(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ...  # every rank holds a partial sum; return the whole sum
+
+    @staticmethod
+    def backward(ctx, grad):
+        ...  # the gradient of x
+
+
+exercises["g"].submit(MyG)
+
+# %%
+exercises["dispatch"]
+
+# %%
+def exchange(buf):
+    ...  # chunk j of buf's dim 0 to rank j; chunk i of the result from rank i
+
+
+exercises["dispatch"].submit(exchange)
+
+# %% [markdown]
+# ## Summary
+#
+# What showed each of this chapter's objectives:
+#
+# 1. **f and g** — §1's MLP written in a cell and the transformer on 2 and 4 ranks (equal to one process, two all-reduces per block each way, the formula's bytes, asserted), and your g.
+# 2. **experts** — §2's all-to-all MoE equal to one process with the same drops, its bytes counted, fewer tokens dropped as the capacity factor grows (asserted), and your dispatch.
+# 3. **sequence and context** — §3's reduce-scatter + all-gather with the all-reduces' bytes, §1's measured activations about t-fold smaller, and §4's ring attention equal to one softmax.
+# 4. **one grid, and scale** — §5's dp × tp grid and PyTorch's `DeviceMesh` stack equal to ours, and §6's table of a block's all-reduces on NVLink against InfiniBand.
+#
+# **On a real cluster:** tensor (and sequence) parallelism inside a node, pipeline and data parallelism between nodes, experts and context where the model or the sequence demands them — Megatron-LM's "3D" layout, today 4D or 5D, all built from one rank grid.
+#
+# Back to the [table of contents](README.md).

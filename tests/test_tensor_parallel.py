@@ -1,0 +1,170 @@
+"""Chapter 8: every parallel layout of the transformer equals one process (to float32 rounding),
+on two world sizes; the collectives' counted bytes equal their formulas; a bad layout is refused
+with a ValueError naming the parameter before any rank starts."""
+
+import pytest
+import torch
+
+from lesson_lib.chapters import ch08
+from lesson_lib.milestones.tensor_parallel import formulas, moe, ring_attention, tolerances, train
+from lesson_lib.milestones.tensor_parallel.dtensor import dtensor_job
+from lesson_lib.milestones.tensor_parallel.grid import Layout
+from lesson_lib.milestones.tensor_parallel.memory import memory_job
+from lesson_lib.milestones.tensor_parallel.model import Config
+
+pytestmark = pytest.mark.ch8
+CFG = Config.tiny()
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return train.reference(CFG)
+
+
+# --------------------------------------------------------------------------- bad layouts, before any rank
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: Layout(dp=2, tp=2).check(3), "world_size"),
+    (lambda: Layout(tp=3).check(3, CFG), "heads"),
+    (lambda: Layout(tp=4).check(4, Config(heads=4, ffn=130)), "ffn"),
+    (lambda: Layout(tp=2, sequence_parallel=True).check(2, Config(seq=15)), "seq"),
+    (lambda: Layout(dp=3).check(3, CFG), "batch"),
+    (lambda: Layout(tp=0).check(), "tp"),
+    (lambda: moe.MoEConfig(experts=4).check(3), "experts"),
+    (lambda: ring_attention.check_sequence(10, 4), "seq"),
+    (lambda: ch08.tensor_parallel(world_sizes=(3,)), "heads"),
+    (lambda: ch08.composed(dp=3, tp=1), "batch"),
+])
+def test_a_bad_layout_is_refused_naming_the_parameter(call, name, no_orphans):
+    # bug caught: a layout that cannot run reaching the ranks (a hang or an index error on one rank)
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+# --------------------------------------------------------------------------- tensor and sequence parallel
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("layout", [Layout(tp=2), Layout(tp=4), Layout(tp=2, sequence_parallel=True),
+                                    Layout(tp=4, sequence_parallel=True), Layout(dp=2, tp=2)],
+                         ids=["tp2", "tp4", "tp2-sp", "tp4-sp", "dp2-tp2"])
+def test_training_on_the_grid_equals_one_process(layout, ref, clusters):
+    outs = clusters(layout.world_size).run(train.train_job, CFG, layout.check(layout.world_size, CFG))
+    row = ch08.compare(CFG, layout, outs, ref)
+    assert row["equal"], row
+    assert all(row["gaps"][k] < 1e-3 for k in row["gaps"])  # the tolerance itself is small
+
+
+def test_the_tolerance_catches_a_real_error(ref):
+    # a gradient t times too large (a g whose backward all-reduces) moves parameters by a whole step
+    tol = tolerances.transformer(CFG, ref)
+    wrong = {k: v + CFG.lr * ref["grads"][k] for k, v in ref["params"].items()}
+    assert max(float((wrong[k] - ref["params"][k]).abs().max()) for k in wrong) > 10 * tol["params"]
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_tensor_parallel_makes_two_all_reduces_per_block_each_way_with_the_formulas_bytes(t, clusters):
+    outs = clusters(t).run(train.train_job, CFG, Layout(tp=t))
+    want = formulas.tensor_parallel(CFG, t)
+    for o in outs:
+        for phase in ("forward", "backward"):
+            want_op = {"calls": 2 * CFG.layers, "bytes_sent": want[phase]}
+            assert o[phase] == {"tp_all_reduce": want_op}, o[phase]
+    assert want["per_all_reduce"] == 2 * (t - 1) / t * 4 * CFG.seq * CFG.batch * CFG.d_model
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_sequence_parallel_sends_the_same_bytes_as_the_all_reduces_plus_the_regather(t, clusters):
+    outs = clusters(t).run(train.train_job, CFG, Layout(tp=t, sequence_parallel=True))
+    tp, sp = formulas.tensor_parallel(CFG, t), formulas.sequence_parallel(CFG, t)
+    for o in outs:
+        step = {op: s["bytes_sent"] for op, s in o["step"].items()}
+        assert step["sp_all_gather"] + step["sp_reduce_scatter"] == tp["forward"] + tp["backward"]
+        assert step["sp_regather"] == sp["regather"]
+        forward = o["forward"]
+        assert forward["sp_all_gather"]["calls"] == forward["sp_reduce_scatter"]["calls"] == 2 * CFG.layers
+        assert "tp_all_reduce" not in step
+
+
+def test_data_parallel_gradients_cost_one_all_reduce_of_the_replica(clusters):
+    outs = clusters(4).run(train.train_job, CFG, Layout(dp=2, tp=2))
+    for o in outs:
+        assert o["step"]["dp_grad_all_reduce"] == {"calls": 1,
+                                                  "bytes_sent": formulas.data_parallel(o["param_numel"], 2)}
+        tp = formulas.tensor_parallel(CFG, 2, dp=2)  # each replica's activations: half the batch
+        assert o["step"]["tp_all_reduce"]["bytes_sent"] == tp["forward"] + tp["backward"]
+
+
+# --------------------------------------------------------------------------- experts and the ring
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("cf", [1.0, 2.0])
+def test_expert_parallel_moe_equals_one_process_and_counts_its_all_to_alls(n, cf, clusters):
+    cfg = moe.MoEConfig(capacity_factor=cf).check(n)
+    ref = moe.reference_moe(cfg, n)
+    outs = clusters(n).run(moe.moe_job, cfg)
+    tol, e = tolerances.moe(cfg, ref), cfg.experts // n
+    assert float((torch.stack([o["y"] for o in outs]) - ref["y"]).abs().max()) <= tol["y"]
+    assert float((torch.stack([o["x_grad"] for o in outs]) - ref["x_grad"]).abs().max()) <= tol["x_grad"]
+    for r, o in enumerate(outs):
+        assert float((o["w1_grad"] - ref["w1_grad"][r * e:(r + 1) * e]).abs().max()) <= tol["w1_grad"]
+        assert float((o["router_grad"] - ref["router_grad"]).abs().max()) <= tol["router_grad"]
+        assert o["dropped"] == ref["dropped"][r]
+        one = formulas.all_to_all(cfg.experts, cfg.capacity, cfg.d_model, n)
+        assert o["forward"]["ep_all_to_all"]["calls"] == 2 and o["step"]["ep_all_to_all"]["calls"] == 4
+        assert o["step"]["ep_all_to_all"]["bytes_sent"] == 4 * one
+    assert (sum(ref["dropped"]) > 0) == (cf == 1.0)  # capacity factor 1 drops tokens here, 2 none
+
+
+def test_routing_drops_what_exceeds_the_capacity_and_the_balancing_loss_is_one_when_even():
+    x = torch.eye(4).repeat(3, 1)  # 12 tokens, 3 for each of 4 experts under an identity router
+    r = moe.route(x, 10 * torch.eye(4), capacity=2)
+    assert r["load"].tolist() == [3, 3, 3, 3] and int((~r["keep"]).sum()) == 4
+    assert abs(float(r["aux"]) - 1.0) < 1e-3  # even load, confident router: E·Σ f·P = 1
+    skew = moe.route(torch.zeros(12, 4) + torch.tensor([1.0, 0, 0, 0]), 10 * torch.eye(4), capacity=2)
+    assert float(skew["aux"]) > 3.5  # everything to one expert: E·f·P → E
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("c", [2, 4])
+@pytest.mark.parametrize("causal", [True, False])
+def test_ring_attention_equals_full_attention_and_counts_its_blocks(c, causal, clusters):
+    outs = clusters(c).run(ring_attention.ring_job, 2, 2, 32, 8, causal)
+    ref = ring_attention.full_attention(*ring_attention.qkv(2, 2, 32, 8), causal)
+    got = torch.cat([o["out"] for o in outs], 2)
+    assert float((got - ref).abs().max()) <= tolerances.attention(32, 8, ref)
+    assert all(o["sent"] == formulas.ring_attention(2, 2, 32, 8, c) for o in outs)
+
+
+# --------------------------------------------------------------------------- memory and PyTorch's stack
+
+
+@pytest.mark.slow
+def test_sequence_parallel_divides_the_blocks_activations_about_t_fold(clusters):
+    cfg = Config.memory()
+    tp = clusters(4).run(memory_job, cfg, Layout(tp=4))
+    sp = clusters(4).run(memory_job, cfg, Layout(tp=4, sequence_parallel=True), False)
+    whole = tp[0]["unsharded"]
+    assert tp[0]["parallel"]["params"] < whole["params"] / 3  # everything but embeddings, norms, head / 4
+    act = [whole["block_activations"], tp[0]["parallel"]["block_activations"],
+           sp[0]["parallel"]["block_activations"]]
+    assert act[0] > act[1] > act[2] and act[0] / act[2] > 3, act
+    peaks = [whole["measured_peak"], tp[0]["parallel"]["measured_peak"], sp[0]["parallel"]["measured_peak"]]
+    assert peaks[0] > peaks[1] > peaks[2], peaks
+    assert all(o["parallel"]["measured_peak"] >= o["parallel"]["params"] for o in sp)
+
+
+@pytest.mark.slow
+@pytest.mark.numerics
+def test_pytorchs_device_mesh_stack_equals_ours(ref, clusters):
+    layout = Layout(dp=2, tp=2)
+    theirs = clusters(4).run(dtensor_job, CFG, layout)
+    ours = clusters(4).run(train.train_job, CFG, layout)
+    tol = tolerances.transformer(CFG, ref)
+    for t in theirs:
+        gap = max(float((t["params"][k] - ours[0]["params"][k]).abs().max()) for k in ref["params"])
+        assert gap <= tol["params"]
+        assert t["param_numel"] < ours[0]["param_numel"]  # FSDP2 shards over dp what TP left whole
