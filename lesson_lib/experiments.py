@@ -64,7 +64,12 @@ class Result:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
     def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
+        """A key of the ``--json`` file: a milestone's own (``extra``) or a field, without building it."""
+        if key in self.extra:
+            return self.extra[key]
+        if key in _FIELDS:
+            return getattr(self, key)
+        raise KeyError(key)
 
     def step_times(self) -> list[float]:
         """Per step, the slowest rank's wall time (a synchronous step ends with the slowest)."""
@@ -99,6 +104,9 @@ class Result:
                          f"{r['compute_s']:>10.3f} {r['comm_s']:>8.3f} {r['busy_s']:>8.3f} "
                          f"{m['params'] / 1e6:>10.3f} {m['optimizer'] / 1e6:>9.3f}")
         return "\n".join(lines)
+
+
+_FIELDS = ("experiment", "world_size", "backend", "config", "losses", "per_rank", "oversubscribed")
 
 
 def run(name: str, cfg=None, cluster=None, on_event: Callable[[dict], None] | None = None,

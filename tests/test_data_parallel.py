@@ -135,3 +135,20 @@ def test_the_ddp_benchmark_times_both_steps_on_the_same_model():
     assert [r["variant"] for r in rows] == ["ring", "ring+buckets", "library", "library+buckets"]
     assert all(r["params"] == mlp_param_count(32, 16, 3, 10) for r in rows)
     assert all(r["ours_s"] > 0 and r["ddp_s"] > 0 and r["ratio"] > 0 for r in rows)
+
+
+def test_an_emulated_link_is_a_config_field_applied_in_the_run_and_undone_after(clusters):
+    # catches: the link set from notebook glue (cluster.run(set_link, ...)) and left in force for the
+    # next run on those warm workers, or a link option that does nothing
+    from lesson_lib import comm
+
+    cfg = dp.Config(world_size=2, link_gbps=0.05, **SMALL)
+    r = run("data-parallel", cfg, cluster=clusters(2))
+    op = r.per_rank[0]["ops"]["grad_all_reduce"]
+    assert op["seconds"] >= op["bytes_sent"] * 8 / 0.05e9 > 0  # every transfer held to the link
+    assert clusters(2).run(comm.link) == [None, None]  # undone when the run ended
+    plain = run("data-parallel", cfg.replace(link_gbps=0.0), cluster=clusters(2))
+    assert plain.losses == r.losses  # the link only waits: the same training
+    for bad in (-1.0, float("inf"), True, "fast"):
+        with pytest.raises(ValueError, match="link_gbps"):
+            dp.Config(world_size=2, link_gbps=bad, **SMALL).validate()

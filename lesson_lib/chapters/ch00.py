@@ -10,12 +10,11 @@ from __future__ import annotations
 from IPython.display import display
 
 from .. import plots, widgets
-from ..comm import ring_bytes_sent, set_link
+from ..comm import ring_bytes_sent
 from ..costmodel import fits, memory_bill
 from ..data import read_csv
 from ..experiments import Result, run_warm
 from ..milestones import data_parallel as dp
-from ..runtime import warm_cluster
 from .ch00_exercises import exercises
 
 __all__ = ["model_growth", "memory_calculator", "memory_bill", "fits", "config", "data_parallel",
@@ -105,17 +104,10 @@ def overlap(bucket_mb: float = 2.0, world_size: int = 2, hidden: int = 1024, glo
     link (chapter 6's :func:`lesson_lib.comm.set_link`: the rank sleeps out the rest of that time,
     leaving its core free, as waiting on a network card would).
     """
-    opts = {"hidden": hidden, "global_batch": global_batch, "steps": steps}
-    cluster = warm_cluster(world_size)
-    if link_gbps is not None:
-        cluster.run(set_link, link_gbps)
-    try:
-        runs = {"one all-reduce after the backward": _run(world_size, **opts),
-                f"buckets of {bucket_mb:g} MiB during the backward": _run(world_size, bucket_mb=bucket_mb,
-                                                                          **opts)}
-    finally:
-        if link_gbps is not None:
-            cluster.run(set_link, None)  # warm workers serve other cells next: never leave it slowed
+    opts = {"hidden": hidden, "global_batch": global_batch, "steps": steps, "link_gbps": link_gbps or 0.0}
+    runs = {"one all-reduce after the backward": _run(world_size, **opts),
+            f"buckets of {bucket_mb:g} MiB during the backward":
+                _run(world_size, bucket_mb=bucket_mb, **opts)}
     flat, bucketed = runs.values()
     hidden_share = []
     for t in bucketed["timeline"]:

@@ -42,6 +42,8 @@ class Config(TrainConfig):
     straggler: str = opt("", "RANK:FACTOR[,RANK:FACTOR] — that rank does FACTOR times the work")
     bucket_mb: float = opt(0.0, "0: one all-reduce after the backward | > 0: buckets of this many MiB, "
                                 "each all-reduced during the backward as soon as it is ready (as DDP)")
+    link_gbps: float = opt(0.0, "EMULATED link bandwidth in Gbit/s for this run's transfers (0: the real "
+                                "link; lesson_lib.comm.set_link, undone when the run ends)")
 
     def validate(self) -> "Config":
         super().validate()
@@ -56,6 +58,9 @@ class Config(TrainConfig):
                 or not 0 <= self.bucket_mb < 1e6:
             raise ValueError(f"bucket_mb must be a number of MiB >= 0 (0: one bucket after the "
                              f"backward), got {self.bucket_mb!r}")
+        if isinstance(self.link_gbps, bool) or not isinstance(self.link_gbps, (int, float)) \
+                or not 0 <= self.link_gbps < float("inf"):
+            raise ValueError(f"link_gbps must be a bandwidth >= 0 in Gbit/s (0: off), got {self.link_gbps!r}")
         parse_stragglers(self.straggler, self.world_size)
         return self
 
@@ -177,7 +182,11 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
 def worker(cfg: Config) -> dict:
     ctx = context()
     counters().reset()
-    return train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit)
+    comm.set_link(cfg.link_gbps or None)
+    try:
+        return train(cfg, ctx.rank, ctx.world_size, ctx.device, emit=ctx.emit)
+    finally:
+        comm.set_link(None)  # warm workers serve other runs next
 
 
 def reference(cfg: TrainConfig, optimizer: str | None = None) -> list[float]:
