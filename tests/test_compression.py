@@ -398,6 +398,9 @@ def test_topk_bytes_exercise(ex):
         assert not verdict and f"{s // n:,}" not in verdict.message, (wrong, verdict)
     for right in ((str(right_bytes), str(s // n)), [torch.tensor(right_bytes), float(s // n)]):
         assert ex["topk_bytes"].submit(right), right
+    # catches: the folded Solution giving another case's numbers (N = 4's for a prompt with N = 8)
+    (sent, even), solution = ex["topk_bytes"].reference(), ex["topk_bytes"].solution
+    assert f"{sent:,} bytes" in solution and f"k = S/N = {even:,}" in solution
 
 
 def _qsgd_round(x, s):
@@ -436,11 +439,19 @@ def _qsgd_bernoulli(x, s):  # right, in another form: torch.bernoulli, returned 
     return (x.norm() * torch.sign(x) * level / s).tolist()
 
 
+def _qsgd_one_coin(x, s):  # one random number for every element: unbiased per element, not independent
+    norm = x.norm()
+    scaled = x.abs() / norm * s
+    low = scaled.floor()
+    return norm * torch.sign(x) * (low + (torch.rand(1) < scaled - low)) / s
+
+
 def test_qsgd_exercise(ex):
     assert ex["qsgd"].submit(ex["qsgd"].reference())
     assert ex["qsgd"].submit(_qsgd_bernoulli)
     for wrong, says in ((_qsgd_round, "every draw is the same"), (_qsgd_floor, "every draw is the same"),
                         (_qsgd_maxnorm, "not on it"), (_qsgd_half_chance, "unbiased"),
+                        (_qsgd_one_coin, "round up together"),
                         (lambda x, s: x, "not on it"), (lambda x, s: x[:10], "shaped like x"),
                         (lambda x, s: 1 / 0, "s = 1: your function raised ZeroDivisionError")):
         verdict = ex["qsgd"].submit(wrong)
@@ -526,6 +537,16 @@ def _randomk_no_mean(grad, residual, k, step):
     return avg, residual
 
 
+def _randomk_residual_minus_average(grad, residual, k, step):  # averages right, residual not zeroed
+    acc = grad + residual
+    idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step))[:k]
+    vals = acc[idx]
+    comm.all_reduce(vals)
+    avg = torch.zeros_like(acc)
+    avg[idx] = vals / dist.get_world_size()
+    return avg, acc - avg  # the sent coordinates keep acc − mean: they would be sent twice
+
+
 def _randomk_deadlock(grad, residual, k, step):
     vals = grad[:k].clone()
     if dist.get_rank() == 0:
@@ -538,7 +559,8 @@ def test_randomk_exercise_on_real_ranks(ex):
     _randomk_torch.__module__ = "__main__"
     assert ex["randomk"].submit(_randomk_torch)  # right, in another form: torch's own all-reduce
     for wrong, says in ((_randomk_rank_indices, "same indices"), (_randomk_no_feedback, "residual"),
-                        (_randomk_dense, "send only the k values"), (_randomk_no_mean, "divided")):
+                        (_randomk_dense, "send only the k values"), (_randomk_no_mean, "divided"),
+                        (_randomk_residual_minus_average, "not zero where it sent")):
         wrong.__module__ = "__main__"  # as a learner's cell function: sent by value
         verdict = ex["randomk"].submit(wrong)
         assert not verdict and says in verdict.message, (wrong.__name__, verdict.message)

@@ -549,6 +549,11 @@ def test_ch2_bytes_and_crossover(ch2):
         # catches: a crossover checker rejecting for another reason than the value, or crashing
         assert not v.ok and v.message == f"you said {wrong:g} bytes; check your formula", v.message
     assert ch2["crossover"].submit(...).message == "not answered yet"
+    # catches: S* = 2α/β (the bandwidth term's /N dropped) accepted: at N = 2 it is the right number
+    four = ch02_exercises.exercises(alpha=alpha, beta=beta, world_size=4)["crossover"]
+    assert four.check(4 * alpha / beta).ok and four.check(four.reference()).ok
+    v = four.check(2 * alpha / beta)
+    assert not v.ok and "/N" in v.message, v.message
 
     def ring_bytes(n, s):
         ...

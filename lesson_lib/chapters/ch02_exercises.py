@@ -189,6 +189,16 @@ def ring_bytes(n, s):
     return 2 * (n - 1) / n * s
 
 
+def _check_crossover(answer, world_size: int, alpha: float, beta: float) -> Verdict:
+    """S* within 2 %; the mistake that only shows at N ≠ 2 (the bandwidth term's /N dropped) named."""
+    s_star = latency_crossover_bytes(world_size, alpha, beta)
+    verdict = close_to(s_star, 0.02, " bytes")(answer)
+    if not verdict.ok and world_size != 2 and compare(number(answer), 2 * alpha / beta, 0.02):
+        return Verdict(False, f"{verdict.message.split(';')[0]}; that is 2α/β: the bandwidth term is "
+                              "2(N−1)/N·S·β — did the /N go missing?")
+    return verdict
+
+
 def exercises(alpha: float, beta: float, world_size: int = 2) -> dict[str, Exercise]:
     """The chapter's exercises; ``alpha`` (s) and ``beta`` (s/byte) come from the notebook's fit."""
     s_star = latency_crossover_bytes(world_size, alpha, beta)
@@ -223,7 +233,7 @@ def exercises(alpha: float, beta: float, world_size: int = 2) -> dict[str, Exerc
                    "term 2(N−1)α equal its bandwidth term 2(N−1)/N·S·β? Smaller messages are latency-bound "
                    "— which is why frameworks bucket gradients into messages of tens of MB (PyTorch DDP's "
                    "default <code>bucket_cap_mb=25</code>; Li et al., \"PyTorch Distributed\", VLDB 2020).",
-            check=close_to(s_star, 0.02, " bytes"),
+            check=lambda a: _check_crossover(a, world_size, alpha, beta),
             hint="Set the two terms equal and solve for S; the 2(N−1) cancels.",
             solution=f"S* = N·α/β = {world_size} × {alpha:.3g} / {beta:.3g} ≈ {s_star:,.0f} bytes",
             reference=lambda: s_star),

@@ -110,18 +110,21 @@ def randomk_harness(fn, numel: int, k: int, steps: int) -> dict:
     """On each rank: ``steps`` seeded gradients through the learner's random-k; its outputs and the
     communication it made (:func:`~lesson_lib.exercises.observe`), whichever API made it."""
     rank = dist.get_rank()
-    residual, outs = torch.zeros(numel), []
+    residual, outs, residuals = torch.zeros(numel), [], []
     with observe() as log:
         for step in range(steps):
             g = torch.randn(numel, generator=torch.Generator().manual_seed(100 * rank + step))
             avg, residual = fn(g.clone(), residual.clone(), k, step)
             outs.append(torch.as_tensor(avg).detach().clone().reshape(-1))
-    return {"outs": outs, "calls": log.as_data()["calls"]}
+            residual = torch.as_tensor(residual).detach().clone()
+            residuals.append(residual.reshape(-1).clone())
+    return {"outs": outs, "residuals": residuals, "calls": log.as_data()["calls"]}
 
 
-def _randomk_reference(world: int, numel: int, k: int, steps: int) -> list[torch.Tensor]:
+def _randomk_reference(world: int, numel: int, k: int, steps: int) -> dict:
+    """One process's random-k with error feedback: per step the average, and each rank's residual."""
     residual = [torch.zeros(numel) for _ in range(world)]
-    outs = []
+    outs, residuals = [], []
     for step in range(steps):
         idx = torch.randperm(numel, generator=torch.Generator().manual_seed(step))[:k]
         acc = [torch.randn(numel, generator=torch.Generator().manual_seed(100 * r + step)) + residual[r]
@@ -132,7 +135,8 @@ def _randomk_reference(world: int, numel: int, k: int, steps: int) -> list[torch
             residual[r] = acc[r].clone()
             residual[r][idx] = 0
         outs.append(avg)
-    return outs
+        residuals.append([res.clone() for res in residual])
+    return {"outs": outs, "residuals": residuals}
 
 
 RANDOMK = {"numel": 1000, "k": 50, "steps": 3}
@@ -150,7 +154,9 @@ def _check_randomk(fn) -> Verdict:
     return judge([case(2), case(3)], [
         Property("only the k chosen values travel", _k_values_only),
         Property("every rank ends each step with the same average", _ranks_agree),
-        Property("it is random-k with error feedback, as on one process", _as_reference)],
+        Property("it is random-k with error feedback, as on one process", _as_reference),
+        Property("each rank keeps what it did not send: its sum with the sent coordinates zeroed",
+                 _residual_kept)],
         done=f"{steps} steps of k = {k} of {numel} values")
 
 
@@ -175,7 +181,7 @@ def _ranks_agree(o: dict) -> str | None:
 
 
 def _as_reference(o: dict) -> str | None:
-    for step, ref in enumerate(o["ref"]):
+    for step, ref in enumerate(o["ref"]["outs"]):
         mine = o["ranks"][0]["outs"][step]
         err = float((mine - ref).abs().max()) if mine.shape == ref.shape else float("inf")
         if err > 1e-5:
@@ -183,6 +189,22 @@ def _as_reference(o: dict) -> str | None:
             hint = ("is the residual added before choosing, and kept for next time?" if step
                     else "is the sum divided by the number of ranks, and only at the chosen indices?")
             return f"your average differs at {where}: {hint}"
+
+
+def _residual_kept(o: dict) -> str | None:
+    for step, refs in enumerate(o["ref"]["residuals"]):
+        for r, out in enumerate(o["ranks"]):
+            mine, ref = out["residuals"][step], refs[r]
+            if mine.shape == ref.shape and float((mine - ref).abs().max()) <= 1e-5:
+                continue
+            sent = ref == 0
+            if mine.shape == ref.shape and float(mine[sent].abs().max()) > 1e-5:
+                return (f"rank {r}'s residual after step {step} is not zero where it sent: what was sent "
+                        "has been delivered (the residual is the accumulated gradient with the sent "
+                        "coordinates zeroed, not accumulated − average)")
+            return (f"rank {r}'s residual after step {step} differs from grad + residual with the sent "
+                    "coordinates zeroed: the coordinates not sent must be kept for the next step")
+    return None
 
 
 def randomk_step(grad, residual, k, step):
@@ -211,7 +233,8 @@ def exercises(case: dict | None = None) -> dict[str, Exercise]:
             check=_check_topk,
             hint="An all-gather sends each rank's payload to N−1 others; the ring sends 2(N−1)/N of the "
                  "gradient's bytes.",
-            solution="(N−1)·8k = 240,000 bytes; (N−1)·8k = 2(N−1)/N·4S gives k = S/N = 250,000.",
+            solution=(f"(N−1)·8k = {c['world'] - 1}·8·{c['k']:,} = {topk_bytes(**c)[0]:,} bytes; "
+                      f"(N−1)·8k = 2(N−1)/N·4S gives k = S/N = {topk_bytes(**c)[1]:,}."),
             reference=lambda: topk_bytes(**c)),
         "qsgd": Exercise(
             key="qsgd", title="write the QSGD quantizer",

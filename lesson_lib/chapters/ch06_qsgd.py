@@ -47,6 +47,27 @@ def _qsgd_random(o) -> str | None:
         "every draw is the same: QSGD rounds up or down AT RANDOM, or it is biased"
 
 
+def _qsgd_independent(o) -> str | None:
+    """Each element draws its own coin: across the draws, whether two elements rounded up is
+    uncorrelated. One random number shared by every element rounds them up together (for fractions
+    f_i < f_j, i up implies j up): unbiased element by element, but not QSGD's independent rounding."""
+    scaled = o["x"].abs() * o["s"] / o["norm"]
+    frac = scaled - scaled.floor()
+    mixed = (frac > 0.2) & (frac < 0.8)  # elements whose rounding really is a coin
+    if int(mixed.sum()) < 3:
+        return None
+    levels = (o["outs"].abs() * o["s"] / o["norm"]).round()
+    up = (levels[:, mixed] > scaled.floor()[mixed]).float()
+    up = up - up.mean(0)
+    cov = up.t() @ up / len(up)
+    sd = cov.diagonal().clamp_min(1e-12).sqrt()
+    corr = cov / sd[:, None] / sd[None, :]
+    off = corr[~torch.eye(len(corr), dtype=torch.bool)].abs().mean()
+    # independent coins: each correlation has a standard error 1/√draws (0.02 at 3,000 draws)
+    return None if off < 0.15 else (f"the elements round up together (mean correlation {float(off):.2f} "
+                                    "between elements): draw one random number per element")
+
+
 def _qsgd_unbiased(o) -> str | None:
     outs, x, s = o["outs"], o["x"], o["s"]
     # Each element is ‖x‖/s × (a level ± one Bernoulli step): variance ≤ ‖x‖²/(4s²), so the mean
@@ -69,6 +90,7 @@ def _check_qsgd(fn, draws: int = 3000) -> Verdict:
         Property("every value on the grid ‖x‖·l/s, l an integer", _qsgd_grid),
         Property("levels from −s to s", _qsgd_levels),
         Property("rounding at random", _qsgd_random),
+        Property("each element rounded by its own coin", _qsgd_independent),
         Property(f"unbiased: the mean of {draws} draws is x", _qsgd_unbiased)])
 
 
