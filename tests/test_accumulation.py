@@ -168,6 +168,15 @@ def _not_waited(model, batches):
         dist.all_reduce(p.grad, async_op=True)
 
 
+def _zero_inside(model, batches):  # zero_grad() in the loop: only the last micro-batch survives
+    for x, y in batches:
+        model.zero_grad()
+        (F.cross_entropy(model(x), y) / len(batches)).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
 def test_accumulate_exercise_on_real_ranks():
     ex = exercise()
     assert ex.submit(ex.reference())
@@ -176,7 +185,8 @@ def test_accumulate_exercise_on_real_ranks():
         assert ex.submit(right), right.__name__
     for wrong, says in ((_every_micro_batch, "before the last one"), (_no_division, "single-process"),
                         (_twice, "single-process"), (_no_all_reduce, "no all-reduce"),
-                        (_one_pass, "order FB for"), (_not_waited, "not been waited for")):
+                        (_one_pass, "order FB for"), (_not_waited, "not been waited for"),
+                        (_zero_inside, "zero_grad() inside the micro-batch loop")):  # not "divided by k"
         wrong.__module__ = "__main__"
         verdict = ex.submit(wrong)
         assert not verdict and says in verdict.message, (wrong.__name__, verdict.message)

@@ -331,6 +331,8 @@ def test_ch1_worker_step_template_is_not_answered_yet(ch1):
     (lambda shard, grads, lr: shard - lr * sum(grads) / 3, "the expected length"),  # a worker count typed in
     (lambda shard, grads, lr: shard - 0.1 * sum(grads) / len(grads), "the expected length"),  # lr typed in
     (lambda shard, grads, lr: 1 / 0, "raised ZeroDivisionError"),
+    # catches: the mean over the elements (a scalar) told "did every worker's gradient count equally?"
+    (lambda shard, grads, lr: shard - lr * torch.stack(grads).mean(), "average over the workers instead"),
 ])
 def test_ch1_average_wrong_answers_are_rejected(ch1, wrong, words):
     v = ch1["average"].check(wrong)

@@ -253,12 +253,26 @@ def _lamb_in_place(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):  # right:
     return [w, m, v]
 
 
+def _lamb_bias_late(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):  # corrects with t − 1 past step 1
+    m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+    k = max(t - 1, 1)
+    r = (m / (1 - b1**k)) / ((v / (1 - b2**k)).sqrt() + eps)
+    u = r + wd * w
+    return w - lr * w.norm() / u.norm() * u, m, v
+
+
 def test_lamb_exercise(ex):
     assert ex["lamb"].submit(ex["lamb"].reference())
     assert ex["lamb"].submit(_lamb_in_place)
     for wrong in (_adam, _lamb_no_bias_correction, _lamb_decay_outside, _lamb_per_row):
         verdict = ex["lamb"].submit(wrong)
         assert not verdict and "your weights differ" in verdict.message, wrong.__name__
+    # catches: every bias-correction mistake told "is λw inside u?" (the cases without decay cannot
+    # see a scalar on r: ‖w‖/‖u‖ cancels it): each mistake is named for what it is
+    for wrong, says in ((_lamb_no_bias_correction, "no bias correction"),
+                        (_lamb_decay_outside, "after the ratio"), (_lamb_bias_late, "one step late")):
+        verdict = ex["lamb"].submit(wrong)
+        assert not verdict and says in verdict.message, (wrong.__name__, verdict.message)
     verdict = ex["lamb"].submit(_lamb_corrected_moments)
     assert not verdict and "your m differs" in verdict.message and "your v differs" in verdict.message
     verdict = ex["lamb"].submit(lambda w, g, m, v, t, lr, wd: w)

@@ -185,6 +185,9 @@ def _one_sgd_step(o: dict) -> str | None:
             return "your step goes uphill: SGD moves against the gradient"
         return (f"your step points the right way but is {ratio:.3g}× the expected length: one synchronous "
                 "step uses the workers' gradients together — how?")
+    if step.numel() > 1 and torch.allclose(step, step.mean().expand_as(step), rtol=0, atol=tol):
+        return ("your step is one number for every value of the shard: that averages over the values "
+                "(elements); average over the workers instead, value by value")
     return "it is not that step; did every worker's gradient count equally?"
 
 

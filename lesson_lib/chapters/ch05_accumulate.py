@@ -88,9 +88,20 @@ def accumulate_job(fn: Callable, k: int, task: dict) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
     reduce, losses = dist.all_reduce, []  # the loop's own sum of the losses, left out of the log
+    first, seen, resets = next(model.parameters()), {"prev": None, "incoming": None}, []
+
+    def accumulated(p):  # after each backward: did p.grad add this micro-batch's gradient to the last?
+        log.mark("backward")
+        got, prev, new = p.grad.detach(), seen["prev"], seen["incoming"]
+        if prev is not None and new is not None and torch.allclose(got, new) \
+                and not torch.allclose(got, prev + new):
+            resets.append(len(losses) - 1)  # the gradient was reset between two micro-batches
+        seen["prev"] = got.clone()
+
     with observe() as log:
         model.register_forward_pre_hook(lambda m, a: log.mark("forward"))
-        next(model.parameters()).register_post_accumulate_grad_hook(lambda p: log.mark("backward"))
+        first.register_hook(lambda g: seen.__setitem__("incoming", g.detach().clone()))
+        first.register_post_accumulate_grad_hook(accumulated)
         for step in range(cfg.steps):
             idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world)
             with torch.no_grad():
@@ -98,12 +109,13 @@ def accumulate_job(fn: Callable, k: int, task: dict) -> dict:
             reduce(total)
             losses.append(float(total) / world)
             optimizer.zero_grad(set_to_none=False)
+            seen["prev"] = None
             log.mark("step")
             fn(model, [(x_all[m], y_all[m]) for m in idx.chunk(k)])
             log.mark("returned", settle=True)
             optimizer.step()
     grad_bytes = 4 * sum(p.numel() for p in model.parameters())
-    return {"losses": losses, **log.as_data(), "k": k, "grad_bytes": grad_bytes}
+    return {"losses": losses, **log.as_data(), "k": k, "grad_bytes": grad_bytes, "resets": resets}
 
 
 def _steps(o: dict) -> list[dict]:
@@ -155,6 +167,14 @@ def _once(outs: list[dict]) -> str | None:
                         "for: wait for every handle before the optimizer uses the gradients")
 
 
+def _adds_up(outs: list[dict]) -> str | None:
+    for r, o in enumerate(outs):
+        if o["resets"]:
+            return (f"on rank {r}, step {o['resets'][0]}: a micro-batch's backward found the gradient reset "
+                    "— zero_grad() inside the micro-batch loop? Then only the last micro-batch reaches the "
+                    "step: zero the gradients once, before the first micro-batch, and let backward add up")
+
+
 def _whole_batch(outs: list[dict]) -> str | None:
     ref = dp.reference(dp.Config(world_size=1, optimizer="sgd", **TASK))
     tol, got = sum_order_tolerance(ref), outs[0]["losses"]
@@ -175,6 +195,7 @@ def check_accumulate(fn: Callable) -> Verdict:
     return judge(cases, [
         Property("one forward and backward per micro-batch", _k_backwards),
         Property("no communication before the last micro-batch", _none_before_last),
+        Property("the micro-batches' gradients add up in p.grad", _adds_up),
         Property("each gradient all-reduced once per step, finished when accumulate_step returns", _once),
         Property("training equals single-process training on the whole batch", _whole_batch)],
         done="The bytes per step are those of one all-reduce, whatever k.")

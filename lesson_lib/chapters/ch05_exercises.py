@@ -85,7 +85,31 @@ def _lamb_run(fn, shape, lr, wd) -> dict:
     ref_w = _reference_lamb(w, grads, lr, wd)
     ref_m = sum(0.1 * 0.9 ** (2 - i) * x for i, x in enumerate(grads))
     ref_v = sum(0.001 * 0.999 ** (2 - i) * x * x for i, x in enumerate(grads))
-    return {"steps": steps, "shape": shape, "ref": (ref_w, ref_m, ref_v), "wd": wd}
+    mistakes = {why: _lamb_mistake(w, grads, lr, wd, *how) for why, how in LAMB_MISTAKES.items()}
+    return {"steps": steps, "shape": shape, "ref": (ref_w, ref_m, ref_v), "wd": wd, "mistakes": mistakes}
+
+
+# The weights three steps of each known mistake reach: (bias correction's step offset, or None for
+# none; weight decay inside u). With no weight decay the ratio ‖w‖/‖u‖ cancels any scalar on r, so a
+# bias-correction mistake shows only in the cases with decay, where it could pass for a decay mistake.
+LAMB_MISTAKES = {
+    "the bias correction uses the step after this one (1 − β^(t+1)): is t counted twice?": (1, True),
+    "the bias correction is one step late (1 − β^(t−1) from step 2 on)": (-1, True),
+    "r has no bias correction: divide m by 1 − β₁ᵗ and v by 1 − β₂ᵗ": (None, True),
+    "λw is added after the ratio: it belongs inside u, before ‖u‖ is taken": (0, False),
+}
+
+
+def _lamb_mistake(w, grads, lr, wd, offset, decay_inside, b1=0.9, b2=0.999, eps=1e-6):
+    m, v = torch.zeros_like(w), torch.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        k = max(t + (offset or 0), 1)  # one step late: step 1's correction (1 − β⁰) would divide by 0
+        c1, c2 = (1.0, 1.0) if offset is None else (1 - b1**k, 1 - b2**k)
+        r = (m / c1) / ((v / c2).sqrt() + eps)
+        u = r + wd * w if decay_inside else r
+        w = w - lr * w.norm() / u.norm() * u - (0 if decay_inside else lr * wd * w)
+    return w
 
 
 def _lamb_returns(o) -> str | None:
@@ -109,11 +133,12 @@ def _lamb_moments(o) -> str | None:
 
 
 def _lamb_weights(o) -> str | None:
-    err = _rel(o["steps"][-1][0], o["ref"][0])
+    mine = o["steps"][-1][0]
+    err = _rel(mine, o["ref"][0])
     if err <= LAMB_REL:
         return None
-    hint = ("with weight decay: is λw inside u, before the ratio is taken?" if o["wd"]
-            else "check the moments' bias correction in r and the ratio φ(‖w‖)/‖u‖")
+    hint = next((why for why, w in o["mistakes"].items() if _rel(mine, w) <= LAMB_REL),
+                "check the bias correction of m and v in r, λw inside u, and the ratio ‖w‖/‖u‖")
     return f"after 3 steps your weights differ from LAMB's by {err:.2g} (relative) — {hint}"
 
 
