@@ -266,7 +266,8 @@ def test_fit_requires_the_integer_stage(answer, ok):
 # --------------------------------------------------------------------------- ch3: gpipe (real ranks)
 
 
-def gpipe(stage, xs, ys, scale=True, backwards=None, grad_back=True, requires_grad=True, count=None):
+def gpipe(stage, xs, ys, scale=True, backwards=None, grad_back=True, requires_grad=True, count=None,
+          divide=None):
     """The reference GPipe stage, with one thing changed at a time (the wrong answers below)."""
     k, P = dist.get_rank(), dist.get_world_size()
     M, outs = len(xs), []
@@ -283,7 +284,7 @@ def gpipe(stage, xs, ys, scale=True, backwards=None, grad_back=True, requires_gr
     for i in (backwards or range)(n):
         if k == P - 1:
             loss = F.cross_entropy(outs[i], ys[i])
-            (loss / M if scale else loss).backward()
+            (loss / (divide or M) if scale else loss).backward()
         else:
             g = torch.empty_like(outs[i])
             dist.recv(g, k + 1)
@@ -308,6 +309,10 @@ def gpipe_input_without_grad(stage, xs, ys):
     gpipe(stage, xs, ys, requires_grad=False)
 
 
+def gpipe_last_stage_halves_the_loss(stage, xs, ys):  # a last-stage bug: every stage is wrong
+    gpipe(stage, xs, ys, divide=2 * len(xs))
+
+
 def gpipe_only_the_last_stage_backpropagates(stage, xs, ys):
     k, P = dist.get_rank(), dist.get_world_size()
     outs = []
@@ -329,6 +334,9 @@ def test_gpipe_accepts_another_correct_order():
 
 @pytest.mark.parametrize("answer, words", [
     (gpipe_unscaled, "M times too large"),
+    # catches: a last-stage bug told "stage 0's gradients differ; stages after it agree"
+    (gpipe_last_stage_halves_the_loss, "(last) differs by up to"),
+    (gpipe_last_stage_halves_the_loss, "Look first at the last stage"),
     (gpipe_first_microbatch_only, "stage 0 sent 1 activation(s) to stage 1"),
     (gpipe_input_without_grad, "rank"),  # x.grad is None: the send fails, the verdict names the rank
 ])

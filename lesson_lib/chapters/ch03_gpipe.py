@@ -128,21 +128,35 @@ def _forwards_first(o: dict) -> str | None:
 
 
 def _same_gradients(o: dict) -> str | None:
+    """Every stage's parameter gradients against single-process backprop; the verdict says what was
+    compared on each stage, and points at the latest stage that differs (gradients flow backwards:
+    a wrong stage k makes every stage before it wrong too)."""
     m, n = o["m"], len(o["stages"])
+    said, wrong, scaled = [], [], True
     for k, (out, want) in enumerate(zip(o["stages"], o["ref"])):
+        name = f"stage {k}" + (" (last)" if k == n - 1 else "")
         if out["grads"] is None:
-            return f"stage {k}'s parameters have no gradient: did its backward run?"
+            return f"{name}'s parameters have no gradient: did its backward run?"
         got, tol = torch.tensor(out["grads"], dtype=torch.float64), GRAD_RTOL * want.abs().max().item()
-        if (got - want).abs().max() <= tol:
-            continue
-        if (got - m * want).abs().max() <= m * tol:
-            return ("the gradients are M times too large: the batch's loss is the mean over all its "
-                    "samples, so each micro-batch's loss counts 1/M")
-        if k < n - 1:
-            return (f"stage {k}'s gradients differ from single-process backprop by up to "
-                    f"{(got - want).abs().max():.2g} (largest gradient {want.abs().max():.2g}); stages "
-                    "after it agree")
-        return "the last stage's gradients differ from single-process backprop"
+        gap = (got - want).abs().max().item()
+        scaled &= (got - m * want).abs().max().item() <= m * tol
+        if gap <= tol:
+            said.append(f"{name} agrees")
+        else:
+            wrong.append(k)
+            said.append(f"{name} differs by up to {gap:.2g} (largest gradient {want.abs().max():.2g})")
+    if not wrong:
+        return None
+    if scaled:
+        return ("the gradients are M times too large: the batch's loss is the mean over all its "
+                "samples, so each micro-batch's loss counts 1/M")
+    k = wrong[-1]
+    where = ("the last stage: its loss (a mean over the micro-batch, counted 1/M) and its backward"
+             if k == n - 1 else f"stage {k}'s backward: what it received from stage {k + 1}, and what it "
+             "sends back")
+    return (f"compared with single-process backprop, parameter by parameter: {'; '.join(said)}. "
+            f"Look first at {where} — gradients flow backwards, so a mistake there reaches every "
+            "stage before it")
 
 
 def my_gpipe_stage(stage, xs, ys):
