@@ -294,6 +294,24 @@ def test_ch1_worker_step_wrong_answers_are_rejected(ch1, wrong, monkeypatch):
     assert ch1["worker_step"].solution not in v.message
 
 
+def _one_too_many(grads, params, bounds):  # each slice one value longer than its shard
+    for k, (lo, hi) in enumerate(bounds):
+        dist.send(torch.cat([grads[lo:hi], grads[:1]]), dst=k)
+    for k, (lo, hi) in enumerate(bounds):
+        dist.recv(params[lo:hi], src=k)
+
+
+@pytest.mark.ch1
+def test_ch1_worker_step_wrong_slice_sizes_get_advice_not_a_bare_crash(ch1, monkeypatch):
+    # catches: a message that does not fit its receive buffer ending as a bare "worker process was
+    # killed (SIGABRT)" where chapter 2 gives advice for the same crash
+    from lesson_lib.chapters import ch01_exercises
+
+    monkeypatch.setattr(ch01_exercises, "TIMEOUT_S", 5.0)
+    v = ch1["worker_step"].check(_one_too_many)
+    assert not v.ok and ("size of shard k" in v.message or "push to each server" in v.message), v.message
+
+
 @pytest.mark.ch1
 @pytest.mark.slow
 def test_ch1_worker_step_pull_before_push_deadlocks_and_says_where(ch1, monkeypatch):

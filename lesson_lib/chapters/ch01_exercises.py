@@ -81,6 +81,20 @@ def train_with(worker_step: Callable, task: dict, servers: int) -> dict:
             "slices": [4 * (hi - lo) for lo, hi in bounds]}
 
 
+def _unmatched(e) -> str:
+    """What a worker's learner most likely did when a rank crashed or the ranks waited for each other."""
+    from ..runtime import WorkerTimeout
+
+    if isinstance(e, WorkerTimeout):
+        return ("Does every worker push to each server before it waits for that server's reply, and pull "
+                "exactly what the server sends?")
+    if "SIGABRT" in str(e):  # what Gloo does when a message does not fit the receive buffer
+        return ("Gloo aborts a rank whose receive buffer has another size than the message that arrives: "
+                "does the slice you send server k, and the one you receive into, have the size of shard k "
+                "(chunk_bounds(numel, servers)[k])?")
+    return ""
+
+
 def check_worker_step(fn: Callable) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(worker_step)")
@@ -88,7 +102,7 @@ def check_worker_step(fn: Callable) -> Verdict:
     def case(servers: int, workers: int):
         ref = ps.reference(ps.Config(mode="sync", workers=workers, servers=servers, **TASK))
         return on_ranks(f"{servers} server shard(s) and {workers} workers", servers + workers, train_with,
-                        fn, TASK, servers, timeout_s=TIMEOUT_S,
+                        fn, TASK, servers, timeout_s=TIMEOUT_S, advice=_unmatched,
                         then=lambda outs: {"servers": servers, "workers": outs[servers:], "ref": ref})
 
     return judge([case(k, n) for k, n in LAYOUTS], [
