@@ -118,7 +118,38 @@ def _observed_job():
     return {"calls": data["calls"],
             "in_flight_before": [c["api"] for c in log.in_flight(marks["before wait"])],
             "in_flight_after": [c["api"] for c in log.in_flight(marks["after wait"])],
-            "restored": dist.all_reduce is reduce and comm.ring_all_reduce is ring}
+            "restored": dist.all_reduce is reduce and comm.ring_all_reduce is ring
+            and "recorded" not in repr(vars(dist.ProcessGroup)["allreduce"])}
+
+
+def _every_call_style_job():
+    """The same messages written every way a learner might: each must be seen and counted."""
+    from torch.distributed import all_reduce  # bound before observe: the old checker missed it
+    from torch.distributed.distributed_c10d import all_gather_into_tensor
+
+    rank, other = dist.get_rank(), 1 - dist.get_rank()
+    x, got = torch.ones(4), torch.empty(4)
+    with observe() as log:
+        all_reduce(x)
+        dist.distributed_c10d.all_reduce(x)
+        all_gather_into_tensor(torch.empty(8), x)
+        ops = [dist.P2POp(dist.isend, x, other), dist.P2POp(dist.irecv, got, other)]
+        for work in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):
+            work.wait()
+        dist.send(x, other) if rank == 0 else dist.recv(got, other)
+    return [(c["api"], c["op"], c["bytes"], c["peer"], c["async"]) for c in log.as_data()["calls"]]
+
+
+def test_every_way_of_calling_torch_distributed_is_seen_and_counted():
+    # catches: `from torch.distributed import all_reduce` unseen ("your code ran no communication"),
+    # and `P2POp(dist.isend, ...)` refused ("Invalid op") because the module's function was replaced
+    zero, one = warm_cluster(2).run(_every_call_style_job, timeout_s=20)
+    head = [("dist.all_reduce", "all_reduce", 16, None, False)] * 2 + \
+        [("dist.all_gather_into_tensor", "all_gather", 48, None, False)]
+    assert zero == head + [("dist.batch_isend_irecv", "send", 16, 1, True),
+                           ("dist.batch_isend_irecv", "recv", 16, 1, True), ("dist.send", "send", 16, 1, False)]
+    assert one == head + [("dist.batch_isend_irecv", "recv", 16, 0, True),
+                          ("dist.batch_isend_irecv", "send", 16, 0, True), ("dist.recv", "recv", 16, 0, False)]
 
 
 @pytest.mark.slow

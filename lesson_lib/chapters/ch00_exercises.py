@@ -28,6 +28,7 @@ from ..exercises import (
     pair,
     solution_text,
     summary,
+    unobserved,
 )
 from ..milestones import data_parallel as dp
 from ..models import mlp
@@ -77,9 +78,18 @@ def reference_losses() -> list[float]:
     return dp.reference(dp.Config(world_size=1, optimizer="sgd", **TASK))
 
 
+def _advice(e) -> str:
+    """What the learner most likely did when a rank failed."""
+    if "hook returned" in str(e):  # autograd refuses a gradient hook's return value
+        return ("A gradient hook must return None (or a new gradient): keep the all-reduce's handle in a "
+                "list instead of returning it, and wait for the handles in finish().")
+    return ""
+
+
 def _cases(fn: Callable, worker: Callable):
     """One case per world size: ``worker(fn, TASK)`` on every rank of a warm cluster."""
-    return [on_ranks(f"{n} ranks", n, worker, fn, TASK, timeout_s=TIMEOUT_S) for n in WORLD_SIZES]
+    return [on_ranks(f"{n} ranks", n, worker, fn, TASK, timeout_s=TIMEOUT_S, advice=_advice)
+            for n in WORLD_SIZES]
 
 
 def _same_model(outs: list[dict]) -> str | None:
@@ -127,7 +137,7 @@ def train_overlapped_with(start_overlap: Callable, task: dict) -> dict:
     communication call the learner makes observed (:func:`~lesson_lib.exercises.observe`), and two
     kinds of moments marked: each gradient becoming ready (a hook registered after the learner's)
     and each return from ``finish()``."""
-    reduce = dist.all_reduce  # the loop's own sum of the losses, left out of the log
+    reduce = unobserved(dist.all_reduce)  # the loop's own sum of the losses, left out of the log
 
     with observe() as log:
         def setup(model):

@@ -17,7 +17,18 @@ import torch.nn.functional as F
 from .. import plots
 from ..comm import ring_bytes_sent
 from ..data import batch_indices, shard, teacher_classification
-from ..exercises import Exercise, Property, Verdict, judge, observe, on_ranks, pair, solution_text, summary
+from ..exercises import (
+    Exercise,
+    Property,
+    Verdict,
+    judge,
+    observe,
+    on_ranks,
+    pair,
+    solution_text,
+    summary,
+    unobserved,
+)
 from ..experiments import run_warm
 from ..milestones import accumulation
 from ..milestones import data_parallel as dp
@@ -87,7 +98,7 @@ def accumulate_job(fn: Callable, k: int, task: dict) -> dict:
     model = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
-    reduce, losses = dist.all_reduce, []  # the loop's own sum of the losses, left out of the log
+    reduce, losses = unobserved(dist.all_reduce), []  # the loop's own sum of the losses, not logged
     first, seen, resets = next(model.parameters()), {"prev": None, "incoming": None}, []
 
     def accumulated(p):  # after each backward: did p.grad add this micro-batch's gradient to the last?

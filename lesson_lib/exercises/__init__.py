@@ -17,12 +17,11 @@ Every checker works the same way:
 from .answers import AnswerError, choice, close_to, compare, mismatch, number, numbers_of, pair, whole_number
 from .core import Exercise, assess, solution_text, unanswered
 from .judge import Property, judge, locally, on_ranks
-from .observe import Log, observe, summary
+from .observe import Log, observe, summary, unobserved
 from .verdict import Verdict
 
 __all__ = [
     "AnswerError", "Exercise", "Log", "Property", "Verdict", "assess", "choice", "close_to", "compare",
     "judge", "locally", "mismatch", "number", "on_ranks", "numbers_of", "observe", "pair", "solution_text",
-    "summary",
-    "unanswered", "whole_number",
+    "summary", "unanswered", "unobserved", "whole_number",
 ]

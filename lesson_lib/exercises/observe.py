@@ -1,6 +1,12 @@
 """What a learner's code did on a rank, for the checkers: :func:`observe` records every
 communication call made through ``torch.distributed`` or :mod:`lesson_lib.comm`.
 
+``torch.distributed`` is observed where every call of it passes, its process groups' methods
+(``ProcessGroup.allreduce``, ``.send``...), so any way of writing the call is seen alike:
+``dist.all_reduce``, ``from torch.distributed import all_reduce``, ``dist.distributed_c10d.*``,
+``dist.batch_isend_irecv`` with ``dist.P2POp``. (Functional collectives, which reach the backend
+from C++, are not.) :mod:`lesson_lib.comm`'s functions are observed by name.
+
 Each call becomes a plain dict (it travels back to the notebook with the run's result):
 
 * ``op`` — what it is, whichever API made it: ``all_reduce``, ``reduce_scatter``, ``all_gather``,
@@ -21,6 +27,7 @@ the calls' times: :meth:`Log.in_flight` says which calls were still outstanding 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -29,15 +36,17 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-# the API's name -> what it is
-DIST_OPS = {
-    **dict.fromkeys(("all_reduce", "all_reduce_coalesced"), "all_reduce"),
-    **dict.fromkeys(("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"), "reduce_scatter"),
-    **dict.fromkeys(("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced"),
-                    "all_gather"),
-    **dict.fromkeys(("all_to_all", "all_to_all_single"), "all_to_all"),
+# a process group's method -> what it is
+PG_OPS = {
+    **dict.fromkeys(("allreduce", "allreduce_coalesced"), "all_reduce"),
+    **dict.fromkeys(("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
+                     "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced"), "reduce_scatter"),
+    **dict.fromkeys(("allgather", "_allgather_base", "all_gather_single", "allgather_coalesced",
+                     "allgather_into_tensor_coalesced", "all_gather_single_coalesced"), "all_gather"),
+    **dict.fromkeys(("alltoall", "alltoall_base", "all_to_all_single"), "all_to_all"),
     "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-    "send": "send", "isend": "send", "recv": "recv", "irecv": "recv", "barrier": "barrier",
+    "send": "send", "recv": "recv", "recv_anysource": "recv", "barrier": "barrier",
+    "monitored_barrier": "barrier",
 }
 COMM_OPS = {
     "ring_all_reduce": "all_reduce", "pipelined_ring_all_reduce": "all_reduce", "all_reduce": "all_reduce",
@@ -49,17 +58,18 @@ _STATE = threading.local()
 
 
 def _nbytes(args: tuple, kwargs: dict) -> int:
-    total = 0
-    for a in (*args, *kwargs.values()):
+    """Bytes of every tensor handed in, in lists of tensors and lists of lists too."""
+    def size(a) -> int:
         if isinstance(a, torch.Tensor):
-            total += a.numel() * a.element_size()
-        elif isinstance(a, (list, tuple)):
-            total += sum(t.numel() * t.element_size() for t in a if isinstance(t, torch.Tensor))
-    return total
+            return a.numel() * a.element_size()
+        return sum(map(size, a)) if isinstance(a, (list, tuple)) else 0
+
+    return sum(size(a) for a in (*args, *kwargs.values()))
 
 
-class _Handle:
-    """A handle the learner waits on, which notes when the wait returned."""
+class Work:
+    """The handle an observed call returns (the backend's own ``Work`` inside), which notes when the
+    learner's wait returned."""
 
     def __init__(self, inner: Any, calls: list[dict]):
         self._inner, self._calls, self._future = inner, calls, False
@@ -93,7 +103,7 @@ class Log(list):
     def __init__(self):
         super().__init__()
         self.marks: list[dict] = []
-        self.handles: list[_Handle] = []
+        self.handles: list[Work] = []
 
     def mark(self, label: str, settle: bool = False) -> None:
         """Note this moment; with ``settle``, a handle waited for through its future counts as done
@@ -164,10 +174,74 @@ def _wrap(fn, api: str, op: str, log: Log):
         if out is not None and hasattr(out, "wait"):
             for c in made:
                 c["async"] = True
-            log.handles.append(_Handle(out, made))
+            log.handles.append(Work(out, made))
             return log.handles[-1]
         for c in made:
             c["done"] = time.perf_counter()
+        return out
+
+    return recorded
+
+
+def unobserved(fn):
+    """``fn`` for the checker's own calls inside :func:`observe` (a loop's sum of its losses, a
+    barrier between timings): left out of the log, whichever API it goes through."""
+    @functools.wraps(fn)
+    def quiet(*args, **kwargs):
+        _STATE.depth = getattr(_STATE, "depth", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _STATE.depth -= 1
+
+    return quiet
+
+
+def _caller(method: str) -> tuple[str, bool]:
+    """The ``torch.distributed`` function the learner called that led to ``method`` (the outermost
+    frame of torch.distributed's own modules: ``dist.batch_isend_irecv`` for a ``P2POp``'s send),
+    and whether it hands the learner a handle to wait for (``async_op=True``, ``isend``...)."""
+    frame, outer = sys._getframe(2), None
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch.distributed"):
+        if frame.f_code.co_name not in ("wrapper", "inner") and not frame.f_code.co_name.startswith("_"):
+            outer = frame
+        frame = frame.f_back
+    if outer is None:  # the learner called the process group's method: it returns the handle
+        return f"ProcessGroup.{method}", True
+    name = outer.f_code.co_name
+    handed = name in ("isend", "irecv", "batch_isend_irecv") or bool(outer.f_locals.get("async_op", False))
+    return f"dist.{name}", handed
+
+
+def _wrap_group(method, name: str, log: Log):
+    """``ProcessGroup.<name>``, recorded: the call every torch.distributed collective makes."""
+    op = PG_OPS[name]
+
+    @functools.wraps(method)
+    def recorded(group, *args, **kwargs):
+        if getattr(_STATE, "depth", 0):  # inside another recorded call (comm's ring): its own business
+            return method(group, *args, **kwargs)
+        peer = args[1] if op in ("send", "recv") and name != "recv_anysource" and len(args) > 1 else None
+        if isinstance(peer, int):
+            try:  # the group's rank → the world's, as the learner and the checkers number ranks
+                peer = dist.get_global_rank(group, peer)
+            except (RuntimeError, ValueError):
+                pass
+        api, handed = _caller(name)
+        call = {"op": op, "api": api, "bytes": _nbytes(args, kwargs), "async": handed,
+                "peer": peer if isinstance(peer, int) else None,
+                "in_backward": torch._C._current_graph_task_id() != -1,
+                "start": time.perf_counter(), "done": None}
+        log.append(call)
+        _STATE.depth = getattr(_STATE, "depth", 0) + 1
+        try:
+            out = method(group, *args, **kwargs)
+        finally:
+            _STATE.depth -= 1
+        if out is not None and hasattr(out, "wait"):  # torch.distributed waits on it, or hands it back
+            log.handles.append(Work(out, [call]))
+            return log.handles[-1]
+        call["done"] = time.perf_counter()
         return out
 
     return recorded
@@ -179,14 +253,16 @@ def observe() -> Iterator[Log]:
     from .. import comm
 
     log = Log()
-    patched = [(dist, name, getattr(dist, name)) for name in DIST_OPS if hasattr(dist, name)]
+    group = dist.ProcessGroup
+    # the class's own entries (pybind's method descriptors), to put back as they were: getattr would
+    # give the unbound function, which set back on the class no longer binds its group
+    patched = [(group, name, vars(group)[name]) for name in PG_OPS if name in vars(group)]
     patched += [(comm, name, getattr(comm, name)) for name in COMM_OPS if hasattr(comm, name)]
     try:
-        for module, name, fn in patched:
-            ops = DIST_OPS if module is dist else COMM_OPS
-            prefix = "dist" if module is dist else "comm"
-            setattr(module, name, _wrap(fn, f"{prefix}.{name}", ops[name], log))
+        for owner, name, fn in patched:
+            setattr(owner, name, _wrap_group(getattr(group, name), name, log) if owner is group
+                    else _wrap(fn, f"comm.{name}", COMM_OPS[name], log))
         yield log
     finally:
-        for module, name, fn in patched:
-            setattr(module, name, fn)
+        for owner, name, fn in patched:
+            setattr(owner, name, fn)
