@@ -320,3 +320,32 @@ def test_pingpong_accepts_torch_point_to_point_too(exercises):
 def test_pingpong_rejects_plausible_mistakes(exercises, fn, says):
     v = exercises["pingpong"].submit(fn)
     assert not v.ok and says in v.message, v.message
+
+
+def test_talk_chart_draws_both_overlaps_and_marks_the_compression_bound():
+    from lesson_lib import plots
+    from lesson_lib.costmodel import claims
+
+    by = claims.chart(175e9, 300e9, 1024)
+    fig = plots.impact.talk_chart(by, "GPT-3", ["an assumption"])
+    days = [t for t in fig.data if t.xaxis == "x" and t.showlegend is False]  # legend swatches apart
+    assert [t.name.split(" (")[0] for t in days] == ["overlap 0", "overlap 1"]
+    for trace, ov in zip(days, (0.0, 1.0)):
+        assert list(trace.y) == [r["days"] for r in by[ov]]
+        assert list(trace.text) == [f"{r['days']:.3g} d" for r in by[ov]]
+    labels = dict(zip([r["milestone"] for r in by[0.0]], days[0].x))
+    assert "bound: no extra steps" in labels["compression"] and "bound" not in labels["lamb"]
+    assert "does not fit" in labels["ring"] and "does not fit" not in labels["zero-3"]
+    more = costmodel.estimate(costmodel.plan_for("compression", 175e9, 300e9, 1024, extra_steps=0.1))
+    assert "bound" not in plots.impact.bar_text({**more, "milestone": "compression"})
+
+
+def test_published_check_compares_each_run_in_the_units_its_paper_gives():
+    from lesson_lib.chapters import ch07
+
+    rows = {r["case"]: r for r in ch07.published_check()}
+    assert {r["use"] for r in rows.values()} == {"calibration", "out-of-sample", "sanity-check"}
+    mt = rows["mt-nlg-530b"]
+    assert mt["unit"] == "TFLOP/s" and mt["time_unit"] == "s/step" and mt["published_time"] == 60.1
+    assert math.isclose(mt["time_error"], mt["estimate"]["step_s"] / 60.1 - 1)
+    assert rows["llama-65b"]["unit"] == "tokens/s" and rows["llama-65b"]["time_unit"] == "days"

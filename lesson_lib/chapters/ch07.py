@@ -10,6 +10,7 @@ from __future__ import annotations
 from IPython.display import display
 
 from .. import costmodel, plots
+from ..costmodel import claims
 from ..experiments import Result, run_warm
 from ..milestones import impact
 from .ch07_exercises import exercises
@@ -18,27 +19,87 @@ from .ch07_exercises import exercises
 # tokens) on 1,024 A100s with one HDR InfiniBand port each, as Narayanan et al. (SC21) trained it.
 GPT3 = {"params": 175e9, "tokens": 300e9, "devices": 1024, "device": "a100-80gb", "link": "ib-hdr"}
 
-__all__ = ["GPT3", "exercises", "measured", "ps_sharding", "published_check", "run_impact", "talk_chart",
-           "table", "validation_table", "what_if"]
+__all__ = ["GPT3", "OVERLAPS", "compression_bound", "conclusions", "exercises", "measured", "months_to_days",
+           "ps_sharding", "published_check", "run_impact", "talk_chart", "table", "validation_table",
+           "what_if"]
+# The chart's two bounds on overlap: nothing hidden, and everything that compute can cover hidden
+# (chapters 0 and 4 measure buckets and prefetch hiding part of it, on this machine).
+OVERLAPS = (0.0, 1.0)
 
 
-def talk_chart(names=costmodel.MILESTONES, **overrides) -> list[dict]:
-    """Every milestone for GPT-3 (or ``overrides``) on the named cluster: figure, table, rows."""
+def talk_chart(names=costmodel.MILESTONES, overlaps=OVERLAPS, **overrides) -> dict[float, list[dict]]:
+    """Every milestone for GPT-3 (or ``overrides``) on the named cluster, once per overlap: the figure
+    (paired bars), one table per overlap, and {overlap: rows}."""
     job = {**GPT3, **overrides}
     options = {k: v for k, v in job.items() if k not in ("params", "tokens", "devices")}
-    rows = costmodel.milestones(job["params"], job["tokens"], job["devices"], names, **options)
+    by = claims.chart(job["params"], job["tokens"], job["devices"], overlaps, names=names, **options)
+    rows = by[overlaps[0]]
     dev = costmodel.devices()[job["device"]]["name"]
     title = (f"{job['params']:.3g} parameters, {job['tokens']:.3g} tokens on {job['devices']:,} × {dev}: "
-             "modelled time and memory per device, milestone by milestone")
+             "modelled time and memory per device, milestone by milestone, with no and with full overlap")
     notes = costmodel.assumptions(rows[0]["plan"])  # what every bar shares, then what each adds
     for r in rows[1:]:
         notes += [a for a in costmodel.assumptions(r["plan"])
                   if a not in notes and "tokens per step" not in a]
-    notes.append("pipeline: the fewest stages (dividing the devices) at which the model fits; "
-                 "ps-sharded: as many server machines as workers; lamb and compression build on ZeRO-3")
-    display(plots.impact.talk_chart(rows, title, notes))
-    print(costmodel.table(rows))
+    notes = [a for a in notes if "hidden behind compute" not in a] + [
+        "overlap: " + " and ".join(f"{ov:.0%}" for ov in overlaps) + " of the data-parallel communication "
+        "hidden behind compute (at most the compute's own time; chapters 0 and 4 measure buckets and "
+        "prefetch hiding it); pipeline and tensor-parallel messages never hidden",
+        "pipeline: the fewest stages (dividing the devices) at which the model fits; "
+        "ps-sharded: as many server machines as workers; lamb and compression build on ZeRO-3"]
+    display(plots.impact.talk_chart(by, title, notes))
+    for ov in overlaps:
+        print(f"overlap {ov:g}:\n{costmodel.table(by[ov])}")
+    return by
+
+
+def conclusions(by_overlap: dict[float, list[dict]]) -> list[dict]:
+    """Which of the chart's conclusions hold at every overlap, which flip: printed, and returned."""
+    rows = claims.conclusions(by_overlap)
+    print(claims.conclusions_table(rows))
     return rows
+
+
+def compression_bound(extra_steps=(0.0, 0.05, 0.1, 0.25), **overrides) -> dict:
+    """The compression bar's days at several assumed shares of extra steps, beside LAMB's, at each
+    overlap; where it stops beating LAMB; and the N from which all-gathered top-k 1 % (chapter 6)
+    sends more bytes than the uncompressed ring."""
+    from ..milestones import compression
+
+    job = {**GPT3, **overrides}
+    options = {k: v for k, v in job.items() if k not in ("params", "tokens", "devices")}
+    out = claims.compression_days(job["params"], job["tokens"], job["devices"], extra_steps, OVERLAPS,
+                                  **options)
+    print(f"{'overlap':>8} {'extra steps':>12} {'compression days':>17} {'lamb days':>10}")
+    for r in out["rows"]:
+        print(f"{r['overlap']:>8g} {r['extra_steps']:>12.0%} {r['days']:>17.1f} {r['lamb_days']:>10.1f}")
+    for ov, e in out["break_even_extra_steps"].items():
+        print(f"overlap {ov:g}: compression stops beating LAMB at {e:.1%} more steps")
+    numel = 10**6  # top-k 1 %: k (int32 index, fp32 value) pairs all-gathered, against a fp32 ring
+    even = compression.all_gather_break_even(8 * numel // 100, numel)
+    d = out["d"] = costmodel.plan_for("compression", job["params"], job["tokens"], job["devices"],
+                                      **options).data_parallel
+    ratio = (d - 1) * 8 * numel / 100 / compression.ring_busiest_bytes(numel, 4, d)
+    print(f"all-gathered top-k 1 % (chapter 6) stops saving bytes at N = {even}; at the chart's "
+          f"N = {d:,} it sends {ratio:.1f}× the uncompressed ring's bytes")
+    out.update(topk_break_even=even, topk_ratio_at_d=ratio)
+    return out
+
+
+def months_to_days(**overrides) -> dict:
+    """"From months to days", in the chart's own numbers (printed, and returned)."""
+    job = {**GPT3, **overrides}
+    options = {k: v for k, v in job.items() if k not in ("params", "tokens", "devices")}
+    out = claims.months_to_days(job["params"], job["tokens"], job["devices"], OVERLAPS, **options)
+    for ov, f in out["fixed"].items():
+        print(f"overlap {ov:g}: {job['params']:.3g} parameters — plain ring (if it fitted) "
+              f"{f['ring_days']:.1f} days, fastest bar that fits ({f['best']}) {f['best_days']:.1f} days: "
+              f"{f['ring_days'] / f['best_days']:.2f}× faster")
+    small = out["ring_largest"]
+    print(f"the largest model a plain ring fits on these devices: {small['params']:.3g} parameters, "
+          + ", ".join(f"{d:.1f} days at overlap {ov:g}" for ov, d in small["days"].items())
+          + f"; with the milestones {job['params'] / small['params']:.0f}× more parameters fit")
+    return out
 
 
 def ps_sharding(servers=(1, 8, 64, 256, 1024), **overrides) -> list[dict]:
@@ -80,27 +141,34 @@ def offload(params: float = 1e12, devices: int = 1024, pipelines=(8, 16, 32, 64)
 
 def published_check() -> list[dict]:
     """The step model against every published run (data/published.csv), each with its use: the
-    rows the efficiency was calibrated on, and the out-of-sample ones. Prints the table."""
+    rows the efficiency was calibrated on, the out-of-sample one (the paper's own layout), and a
+    sanity check (a layout the model chose). Per GPU: TFLOP/s where the paper gives it, else tokens/s;
+    then days, or seconds per step where the paper gives no end-to-end days. Prints the table."""
     rows = []
     for case, p in costmodel.published().items():
         e = costmodel.estimate(costmodel.published_plan(case))
-        tokens_s = e["plan"].batch_tokens / e["step_s"] / e["plan"].devices
-        if p["use"] == "calibration":  # SC21 reports FLOP/s per GPU, LLaMA tokens per second per GPU
+        if p["achieved_tflops_per_device"] != "":
             paper, model, unit = p["achieved_tflops_per_device"], e["tflops_per_device"], "TFLOP/s"
         else:
-            paper, model, unit = p["tokens_per_s_per_device"], tokens_s, "tokens/s"
+            paper, model, unit = p["tokens_per_s_per_device"], e["plan"].batch_tokens / e["step_s"] / \
+                e["plan"].devices, "tokens/s"
+        if p["published_days"] != "":
+            time_unit, published, modelled = "days", p["published_days"], e["days"]
+        else:
+            time_unit, published, modelled = "s/step", p["published_step_s"], e["step_s"]
         rows.append({"case": case, "use": p["use"], "estimate": e, "unit": unit, "published_rate": paper,
-                     "modelled_rate": model, "rate_error": model / paper - 1,
-                     "published_days": p["published_days"], "modelled_days": e["days"],
-                     "days_error": e["days"] / p["published_days"] - 1})
-    print(f"{'case':<10} {'use':<14} {'per GPU: paper':>16} {'model':>7} {'error':>6} "
-          f"{'days: paper':>12} {'model':>6} {'error':>6}  layout, dominant term")
+                     "modelled_rate": model, "rate_error": model / paper - 1, "time_unit": time_unit,
+                     "published_time": published, "modelled_time": modelled,
+                     "time_error": modelled / published - 1})
+    print(f"{'case':<12} {'use':<14} {'per GPU: paper':>16} {'model':>7} {'error':>6} "
+          f"{'time: paper':>19} {'model':>6} {'error':>6}  layout, dominant term")
     for r in rows:
         e = r["estimate"]
-        print(f"{r['case']:<10} {r['use']:<14} {r['published_rate']:>7g} {r['unit']:<8} "
-              f"{r['modelled_rate']:>7.0f} {r['rate_error']:>+6.0%} {r['published_days']:>12g} "
-              f"{r['modelled_days']:>6.1f} {r['days_error']:>+6.0%}  t={e['plan'].tensor} "
-              f"p={e['plan'].pipeline}, {e['dominant']}")
+        print(f"{r['case']:<12} {r['use']:<14} {r['published_rate']:>7g} {r['unit']:<8} "
+              f"{r['modelled_rate']:>7.0f} {r['rate_error']:>+6.0%} {r['published_time']:>12g} "
+              f"{r['time_unit']:<6} {r['modelled_time']:>6.1f} {r['time_error']:>+6.0%}  "
+              f"t={e['plan'].tensor} p={e['plan'].pipeline}"
+              + (" sp" if e["plan"].sequence_parallel else "") + f", {e['dominant']}")
     return rows
 
 
@@ -121,6 +189,8 @@ def what_if():
     link = W.Dropdown(options=[k for k in costmodel.links() if not k.startswith("nvlink")], value="ib-hdr",
                       description="link")
     overlap = W.FloatSlider(value=0.0, min=0, max=1, step=0.1, description="overlap")
+    tensor = W.Dropdown(options=[1, 2, 4, 8], value=1, description="tensor t")  # within one node
+    sp = W.Checkbox(value=False, description="sequence parallel")
     chosen = W.SelectMultiple(options=list(costmodel.MILESTONES), value=list(costmodel.MILESTONES),
                               description="milestones", rows=len(costmodel.MILESTONES))
     out = W.HTML()
@@ -130,23 +200,26 @@ def what_if():
         for m in chosen.value or ("ring",):
             try:
                 rows += costmodel.milestones(params.value, tokens.value, count.value, (m,),
-                                             device=device.value, link=link.value, overlap=overlap.value)
+                                             device=device.value, link=link.value, overlap=overlap.value,
+                                             tensor=tensor.value, sequence_parallel=sp.value)
             except ValueError as e:  # e.g. more replicas than sequences in the batch: said, not raised
                 cannot.setdefault(str(e), []).append(m)
         cells = "".join(
             f"<tr><td>{r['milestone']}</td><td>{r['plan'].pipeline}</td>"
             f"<td>{'yes' if r['fits'] else '<b>does not fit</b>'}</td>"
             f"<td style='text-align:right'>{r['memory']['total'] / 1e9:,.1f}</td>"
+            f"<td style='text-align:right'>{r['terms']['tensor']:,.3g}</td>"
             f"<td style='text-align:right'>{r['days']:,.3g}</td><td>{r['dominant']}</td></tr>" for r in rows)
-        table = ("<table><tr><th>milestone</th><th>stages</th><th>fits</th><th>GB/device</th>"
-                 f"<th>days</th><th>dominant term</th></tr>{cells}</table>") if rows else ""
+        table = ("<table><tr><th>milestone</th><th>stages</th><th>fits</th><th>GB/device</th><th>tensor "
+                 f"s/step</th><th>days</th><th>dominant term</th></tr>{cells}</table>") if rows else ""
         out.value = table + "".join(f"<p><b>cannot model {', '.join(ms)} here:</b> {why}</p>"
                                     for why, ms in cannot.items())
 
-    for w in (params, tokens, count, device, link, overlap, chosen):
+    controls = (params, tokens, count, device, link, overlap, tensor, sp, chosen)
+    for w in controls:
         w.observe(update, "value")
     update()
-    return W.VBox([params, tokens, count, device, link, overlap, chosen, out])
+    return W.VBox([*controls, out])
 
 
 def run_impact(preset: str = "quick", live: plots.common.LiveRuns | None = None, **options) -> Result:

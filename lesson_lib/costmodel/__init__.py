@@ -3,6 +3,8 @@
 * :mod:`.terms` — one formula per quantity: the memory bill, alpha-beta and its fits, ZeRO's memory
   and traffic, the terms of a step at scale, and the device and link tables they read.
 * :mod:`.plan` — :class:`Plan`, one training job, and what each milestone of the talk changes in it.
+* :mod:`.tensor` — the tensor-parallel term (chapter 8): Megatron's all-reduces per block, and with
+  sequence parallelism its reduce-scatters, all-gathers and re-gathers.
 * :mod:`.planner` — a Plan turned into memory, step time and days; its assumptions, its table and
   ``python -m lesson_lib estimate``.
 """
@@ -19,6 +21,7 @@ from .planner import (
     table,
     to_json,
 )
+from .tensor import tensor_parallel_terms, tensor_parallel_time
 from .terms import (
     PRECISIONS,
     accelerators,
@@ -51,6 +54,6 @@ __all__ = [
     "days_from_throughput", "devices", "devices_needed", "estimate", "fit_alpha_beta",
     "fit_point_to_point", "fits", "latency_crossover_bytes", "links", "memory", "memory_bill",
     "milestones", "plan_for", "ps_terms", "ps_time", "published", "published_plan",
-    "recompute_activation_bytes", "ring_time", "server_memory", "step_time", "table", "to_json",
-    "zero_memory", "zero_traffic",
+    "recompute_activation_bytes", "ring_time", "server_memory", "step_time", "table",
+    "tensor_parallel_terms", "tensor_parallel_time", "to_json", "zero_memory", "zero_traffic",
 ]

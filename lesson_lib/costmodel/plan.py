@@ -25,7 +25,9 @@ MILESTONE_PLANS = {
     "lamb": {"zero": 3, "batch_scale": 4},
     "compression": {"zero": 3, "batch_scale": 4, "compression": 4},
 }
-TERMS = ("compute", "bubble", "bandwidth", "latency")
+# The step's terms: compute, the pipeline's bubble, the data-parallel (and pipeline, offload) messages'
+# bandwidth and latency, and the tensor-parallel collectives on the node's link (chapter 8).
+TERMS = ("compute", "bubble", "bandwidth", "latency", "tensor")
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,12 @@ class Plan:
     servers: int = 1                   # K parameter-server shards (ps only), machines besides the n
     pipeline: int = 1                  # P stages (1F1B)
     tensor: int = 1                    # t, tensor-parallel ranks (Shoeybi et al., 2019)
+    sequence_parallel: bool = False    # between the blocks, activations split over t (Korthikanti 2022)
     zero: int = 0                      # ZeRO stage over the data-parallel ranks
     batch_tokens: float = 1536 * 2048  # tokens per step (Narayanan et al.'s GPT-3 batch)
     batch_scale: float = 1.0           # a large-batch optimizer's multiple of that batch (LAMB)
     compression: float = 1.0           # gradient bytes divided by this (chapter 6)
+    extra_steps: float = 0.0           # share of extra steps a compressed run needs (0: a bound)
     seq_len: int = 2048
     micro_batch: int = 1               # sequences per micro-batch
     layers: int = 0                    # 0: from Ψ ≈ 12·L·h² with h = 128·L (GPT-3's shape)
@@ -104,6 +108,12 @@ class Plan:
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.comm == "ps" and (self.zero or self.pipeline > 1):
             raise ValueError("comm='ps' models chapter 1's parameter server: use it with zero=0, pipeline=1")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
+        if isinstance(self.extra_steps, bool) or not isinstance(self.extra_steps, (int, float)) \
+                or not math.isfinite(self.extra_steps) or self.extra_steps < 0:
+            raise ValueError(f"extra_steps must be a number ≥ 0 (a share: 0.1 = 10 % more steps), "
+                             f"got {self.extra_steps!r}")
         if not isinstance(self.offload, bool):
             raise ValueError(f"offload must be True or False, got {self.offload!r}")
         if self.offload and self.zero != 2:
@@ -130,5 +140,5 @@ def published_plan(case: str, **options) -> Plan:
     chosen = dict(device=p["device"], tensor=int(p["tensor"]), pipeline=int(p["pipeline"]),
                   batch_tokens=p["global_batch"] * p["seq_len"], seq_len=int(p["seq_len"]),
                   layers=int(p["layers"]), hidden=int(p["hidden"]), heads=int(p["heads"]),
-                  recompute=bool(p["recompute"]))
+                  recompute=bool(p["recompute"]), sequence_parallel=bool(p.get("sequence_parallel") or 0))
     return Plan(p["params"], p["tokens"], int(p["devices"]), **{**chosen, **options}).validate()

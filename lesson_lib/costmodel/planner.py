@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .plan import MILESTONE_PLANS, MILESTONES, TERMS, Plan
+from .tensor import tensor_parallel_terms
 from .terms import (
     activation_bytes,
     allreduce_terms,
@@ -61,12 +62,13 @@ def memory(plan: Plan) -> dict:
     else:
         states = {k: v for k, v in zero_memory(psi, plan.data_parallel, plan.zero, "mixed").items()
                   if k != "total"}
-    full = activation_bytes(plan.seq_len, plan.micro_batch, hidden, heads, plan.tensor)
+    t, sp = plan.tensor, plan.sequence_parallel
+    full = activation_bytes(plan.seq_len, plan.micro_batch, hidden, heads, t, sp)
     # 1F1B: the first stage holds P micro-batches of its L/P layers, so L layer-micro-batches
     # (Narayanan et al., 2021); without a pipeline, one micro-batch of all L layers.
     held = layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
-    if plan.recompute:  # keep each layer's input (not divided by t), rebuild one layer at a time
-        act = recompute_activation_bytes(plan.seq_len, plan.micro_batch, hidden, held) + full
+    if plan.recompute:  # keep each layer's input (÷ t only with sequence parallelism), rebuild one
+        act = recompute_activation_bytes(plan.seq_len, plan.micro_batch, hidden, held, t, sp) + full
     else:
         act = held * full
     # ZeRO-Offload (on ZeRO-2): my shard of the gradients and of Adam's fp32 state live on the host,
@@ -87,7 +89,8 @@ def step_time(plan: Plan) -> dict:
     """Seconds of one training step, term by term (chapter 7 shows this function).
 
     compute: FLOPs over the devices' delivered rate; bubble: the pipeline's idle (P−1)/M of it;
-    bandwidth and latency: the α-β cost of the messages, of which ``overlap`` is hidden.
+    bandwidth and latency: the α-β cost of the messages, of which ``overlap`` is hidden; tensor:
+    the tensor-parallel collectives on the node's link, never hidden (chapter 8).
     """
     dev, net, node = devices()[plan.device], links()[plan.link], links()[plan.intra_link]
     layers, hidden, _ = plan.shape()
@@ -112,19 +115,20 @@ def step_time(plan: Plan) -> dict:
     if plan.offload:  # my gradient shard to the host, my updated bf16 parameter shard back (full duplex)
         pcie = links()[plan.host_link]
         lat, bw = lat + 2 * pcie["alpha"], bw + 2 * plan.params / (P * t * d) * pcie["beta"]
-    if t > 1:  # Megatron: 2 all-reduces per layer forward, 2 backward, 2 more when recomputing
-        a, b = allreduce_terms("ring", t, 2 * plan.seq_len * plan.micro_batch * hidden)
-        count = layers / P * m * (6 if plan.recompute else 4)
-        lat, bw = lat + count * a * node["alpha"], bw + count * b * node["beta"]
-    return {"compute": compute, "bubble": bubble, "bandwidth": bw, "latency": lat,
-            "step": compute + bubble + bw + lat, "flops": flops}
+    # Megatron: 2 all-reduces of one bf16 activation per block forward, 2 backward (chapter 8)
+    a, b = tensor_parallel_terms(t, 2 * plan.seq_len * plan.micro_batch * hidden, layers / P, m,
+                                 plan.recompute, plan.sequence_parallel)
+    tensor = a * node["alpha"] + b * node["beta"]
+    return {"compute": compute, "bubble": bubble, "bandwidth": bw, "latency": lat, "tensor": tensor,
+            "step": compute + bubble + bw + lat + tensor, "flops": flops}
 
 
 def estimate(plan: Plan) -> dict:
     """Does it fit, seconds per step, days to train on ``tokens``, memory, the dominating term."""
     plan = plan.validate()
     terms = step_time(plan)
-    steps = plan.tokens / (plan.batch_tokens * plan.batch_scale)
+    # a compressed run's extra steps (chapter 6 measures them): the same tokens take more steps
+    steps = plan.tokens / (plan.batch_tokens * plan.batch_scale) * (1 + plan.extra_steps)
     mem = memory(plan)
     layers, hidden, heads = plan.shape()
     servers = plan.servers if plan.comm == "ps" else 0
@@ -160,12 +164,13 @@ def assumptions(plan: Plan) -> list[str]:
            "Narayanan et al. 2021)" if plan.recompute else "Kaplan et al. 2020)"),
         f"between nodes: {net['name']}, {1e-9 / net['beta']:g} GB/s each way per device, "
         f"α = {net['alpha'] * 1e6:g} µs — {net['source']}",
-        f"{plan.overlap:.0%} of the data-parallel communication hidden behind compute (assumed); "
-        "pipeline and tensor-parallel messages never hidden",
+        f"{plan.overlap:.0%} of the data-parallel communication hidden behind compute (assumed; chapters "
+        "0 and 4 measure buckets and prefetch hiding it); pipeline and tensor-parallel messages never hidden",
         "memory: 2 + 2 + 12 bytes per parameter (bf16 weights and gradients, fp32 Adam; "
         "Rajbhandari et al. 2020), activations s·b·h·(10 + 24/t + 5as/(ht)) per layer "
-        "(Korthikanti et al. 2022)" + ("; recomputing, only each layer's input, 2·s·b·h bytes, not "
-                                       "divided by t (no sequence parallelism)" if plan.recompute else ""),
+        "(Korthikanti et al. 2022)" + ("; recomputing, only each layer's input, 2·s·b·h bytes"
+                                       + (" over t" if plan.sequence_parallel else ", not divided by t "
+                                          "(no sequence parallelism)") if plan.recompute else ""),
     ]
     if plan.comm == "ps":
         lines.append(
@@ -183,28 +188,41 @@ def assumptions(plan: Plan) -> list[str]:
                      f"{1e-9 / pcie['beta']:g} GB/s each way — {pcie['source']}; the host's Adam step is "
                      "not modelled (assumed hidden, as Ren et al. overlap it)")
     if plan.tensor > 1:
-        lines.append(f"tensor parallel over {plan.tensor} devices of a node: {node['name']}, "
-                     f"{1e-9 / node['beta']:g} GB/s — {node['source']}")
+        sp = plan.sequence_parallel
+        lines.append(f"tensor parallel over {plan.tensor} devices of a node (the 'tensor' term; chapter 8, "
+                     f"Shoeybi et al. 2019): per block and micro-batch {6 if plan.recompute else 4} ring "
+                     f"all-reduces of one bf16 activation (2 forward, 2 backward"
+                     + (", 2 recomputing" if plan.recompute else "") + ")"
+                     + ("; sequence parallel (Korthikanti et al. 2022): each a reduce-scatter + all-gather, "
+                        "the same bytes, + 2 all-gathers in the backward, activations between the blocks "
+                        "÷ t" if sp else "; no sequence parallelism")
+                     + f"; on {node['name']}, {1e-9 / node['beta']:g} GB/s — {node['source']}")
     if plan.batch_scale != 1:
         lines.append(f"a large-batch optimizer (LAMB, You et al. 2020) trains at {plan.batch_scale:g}× "
                      "the batch in the same tokens (assumed: it holds up to a critical batch size, "
                      "McCandlish et al. 2018)")
     if plan.compression != 1:
-        lines.append(f"gradients compressed {plan.compression:g}× (assumed; chapter 6 measures ratios)")
+        lines.append(f"gradients compressed {plan.compression:g}× (assumed; chapter 6 measures ratios) and "
+                     + (f"{plan.extra_steps:.0%} more steps for the same tokens (assumed)" if plan.extra_steps
+                        else "no extra steps: a bound (chapter 6 measured compressed runs needing more "
+                             "steps; all-gathered schemes stop saving bytes long before N = 1,024)"))
     return lines
 
 
 def table(rows: list[dict]) -> str:
     """The estimates as text: one line per milestone."""
-    lines = [f"{'milestone':<17} {'P':>4} {'d':>5} {'K':>5} {'fits':>5} {'GB/device':>10} "
-             f"{'GB/server':>10} {'step s':>9} {'days':>9} {'machines':>9} {'TFLOP/s':>8}  dominant"]
+    lines = [f"{'milestone':<17} {'t':>3} {'P':>4} {'d':>5} {'K':>5} {'fits':>5} {'GB/device':>10} "
+             f"{'GB/server':>10} {'tensor s':>9} {'step s':>9} {'days':>9} {'machines':>9} {'TFLOP/s':>8}"
+             "  dominant"]
     for r in rows:
         ps = r["servers"] > 0
-        lines.append(f"{r.get('milestone', '-'):<17} {r['plan'].pipeline:>4} {r['data_parallel']:>5} "
+        lines.append(f"{r.get('milestone', '-'):<17} {r['plan'].tensor:>3} {r['plan'].pipeline:>4} "
+                     f"{r['data_parallel']:>5} "
                      f"{r['servers'] if ps else '-':>5} {'yes' if r['fits'] else 'NO':>5} "
                      f"{r['memory']['total'] / 1e9:>10.1f} "
                      f"{format(r['memory']['server'] / 1e9, '.1f') if ps else '-':>10} "
-                     f"{r['step_s']:>9.3g} {r['days']:>9.3g} {r['machines']:>9,} "
+                     f"{r['terms']['tensor']:>9.3g} {r['step_s']:>9.3g} {r['days']:>9.3g} "
+                     f"{r['machines']:>9,} "
                      f"{r['tflops_per_device']:>8.1f}  {r['dominant']}")
     return "\n".join(lines)
 
@@ -235,8 +253,11 @@ def cli_estimate(argv: list[str]) -> int:
                    "(repeatable; default: all, in the talk's order)")
     for name, kind in (("pipeline", int), ("tensor", int), ("servers", int), ("batch-tokens", float),
                        ("efficiency", float), ("overlap", float), ("compression", float),
+                       ("extra-steps", float),
                        ("layers", int), ("hidden", int)):
         p.add_argument(f"--{name}", type=kind, help=f"overrides the plan's {name.replace('-', '_')}")
+    p.add_argument("--sequence-parallel", action="store_true", default=None,
+                   help="sequence parallelism over the tensor-parallel ranks (Korthikanti et al. 2022)")
     p.add_argument("--json", metavar="FILE", help="write the estimates as JSON")
     args = p.parse_args(argv)
     options = {k: v for k, v in vars(args).items() if v is not None and k not in (

@@ -191,9 +191,9 @@ def links() -> dict[str, dict]:
 
 
 def published() -> dict[str, dict]:
-    """End-to-end figures a paper reports (data/published.csv), to check the model against. ``use``
-    says whether a row calibrated the model's efficiency ("calibration") or was left out of that
-    fit to test it ("out-of-sample")."""
+    """Training figures a paper reports (data/published.csv), to check the model against. ``use``
+    says whether a row calibrated the model's efficiency ("calibration"), tests it with the layout
+    its paper reports ("out-of-sample"), or only checks it with a layout the model chose ("sanity-check")."""
     return {r["case"]: {k: (v if k in ("case", "device", "use", "source") or v == "" else float(v))
                         for k, v in r.items()} for r in read_csv("published.csv")}
 
@@ -255,16 +255,20 @@ def server_memory(params: float, servers: int) -> float:
     return 12 * params / servers
 
 
-def activation_bytes(seq: int, micro: int, hidden: int, heads: int, tensor: int = 1) -> float:
-    """One transformer layer's saved activations for one micro-batch, 16-bit, no sequence
-    parallelism: s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes (Korthikanti et al., 2022, Eq. 2)."""
-    return seq * micro * hidden * (10 + 24 / tensor + 5 * heads * seq / (hidden * tensor))
+def activation_bytes(seq: int, micro: int, hidden: int, heads: int, tensor: int = 1,
+                     sequence_parallel: bool = False) -> float:
+    """One transformer layer's saved activations for one micro-batch, 16-bit: s·b·h·(10 + 24/t +
+    5·a·s/(h·t)) bytes; with sequence parallelism the 10 between the blocks is divided by t too,
+    s·b·h·(34/t + 5·a·s/(h·t)) (Korthikanti et al., 2022, Eqs. 2 and 4; chapter 8 §3)."""
+    between = 10 / tensor if sequence_parallel else 10
+    return seq * micro * hidden * (between + 24 / tensor + 5 * heads * seq / (hidden * tensor))
 
 
-def recompute_activation_bytes(seq: int, micro: int, hidden: int, layers: float) -> float:
-    """Activations kept under full recomputation, without sequence parallelism: each of the L
-    layers' inputs, s·b·h values in 16 bits, so 2·s·b·h·L bytes (Korthikanti et al., 2022, §4.1
-    and Table 2, "full recompute"). Not divided by t: without sequence parallelism the layer input
-    is replicated on every tensor-parallel rank (only sequence parallelism divides it by t).
-    The one layer being recomputed in the backward pass comes on top (:func:`activation_bytes`)."""
-    return 2 * seq * micro * hidden * layers
+def recompute_activation_bytes(seq: int, micro: int, hidden: int, layers: float, tensor: int = 1,
+                               sequence_parallel: bool = False) -> float:
+    """Activations kept under full recomputation: each of the L layers' inputs, s·b·h values in 16
+    bits, so 2·s·b·h·L bytes (Korthikanti et al., 2022, §4.1 and Table 2, "full recompute").
+    Without sequence parallelism the layer input is replicated on every tensor-parallel rank; with
+    it, each keeps its 1/t of the sequence: 2·s·b·h·L/t. The one layer being recomputed in the
+    backward pass comes on top (:func:`activation_bytes`)."""
+    return 2 * seq * micro * hidden * layers / (tensor if sequence_parallel else 1)

@@ -23,43 +23,70 @@ def label(record: dict) -> str:
     return record["label"] + (f" ({gbps:g} Gbit/s)" if gbps else "")
 
 
-def talk_chart(rows: list[dict], title: str, assumptions: list[str]) -> go.Figure:
-    """Modelled days to train and memory per device, one bar per milestone in the talk's order;
-    grey bars with "does not fit" where the model's states and activations exceed the device. A
-    parameter server's bars name its K and its server machines; beside its workers' memory, a
-    hatched bar gives each server's (Adam's state over K)."""
-    names = [r["milestone"] + (f" (K={r['servers']:,})" if r.get("servers") else "") for r in rows]
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
-        "days to train (modelled)", "memory per device and per server, GB (modelled)"))
+OVERLAP_COLORS = ("#4C78A8", "#9ECAE9")  # fitting bars: nothing hidden, then all that compute covers
+
+
+def bar_text(r: dict) -> str:
+    """A milestone's label under its bars: its name, a parameter server's K and server machines,
+    "does not fit", and a compressed run that assumes no extra steps marked as what it is, a bound."""
+    plan = r["plan"]
+    k = r.get("servers")
+    return (r["milestone"] + (f" (K={k:,})<br>+{k:,} servers" if k else "")
+            + ("" if r["fits"] else "<br>does not fit")
+            + ("<br>bound: no extra steps" if plan.compression != 1 and not plan.extra_steps else ""))
+
+
+def talk_chart(by_overlap: dict, title: str, assumptions: list[str]) -> go.Figure:
+    """Modelled days to train, one pair of bars per milestone in the talk's order — one bar per
+    overlap (the share of data-parallel communication hidden behind compute) — and memory per
+    device, which overlap does not change; grey bars with "does not fit" where the model's states and
+    activations exceed the device. A parameter server's bars name its K and its server machines;
+    beside its workers' memory, a hatched bar gives each server's (Adam's state over K)."""
+    overlaps = list(by_overlap)
+    rows = by_overlap[overlaps[0]]
+    names = [bar_text(r) for r in rows]
+    short = [r["milestone"] + (f" (K={r['servers']:,})" if r.get("servers") else "") for r in rows]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, column_widths=[0.55, 0.45], subplot_titles=(
+        "days to train (modelled), by overlap", "memory per device and per server, GB (modelled)"))
+    days = []
+    for i, ov in enumerate(overlaps):
+        these = by_overlap[ov]
+        days += [r["days"] for r in these]
+        name = f"overlap {ov:g}" + (" (nothing hidden)" if ov == 0 else " (all compute covers hidden)"
+                                    if ov == 1 else f" ({ov:.0%} hidden)")
+        fig.add_bar(x=names, y=[r["days"] for r in these], text=[f"{r['days']:.3g} d" for r in these],
+                    marker_color=[OVERLAP_COLORS[i % 2] if r["fits"] else NO_FIT for r in these],
+                    marker_pattern_shape="" if i == 0 else ".", textposition="outside", textangle=-90,
+                    row=1, col=1, name=name, legendgroup=name, showlegend=False,
+                    hovertext=[f"overlap {ov:g}, dominant: {r['dominant']}" for r in these])
+        fig.add_bar(x=[None], y=[None], marker_color=OVERLAP_COLORS[i % 2], name=name, legendgroup=name,
+                    marker_pattern_shape="" if i == 0 else ".", row=1, col=1)  # the legend's swatch
     colors = [FITS if r["fits"] else NO_FIT for r in rows]
-    text = [f"{r['days']:.3g} d" + ("" if r["fits"] else "<br>does not fit")
-            + (f"<br>+{r['servers']:,} servers" if r.get("servers") else "") for r in rows]
-    fig.add_bar(x=names, y=[r["days"] for r in rows], marker_color=colors, text=text,
-                textposition="outside", showlegend=False, row=1, col=1,
-                hovertext=[f"dominant: {r['dominant']}" for r in rows])
-    fig.add_bar(x=names, y=[r["memory"]["total"] / 1e9 for r in rows], marker_color=colors,
+    fig.add_bar(x=short, y=[r["memory"]["total"] / 1e9 for r in rows], marker_color=colors,
                 name="per device (a worker)", row=1, col=2,
                 text=[f"{r['memory']['total'] / 1e9:.3g}" for r in rows], textposition="outside")
     server = [r["memory"].get("server", 0) / 1e9 or None for r in rows]
     if any(server):
-        fig.add_bar(x=names, y=server, marker_color=COLORS["optimizer"], marker_pattern_shape="/",
-                    name="per server machine (12Ψ/K)", row=1, col=2,
+        fig.add_bar(x=short, y=server, marker_color=COLORS["optimizer"], marker_pattern_shape="/",
+                    name="per server (12Ψ/K)", row=1, col=2,
                     text=[f"{g:.3g}" if g else "" for g in server], textposition="outside")
     cap = rows[0]["memory"]["device"] / 1e9
     fig.add_hline(y=cap, line_dash="dash", annotation_text=f"device memory {cap:g} GB",
                   annotation_position="bottom right", row=1, col=2)
     # log axes with labels above the bars: plotly's autorange runs away, so give the range
     gb = [r["memory"]["total"] / 1e9 for r in rows] + [g for g in server if g]
-    for col, values in ((1, [r["days"] for r in rows]), (2, gb + [cap])):
+    for col, values in ((1, days), (2, gb + [cap])):
         lo, hi = math.log10(min(values)), math.log10(max(values))
-        fig.update_yaxes(type="log", range=[lo - 0.3, hi + 0.9], title_text="days" if col == 1 else "GB",
+        fig.update_yaxes(type="log", range=[lo - 0.3, hi + 1.1], title_text="days" if col == 1 else "GB",
                          row=1, col=col)
     notes = "<br>".join(wrap("• " + a, 150) for a in assumptions)
-    fig.update_layout(height=520 + 15 * notes.count("<br>"), title=wrap(title, 100), barmode="group",
-                      margin={"t": 130, "b": 170 + 15 * notes.count("<br>")},
-                      legend={"orientation": "h", "x": 0.55, "y": 1.09, "yanchor": "bottom"})
+    fig.update_layout(height=640 + 15 * notes.count("<br>"), barmode="group",
+                      title=wrap(title, 100),
+                      margin={"t": 170, "b": 200 + 15 * notes.count("<br>")},
+                      uniformtext={"minsize": 9, "mode": "show"},
+                      legend={"orientation": "h", "x": 0, "y": 1.1, "yanchor": "bottom"})
     # below the rotated milestone names, whatever the plot's height (a shift in pixels, not paper units)
-    fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=0, yshift=-150, showarrow=False,
+    fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=0, yshift=-185, showarrow=False,
                        align="left", xanchor="left", yanchor="top", font={"size": 10})
     return fig
 
