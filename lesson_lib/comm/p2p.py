@@ -60,6 +60,7 @@ def set_link(gbps: float | None, latency_s: float = 0.0) -> None:
     first, then the rank sleeps for what is left of that time. A send and a receive posted together
     (``exchange``) overlap, as on a full-duplex link: the larger of the two counts. Every rank must
     set the same link; figures that use it say "emulated link". Chapter 6 (compression) uses it.
+    In a rank it lasts until the job ends: the next job on the same warm worker starts without it.
     """
     global _LINK
     if gbps is None:
@@ -70,6 +71,9 @@ def set_link(gbps: float | None, latency_s: float = 0.0) -> None:
     if not (isinstance(latency_s, (int, float)) and 0 <= latency_s < 10):
         raise ValueError(f"latency_s must be in [0, 10) seconds, got {latency_s!r}")
     _LINK = (gbps * 1e9 / 8, float(latency_s))
+    from ..runtime.hygiene import undo_after_job
+
+    undo_after_job("comm.set_link", lambda: set_link(None))  # in a rank, for this job only
 
 
 def link() -> tuple[float, float] | None:

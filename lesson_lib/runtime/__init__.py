@@ -11,6 +11,7 @@ to :class:`TorchrunCluster.run`, which has the same contract). One concern per m
 * ``worker``     the worker process: join the process group, run jobs; ``context()`` in a rank
 * ``diagnosis``  the learner's frames and cells in tracebacks, where a stuck rank waits
 * ``failures``   the parent's side of a failure: which rank to blame, and why
+* ``silence``    one line when a job has said nothing for a while: which ranks are busy, and where
 * ``cluster``    ``Cluster``: start, run, close; ``pool``: warm clusters; ``torchrun``
 """
 

@@ -33,7 +33,8 @@ from .failures import check_alive, raise_failure, raise_timeout
 from .messages import Kind
 from .pickling import pack_job
 from .placement import choose_placement, cpu_count, oversubscribed, threads_per_rank, validate_world_size
-from .worker import worker_main
+from .silence import Silence
+from .worker import refuse_inside_a_rank, worker_main
 
 _LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
@@ -57,6 +58,7 @@ class Cluster:
 
     def __init__(self, world_size: int = 2, backend: str = "auto", timeout_s: float = 30.0,
                  threads: int | None = None, start: bool = True, quiet: bool = False):
+        refuse_inside_a_rank()
         self.world_size = validate_world_size(world_size)
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 3600):
             raise ValueError(f"timeout_s must be a number of seconds in (0, 3600], got {timeout_s!r}")
@@ -72,6 +74,7 @@ class Cluster:
         self._job_qs: list = []
         self._out_q = None
         self._report = None
+        self._alive = None  # the write end of the pipe that tells the workers this process is alive
         self._tmp: str | None = None
         self._native: output.NativeStderr | None = None
         self._job_id = 0
@@ -95,6 +98,7 @@ class Cluster:
     def start(self) -> None:
         if self.running and all(p.exitcode is None for p in self._procs):
             return
+        refuse_inside_a_rank()
         if self.running:  # a warm worker died between jobs: replace the whole world
             self.close()
         if getattr(mp.current_process(), "_inheriting", False):
@@ -126,17 +130,21 @@ class Cluster:
             env["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: keep Gloo on loopback
         with start.starting(self.backend, env, os.path.join(self._tmp, "main-guard")) as (ctx, mark):
             self._mark = mark
+            # Only this process holds the write end: the workers read end-of-file when it dies.
+            alive, self._alive = ctx.Pipe(duplex=False)
             self._out_q = ctx.Queue()
-            self._report = ctx.Event()
+            self._report = ctx.Value("i", 0, lock=False)  # asks the ranks where they are: += 1
             self._job_qs = [ctx.Queue() for _ in range(self.world_size)]
             for rank in range(self.world_size):
                 p = ctx.Process(
                     target=worker_main, name=f"lesson_lib-rank{rank}", daemon=True,
                     args=(rank, self.world_size, self.backend, init_method, self.timeout_s,
-                          self.threads, self._job_qs[rank], self._out_q, os.getpid(), self._report, env),
+                          self.threads, self._job_qs[rank], self._out_q, os.getpid(), alive,
+                          self._report, env),
                 )
                 p.start()
                 self._procs.append(p)
+            alive.close()
 
     def close(self, grace_s: float = 2.0) -> None:
         """Stop the workers (politely for ``grace_s``, then by force); safe to call twice."""
@@ -159,6 +167,9 @@ class Cluster:
                 q.cancel_join_thread()
                 q.close()
         self._job_qs, self._out_q, self._report = [], None, None
+        if self._alive is not None:
+            self._alive.close()
+            self._alive = None
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -201,7 +212,8 @@ class Cluster:
         for q in self._job_qs:
             q.put((self._job_id, payload))
         done = self._collect_or_stop(f"the run of {name}", self._job_id, kinds=(Kind.DONE,),
-                                     deadline=deadline, on_event=on_event, timeout_s=timeout_s)
+                                     deadline=deadline, on_event=on_event, timeout_s=timeout_s,
+                                     silence=Silence(self._report, self._job_id, f"the run of {name}"))
         broken = {rank: why for rank, (_, why) in enumerate(done) if why is not None}
         if broken:
             self.close()  # those workers are exiting; the next run starts fresh ones
@@ -226,7 +238,8 @@ class Cluster:
             self.close()  # a failed job leaves no worker behind
             raise
 
-    def _collect(self, job_id, kinds, deadline=None, on_event=None, on_ready=None, timeout_s=None) -> list:
+    def _collect(self, job_id, kinds, deadline=None, on_event=None, on_ready=None, timeout_s=None,
+                 silence=None) -> list:
         values: list = [None] * self.world_size
         pending, started = set(range(self.world_size)), set()
         next_check = 0.0
@@ -240,10 +253,14 @@ class Cluster:
                     raise_timeout(self._out_q, self._report, job_id, pending, timeout_s)
                 if on_ready is not None:
                     on_ready(self.world_size - len(pending), len(started))
+                if silence is not None:
+                    silence.tick(pending)
             try:
                 msg = self._out_q.get(timeout=0.05)
             except queue.Empty:
                 continue
+            if silence is not None:
+                silence.heard(msg)
             if msg.kind is Kind.STARTED:
                 started.add(msg.rank)
             elif msg.kind is Kind.EVENT:
@@ -255,7 +272,7 @@ class Cluster:
             elif msg.kind is Kind.OUTPUT:
                 output.show(msg.rank, *msg.data)
             elif msg.kind is Kind.ERROR:
-                raise_failure(self._procs, self._out_q, msg.rank, msg.data)
+                raise_failure(self._procs, self._out_q, msg.rank, msg.data, self._report, job_id, pending)
             elif msg.kind in kinds and msg.job == job_id:
                 values[msg.rank] = pickle.loads(msg.data) if msg.kind is Kind.DONE else None
                 pending.discard(msg.rank)

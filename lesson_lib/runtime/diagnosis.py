@@ -91,3 +91,11 @@ def is_peer_fallout(tb: str) -> bool:
     """True for the messages a rank gets when a *peer* died: the peer is the root cause."""
     return any(s in tb for s in ("Connection closed by peer", "Connection reset by peer",
                                  "Broken pipe", "ECONNRESET", "closed by peer"))
+
+
+def is_collective_timeout(tb: str) -> bool:
+    """True for a collective or point-to-point operation that gave up waiting (Gloo's "Timed out
+    waiting 30000ms for recv operation to complete", NCCL's watchdog)."""
+    last = tb.strip().splitlines()[-1] if tb.strip() else ""
+    return bool(re.search(r"timed out|timeout", last, re.IGNORECASE)) and (
+        "torch/distributed" in tb or "gloo" in last.lower() or "nccl" in last.lower())

@@ -13,7 +13,7 @@ import signal
 import time
 
 from . import output
-from .diagnosis import is_peer_fallout, relabel_cells, where
+from .diagnosis import is_collective_timeout, is_peer_fallout, relabel_cells, where
 from .errors import MAIN_GUARD_HELP, WorkerError, WorkerTimeout
 from .messages import Kind
 
@@ -57,9 +57,12 @@ def check_alive(procs: list, pending: set, out_q, backend: str, guard_file: str 
             raise WorkerError(rank, f"worker process {how} while running a job")
 
 
-def raise_failure(procs: list, out_q, rank: int, tb: str) -> None:
+def raise_failure(procs: list, out_q, rank: int, tb: str, report=None, job_id: int = 0,
+                  pending: set = frozenset()) -> None:
     """Gather the errors that arrive right after the first one and blame the root cause:
-    the rank whose traceback is not just "my peer went away"."""
+    the rank whose traceback is not just "my peer went away". When it is a collective that timed
+    out, say which ranks never arrived (``pending``: those that had not finished the job) and where
+    they were instead (``report``: see :func:`ask_stacks`)."""
     errors = {rank: tb}
     end = time.monotonic() + 0.5
     while time.monotonic() < end:
@@ -86,24 +89,46 @@ def raise_failure(procs: list, out_q, rank: int, tb: str) -> None:
     root = roots[0]
     tb = relabel_cells(errors[root])
     last = tb.strip().splitlines()[-1] if tb.strip() else "failed"
+    if job_id and is_collective_timeout(tb):
+        last += _absent(out_q, report, job_id, [r for r in range(len(procs)) if r not in errors], pending)
     raise WorkerError(root, last, tb, others=tuple(r for r in errors if r != root))
+
+
+def _absent(out_q, report, job_id: int, others: list[int], pending: set) -> str:
+    """Where the ranks that did not fail were while the root rank's collective waited for them: a
+    barrier on rank 0 alone ended in Gloo's bare "Timed out waiting 30000ms for recv"."""
+    busy = [r for r in others if r in pending]
+    stacks = ask_stacks(out_q, report, job_id, set(busy)) if busy else {}
+    lines = [f"rank {r} never arrived: it had returned from the function without making the matching "
+             "call (is it called on some ranks only?)" for r in others if r not in pending]
+    lines += [f"rank {r} never arrived: it was " + (where(stacks[r]) if r in stacks else "still running")
+              for r in busy]
+    return "".join(f"\n  {line}" for line in lines)
+
+
+def ask_stacks(out_q, report, job_id: int, ranks: set) -> dict[int, list]:
+    """Ask the ranks of a running job where they are; the frames of those in ``ranks`` that answered
+    within 1.5 s, by rank. What else arrives meanwhile is dropped, but for what the ranks printed:
+    call it on the way to an error."""
+    stacks: dict[int, list] = {}
+    if report is None:
+        return stacks
+    report.value += 1  # each worker's _report_stacks thread answers
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end and not ranks <= stacks.keys():
+        try:
+            msg = out_q.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        _show_output(msg)
+        if msg.kind is Kind.STACK and msg.job == job_id:
+            stacks[msg.rank] = msg.data
+    return stacks
 
 
 def raise_timeout(out_q, report, job_id: int, pending: set, timeout_s: float | None) -> None:
     """Ask the ranks still running where they are, then raise :class:`WorkerTimeout`."""
-    stacks: dict[int, list] = {}
-    if job_id and report is not None:
-        report.set()
-        end = time.monotonic() + 1.5
-        while time.monotonic() < end and not pending <= stacks.keys():
-            try:
-                msg = out_q.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            _show_output(msg)
-            if msg.kind is Kind.STACK and msg.job == job_id:
-                stacks[msg.rank] = msg.data
-        report.clear()
+    stacks = ask_stacks(out_q, report, job_id, pending) if job_id else {}
     limit = f"within timeout_s={timeout_s:g} s" if timeout_s else "before the deadline"
     waiting = sorted(pending)
     lines = [f"did not finish {limit}: ranks {waiting} were still running"

@@ -1,8 +1,8 @@
 """Each cluster's rendezvous folder, and the sweep of folders whose kernel is gone.
 
 A folder is named after the process that made it (``lesson_lib_<pid>_...``). ``Cluster.close``
-removes its own; workers remove it when their parent dies (a kernel killed or restarted); and each
-new cluster removes any folder whose maker no longer runs, whatever ended it.
+removes its own; workers remove all their kernel's folders when it dies (killed or restarted); and
+each new cluster removes any folder whose maker no longer runs, whatever ended it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ def alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def remove_all_of(pid: int, root: str | None = None) -> None:
+    """Remove every folder process ``pid`` made (it is gone: its workers clean up after it)."""
+    for path in glob.glob(os.path.join(root or tempfile.gettempdir(), f"{PREFIX}{pid}_*")):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def sweep(root: str | None = None) -> list[str]:

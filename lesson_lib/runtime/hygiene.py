@@ -2,7 +2,8 @@
 
 After each job a worker compares its state with the one it started with. What can be put back
 is put back (default dtype and device, grad mode, thread count, environment variables, working
-folder); what cannot (the process group destroyed or replaced, threads left running) makes the
+folder, and what the library registered with :func:`undo_after_job`, such as the emulated link of
+``comm.set_link``); what cannot (the process group destroyed or replaced, threads left running) makes the
 worker ask to be replaced, with the reason, which the notebook is told in one line.
 """
 
@@ -12,9 +13,20 @@ import concurrent.futures.thread
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+_UNDO: dict[str, Callable[[], None]] = {}  # what the running job set that the next must not see
+
+
+def undo_after_job(key: str, undo: Callable[[], None]) -> None:
+    """Have ``undo()`` run once after the job that calls this (once per ``key``), so the next job on
+    this warm worker starts as a fresh worker would. For the library's module-level settings: a
+    link that ``comm.set_link`` slowed stayed slow for every later run (16× a step's time, silently).
+    Outside a worker nothing runs it: a kernel's setting stays until changed."""
+    _UNDO[key] = undo
 
 
 @dataclass
@@ -58,6 +70,8 @@ def _idle_pool_thread(t: threading.Thread) -> bool:
 
 def restore(base: Baseline) -> None:
     """Put back what a job may have changed in this process's settings."""
+    while _UNDO:
+        _UNDO.pop(next(iter(_UNDO)))()
     if torch.get_default_dtype() != base.dtype:
         torch.set_default_dtype(base.dtype)
     if torch.get_default_device() != base.device:

@@ -95,39 +95,58 @@ def context() -> WorkerContext:
     return _CTX
 
 
+def refuse_inside_a_rank() -> None:
+    """Raise a clear error in a :class:`~.cluster.Cluster`'s worker, which is daemonic: starting a
+    cluster there ended in multiprocessing's "daemonic processes are not allowed to have children"."""
+    if _CTX is not None and _CTX.events is not None:  # under torchrun (no events) a process may
+        raise RuntimeError(
+            f"a Cluster cannot be started from inside a rank: this code runs on rank {_CTX.rank}, a "
+            "worker process, which cannot start worker processes of its own. Call Cluster.run (or an "
+            "experiment's run) from the notebook or the script, with the function every rank runs; "
+            "inside that function, use the ranks it runs on (lesson_lib.runtime.context()).")
+
+
 def set_context(ctx: WorkerContext | None) -> None:
     """This process's rank context (a worker's, or a torchrun process's)."""
     global _CTX
     _CTX = ctx
 
 
-def _watch_parent(parent_pid: int, folder: str) -> None:
-    # The kernel started us, but our parent may be its fork server (runtime.start), which exits with
-    # the kernel: either way a change of parent, or the kernel gone, means the kernel is gone.
-    first = os.getppid()
-    while True:
-        if os.getppid() != first or not folders.alive(parent_pid):  # never outlive the kernel,
-            shutil.rmtree(folder, ignore_errors=True)  # nor leave its rendezvous folder behind
-            os._exit(3)
-        time.sleep(0.5)
+def _watch_parent(alive: Any, parent_pid: int, folder: str) -> None:
+    """Exit when the kernel dies. ``alive``: the read end of a pipe whose write end only the kernel
+    holds, which reads end-of-file the moment it dies, however it dies, even while its own parent
+    has not reaped it: a dead, unreaped kernel (a zombie) still has its pid, and workers that took
+    it for alive held the pipes of a caller that captures its output (``subprocess.run(...,
+    capture_output=True)``) open forever. The pid check stays for a kernel that forked a child
+    holding the write end too."""
+    while not alive.poll(0.5) and folders.alive(parent_pid):
+        pass
+    shutil.rmtree(folder, ignore_errors=True)  # never outlive the kernel, nor leave its folders behind:
+    folders.remove_all_of(parent_pid)  # this cluster's, its others' and its fork server's mark's
+    os._exit(3)  # and with the workers gone, the fork server, which they keep alive, exits too
 
 
 def _report_stacks(rank: int, report: Any, out_q: Any, state: dict) -> None:
-    """On request, send where the main thread is (the parent asks when a job overruns).
+    """On request, send where the main thread is (the parent asks when a job overruns, fails at a
+    collective's timeout or stays silent).
 
-    The main thread may be blocked inside a collective (Gloo releases the GIL while it waits), so
-    this thread can read its stack with ``sys._current_frames``.
+    ``report`` is a shared counter the parent increments to ask: read without a lock, it can never
+    block the parent, whichever worker died (waiters on a multiprocessing Event that died left the
+    parent's ``set()`` waiting for them forever). The main thread may be blocked inside a
+    collective (Gloo releases the GIL while it waits), so this thread can read its stack with
+    ``sys._current_frames``.
     """
-    main = threading.main_thread().ident
+    main, seen = threading.main_thread().ident, report.value
     while True:
-        report.wait()
+        time.sleep(0.1)
+        if report.value == seen:
+            continue
+        seen = report.value
         job, frame = state.get("job"), sys._current_frames().get(main)
         if job is not None and frame is not None:
             frames = [(f.filename, f.lineno, f.name, f.line) for f in
                       user_frames(traceback.extract_stack(frame))]
             out_q.put(Message(Kind.STACK, rank, job, frames))
-        while report.is_set():
-            time.sleep(0.05)
 
 
 def _join(rank, world_size, backend, init_method, timeout_s, threads, out_q) -> None:
@@ -146,14 +165,18 @@ def _join(rank, world_size, backend, init_method, timeout_s, threads, out_q) -> 
 
 
 def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_q, out_q, parent_pid,
-                report=None, env=None):
-    """The target of every worker process (started by :class:`~.cluster.Cluster`). ``env``: the
-    variables this cluster's ranks need (a fork server's children inherit the server's, not the
-    kernel's of the moment)."""
+                alive, report=None, env=None):
+    """The target of every worker process (started by :class:`~.cluster.Cluster`). ``alive``: see
+    :func:`_watch_parent`. ``env``: the variables this cluster's ranks need (a fork server's children
+    inherit the server's, not the kernel's of the moment)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:  # out of the kernel's process group, which Jupyter kills as one (SIGKILL, at shutdown):
+        os.setpgid(0, 0)  # we outlive it by the moment it takes to clean up after it
+    except (AttributeError, OSError):
+        pass
     os.environ.update(env or {})
     folder = os.path.dirname(init_method.removeprefix("file://"))
-    threading.Thread(target=_watch_parent, args=(parent_pid, folder), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(alive, parent_pid, folder), daemon=True).start()
     state: dict = {"job": None}
     output.capture(rank, out_q, state)
     output.redirect_native(folder, rank)

@@ -1,0 +1,59 @@
+"""A job that has said nothing for a while: one line saying which ranks are busy, and where.
+
+A learner's loop that never communicates, prints or emits an event runs on with nothing in the
+cell; a deadlock with a long collective timeout looks the same. Past :data:`SILENCE_S` without a
+message from any rank, the parent asks the ranks still running for their stacks (the thread of
+:func:`~.worker._report_stacks`) and prints, once per job, where each one is and how to stop it.
+The parent does not wait for the answer: it keeps reading the job's messages meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .diagnosis import where
+from .messages import Kind
+
+SILENCE_S = 20.0  # seconds without a word from any rank before the notice
+ANSWER_S = 1.5  # how long the ranks have to say where they are
+
+
+class Silence:
+    """Watches one job's messages (:meth:`heard`) and speaks up once (:meth:`tick`)."""
+
+    def __init__(self, report, job_id: int, what: str):
+        self.report, self.job_id, self.what = report, job_id, what
+        self.after_s = SILENCE_S
+        self.last = time.monotonic()
+        self.asked: float | None = None
+        self.said = False
+        self.stacks: dict[int, list] = {}
+
+    def heard(self, msg) -> None:
+        if msg.kind is Kind.STACK:
+            if msg.job == self.job_id:
+                self.stacks[msg.rank] = msg.data
+        else:
+            self.last = time.monotonic()
+
+    def tick(self, pending: set) -> None:
+        if self.said or self.report is None or not pending:
+            return
+        now = time.monotonic()
+        if self.asked is None:
+            if now - self.last >= self.after_s:
+                self.asked = now
+                self.report.value += 1  # each worker's _report_stacks thread answers
+            return
+        if pending <= self.stacks.keys() or now - self.asked > ANSWER_S:
+            self.said = True
+            print(notice(self.what, now - self.last, sorted(pending), self.stacks), flush=True)
+
+
+def notice(what: str, quiet_s: float, busy: list[int], stacks: dict[int, list]) -> str:
+    ranks = f"rank {busy[0]}" if len(busy) == 1 else f"ranks {', '.join(map(str, busy))}"
+    where_ = "; ".join(f"rank {r}: {where(stacks[r])}" for r in busy if r in stacks)
+    return (f"lesson_lib: {what} has sent nothing for {quiet_s:.0f} s; {ranks} still busy"
+            + (f" ({where_})" if where_ else "")
+            + ". It may still be working; to stop it, interrupt the kernel (the ■ button, or Ctrl-C), "
+              "or bound the run with run(..., timeout_s=...).")

@@ -1,0 +1,100 @@
+"""A job that goes quiet or waits for a rank that never comes says so, and a rank cannot start a cluster.
+
+Functions are defined here with ``__module__ = "__main__"`` so they travel by value, as a notebook
+cell's do, and their lines are the ones the messages must name.
+"""
+
+import time
+
+import probes
+import pytest
+import torch.distributed as dist
+
+from lesson_lib import Cluster, WorkerError
+from lesson_lib.runtime import silence
+
+pytestmark = pytest.mark.ch0
+
+
+def _cell(fn):
+    fn.__module__ = "__main__"
+    return fn
+
+
+@_cell
+def quiet_loop(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # loops without a word: no collective, no print, no event
+        pass
+    return dist.get_rank()
+
+
+@_cell
+def barrier_on_rank_0():
+    if dist.get_rank() == 0:
+        dist.barrier()
+    return dist.get_rank()
+
+
+@_cell
+def nested_cluster():
+    with Cluster(1, quiet=True) as c:
+        return c.run(int)
+
+
+def test_a_silent_job_gets_one_line_naming_the_busy_ranks_where_they_are_and_how_to_stop(
+        clusters, monkeypatch, capsys):
+    # bug caught: a function looping without communicating ran 60 s with nothing in the cell
+    monkeypatch.setattr(silence, "SILENCE_S", 0.5)
+    assert clusters(2).run(quiet_loop, 2.5) == [0, 1]
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "has sent nothing" in line]
+    assert len(lines) == 1, out  # once per job, not every half second
+    line = lines[0]
+    assert "the run of quiet_loop" in line and "ranks 0, 1 still busy" in line, line
+    assert "rank 0: running" in line and "while time.monotonic() < end:" in line, line
+    assert "interrupt the kernel" in line and "timeout_s=" in line, line
+    assert clusters(2).run(quiet_loop, 0.0) == [0, 1]  # a quick job: no word
+    assert "has sent nothing" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_barrier_called_on_rank_0_only_names_the_rank_that_never_arrived(no_orphans):
+    # bug caught: Gloo's raw "Timed out waiting 30000ms for recv", nothing about rank 1
+    with Cluster(2, quiet=True, timeout_s=2) as c:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            c.run(barrier_on_rank_0)
+        assert time.monotonic() - t0 < 2 + 6
+        head = str(info.value).split("--- traceback", 1)[0]
+        assert info.value.rank == 0 and "Timed out waiting" in head, head
+        assert "rank 1 never arrived: it had returned from the function without making the matching " \
+               "call" in head, head
+
+
+@pytest.mark.slow
+def test_a_collective_timeout_names_where_the_rank_that_never_arrived_was_busy(no_orphans, monkeypatch):
+    # the silence notice asks the ranks first (0.5 s), then the failure asks again, after rank 0 has
+    # exited: caught, a question that waited for a dead rank's answer forever (multiprocessing.Event)
+    monkeypatch.setattr(silence, "SILENCE_S", 0.5)
+    with Cluster(2, quiet=True, timeout_s=2) as c:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            c.run(probes.stall_on, 1)
+        assert time.monotonic() - t0 < 2 + 6
+        head = str(info.value).split("--- traceback", 1)[0]
+        assert info.value.rank == 0, head
+        assert "rank 1 never arrived: it was running probes.py, line" in head, head
+        assert "time.sleep(3600)" in head, head
+
+
+@pytest.mark.slow
+def test_a_cluster_started_inside_a_rank_is_a_clear_error(no_orphans):
+    # bug caught: "AssertionError: daemonic processes are not allowed to have children"
+    with Cluster(1, quiet=True, timeout_s=20) as c:
+        with pytest.raises(WorkerError) as info:
+            c.run(nested_cluster)
+        text = str(info.value)
+        assert "a Cluster cannot be started from inside a rank" in text and "rank 0" in text, text
+        assert "daemonic" not in text
+        assert c.run(_cell(lambda: 5)) == [5]  # the next run works
