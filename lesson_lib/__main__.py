@@ -86,7 +86,7 @@ def print_experiments(stream=None) -> None:
     stream = stream or sys.stdout
     width = max(60, shutil.get_terminal_size((100, 20)).columns)
     for n in experiments.names():
-        print(textwrap.fill(summary(experiments.load(n).__doc__), width=width,
+        print(textwrap.fill(_plain(summary(experiments.load(n).__doc__)), width=width,
                             initial_indent=f"{n:<18} ", subsequent_indent=" " * 19), file=stream)
 
 

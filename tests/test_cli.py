@@ -25,6 +25,9 @@ def test_list_names_the_experiments_with_whole_sentences():
     assert out.returncode == 0 and "data-parallel" in out.stdout
     # the first paragraph of each docstring, not its first line cut off mid-sentence
     assert "workers push gradients and pull parameters" in " ".join(out.stdout.split())
+    listed = cli_in_process("list")  # catches: raw reST markup (:func:`comm.set_link`) in the listing
+    assert listed.returncode == 0 and "comm.set_link" in listed.stdout
+    assert ":func:" not in listed.stdout and "``" not in listed.stdout
 
 
 def test_help_lists_the_commands_without_markup():

@@ -149,8 +149,10 @@ def straggler(factor: float = 3.0, rank: int = 1, world_size: int = 2, hidden: i
     label = f"rank {rank} × {factor:g}"
     runs = {"no straggler": _run(world_size, **opts),
             label: _run(world_size, straggler=f"{rank}:{factor}", **opts)}
+    # Only the straggler run on the figure: its ranks, compared within one run, show the same thing in
+    # every run; the run without a straggler is another run, whose wall clock moves with the machine.
     display(plots.training.step_times(
-        runs, f"A synchronous step lasts as long as the slowest rank's work ({label})"))
+        {label: runs[label]}, f"A synchronous step lasts as long as the slowest rank's work ({label})"))
     slow = runs[label]
     display(plots.training.busy_idle(slow, f"Busy and waiting time per rank, {label}"))
     split = [plots.training.wait_split(p) for p in slow.per_rank]

@@ -285,4 +285,8 @@ def validation_table(result: Result) -> str:
         lines.append(f"{plots.impact.label(r):<36} {1e3 * r['median_step_s']:>12.2f} "
                      f"{1e3 * r['predicted_step_s']:>13.2f} {err:>+7.0%} "
                      f"{1e3 * r['median_comm_s']:>14.2f} {1e3 * r['predicted_comm_s']:>15.2f}")
+    ratio = lambda a, b: [r[a] / r[b] for r in result["milestones"] if r[b] > 0]
+    for what, got in (("whole step", ratio("median_step_s", "predicted_step_s")),
+                      ("communication", ratio("median_comm_s", "predicted_comm_s"))):
+        lines.append(f"measured ÷ predicted, {what}: {min(got):.2f}–{max(got):.2f}×" if got else "")
     return "\n".join(lines)

@@ -77,7 +77,7 @@ assert not any(ch00.fits(gpt3).values()), "a device in the table holds GPT-3's t
 #
 # The bill is a formula. Is it what training really allocates? Below, 2 worker processes (§3
 # explains them) each build the same MLP — 12 hidden layers of width 1024, its parameter count Ψ is
-# printed — and train it data-parallel for two steps of **fp32 Adam**: 4 bytes of parameter + 4 of
+# printed — and train it for two steps of **fp32 Adam** (no communication yet: §3 adds it): 4 bytes of parameter + 4 of
 # gradient + 8 of Adam's two moments = 16 bytes per parameter (the calculator's "fp32 Adam" row), on
 # a batch of 16 samples, so that the model states dominate. `PeakMemory` counts every allocation and
 # free that torch's allocator makes while it is open and keeps the peak of the live bytes — a
@@ -104,8 +104,6 @@ def train_and_measure(hidden=1024, depth=12, batch=16, steps=2):  # runs on ever
         for _ in range(steps):
             adam.zero_grad()
             F.cross_entropy(model(x), y).backward()
-            for p in model.parameters():  # data parallel (§3): sum every gradient over the ranks
-                dist.all_reduce(p.grad)
             adam.step()
     params = list(model.parameters())
     grads, state = [p.grad for p in params], optimizer_tensors(adam)  # Adam's two moments per tensor
@@ -428,11 +426,11 @@ assert ov_link["loss_gap"] <= tol, ov_link
 #
 # A synchronous step ends only when the *slowest* rank has sent its gradients. Here rank 1 is made a
 # straggler: it really does 3× the forward/backward work of the others (no `sleep`). The figure shows,
-# per step, the wall time of the step and each rank's *work* (CPU time): in the straggler run the fast
-# rank works far less than the straggler, yet its step lasts as long — it spends the difference waiting
-# inside the all-reduce. Those claims compare ranks within one run, so they hold in every run. Comparing
-# the wall clock of the two runs (with and without a straggler) is less reliable on a laptop: each run
-# also shares the cores with whatever else is running at that moment.
+# per step of that run, the wall time of the step and each rank's *work* (CPU time): the fast rank works
+# far less than the straggler, yet its step lasts as long — it spends the difference waiting inside the
+# all-reduce. Those claims compare ranks within one run, so they hold in every run. The wall clock of a
+# second run without a straggler is only printed: on a laptop each run shares the cores with whatever
+# else runs at that moment, so two runs' wall clocks can come out in either order step by step.
 
 # %%
 slow = ch00.straggler(factor=3.0, rank=1)

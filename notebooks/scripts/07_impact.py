@@ -473,14 +473,16 @@ plots.impact.predicted_vs_measured(result["milestones"])
 print(ch07.validation_table(result))
 
 # %% [markdown]
-# How close it comes changes from run to run and from machine to machine, and we do not assert it.
-# On a 2-core laptop a 38k-parameter step lasts milliseconds, and what the model leaves out is then
-# large: Python and autograd overheads per layer, and above all 3 ranks waiting for 2 cores — a
-# 4-byte ring all-reduce costs milliseconds here, not microseconds, because each of its steps may
-# wait for the next rank to be scheduled. Fitting α on all ranks at once puts that wait into α, which
-# is why the communication column comes close; it is a property of this laptop, not of a link. At
-# cluster scale the overheads are small next to seconds of matrix work and gigabytes of traffic;
-# that is where such a model earns its keep (section 1).
+# How far off it is changes from run to run and from machine to machine (the last two lines print
+# the range of measured ÷ predicted), and we do not assert it. On a 2-core laptop a 38k-parameter
+# step lasts milliseconds, and what the model leaves out is then large: Python and autograd
+# overheads per layer and per message, and above all 3 ranks time-sharing 2 cores — a 4-byte ring
+# all-reduce costs milliseconds here, not microseconds, because each of its steps may wait for the
+# next rank to be scheduled. Fitting α on all ranks at once puts part of that wait into α, not all
+# of it: a pipeline's or ZeRO-3's many small messages each wait again, which the model has no term
+# for. That is a property of this laptop, not of a link. At cluster scale those overheads are small
+# next to seconds of matrix work and gigabytes of traffic; that is where such a model earns its
+# keep (section 1).
 
 # %%
 for r in result["milestones"]:
