@@ -43,6 +43,7 @@ RUN_ALL_TIMES = ARTIFACTS / "run_all_times.json"  # each chapter's last passing 
 CHAPTERS = sorted(p.name for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 NOTEBOOKS = [os.environ["BROWSER_TEST_NOTEBOOK"]] if os.environ.get("BROWSER_TEST_NOTEBOOK") else CHAPTERS
 CHROMIUM = "/usr/bin/chromium"
+FIGURE_CHECKS_JS = (Path(__file__).parent / "figure_checks.js").read_text()
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -563,6 +564,13 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
                 box = plots.first.locator(".main-svg").first.bounding_box()
                 assert box and box["width"] > 100 and box["height"] > 100, f"plotly figure too small: {box}"
                 plots.first.screenshot(path=str(ARTIFACTS / f"{stem}-plot.png"))
+                # every figure shows what its title says: data inside the axes, log axes no more than a
+                # decade past the data, no empty subplot, every axis titled (tests/figure_checks.js)
+                bad_figures = page.evaluate(FIGURE_CHECKS_JS, PANEL)
+                if bad_figures:  # a FigureWidget being redrawn is briefly empty: keep what persists
+                    page.wait_for_timeout(3000)
+                    bad_figures = [b for b in page.evaluate(FIGURE_CHECKS_JS, PANEL) if b in bad_figures]
+                assert not bad_figures, "figures that do not show their data:\n" + "\n".join(bad_figures)
 
                 # ipywidgets shows "Error displaying widget" (also with class jupyter-widgets)
                 # when the widget manager cannot render a model.

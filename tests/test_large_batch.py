@@ -379,6 +379,9 @@ def test_the_noise_scale_figures_show_the_measurement_beside_the_batches():
     assert sorted(s["y0"] for s in fig.layout.shapes) == [64, 2048]  # one line per batch
     rows = [{"optimizer": "lamb", "batch": b, "eval_accuracy": a} for b, a in ((64, 0.85), (2048, 0.84))]
     with_line = plots.quality_vs_batch(rows, 64, b_simple=900.0)
-    assert [s["x0"] for s in with_line.layout.shapes] == [pytest.approx(math.log10(900.0))]
+    # the line at the data value (plotly.js places shapes on log axes in data units), its label at log10
+    assert [s["x0"] for s in with_line.layout.shapes] == [900.0]
+    assert [a["x"] for a in with_line.layout.annotations] == [pytest.approx(math.log10(900.0))]
+    assert [a["y"] for a in fig.layout.annotations] == [pytest.approx(math.log10(b)) for b in (64, 2048)]
     for missing in (None, math.inf, float("nan")):
         assert not plots.quality_vs_batch(rows, 64, b_simple=missing).layout.shapes

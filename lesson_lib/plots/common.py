@@ -222,3 +222,20 @@ def _with_note(title: str, note: str | None) -> dict:
         return {"text": text}
     return {"text": text, "automargin": True, "yref": "paper", "y": 1, "yanchor": "bottom",
             "pad": {"b": 35 + 10 * len(lines)}}  # room for the subplot titles below the note
+
+
+def level(fig, value: float, text: str, axis: str = "y", log: bool = False, **line) -> None:
+    """A dotted line at ``value`` across the plot (``axis="y"``: horizontal), labelled ``text``.
+
+    plotly.js places a shape on a log axis at the data value but an annotation at its log10: drawn
+    with ``add_hline``'s label, a line at 2,048 on a log axis stretched the axis to 10^2048."""
+    style = {"dash": "dot", "color": "grey", **line}
+    where = math.log10(value) if log else value
+    if axis == "y":
+        fig.add_hline(y=value, line=style)
+        fig.add_annotation(x=1, xref="x domain", y=where, yref="y", text=text, showarrow=False,
+                           xanchor="right", yanchor="bottom")
+    else:
+        fig.add_vline(x=value, line=style)
+        fig.add_annotation(x=where, xref="x", y=1, yref="y domain", text=text, showarrow=False,
+                           xanchor="right", yanchor="top")  # text to the left: the axis need not grow

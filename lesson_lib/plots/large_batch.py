@@ -7,7 +7,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import _with_note
+from .common import _with_note, level
 
 OPT_COLORS = {"sgd": "#E45756", "adam": "#4C78A8", "lars": "#F58518", "lamb": "#54A24B"}
 _DASHES = ["solid", "dash", "dot", "dashdot", "longdash"]
@@ -42,8 +42,7 @@ def quality_vs_batch(rows: list[dict], base_batch: int, b_simple: float | None =
     the measured noise scale B_simple as a vertical line when given."""
     fig = go.Figure()
     if b_simple is not None and math.isfinite(b_simple) and b_simple > 0:
-        fig.add_vline(x=math.log10(b_simple), line={"dash": "dot", "color": "grey"},
-                      annotation_text=f"B_simple ≈ {b_simple:,.0f} (end of LAMB's B₀ run)")
+        level(fig, b_simple, f"B_simple ≈ {b_simple:,.0f} (end of LAMB's B₀ run)", axis="x", log=True)
     for name in OPT_COLORS:
         mine = sorted((r for r in rows if r["optimizer"] == name), key=lambda r: r["batch"])
         if not mine:
@@ -101,7 +100,7 @@ def noise_scale(evals: list[dict], batches=()) -> go.Figure:
                     name="B_simple = tr(Σ)/|G|², measured on the training set",
                     line={"color": OPT_COLORS["lamb"]})
     for b in batches:
-        fig.add_hline(y=b, line={"dash": "dot", "color": "grey"}, annotation_text=f"B = {b:,}")
+        level(fig, b, f"B = {b:,}", log=True)
     fig.update_yaxes(type="log", title_text="batch size (samples)")
     fig.update_xaxes(title_text="epoch of LAMB's B₀ run")
     fig.update_layout(height=360, title="The simple noise scale grows as the loss falls", margin={"t": 60},

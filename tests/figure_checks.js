@@ -1,0 +1,41 @@
+// What every plotly figure must show, read from plotly.js's own layout once drawn: the data inside
+// each axis's range and that range no more than a decade wider on a log axis (a shape or an
+// annotation placed in the wrong units stretches it), no empty subplot, every axis with ticks titled.
+(root) => {
+  const problems = [];
+  const finite = (v) => typeof v === "number" && Number.isFinite(v);
+  for (const gd of document.querySelectorAll(root + " .js-plotly-plot")) {
+    const L = gd._fullLayout;
+    if (!L || !gd._fullData) continue;
+    const cell = gd.closest(".jp-Cell"), cells = [...document.querySelectorAll(root + " .jp-Cell")];
+    const where = cell ? `cell ${cells.indexOf(cell)}: ` : "";
+    const title = L.title && L.title.text && !/^Click to enter/.test(L.title.text) ? L.title.text : "(untitled figure)";
+    const name = where + title.replace(/<[^>]+>/g, "").slice(0, 60);
+    const axes = Object.keys(L).filter((k) => /^[xy]axis\d*$/.test(k));
+    for (const key of axes) {
+      const ax = L[key], letter = key[0];
+      if (!ax || !ax._id || ax.visible === false) continue;
+      const traces = gd._fullData.filter((t) => t.visible === true && (t[letter + "axis"] || letter) === ax._id);
+      const cartesian = traces.filter((t) => Array.isArray(t[letter]) || ArrayBuffer.isView(t[letter]));
+      if (!traces.length) {
+        const drawn = (L.shapes || []).concat(L.annotations || []).some((s) => s[letter + "ref"] && s[letter + "ref"].startsWith(ax._id));
+        if (!drawn && !ax.matches && !ax.overlaying) problems.push(`${name}: ${key} has no data (an empty subplot)`);
+        continue;
+      }
+      if (ax.showticklabels !== false && !ax.matches && !(ax.title && ax.title.text) && ax.type !== "category")
+        problems.push(`${name}: ${key} has no title`);
+      if (ax.type !== "log" || !Array.isArray(ax.range)) continue;
+      const vals = [];
+      for (const t of cartesian) for (const v of t[letter]) if (finite(v) && v > 0) vals.push(Math.log10(v));
+      for (const sh of L.shapes || [])  // a shape is drawn at its data value: a line past the data is meant
+        if (sh[letter + "ref"] === ax._id) for (const v of [sh[letter + "0"], sh[letter + "1"]]) if (finite(v) && v > 0) vals.push(Math.log10(v));
+      if (!vals.length) continue;
+      const lo = Math.min(...vals), hi = Math.max(...vals), [r0, r1] = ax.range;
+      if (lo < r0 - 1e-6 || hi > r1 + 1e-6)
+        problems.push(`${name}: ${key} shows 10^${r0.toFixed(1)}–10^${r1.toFixed(1)}, its data run 10^${lo.toFixed(1)}–10^${hi.toFixed(1)}`);
+      else if (ax.autorange !== false && (lo - r0 > 1 || r1 - hi > 1))  // a range set by hand is meant
+        problems.push(`${name}: ${key} runs 10^${r0.toFixed(1)}–10^${r1.toFixed(1)}, more than a decade past its data (10^${lo.toFixed(1)}–10^${hi.toFixed(1)})`);
+    }
+  }
+  return problems;
+}
