@@ -252,6 +252,14 @@ def test_all_gather_break_even_is_where_the_gather_meets_the_ring():
         assert (n - 1) * payload >= cm.ring_busiest_bytes(numel, 4, n)
         assert n == 2 or (n - 2) * payload < cm.ring_busiest_bytes(numel, 4, n - 1)
     assert cm.all_gather_break_even(10**6, 10) == 2  # a payload above the ring's: no saving even at 2
+    # against the bf16 ring (2 bytes an element): the first N where (N−1)·P reaches 2(N−1)/N·2S, half
+    # the fp32 one's N for top-k: 8k ≥ 4S/N from N = S/2k on
+    assert cm.all_gather_break_even(8 * 100, 10_000, element_size=2) == 50
+    for payload, numel in ((6144, 76_810), (39_009, 76_810), (10_206, 76_810)):
+        n = cm.all_gather_break_even(payload, numel, element_size=2)
+        assert (n - 1) * payload >= cm.ring_busiest_bytes(numel, 2, n)
+        assert (n - 2) * payload < cm.ring_busiest_bytes(numel, 2, n - 1)
+        assert n <= cm.all_gather_break_even(payload, numel)
     assert cm.ring_busiest_bytes(10, 4, 4) == 4 * (2 * 10 - 2 - 2)  # chunks 3, 3, 2, 2: skip two 2s
 
 

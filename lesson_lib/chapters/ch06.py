@@ -28,6 +28,7 @@ def qsgd_label(bits: int) -> str:
 
 
 QSGD_LABEL = qsgd_label(2)  # "qsgd, 3 levels (4-bit codes)"
+SIGN_AR_LABEL = "sign, compressed all-reduce"  # 1-bit Adam's (Tang et al., 2021), scaled signs
 ACCURACY_RUNS = {  # label → options
     "none": {"compressor": "none"},
     "fp16": {"compressor": "fp16"},
@@ -38,6 +39,7 @@ ACCURACY_RUNS = {  # label → options
     "topk 1%, no error feedback": {"compressor": "topk", "ratio": 0.01, "error_feedback": False},
     "sign": {"compressor": "sign"},
     "sign, no error feedback": {"compressor": "sign", "error_feedback": False},
+    SIGN_AR_LABEL: {"compressor": "sign-allreduce"},
 }
 
 
@@ -71,10 +73,16 @@ def accuracy(runs: dict | None = None) -> dict:
 
 
 def wire_table(runs: dict) -> list[dict]:
+    """Counted bytes per step of each run with error feedback, beside the fp32 and the bf16 ring."""
     rows = [{"label": label, "compressor": r.config["compressor"], **{k: r[k] for k in (
-        "wire_bytes_per_step", "uncompressed_bytes_per_step", "compression_ratio", "param_count")}}
+        "wire_bytes_per_step", "uncompressed_bytes_per_step", "compression_ratio", "param_count")},
+        "bf16_ring_bytes_per_step": cm.ring_busiest_bytes(r["param_count"], 2, r.world_size)}
         for label, r in runs.items() if r.config["error_feedback"] or r.config["compressor"] == "none"]
     display(plots.compression.wire_bytes(rows))
+    print(f"{'run':>28} {'bytes/step':>11} {'vs fp32 ring':>13} {'vs bf16 ring':>13}")
+    for r in rows:
+        print(f"{r['label']:>28} {r['wire_bytes_per_step']:>11,.0f} {r['compression_ratio']:>12.1f}× "
+              f"{r['bf16_ring_bytes_per_step'] / r['wire_bytes_per_step']:>12.1f}×")
     return rows
 
 
@@ -86,12 +94,13 @@ SCALING_RUNS = {**{c: {"compressor": c} for c in ("none", "fp16", "bf16")},  # e
 
 def scaling(worlds=SCALING_WORLDS, steps: int = 2, runs: dict | None = None, up_to: int = 128) -> dict:
     """Counted gradient bytes per step on the busiest rank for every compressor at N = ``worlds``
-    ranks (real runs of ``steps`` steps of the chapter's model), against the uncompressed ring.
+    ranks (real runs of ``steps`` steps of the chapter's model), against the fp32 and bf16 rings.
 
     At N = 2 an all-gather and a ring all-reduce both send exactly one payload, so the counted bytes
-    at 2 ranks ARE each compressor's payload P. From it: the all-gathered ones' (N−1)·P, the others'
-    2(N−1)/N·P, and the N at which each all-gathered one stops saving against the ring (drawn to
-    ``up_to`` ranks; the lines past the largest measured N are the formulas).
+    at 2 ranks ARE each compressor's payload P. From it: the all-gathered ones' (N−1)·P, the ring
+    ones' 2(N−1)/N·P, the compressed all-reduce's exact count (:func:`cm.busiest_bytes`), and the N at
+    which each all-gathered one stops saving against each ring (drawn to ``up_to`` ranks; the lines
+    past the largest measured N are the formulas).
     """
     runs, big = runs or SCALING_RUNS, max(worlds)
     if 2 not in worlds:
@@ -102,62 +111,85 @@ def scaling(worlds=SCALING_WORLDS, steps: int = 2, runs: dict | None = None, up_
     counted = {label: {n: res[label, n]["wire_bytes_per_step"] for n in worlds} for label in runs}
     payload = {label: counted[label][2] for label in runs}
     gathered = [label for label, opts in runs.items() if opts["compressor"] in cm.ALL_GATHERED]
+    chunked = [label for label, opts in runs.items() if opts["compressor"] == "sign-allreduce"]
     # ring all-reduces per step: the messages, 2(N−1) per ring, less the loss's ring
     rings = {label: res[label, big]["messages_per_step"] // (2 * (big - 1)) - 1
-             for label in runs if label not in gathered}
-    even = {label: cm.all_gather_break_even(payload[label], S) for label in gathered}
-    xs = sorted({2, *worlds, *range(2, up_to + 1, 2), *(n for n in even.values() if n <= up_to)})
-    lines = {label: (xs, [(n - 1) * payload[label] if label in gathered else 2 * (n - 1) / n * payload[label]
-                          for n in xs]) for label in runs}
-    ring = (xs, [cm.ring_busiest_bytes(S, 4, n) for n in xs])
+             for label in runs if label not in gathered + chunked}
+    even = {label: cm.all_gather_break_even(payload[label], S) for label in gathered}  # fp32 ring
+    even16 = {label: cm.all_gather_break_even(payload[label], S, 2) for label in gathered}  # bf16 ring
+    xs = sorted({2, *worlds, *range(2, up_to + 1, 2), *(n for n in even.values() if n <= up_to),
+                 *(n for n in even16.values() if n <= up_to)})
+    formula = lambda label, n: ((n - 1) * payload[label] if label in gathered else cm.busiest_bytes(S, n)
+                                if label in chunked else 2 * (n - 1) / n * payload[label])
+    lines = {label: (xs, [formula(label, n) for n in xs]) for label in runs}
+    baselines = {f"{name} ring 2(N−1)/N·{e}S": (xs, [cm.ring_busiest_bytes(S, e, n) for n in xs])
+                 for name, e in (("fp32", 4), ("bf16", 2))}
     note = (f"{big} ranks share {cpu_count()} CPU cores: time-shared, so no times here; the byte "
             "counts are exact regardless" if any(r.oversubscribed for r in res.values()) else None)
-    display(plots.compression.bytes_vs_ranks(counted, lines, ring, {
-        label: (n, (n - 1) * payload[label]) for label, n in even.items() if n <= up_to}, note))
-    print(f"{'compressor':>28} {'collective':>11} " + " ".join(f"{f'N = {n}':>10}" for n in worlds)
-          + f" {f'N = {big} / N = 2':>14} {'stops saving at':>16}")
+    stars = [(label, n, (n - 1) * payload[label], ring) for ring, ev in (("fp32", even), ("bf16", even16))
+             for label, n in ev.items() if n <= up_to]
+    display(plots.compression.bytes_vs_ranks(counted, lines, baselines, stars, note))
+    print(f"{'compressor':>28} {'collective':>22} " + " ".join(f"{f'N = {n}':>9}" for n in worlds)
+          + f" {f'N = {big} / N = 2':>14} {'stops saving against: fp32 ring':>32} {'bf16 ring':>10}")
     for label in runs:
-        kind = "all-gather" if label in gathered else f"{rings[label]} ring" + "s" * (rings[label] > 1)
-        print(f"{label:>28} {kind:>11} " + " ".join(f"{counted[label][n]:>10,.0f}" for n in worlds)
-              + f" {counted[label][big] / payload[label]:>13.2f}× "
-              + f"{f'N = {even[label]}' if label in even else 'never' if label != 'none' else '—':>16}")
+        kind = ("all-gather" if label in gathered else "all-to-all + all-gather" if label in chunked
+                else f"{rings[label]} ring" + "s" * (rings[label] > 1))
+        stop = lambda ev, label=label: (f"N = {ev[label]}" if label in ev else "—"
+                                        if label in ("none", "fp16", "bf16") else "never")
+        print(f"{label:>28} {kind:>22} " + " ".join(f"{counted[label][n]:>9,.0f}" for n in worlds)
+              + f" {counted[label][big] / payload[label]:>13.2f}× {stop(even):>32} {stop(even16):>10}")
     return {"bytes": counted, "payload": payload, "param_count": S, "all_gathered": gathered,
-            "rings": rings, "break_even": even, "worlds": tuple(worlds), "oversubscribed": note is not None}
+            "chunked": chunked, "rings": rings, "break_even": even, "break_even_bf16": even16,
+            "worlds": tuple(worlds), "oversubscribed": note is not None}
 
 
-def bandwidth_sweep(compressors=("none", "fp16", "topk", "powersgd"), gbps=GBPS, steps: int = 12,
+# ranks → (bandwidths, steps per run): fewer of both at 4 ranks, to keep Run All's time
+SWEEP_WORLDS = {2: (GBPS, 12), 4: ((0.03, 0.3, 3.0, 30.0), 6)}
+
+
+def bandwidth_sweep(compressors=("none", "fp16", "topk", "powersgd"), worlds=SWEEP_WORLDS,
                     latency_us: float = LATENCY_US) -> dict:
-    """Time per step on an emulated link for each compressor, beside chapter 2's α-β prediction.
+    """Time per step on an emulated link for each compressor, beside chapter 2's α-β prediction, on
+    each number of ranks in ``worlds`` (ranks → (bandwidths, steps)), with the ranks' busy time beside.
 
     First one run per compressor on the real link gives its compute time, messages and counted
     bytes per step; the model adds messages·α + bytes/bandwidth. Then each bandwidth is measured.
+    ``base`` and ``rows`` are the first world's (2 ranks: the chapter's); ``by_world`` has them all.
     """
-    opts = {"steps": steps, "link_latency_us": latency_us, "rank": 2, "ratio": 0.01}
-    base = {c: run_one(config(c, **opts)).to_dict() for c in compressors}
-    rows = []
-    for g in gbps:
-        for c in compressors:
-            r = run_one(config(c, link_gbps=g, **opts))
-            rows.append({"compressor": c, "gbps": g, "step_s": r.median_step_time(), "oversubscribed":
-                         r.oversubscribed, "world_size": r.world_size})
-    xs = [gbps[0] * (gbps[-1] / gbps[0]) ** (i / 40) for i in range(41)]
-    predict = lambda c, g: cm.predicted_step_s(
-        base[c]["compute_s_per_step"], base[c]["messages_per_step"], base[c]["wire_bytes_per_step"],
-        g, latency_us * 1e-6)
-    predicted = {c: (xs, [predict(c, g) for g in xs]) for c in compressors}
-    for row in rows:
-        row["predicted_s"] = predict(row["compressor"], row["gbps"])
-    display(plots.compression.bandwidth_sweep(rows, predicted, latency_us, WORLD_SIZE))
-    rivals = [c for c in compressors if c != "none"]
-    cross = {c: cm.crossover_gbps(base["none"], base[c], latency_us * 1e-6) for c in rivals}
-    measured = {c: measured_crossover(rows, c) for c in rivals}
-    print(f"{'compressor':>10} {'predicted crossover':>20} {'measured (between sweep points)':>32}")
-    for c in cross:
-        p, m = cross[c], measured[c]
-        print(f"{c:>10} {'—' if p is None else f'{p:.2f} Gbit/s':>20} "
-              f"{'—' if m is None else f'{m:.2f} Gbit/s':>32}")
-    return {"base": base, "rows": rows, "predicted_crossover": cross, "measured_crossover": measured,
-            "latency_s": latency_us * 1e-6}
+    by_world, panels, results = {}, {}, []
+    for n, (gs, steps) in worlds.items():
+        opts = {"steps": steps, "link_latency_us": latency_us, "rank": 2, "ratio": 0.01}
+        base = {c: run_one(config(c, world_size=n, **opts)).to_dict() for c in compressors}
+        rows = []
+        for g in gs:
+            for c in compressors:
+                r = run_one(config(c, link_gbps=g, world_size=n, **opts))
+                results.append(r)
+                rows.append({"compressor": c, "gbps": g, "step_s": r.median_step_time(), "oversubscribed":
+                             r.oversubscribed, "world_size": n, "busy_s": max(r.median_step("busy_s"))})
+        xs = [gs[0] * (gs[-1] / gs[0]) ** (i / 40) for i in range(41)]
+        predict = lambda c, g, base=base: cm.predicted_step_s(
+            base[c]["compute_s_per_step"], base[c]["messages_per_step"], base[c]["wire_bytes_per_step"],
+            g, latency_us * 1e-6)
+        for row in rows:
+            row["predicted_s"] = predict(row["compressor"], row["gbps"])
+        rivals = [c for c in compressors if c != "none"]
+        by_world[n] = {"base": base, "rows": rows,
+                       "predicted_crossover": {c: cm.crossover_gbps(base["none"], base[c], latency_us * 1e-6)
+                                               for c in rivals},
+                       "measured_crossover": {c: measured_crossover(rows, c) for c in rivals}}
+        panels[n] = (rows, {c: (xs, [predict(c, g) for g in xs]) for c in compressors})
+    note = plots.common.oversubscription_note(results)
+    display(plots.compression.bandwidth_sweep(panels, latency_us, note))
+    print(f"{'ranks':>5} {'compressor':>10} {'predicted crossover':>20} "
+          f"{'measured (between sweep points)':>32}")
+    for n, w in by_world.items():
+        for c, p in w["predicted_crossover"].items():
+            m = w["measured_crossover"][c]
+            print(f"{n:>5} {c:>10} {'—' if p is None else f'{p:.2f} Gbit/s':>20} "
+                  f"{'—' if m is None else f'{m:.2f} Gbit/s':>32}")
+    first = by_world[next(iter(worlds))]
+    return {**first, "by_world": by_world, "latency_s": latency_us * 1e-6, "oversubscribed": note is not None}
 
 
 SWEEP_LABELS = {"none": "none", "fp16": "fp16", "topk": "topk 1%", "powersgd": "powersgd, rank 2"}

@@ -9,12 +9,15 @@ from plotly.subplots import make_subplots
 from .common import _with_note
 
 COMP_COLORS = {"none": "#4C78A8", "fp16": "#72B7B2", "bf16": "#B279A2", "topk": "#F58518",
-               "randomk": "#9D755D", "qsgd": "#EECA3B", "sign": "#E45756", "powersgd": "#54A24B"}
+               "randomk": "#9D755D", "qsgd": "#EECA3B", "sign": "#E45756", "sign-allreduce": "#E45756",
+               "powersgd": "#54A24B"}
 
 
 def _style(label: str) -> dict:
     name = label.split(",")[0].split(" ")[0].lower()
-    return {"color": COMP_COLORS.get(name), "dash": "dot" if "no error feedback" in label else "solid"}
+    chunked = "compressed all-reduce" in label or name == "sign-allreduce"  # sign's colour, dashed
+    return {"color": COMP_COLORS.get(name), "symbol": "diamond" if chunked else "circle",
+            "dash": "dot" if "no error feedback" in label else "dash" if chunked else "solid"}
 
 
 def loss_curves(runs: dict, note: str | None = None) -> go.Figure:
@@ -22,7 +25,7 @@ def loss_curves(runs: dict, note: str | None = None) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
         "training loss vs step", "training loss vs gradient bytes sent (busiest rank, counted)"))
     for label, r in runs.items():
-        style = _style(label)
+        style = {k: v for k, v in _style(label).items() if k != "symbol"}
         fig.add_scatter(x=list(range(len(r.losses))), y=r.losses, name=label, line=style, row=1, col=1)
         fig.add_scatter(x=[max(b, 1) for b in r["grad_bytes_cumulative"]], y=r.losses, name=label,
                         showlegend=False, line=style, row=1, col=2)
@@ -43,57 +46,70 @@ def wire_bytes(rows: list[dict]) -> go.Figure:
                 marker_color=[COMP_COLORS.get(r["compressor"]) for r in rows],
                 text=[f"{r['compression_ratio']:.1f}×" for r in rows], textposition="outside")
     fig.add_scatter(x=labels, y=[r["uncompressed_bytes_per_step"] for r in rows], mode="lines",
-                    name="uncompressed ring 2(N−1)/N·S", line={"color": "black", "dash": "dash"})
+                    name="fp32 ring 2(N−1)/N·4S", line={"color": "black", "dash": "dash"})
+    fig.add_scatter(x=labels, y=[r["bf16_ring_bytes_per_step"] for r in rows], mode="lines",
+                    name="bf16 ring 2(N−1)/N·2S", line={"color": "grey", "dash": "dash"})
     fig.update_yaxes(type="log", title_text="bytes per step, busiest rank (log)")
-    fig.update_layout(height=400, title="Bytes that really crossed per step (label: compression ratio)",
+    fig.update_layout(height=400, title="Bytes that really crossed per step (label: compression ratio "
+                                        "against the fp32 ring)",
                       margin={"t": 60}, legend={"orientation": "h", "y": -0.3})
     return fig
 
 
-def bytes_vs_ranks(counted: dict, lines: dict, ring: tuple, break_even: dict,
+def bytes_vs_ranks(counted: dict, lines: dict, baselines: dict, stars: list,
                    note: str | None = None) -> go.Figure:
     """Counted bytes per step on the busiest rank against the number of ranks N (markers: real runs),
     each compressor's formula from its payload (lines: (N−1)·P all-gathered, 2(N−1)/N·P all-reduced),
-    the uncompressed ring (black) and where each all-gathered line crosses it (stars)."""
+    the uncompressed rings (``baselines``: fp32 black, bf16 grey) and where each all-gathered line
+    crosses them (``stars``: (label, N, bytes, ring); filled against fp32, open against bf16)."""
     fig = go.Figure()
-    fig.add_scatter(x=ring[0], y=ring[1], mode="lines", name="uncompressed ring 2(N−1)/N·4S",
-                    line={"color": "black", "dash": "dash"})
+    for (name, (xs, ys)), color in zip(baselines.items(), ("black", "grey")):
+        fig.add_scatter(x=xs, y=ys, mode="lines", name=name, line={"color": color, "dash": "dash"})
     for label, by_n in counted.items():
         color = _style(label)["color"]
         if label != "none":
             fig.add_scatter(x=lines[label][0], y=lines[label][1], mode="lines", showlegend=False,
-                            line={"color": color, "width": 1.5}, hoverinfo="skip")
+                            line={"color": color, "width": 1.5, "dash": _style(label)["dash"]},
+                            hoverinfo="skip")
         fig.add_scatter(x=list(by_n), y=list(by_n.values()), mode="markers", name=label,
-                        marker={"size": 9, "color": color})
-    for label, (n, y) in break_even.items():
-        fig.add_scatter(x=[n], y=[y], mode="markers+text", showlegend=False, text=[f"{label}: N = {n}"],
-                        textposition="top left", marker={"symbol": "star", "size": 14,
-                                                         "color": _style(label)["color"]})
+                        marker={"size": 9, "color": color, "symbol": _style(label)["symbol"]})
+    for label, n, y, ring in stars:
+        fig.add_scatter(x=[n], y=[y], mode="markers+text", showlegend=False,
+                        text=[f"{label}: N = {n} ({ring})"], textposition="top left",
+                        marker={"symbol": "star" if ring == "fp32" else "star-open", "size": 14,
+                                "color": _style(label)["color"]})
     fig.update_xaxes(type="log", title_text="ranks N (log; markers measured, lines their formulas)")
     fig.update_yaxes(type="log", title_text="gradient bytes per step, busiest rank (log)")
-    fig.update_layout(height=480, margin={"t": 90}, legend={"orientation": "h", "y": -0.25},
+    fig.update_layout(height=520, margin={"t": 90}, legend={"orientation": "h", "y": -0.25},
                       title=_with_note("Bytes per rank as ranks are added<br><sup>all-gathered: (N−1)·"
                                        "payload; all-reduced: 2(N−1)/N·payload; ★ where an all-gathered "
-                                       "one stops saving against the ring</sup>", note))
+                                       "one stops saving against the fp32 ring, ☆ the bf16 ring</sup>", note))
     return fig
 
 
-def bandwidth_sweep(rows: list[dict], predicted: dict, latency_us: float, world_size: int,
-                    note: str | None = None) -> go.Figure:
-    """Measured time per step (markers) and the α-β prediction (lines) vs emulated bandwidth."""
-    fig = go.Figure()
-    for name, (xs, ys) in predicted.items():
-        fig.add_scatter(x=xs, y=[1e3 * y for y in ys], mode="lines", name=f"{name}: α-β prediction",
-                        line={"color": COMP_COLORS.get(name), "dash": "dot"})
-        mine = sorted((r for r in rows if r["compressor"] == name), key=lambda r: r["gbps"])
-        fig.add_scatter(x=[r["gbps"] for r in mine], y=[1e3 * r["step_s"] for r in mine],
-                        mode="markers", name=f"{name}: measured", marker={"size": 10,
-                                                                          "color": COMP_COLORS.get(name)})
+def bandwidth_sweep(panels: dict, latency_us: float, note: str | None = None) -> go.Figure:
+    """One panel per number of ranks (``panels``: N → (rows, predicted)): measured time per step
+    (filled markers), each rank's busy (CPU) time (open markers: the slowest rank's median) and the
+    α-β prediction (lines) against the EMULATED bandwidth."""
+    fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, horizontal_spacing=0.05,
+                        subplot_titles=[f"{n} ranks" for n in panels])
+    for col, (rows, predicted) in enumerate(panels.values(), start=1):
+        for name, (xs, ys) in predicted.items():
+            color, first = COMP_COLORS.get(name), col == 1
+            fig.add_scatter(x=xs, y=[1e3 * y for y in ys], mode="lines", name=f"{name}: α-β prediction",
+                            line={"color": color, "dash": "dot"}, legendgroup=name + "p", showlegend=first,
+                            row=1, col=col)
+            mine = sorted((r for r in rows if r["compressor"] == name), key=lambda r: r["gbps"])
+            for key, label, symbol in (("step_s", "measured (wall)", "circle"),
+                                       ("busy_s", "busy (CPU time)", "circle-open")):
+                fig.add_scatter(x=[r["gbps"] for r in mine], y=[1e3 * r[key] for r in mine], mode="markers",
+                                name=f"{name}: {label}", legendgroup=name + key, showlegend=first,
+                                marker={"size": 10, "color": color, "symbol": symbol}, row=1, col=col)
     fig.update_xaxes(type="log", title_text="EMULATED link bandwidth (Gbit/s, log)")
-    fig.update_yaxes(type="log", title_text="time per step, slowest rank (ms, log)")
-    fig.update_layout(height=440, margin={"t": 90}, legend={"orientation": "h", "y": -0.3},
+    fig.update_yaxes(type="log", title_text="time per step, slowest rank (ms, log)", col=1)
+    fig.update_layout(height=480, margin={"t": 110}, legend={"orientation": "h", "y": -0.3},
                       title=_with_note(f"Time per step on an emulated link ({latency_us:g} µs per "
-                                       f"message, {world_size} ranks): when compression pays", note))
+                                       "message): when compression pays", note))
     return fig
 
 

@@ -53,7 +53,8 @@ from lesson_lib import comm, show_source, warm_cluster
 from lesson_lib.chapters import ch06
 from lesson_lib.data import teacher_classification
 from lesson_lib.milestones import compression
-from lesson_lib.milestones.compression import PowerSGD, TopK, ddp_hook
+from lesson_lib.milestones.compression import PowerSGD, SignAllReduce, TopK, ddp_hook
+from lesson_lib.milestones.compression.allreduce import all_to_all
 from lesson_lib.models import mlp
 
 # %% [markdown]
@@ -175,23 +176,28 @@ final = {label: ch06.final_loss(r) for label, r in runs.items()}
 # coordinates top-k drops are never sent, and sign's rounding errors pile up in one direction. The
 # exact losses vary a little with the CPU; the cell checks the margins that hold on every run.
 # Random-k sends the fewest bytes but learns slowest here: it picks coordinates blind to their size,
-# so most of what it sends is small (error feedback keeps the rest for later).
+# so most of what it sends is small (error feedback keeps the rest for later). The last run, *sign,
+# compressed all-reduce* (dashed), sends the same scaled signs another way, which §5 explains; its
+# ranks end every run with the same parameters, bit for bit (`ranks_agree`, a hash of each rank's).
 
 # %%
 assert abs(final["fp16"] - final["none"]) < 0.02, final
 assert final["topk 1%, no error feedback"] > final["topk 1%"] + 0.3, final
 assert final["sign, no error feedback"] > final["sign"] + 0.15, final
-for label in ("topk 1%", "sign", "powersgd, rank 2", ch06.QSGD_LABEL):
+for label in ("topk 1%", "sign", "powersgd, rank 2", ch06.QSGD_LABEL, ch06.SIGN_AR_LABEL):
     assert final[label] < 1.5 * final["none"], (label, final)
+assert all(r["ranks_agree"] for r in runs.values())
 
 # %% [markdown]
 # ## 4. What really crossed
 #
-# Counted bytes per step on the busiest rank, against the uncompressed ring's 2(N−1)/N·S. Indices,
-# norms and scales are included: top-k sends 8 bytes per kept value (4 of them the index), QSGD and
-# sign one float32 per 512-element block besides their packed bits. QSGD's `bits=2` sets s = 3
-# levels a side; a code (sign and level, 7 values) needs 3 bits and crosses in 4, which the label
-# says.
+# Counted bytes per step on the busiest rank, against two baselines: the fp32 ring's 2(N−1)/N·4S
+# bytes (S parameters of 4 bytes) and the **bf16 ring**'s 2(N−1)/N·2S — what DDP users turn on first
+# (`bf16_compress_hook`), and the fair baseline for any compressor: it halves the bytes for free.
+# Indices, norms and scales are included: top-k sends 8 bytes per kept value (4 of them the index),
+# QSGD and sign one float32 per 512-element block besides their packed bits. QSGD's `bits=2` sets
+# s = 3 levels a side; a code (sign and level, 7 values) needs 3 bits and crosses in 4, which the
+# label says.
 
 # %%
 wire = ch06.wire_table(runs)
@@ -209,30 +215,36 @@ blocks = -(-S // compression.BLOCK)
 assert by["sign"]["wire_bytes_per_step"] == (n - 1) * (4 * blocks + -(-S // 8))
 width = compression.qsgd_width(2)  # s = 3 levels a side: 7 codes, packed in 4 bits
 assert by[ch06.QSGD_LABEL]["wire_bytes_per_step"] == (n - 1) * (4 * blocks + -(-S * width // 8))
+# on 2 ranks the compressed all-reduce sends what the all-gather does: one payload (§5 adds ranks)
+assert by[ch06.SIGN_AR_LABEL]["wire_bytes_per_step"] == compression.busiest_bytes(S, n) == by["sign"][
+    "wire_bytes_per_step"]
+assert by["none"]["bf16_ring_bytes_per_step"] == ring / 2  # the bf16 ring: half the fp32 one
 
 # %% [markdown]
 # ## 5. More ranks: all-gather against all-reduce
 #
-# Everything so far ran on 2 ranks, where one thing cannot be seen. Top-k, QSGD and sign send each
-# rank's own message (own indices, own norms or scales): messages cannot be added on the way, so
-# they are **all-gathered**, and each rank sends its payload P to N−1 others: (N−1)·P. fp16/bf16,
-# random-k (a seed shared by the ranks picks the same coordinates everywhere) and PowerSGD add in
-# place, so they ride a **ring all-reduce**: 2(N−1)/N·P, below 2P whatever N. At N = 2 both are one
-# payload exactly. Here every compressor runs a few steps of the same model on 2, 4 and 8 real ranks
-# (where ranks outnumber the cores they time-share them, too slowly to time, but every byte is still
-# counted exactly; the figure says so when it happens):
+# Everything so far ran on 2 ranks, where one thing cannot be seen. Our top-k, QSGD and sign send
+# each rank's own message (own indices, own norms or scales) and **all-gather** them: each rank sends
+# its payload P to N−1 others, (N−1)·P. fp16/bf16, random-k (a seed shared by the ranks picks the
+# same coordinates everywhere) and PowerSGD add in place, so they ride a **ring all-reduce**:
+# 2(N−1)/N·P, below 2P whatever N. At N = 2 both are one payload exactly. The *compressed all-reduce*
+# (diamonds, dashed) is the third way, explained below the figure. Here every compressor runs a few
+# steps of the same model on 2, 4 and 8 real ranks (where ranks outnumber the cores they time-share
+# them, too slowly to time, but every byte is still counted exactly; the figure says so when it
+# happens). Stars mark where an all-gathered scheme stops saving: filled against the fp32 ring, open
+# against the bf16 ring.
 
 # %%
 scale = ch06.scaling()
 
 # %% [markdown]
-# The all-gathered lines climb in proportion to N−1 and cross the uncompressed ring (stars): top-k
-# at 1% stops saving bytes at N = S/k, about 1/ratio ranks (each rank receives N−1 lists of k
-# pairs); QSGD's 4-bit codes stop much sooner (the table prints each N), and at 8 ranks they already
-# send more than plain fp16. This is why PowerSGD was designed to be all-reduce compatible (Vogels et
-# al., 2019): its factors P and Q add in place, so its bytes per rank stay flat as ranks are added,
-# where sparse and quantized messages must be all-gathered. The cell checks it against the counted
-# payloads:
+# The all-gathered lines climb in proportion to N−1 and cross the rings (stars): top-k at 1% stops
+# saving bytes against the fp32 ring at N = S/k, about 1/ratio ranks (each rank receives N−1 lists
+# of k pairs), and against the bf16 ring at half that; QSGD's 4-bit codes stop much sooner (the table
+# prints each N against both rings), and at 8 ranks they already send more than plain fp16. PowerSGD
+# was designed to be all-reduce compatible for this reason (Vogels et al., 2019): its factors P and Q
+# add in place, so its bytes per rank stay flat as ranks are added. The cell checks the counts
+# against the payloads:
 
 # %%
 b, P, S = scale["bytes"], scale["payload"], scale["param_count"]
@@ -247,7 +259,59 @@ assert scale["break_even"]["topk 1%"] == -(-S // k)  # (N−1)·8k ≥ 2(N−1)/
 assert scale["break_even"][ch06.QSGD_LABEL] < scale["break_even"]["topk 1%"]  # QSGD stops first
 assert all(n > 8 for n in scale["break_even"].values())  # nothing has stopped saving yet at 8 ...
 assert b[ch06.QSGD_LABEL][8] > b["fp16"][8]  # ... but at 8 ranks 4-bit QSGD sends more than fp16
-print("break-even N against the uncompressed ring:", scale["break_even"])
+for label, n in scale["break_even_bf16"].items():  # the first N where (N−1)·P ≥ the bf16 ring's bytes
+    ring16 = lambda m: compression.ring_busiest_bytes(S, 2, m)
+    assert (n - 1) * P[label] >= ring16(n) and (n == 2 or (n - 2) * P[label] < ring16(n - 1)), label
+    assert n <= scale["break_even"][label]  # a cheaper baseline is reached sooner
+for label in scale["chunked"]:  # the compressed all-reduce: its exact count, about 2(N−1)/N·P
+    assert all(b[label][n] == compression.busiest_bytes(S, n) for n in ch06.SCALING_WORLDS), b[label]
+    assert b[label][8] < b["sign"][8] / 3  # the same code, all-gathered: (N−1)·P
+print("break-even N against the fp32 ring:", scale["break_even"])
+print("break-even N against the bf16 ring:", scale["break_even_bf16"])
+
+# %% [markdown]
+# ### Quantized messages can be reduced on the way: a compressed all-reduce
+#
+# Top-k's messages cannot be added in place without growing: each rank keeps its own indices, and
+# the sum of N sparse vectors has up to N times their entries. Quantized messages need not be
+# all-gathered at all. **1-bit Adam's compressed all-reduce** (Tang et al., 2021) is a ring
+# all-reduce's two phases with a compressor in each: every rank compresses its gradient (plus its
+# *worker* residual) and sends compressed chunk j to rank j (an **all-to-all**); rank j decodes the N
+# codes of its chunk, averages them, compresses the average (plus its *server* residual), and the
+# compressed averages are **all-gathered**. Error feedback on both sides keeps what each of the two
+# codes did not say. Each rank sends its N−1 foreign chunks once and its own compressed average N−1
+# times: about 2(N−1)/N·P, flat in N like a ring. (signSGD with majority vote, Bernstein et al., 2019,
+# is another way to reduce quantized messages: the server sums the ranks' signs and sends back the
+# sign of the sum.) Here it is with §4's scaled sign, in our counted point-to-point calls (an
+# all-gather is an all-to-all that sends the same message to every rank):
+
+# %%
+show_source(SignAllReduce._reduce, all_to_all)
+
+# %% [markdown]
+# On 4 real ranks, three steps of random gradients of the chapter's size, compared with
+# `compression.simulate`, the same algorithm for 4 ranks in one process (every rank's codes, the
+# server sums in rank order, both residuals):
+
+# %%
+def step_grads(n: int, steps: int = 3, numel: int = S):
+    return [[torch.randn(numel, generator=torch.Generator().manual_seed(100 * s + r)) for r in range(n)]
+            for s in range(steps)]
+
+
+def sign_allreduce_steps():
+    rank, n = dist.get_rank(), dist.get_world_size()
+    ours = SignAllReduce()  # error feedback on: a worker residual and a server residual
+    return [ours.reduce(g[rank].clone()).clone() for g in step_grads(n)]
+
+
+outs = warm_cluster(4).run(sign_allreduce_steps)
+want = compression.simulate(step_grads(4))
+print("largest difference from the single-process simulation, any rank, any step:",
+      max(float((a - w).abs().max()) for out in outs for a, w in zip(out, want)))
+
+# %%
+assert all(torch.equal(a, w) for out in outs for a, w in zip(out, want))  # every rank, bit for bit
 
 # %% [markdown]
 # ## 6. When does it pay? An emulated link
@@ -257,7 +321,10 @@ print("break-even N against the uncompressed ring:", scale["break_even"])
 # first, then a sleep for the rest. It is an **emulation**, labelled so on the figure; α is 100 µs per
 # message here. Each compressor's time per step is measured at bandwidths from 0.03 to 30 Gbit/s,
 # beside chapter 2's α-β model fed with what was measured on the real link: compute time per step,
-# messages per step and counted bytes.
+# messages per step and counted bytes. It runs on 2 ranks and again on 4 (fewer bandwidths and steps);
+# 4 ranks on this machine's cores are **oversubscribed**: they time-share the cores, which stretches
+# the wall clock, so each measurement has its busy time (the slowest rank's CPU time per step, open
+# markers) beside it, and the figure says so.
 
 # %%
 show_source(comm.set_link)
@@ -268,7 +335,10 @@ t = {(r["compressor"], r["gbps"]): r for r in sweep["rows"]}
 
 # %% [markdown]
 # On a slow link the bytes decide: every compressor's step is shorter by about the time its saved
-# bytes would take on the link. On a fast one the bytes cost little, and what is left is each
+# bytes would take on the link — on 4 ranks too, where top-k's all-gather already sends 3 payloads.
+# The busy times stay far below the wall clock on the slow links: there a step is mostly sleeping
+# on the emulated wire, so time-sharing the cores costs little; on the fast links the oversubscribed
+# 4 ranks' wall times stretch well past their busy times. On a fast one the bytes cost little, and what is left is each
 # compressor's own work and messages: PowerSGD posts two all-reduces per step instead of one, each
 # paying α twice per rank, so there the uncompressed ring is as fast or faster. Where the lines cross
 # depends on this machine's compute speed and on what else runs on its cores, so it moves from run to
@@ -286,6 +356,11 @@ for c in ("fp16", "topk", "powersgd"):
     assert saved > 0.5 * link_s, (c, saved, link_s, t[c, slow], t["none", slow])
 # On the slowest link the emulated transfer dominates, and the model predicts it within a third.
 assert abs(t["none", slow]["step_s"] / t["none", slow]["predicted_s"] - 1) < 0.33, t["none", slow]
+# On 4 ranks the model was fed with the bytes counted there: the ring's and fp16's 2(N−1)/N, top-k's (N−1).
+four = sweep["by_world"][4]["base"]
+assert four["none"]["wire_bytes_per_step"] == compression.ring_busiest_bytes(S, 4, 4)
+assert four["fp16"]["wire_bytes_per_step"] == compression.ring_busiest_bytes(S, 2, 4)
+assert four["topk"]["wire_bytes_per_step"] == 3 * 8 * k
 
 # %% [markdown]
 # Time per step is half the story: a compressor that needs more steps can lose what it saved.
@@ -364,7 +439,7 @@ exercises["randomk"].submit(randomk_step)
 # 3. **bytes at more ranks** — §4's counted bytes against formulas, §5's break-even N per scheme.
 # 4. **when it pays** — §6's emulated link against the model, and your crossover bandwidth.
 #
-# **On a real cluster:** On fast interconnects compression often does not pay (Agarwal et al., 2022); where it does, schemes that stay all-reduce compatible (PowerSGD, Vogels et al., 2019) scale, and all-gathered sparse or quantized ones send more with every rank.
+# **On a real cluster:** On fast interconnects compression often does not pay (Agarwal et al., 2022), and the baseline to beat is the bf16 ring, not fp32; where it does pay, schemes that stay all-reduce compatible (PowerSGD, Vogels et al., 2019) or reduce their codes on the way (1-bit Adam's compressed all-reduce, Tang et al., 2021) scale, and all-gathered ones send more with every rank.
 
 # %% [markdown]
 # ## What comes next

@@ -1,14 +1,16 @@
 """Gradient compression (chapter 6): data parallelism whose gradient exchange is compressed.
 
 Chapter 0's loop (one flat gradient bucket, SGD with momentum) with the all-reduce replaced by a
-compressor (:mod:`.compressors`: fp16, bf16, top-k, random-k, QSGD, sign; :mod:`.powersgd`),
-error feedback on or off. Every byte crosses through :mod:`lesson_lib.comm` and is counted, so the
-compression ratio is measured against the uncompressed ring's 2(N−1)/N·S; the all-gathered
-compressors (:data:`ALL_GATHERED`) send (N−1) payloads instead, so they stop saving at a break-even N
-(:func:`all_gather_break_even`). With ``link_gbps`` each transfer takes at least latency +
-bytes / bandwidth — an EMULATED link (:func:`comm.set_link`).
+compressor (:mod:`.compressors`: fp16, bf16, top-k, random-k, QSGD, sign; :mod:`.allreduce`: sign
+through a compressed all-reduce; :mod:`.powersgd`), error feedback on or off. Every byte crosses
+through :mod:`lesson_lib.comm` and is counted, so the compression ratio is measured against the
+uncompressed ring's 2(N−1)/N·S; the all-gathered compressors (:data:`ALL_GATHERED`) send (N−1)
+payloads instead, so they stop saving at a break-even N (:func:`all_gather_break_even`). With
+``link_gbps`` each transfer takes at least latency + bytes / bandwidth — an EMULATED link
+(:func:`comm.set_link`).
 """
 
+from .allreduce import SignAllReduce, block_chunks, busiest_bytes, simulate
 from .compressors import (
     BLOCK,
     QSGD,
@@ -21,6 +23,9 @@ from .compressors import (
     qsgd_dequantize,
     qsgd_quantize,
     qsgd_width,
+    sign_bytes,
+    sign_decode,
+    sign_encode,
     unpack_bits,
 )
 from .ddp import ddp_hook
@@ -44,7 +49,8 @@ from .powersgd import PowerSGD
 
 __all__ = [
     "ALL_GATHERED", "BLOCK", "COMPRESSORS", "NAME", "QSGD", "Cast", "Compressor", "Config", "PowerSGD",
-    "RandomK", "Sign", "TopK", "all_gather_break_even", "crossover_gbps", "ddp_hook", "make",
-    "messages_per_step", "pack_bits", "predicted_step_s", "qsgd_dequantize", "qsgd_quantize", "qsgd_width",
-    "reference", "ring_busiest_bytes", "summarize", "train", "unpack_bits", "worker",
+    "RandomK", "Sign", "SignAllReduce", "TopK", "all_gather_break_even", "block_chunks", "busiest_bytes",
+    "crossover_gbps", "ddp_hook", "make", "messages_per_step", "pack_bits", "predicted_step_s",
+    "qsgd_dequantize", "qsgd_quantize", "qsgd_width", "reference", "ring_busiest_bytes", "sign_bytes",
+    "sign_decode", "sign_encode", "simulate", "summarize", "train", "unpack_bits", "worker",
 ]

@@ -22,7 +22,8 @@ the AVERAGE over the ranks of what the ranks sent, in place. All traffic goes th
 * ``sign`` — one bit per element and one float32 scale (mean |x|) per block, with error feedback;
   all-gathered. One bit per value and error feedback both go back to 1-bit SGD (Seide et al., 2014);
   signSGD (Bernstein et al., 2018) analysed the sign alone, and EF-SignSGD (Karimireddy et al., 2019)
-  the scaled sign with error feedback that this is.
+  the scaled sign with error feedback that this is. ``sign-allreduce`` (:mod:`.allreduce`) sends the
+  same code through a compressed all-reduce instead.
 * ``powersgd`` — rank-r approximation M ≈ P Qᵀ by one power iteration, warm-started from the last
   step's Q, with error feedback (Vogels et al., PowerSGD, NeurIPS 2019); P and Q add in place (two
   ring all-reduces). Laid out like torch's ``powerSGD_hook`` so the two can be compared.
@@ -32,7 +33,13 @@ all-reduce sends 2(N−1)/N of one, below two whatever N. At N = 2 both send one
 cannot tell them apart; at N ranks an all-gathered scheme pays N/2 times what an all-reduce of the
 same payload would, and past N = 2·(uncompressed bytes)/payload it sends more than no compression at
 all (:func:`~.milestone.all_gather_break_even`). That is why PowerSGD was designed to be all-reduce
-compatible (Vogels et al., 2019); fp16/bf16 and shared-seed random-k are too.
+compatible (Vogels et al., 2019); fp16/bf16 and shared-seed random-k are too. All-gathering a quantized
+message is a choice, not a necessity: 1-bit Adam's compressed all-reduce (Tang et al., 2021) sends
+compressed chunk j to rank j (all-to-all), which averages and re-compresses it, and all-gathers the
+compressed averages — about 2(N−1)/N of the payload, with error feedback on both sides
+(:mod:`.allreduce`); signSGD with majority vote (Bernstein et al., 2019) sums the signs. Top-k's
+messages, each with its own indices, do not add in place without growing toward the union of N index
+sets; here they are all-gathered.
 
 Error feedback (Seide et al., 2014) keeps what a rank did not send (its residual) and adds it to
 the next gradient, so over the steps everything is sent eventually. :func:`.ddp.ddp_hook` turns
@@ -253,28 +260,39 @@ class QSGD(Compressor):
         flat.div_(n)
 
 
+def sign_bytes(numel: int) -> int:
+    """Bytes of :func:`sign_encode` of ``numel`` values: a float32 scale per block, a bit per value."""
+    return 4 * -(-numel // BLOCK) + -(-numel // 8)
+
+
+def sign_encode(x: torch.Tensor) -> torch.Tensor:
+    """The scaled sign of ``x`` as bytes: one float32 scale (mean |x|) per block, then one bit per
+    element (1: x ≥ 0). Chapter 6's sign compressor and its compressed all-reduce send this."""
+    b = _blocks(x)
+    counts = (x.numel() - BLOCK * torch.arange(b.shape[0])).clamp(max=BLOCK)  # padding is not counted
+    return torch.cat([(b.abs().sum(1) / counts).view(torch.uint8), pack_bits(x >= 0, 1)])
+
+
+def sign_decode(msg: torch.Tensor, numel: int) -> torch.Tensor:
+    """What :func:`sign_encode` sent: scale·(±1) for each of ``numel`` elements."""
+    nb = 4 * -(-numel // BLOCK)
+    sign = _blocks(unpack_bits(msg[nb:], 1, numel) * 2 - 1)
+    return (msg[:nb].clone().view(torch.float32).unsqueeze(1) * sign).view(-1)[:numel]  # clone: align
+
+
 class Sign(Compressor):
     """One bit per element, one scale (mean |x|) per block: δ = scale·sign(x) (1-bit SGD, Seide et al.,
-    2014; with this scale and error feedback, EF-SignSGD, Karimireddy et al., 2019)."""
+    2014; with this scale and error feedback, EF-SignSGD, Karimireddy et al., 2019); all-gathered.
+    :class:`~.allreduce.SignAllReduce` sends the same code through a compressed all-reduce."""
 
     name, biased = "sign", True
 
     def _reduce(self, flat, shapes, key, op):
         rank, n = _world()
-        b = _blocks(flat)
-        counts = torch.full((b.shape[0],), float(BLOCK))
-        counts[-1] = flat.numel() - (b.shape[0] - 1) * BLOCK  # padding does not count in a mean
-        scales = b.abs().sum(1) / counts
-        nb = scales.numel() * 4
-        rows = all_gather_bytes(torch.cat([scales.view(torch.uint8), pack_bits(flat >= 0, 1)]), op)
-
-        def decode(row):
-            sign = _blocks(unpack_bits(row[nb:], 1, flat.numel()) * 2 - 1)
-            return (row[:nb].clone().view(torch.float32).unsqueeze(1) * sign).view(-1)[:flat.numel()]
-
-        sent = decode(rows[rank])
+        rows = all_gather_bytes(sign_encode(flat), op)
+        sent = sign_decode(rows[rank], flat.numel())
         flat.zero_()
         for row in rows:
-            flat.add_(decode(row))
+            flat.add_(sign_decode(row, flat.numel()))
         flat.div_(n)
         return sent

@@ -5,6 +5,7 @@ of a step on the emulated link.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 from dataclasses import dataclass
@@ -18,13 +19,16 @@ from ...data import batch_indices, shard, teacher_classification
 from ...metrics import StepRecorder, counters, memory_report, per_rank_summary
 from ...models import flat_views, mlp
 from ...runtime import context
+from .allreduce import SignAllReduce
 from .compressors import QSGD, Cast, Compressor, RandomK, Sign, TopK
 from .powersgd import PowerSGD
 
 NAME = "compression"
-COMPRESSORS = ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "sign", "powersgd")
-# Each rank's message is its own (own indices, own norms or scales): they cannot be added on the way,
-# so they are all-gathered and each rank sends (N−1) payloads. The others add in place (ring all-reduce).
+COMPRESSORS = ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "sign", "sign-allreduce", "powersgd")
+# These are all-gathered: each rank sends (N−1) payloads. Top-k's own indices do not add in place;
+# QSGD's and sign's codes could be reduced on the way, as ``sign-allreduce`` does (decoded, averaged,
+# re-compressed: 1-bit Adam's compressed all-reduce, Tang et al., 2021), but these two send them whole.
+# The others add in place (ring all-reduces) or are reduced in chunks (sign-allreduce): 2(N−1)/N.
 ALL_GATHERED = ("topk", "qsgd", "sign")
 
 
@@ -45,6 +49,8 @@ def make(name: str, ratio: float = 0.01, bits: int = 4, rank: int = 1, error_fee
         return QSGD(bits, **kw)
     if name == "sign":
         return Sign(error_feedback=error_feedback, **kw)
+    if name == "sign-allreduce":
+        return SignAllReduce(error_feedback=error_feedback, **kw)
     if name == "powersgd":
         return PowerSGD(rank, error_feedback=error_feedback, **kw, **powersgd)
     raise ValueError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {name!r}")
@@ -64,7 +70,7 @@ class Config(TrainConfig):
                        "in bits + 1 bits rounded up to 2, 4 or 8 (bits 2: 4-bit codes)")
     rank: int = opt(1, "PowerSGD: the rank r of the approximation P Qᵀ")
     error_feedback: bool = opt(True, "keep what was not sent and add it to the next gradient "
-                                     "(top-k, random-k, sign, PowerSGD)")
+                                     "(top-k, random-k, sign, sign-allreduce on both sides, PowerSGD)")
     link_gbps: float = opt(0.0, "emulated link bandwidth in Gbit/s (0: no emulation, the real link)")
     link_latency_us: float = opt(100.0, "emulated latency of each message in µs (with --link-gbps)")
     hidden: int = opt(256, "width of the hidden layers")
@@ -130,7 +136,9 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
             break
     # the compressor's state (residuals, PowerSGD's Q) is memory too: counted under buffers
     memory = memory_report(model, optimizer, 0, buffers=compressor.state_tensors(), device=device)
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     return {"losses": losses, "grad_bytes_cumulative": sent, "param_count": bucket.numel(),
+            "params_sha1": hashlib.sha1(params.numpy().tobytes()).hexdigest(),  # ranks agree?
             "shapes": [list(s) for s in shapes], "per_rank": per_rank_summary(rank, rec, memory)}
 
 
@@ -179,7 +187,8 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
             "messages_per_step": messages_per_step(cfg, outs[0]["shapes"]),
             "compute_s_per_step": compute,
             "grad_bytes_cumulative": [max(o["grad_bytes_cumulative"][i] for o in outs) for i in range(steps)],
-            "diverged": not math.isfinite(outs[0]["losses"][-1]) if steps else False}
+            "diverged": not math.isfinite(outs[0]["losses"][-1]) if steps else False,
+            "ranks_agree": len({o["params_sha1"] for o in outs}) == 1}  # the same parameters, bit for bit
 
 
 def predicted_step_s(compute_s: float, messages: int, wire_bytes: float, gbps: float,
