@@ -27,6 +27,7 @@ from ..runtime import warm_cluster
 from .ch03_exercises import exercises as _exercises
 from .ch03_gpipe import microbatch_indices, stage_setup  # noqa: F401  (the notebook's cells use them)
 from .ch03_memory import activation_memory, print_table, recomputation  # noqa: F401  (§6's cells)
+from .ch03_zero_bubble import zero_bubble, zero_bubble_run  # noqa: F401  (§5's zero-bubble cells)
 
 
 def _cfg(stages: int, microbatches: int, schedule: str, preset: str = "laptop", **options) -> pp.Config:

@@ -9,10 +9,13 @@ from plotly.subplots import make_subplots
 
 from .common import COLORS, _annotate, wrap
 
-PIPE_COLORS = {"forward": "#4C78A8", "backward": "#54A24B", "send": "#F58518", "recv": "#BAB0AC"}
+# "weight": the weight-gradient half of a split backward (zero-bubble schedules; "backward" is then B)
+PIPE_COLORS = {"forward": "#4C78A8", "backward": "#54A24B", "weight": "#B279A2", "send": "#F58518",
+               "recv": "#BAB0AC"}
 # Bars per stage row: compute in the middle, sends in a thin band above, receives below.
-_PIPE_BAND = {"forward": (0.56, -0.28), "backward": (0.56, -0.28), "send": (0.16, -0.48),
-              "recv": (0.16, 0.32)}
+_PIPE_BAND = {"forward": (0.56, -0.28), "backward": (0.56, -0.28), "weight": (0.56, -0.28),
+              "send": (0.16, -0.48), "recv": (0.16, 0.32)}
+_LIVE_KINDS = ("forward", "backward", "send", "recv")  # the live chart draws GPipe and 1F1B only
 
 
 def _pipe_t0(events: list[dict]) -> float:
@@ -41,7 +44,7 @@ def _pipe_bars(events: list[dict], t0: float, kinds=tuple(PIPE_COLORS), legend: 
     for kind in kinds:
         ev = [{**e, "start": max(e["start"], t0)} for e in events if e["kind"] == kind and e["end"] > t0]
         width, offset = _PIPE_BAND[kind]
-        compute = kind in ("forward", "backward")
+        compute = kind in ("forward", "backward", "weight")
         chunks = sorted({e["chunk"] for e in ev if "chunk" in e}) if compute else []
         for chunk in chunks or [None]:
             mine = [e for e in ev if e.get("chunk") == chunk]
@@ -73,7 +76,7 @@ class LiveGantt:
     """
 
     def __init__(self, stages: int, title: str = "", min_interval_s: float = 0.25):
-        fig = go.Figure(_pipe_bars([], 0.0))
+        fig = go.Figure(_pipe_bars([], 0.0, _LIVE_KINDS))
         fig.update_layout(title=title, barmode="overlay", height=140 + 55 * stages,
                           xaxis_title="ms since the first forward (wall clock)")
         _pipe_axes(fig, stages)
@@ -104,7 +107,7 @@ class LiveGantt:
             return
         t0 = _pipe_t0(self.events)
         with self.fig.batch_update():
-            for trace, new in zip(self.fig.data, _pipe_bars(self.events, t0)):
+            for trace, new in zip(self.fig.data, _pipe_bars(self.events, t0, _LIVE_KINDS)):
                 trace.y, trace.x, trace.base = new.y, new.x, new.base
                 trace.text, trace.hovertext = new.text, new.hovertext
 

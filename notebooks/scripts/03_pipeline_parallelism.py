@@ -58,6 +58,8 @@ from lesson_lib.chapters import ch03
 from lesson_lib.milestones import pipeline as pp
 from lesson_lib.milestones.pipeline import comm as stage_comm  # noqa: F401  (the text points at stage_comm.StageLink)
 from lesson_lib.milestones.pipeline import interleaved as il
+from lesson_lib.milestones.pipeline import zero_bubble as zb
+from lesson_lib.milestones.pipeline import zero_bubble_stage as zbs
 from lesson_lib.milestones.pipeline.schedules import paced_bubble, stage_actions
 
 # %% [markdown]
@@ -376,6 +378,108 @@ assert max(g.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.
 # micro-batches absorb a remainder). On this laptop's shared cores a message costs more than its
 # bytes (see above), so the ideal machine is where this section shows the schedule's gain.
 #
+# ### Zero bubble: split the backward
+#
+# Interleaving makes the fill and the drain shorter; Qi et al. (2024, ICLR, "Zero Bubble Pipeline
+# Parallelism") fill them instead. A backward is two jobs. **B**: the gradient of the loss with
+# respect to the stage's *input*, which stage k − 1 is waiting for. **W**: the gradients with respect
+# to the stage's *weights*, which no other stage waits for — only the optimizer step, at the end.
+# 1F1B runs both in one `backward()` call, so stage k − 1 waits for stage k's W as well. Split them,
+# send B's gradient at once, and W can run any time later: in the idle time.
+#
+# **ZB-H1**, the paper's memory-efficient handcrafted schedule: stage k runs 1F1B's P − k − 1
+# warm-up forwards, then one F and one B in turn, then its last B's. Its j-th B is followed by a W
+# from j = k on, so stage k holds k W's back and runs them at the end of the step, where 1F1B idles.
+# Each stage then keeps at most P micro-batches between their F and their W, what 1F1B's stage 0
+# keeps, so the most any stage holds does not grow. (torch's `ScheduleInterleavedZeroBubble` builds
+# the same order with one stage per rank; the tests compare the two.)
+
+# %%
+show_source(zb.zb_h1_actions)
+
+# %% [markdown]
+# Replayed on the ideal machine under the paper's assumption F = B = W (a whole backward is 2
+# units), three ways: 1F1B as our stages run it (one backward call: the gradient leaves after W),
+# 1F1B's order with the gradient sent right after B, and ZB-H1 — at P = 4 for M = 2, 4 and 8. What
+# the replay measures: each stage's idle time (the step's length minus the stage's own work) in
+# units of one F, and from it the paper's *bubble rate* (idle time over work) and the idle share of
+# the step (§5's bubble).
+
+# %%
+zbr = ch03.zero_bubble(stages=4, microbatches=(2, 4, 8))
+
+# %%
+P = zbr["stages"]
+for r in zbr["rows"]:
+    M, z, one = r["microbatches"], r["zb-h1"], r["1f1b"]
+    assert one["idle"] == [3 * (P - 1)] * P, r                    # 1F1B: (P − 1)(F + B + W) per stage
+    if M >= P:  # the paper's statement, exactly
+        assert z["idle"] == [P - 1] * P, r                         # ZB-H1: (P − 1)(F + B − W) per stage
+        assert r["third"] == Fraction(1, 3), r
+        assert (one["bubble_rate"], z["bubble_rate"]) == (Fraction(P - 1, M), Fraction(P - 1, 3 * M)), r
+        assert z["idle_share"] == Fraction(P - 1, 3 * M + P - 1), r
+    assert z["idle"][0] <= r["1f1b, B sent first"]["idle"][0] <= one["idle"][0], r
+    assert max(r["in_flight"]["zb-h1"]) == max(r["in_flight"]["1f1b"]), r  # the most a stage holds
+    assert r["messages"]["zb-h1"] == r["messages"]["1f1b"], r               # W sends nothing
+
+# %% [markdown]
+# At M ≥ P the replay gives exactly what the paper states: 1F1B leaves each stage idle for
+# (P − 1)(F + B + W) = 9 units, ZB-H1 for (P − 1)(F + B − W) = 3 — a third. Against the M·(F + B + W)
+# of work, the bubble rate falls from (P − 1)/M to (P − 1)/(3M); as the idle share of the step, from
+# (P − 1)/(M + P − 1) to (P − 1)/(3M + P − 1). The middle column shows the two halves of the gain:
+# sending the gradient after B alone saves (P − 1)·W, since stage k − 1 no longer waits for stage k's
+# W; moving the W's into the tail saves another (P − 1)·W. With fewer micro-batches than stages
+# (M = 2) there are too few W's to hold back and ZB-H1 saves less. The third needs W no longer than F
+# or B: the replay gives (P − 1)(F + B − W) exactly then (the tests check a grid of durations). And
+# the order needs the early gradient: with the gradient sent only after W, ZB-H1 deadlocks (a test
+# shows where). Memory: every stage keeps up to P micro-batches from F to W, where 1F1B's stage k
+# keeps P − k; the peak, stage 0's, is the same. The paper counts a micro-batch waiting only for its
+# W as holding less than a whole one (W needs each layer's input and output gradient, not every
+# activation); our stages keep its whole graph until W.
+#
+# On real ranks the stage loop splits the backward with `torch.autograd.grad`. F keeps each
+# `Linear`'s output. B asks autograd for the gradient with respect to the stage's input — sent to
+# stage k − 1 at once — and to each `Linear`'s output, and for nothing else: autograd runs only what
+# leads to the tensors asked for, so it computes no weight gradient (a test counts the FLOPs), and
+# it keeps the graph. W, later, turns each `Linear`'s output gradient into its weight and bias
+# gradients and adds them into `.grad` in micro-batch order, as 1F1B's backward does:
+
+# %%
+show_source(zbs.forward_keeping, zbs.backward_input, zbs.backward_weight)
+
+# %% [markdown]
+# Run on 4 ranks: the `tiny` model against one process (the check of §2, with its tolerance) and
+# against 1F1B; then the chapter's `laptop` model timed, with the messages counted beside §4's 1F1B
+# run of the same shape (4 stages, 4 micro-batches). Four ranks share this laptop's cores, so the
+# wall clock is stretched: the timeline shows the wall clock and, below it, the step replayed from
+# each action's busy (CPU) time.
+
+# %%
+zrun = ch03.zero_bubble_run(stages=4, microbatches=4, against=runs["1f1b"])
+
+# %%
+assert max(zrun["gaps"].values()) <= tol, zrun["gaps"]   # §2's check: equal to one process
+assert all(zrun["same_as_1f1b"].values()), zrun           # the same matmuls, added in the same order
+assert zrun["messages"]["zb-h1"] == zrun["messages"]["1f1b"] == {"send_activation": 3, "send_grad": 3}
+assert zrun["max_in_flight"] == [4, 4, 4, 4]              # F to W: P on every stage
+
+# %% [markdown]
+# The same training as 1F1B, bit for bit, with the same messages: P − 1 = 3 each way per
+# micro-batch, since W sends nothing. What the real run's clocks say varies with the machine and its
+# load, which is why the cell asserts only the equality and the counts. The busy times printed
+# above test the paper's assumption F = B = W: in our runs a W has cost more than an F or a B (it
+# calls autograd once per layer and adds into `.grad`), and where W is the longest the third no
+# longer holds even on the ideal machine — compare the replayed bubble with ZB-H1's ideal and with
+# §4's 1F1B run, both printed above.
+#
+# **At cluster scale.** The paper goes further: ZB-H2 lets each stage hold up to 2P − 1 micro-batches
+# and reaches a zero bubble; an automatic scheduler places F, B and W from their measured times and
+# a memory limit; and the optimizer's own synchronization (a global gradient norm for clipping, a
+# check for inf and NaN), an all-reduce across the stages that would stall the line, becomes a
+# check after the step that rolls it back in the rare case it fails. Qi et al. report up to 23 % more
+# throughput than 1F1B at a similar memory limit, 31 % with more memory. torch ships
+# `ScheduleInterleavedZeroBubble` and `ScheduleZBVZeroBubble`.
+#
 # ## 6. Memory: GPipe against 1F1B
 #
 # Activations saved for the backward are the other cost. Under GPipe every stage runs all M forwards
@@ -552,10 +656,10 @@ exercises["in_flight"].submit(...)  # replace ... with a number of micro-batches
 #
 # 1. **stages on real ranks** — §3's stage loop and your GPipe stage, judged on its messages and its gradients.
 # 2. **the schedules** — §4's timelines and your 1F1B order.
-# 3. **the bubble** — §5's sweep against the formula and the bubble rebuilt one cause at a time (the replay checked to equal 1 − M/(P + (M−1)·pace)); interleaved 1F1B replayed to exactly (P−1)/(v·M+P−1) for v = 1, 2, 4, with its v·P − 1 messages per micro-batch counted in the schedule.
+# 3. **the bubble** — §5's sweep against the formula and the bubble rebuilt one cause at a time (the replay checked to equal 1 − M/(P + (M−1)·pace)); interleaved 1F1B replayed to exactly (P−1)/(v·M+P−1) for v = 1, 2, 4, with its v·P − 1 messages per micro-batch counted in the schedule; ZB-H1 (Qi et al., 2024) replayed to exactly a third of 1F1B's idle time at F = B = W, and run on real ranks with the backward split into B and W by `torch.autograd.grad`, training bit for bit as 1F1B with the same messages.
 # 4. **memory and torch** — §6's peak activations, inventoried and measured by the allocator (1F1B's stage 0 under 0.6× GPipe's in both, asserted); recomputation keeping one input per micro-batch for about one extra forward, training bit for bit the same (asserted); and §7's agreement with torch.
 #
-# **On a real cluster:** Pipelines pay a bubble of (P−1)/(M+P−1) at best; real systems add micro-batches, balance stages by time, and interleave several stages per device (Narayanan et al., 2021), which shrinks it to (P−1)/(v·M+P−1) for v-fold point-to-point messages — worth it where the interconnect is fast and the bubble dominates.
+# **On a real cluster:** Pipelines pay a bubble of (P−1)/(M+P−1) at best; real systems add micro-batches, balance stages by time, and interleave several stages per device (Narayanan et al., 2021), which shrinks it to (P−1)/(v·M+P−1) for v-fold point-to-point messages — worth it where the interconnect is fast and the bubble dominates; zero-bubble schedules (Qi et al., 2024) split each backward and fill the bubble with weight gradients, at no extra messages.
 
 # %% [markdown]
 # ## What comes next

@@ -7,7 +7,9 @@ stages are busy most of the time; what is left idle is the *bubble*, (P−1)/(M+
 time with equal stages. Schedules (who does which forward and backward when) are pure functions in
 :mod:`.schedules`: naive, GPipe (Huang et al., 2019) and 1F1B (Narayanan et al., 2021); interleaved
 1F1B (Narayanan et al., 2021, SC21), v model chunks per rank, in :mod:`.interleaved`, its rank's loop
-in :mod:`.interleaved_stage` (``schedule="interleaved"``, ``chunks``).
+in :mod:`.interleaved_stage` (``schedule="interleaved"``, ``chunks``); ZB-H1 (Qi et al., 2024), each
+backward split into B (the input's gradient) and W (the weights'), in :mod:`.zero_bubble`, its
+rank's loop in :mod:`.zero_bubble_stage` (``schedule="zb-h1"``).
 
 The model is :func:`lesson_lib.models.mlp`; a *layer* here is one ``Linear`` together with the
 ``ReLU`` after it, so the model has ``depth + 1`` layers to cut. Stages are balanced by parameter

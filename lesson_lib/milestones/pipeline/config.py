@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ...config import TrainConfig, opt, positive_int
 from .schedules import SCHEDULES, microbatches_run
+from .zero_bubble import SCHEDULE as ZB
 
 NAME = "pipeline"
 BALANCES = ("params", "time")
@@ -44,7 +45,9 @@ class Config(TrainConfig):
     stages: int = opt(2, "pipeline stages P, one rank each (1: the unsplit model on one rank)")
     microbatches: int = opt(4, "micro-batches M per step; must divide global_batch (naive ignores it)")
     schedule: str = opt("1f1b", "naive (whole batch, one stage busy at a time) | gpipe | 1f1b | interleaved "
-                                "(Narayanan et al., 2021: ``chunks`` model chunks per rank)")
+                                "(Narayanan et al., 2021: ``chunks`` model chunks per rank) | zb-h1 (Qi et "
+                                "al., 2024: each backward split into B, the input's gradient, and W, the "
+                                "weights')")
     chunks: int = opt(1, "model chunks per rank v (interleaved only): the model cut in v·P virtual stages")
     balance: str = opt("params", "params | time: equal parameter counts or equal measured time per stage")
     depth: int = opt(3, "hidden layers; the model has depth + 1 layers (Linear + ReLU) to cut into stages")
@@ -71,8 +74,8 @@ class Config(TrainConfig):
         if self.global_batch % self.microbatches:
             raise ValueError(f"microbatches={self.microbatches} must divide global_batch="
                              f"{self.global_batch} into equal micro-batches")
-        if self.schedule not in (*SCHEDULES, "interleaved"):
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, interleaved, "
+        if self.schedule not in (*SCHEDULES, "interleaved", ZB):
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, interleaved, {ZB}, "
                              f"got {self.schedule!r}")
         positive_int(self, "chunks")
         if self.chunks > 1 and self.schedule != "interleaved":
@@ -84,6 +87,9 @@ class Config(TrainConfig):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.schedule == "interleaved":
             self._validate_interleaved()
+        for name in ("recompute", "peak_memory"):
+            if self.schedule == ZB and getattr(self, name):
+                raise ValueError(f"{name} is not supported with schedule={ZB!r}")
         if self.stages > self.layers:
             raise ValueError(f"stages={self.stages} is more than the {self.layers} layers of the model "
                              f"(depth + 1); use at most {self.layers} stages or a deeper model")

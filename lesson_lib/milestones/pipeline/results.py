@@ -11,6 +11,7 @@ import torch
 from ...costmodel.terms import bubble_formula
 from ...models import fit_whole_batch, flat_views, mlp, mlp_param_count
 from . import interleaved as il
+from . import zero_bubble as zb
 from .config import Config
 from .schedules import all_actions, bubble_breakdown, message_delays, step_bubbles
 from .stage import worker
@@ -21,6 +22,8 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
     measured = list(range(1, cfg.steps)) or [0]  # step 0 pays one-off costs
     if cfg.schedule == "interleaved":
         return _summarize_interleaved(cfg, outs, events, measured)
+    if cfg.schedule == zb.SCHEDULE:
+        return _summarize_zero_bubble(cfg, outs, events, measured)
     actions = all_actions(cfg.schedule, cfg.stages, cfg.m)
     bubbles = [step_bubbles(actions, events, s) for s in range(cfg.steps)]
     causes = [bubble_breakdown(actions, events, s) for s in measured]
@@ -50,14 +53,33 @@ def _summarize_interleaved(cfg: Config, outs: list[dict], events: list[dict], me
     (P−1)/(v·M+P−1), and the messages it sent, counted, per micro-batch."""
     P, M, v = cfg.stages, cfg.m, cfg.chunks
     bubbles = [il.measured_bubbles(il.all_interleaved(P, M, v), events, s) for s in range(cfg.steps)]
-    calls = {op: sum(o["per_rank"]["ops"].get(op, {"calls": 0})["calls"] for o in outs)
-             for op in ("send_activation", "send_grad")}
     return {
         "losses": outs[-1]["losses"], "events": events, "bubble_per_step": bubbles,
         "bubble_wall": statistics.median(bubbles[s]["wall"] for s in measured),
         "bubble_busy": statistics.median(bubbles[s]["busy"] for s in measured),
         "bubble_formula": bubble_formula(P, M, v), "microbatches_run": M, "chunks": v,
-        "messages_per_microbatch": {op: n / (cfg.steps * M) for op, n in calls.items()},
+        "messages_per_microbatch": _messages_per_microbatch(cfg, outs),
+        "partition": [list(b) for b in outs[0]["bounds"]], "layer_costs": outs[0]["costs"],
+        "max_in_flight": [o["max_in_flight"] for o in outs]}
+
+
+def _messages_per_microbatch(cfg: Config, outs: list[dict]) -> dict:
+    calls = {op: sum(o["per_rank"]["ops"].get(op, {"calls": 0})["calls"] for o in outs)
+             for op in ("send_activation", "send_grad")}
+    return {op: n / (cfg.steps * cfg.m) for op, n in calls.items()}
+
+
+def _summarize_zero_bubble(cfg: Config, outs: list[dict], events: list[dict], measured: list[int]) -> dict:
+    """ZB-H1's run: the bubble on the wall clock and replayed from busy time (F, B and W each its own
+    action), beside the replay at F = B = W; the messages sent, counted, per micro-batch."""
+    acts = zb.all_zb_h1(cfg.stages, cfg.m)
+    bubbles = [zb.measured_bubbles(acts, events, s) for s in range(cfg.steps)]
+    return {
+        "losses": outs[-1]["losses"], "events": events, "bubble_per_step": bubbles,
+        "bubble_wall": statistics.median(bubbles[s]["wall"] for s in measured),
+        "bubble_busy": statistics.median(bubbles[s]["busy"] for s in measured),
+        "bubble_formula": float(zb.idle(zb.replay(acts, zb.equal_durations(acts)))["idle_share"]),
+        "microbatches_run": cfg.m, "messages_per_microbatch": _messages_per_microbatch(cfg, outs),
         "partition": [list(b) for b in outs[0]["bounds"]], "layer_costs": outs[0]["costs"],
         "max_in_flight": [o["max_in_flight"] for o in outs]}
 

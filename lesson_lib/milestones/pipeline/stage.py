@@ -20,6 +20,8 @@ from .config import Config
 from .cut import build_stage, choose_partition, layer_units, model_layers, param_costs, time_costs  # noqa: F401
 from .interleaved_stage import train_interleaved
 from .schedules import stage_actions
+from .zero_bubble import SCHEDULE as ZB
+from .zero_bubble_stage import train_zero_bubble
 
 # --------------------------------------------------------------------------- one stage, training
 
@@ -128,5 +130,5 @@ def _train_stage(cfg: Config, k: int, device: torch.device, emit, peak: PeakMemo
 def worker(cfg: Config) -> dict:
     ctx = context()
     counters().reset()
-    train = train_interleaved if cfg.schedule == "interleaved" else train_stage
+    train = {"interleaved": train_interleaved, ZB: train_zero_bubble}.get(cfg.schedule, train_stage)
     return train(cfg, ctx.rank, ctx.device, ctx.emit)
