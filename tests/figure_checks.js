@@ -7,6 +7,9 @@
   for (const gd of document.querySelectorAll(root + " .js-plotly-plot")) {
     const L = gd._fullLayout;
     if (!L || !gd._fullData) continue;
+    // plotly's FigureWidget bundle leaves an empty plot of its own in the widget's view beside the
+    // live figure; a widget's figure is checked once it holds data
+    if (gd.closest(".jupyter-widgets") && !gd._fullData.length) continue;
     const cell = gd.closest(".jp-Cell"), cells = [...document.querySelectorAll(root + " .jp-Cell")];
     const where = cell ? `cell ${cells.indexOf(cell)}: ` : "";
     const title = L.title && L.title.text && !/^Click to enter/.test(L.title.text) ? L.title.text : "(untitled figure)";

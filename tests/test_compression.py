@@ -489,6 +489,25 @@ def test_crossover_exercise_runs_the_emulator(ex):
     assert verdict and "emulated" in verdict.message
 
 
+@pytest.mark.parametrize("powersgd_ms, says", [((1.0, 2.0), "the runs agree"),
+                                               ((1.0, 1.0), "do NOT agree"), ((3.0, 2.0), "do NOT agree")])
+def test_the_crossover_verdict_says_when_the_runs_contradict_the_model(monkeypatch, powersgd_ms, says):
+    # catches: "correct" said without a word while the check's own runs found PowerSGD faster even at
+    # three times the crossover (13.29 vs 13.47 ms)
+    from types import SimpleNamespace
+
+    from lesson_lib.chapters import ch06_exercises as ex6
+
+    def fake_run(cfg):  # none: 2 ms at every bandwidth; PowerSGD: below, then above the crossover
+        ms = 2.0 if cfg.compressor == "none" else powersgd_ms[cfg.link_gbps > want]
+        return SimpleNamespace(median_step_time=lambda: ms / 1e3)
+
+    want = ex6.crossover(ex6.CROSSOVER_CASE)
+    monkeypatch.setattr(ex6, "run_warm", fake_run)
+    verdict = ex6._check_crossover(want, ex6.CROSSOVER_CASE)
+    assert verdict and says in verdict.message, verdict.message
+
+
 def _randomk_rank_indices(grad, residual, k, step):  # each rank picks its own: they do not add up
     acc = grad + residual
     idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step + dist.get_rank()))[:k]

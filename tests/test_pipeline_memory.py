@@ -103,3 +103,11 @@ def test_the_chapter_recomputation_check_rejects_a_bad_count_of_timed_steps_befo
 
     with pytest.raises(ValueError, match="timed_steps must be a positive int"):
         ch03_memory.recomputation(timed_steps=bad)
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, True])
+def test_the_chapter_recomputation_check_rejects_a_bad_count_of_rounds_before_any_run(bad):
+    from lesson_lib.chapters import ch03_memory
+
+    with pytest.raises(ValueError, match="rounds must be a positive int"):
+        ch03_memory.recomputation(rounds=bad)

@@ -46,8 +46,9 @@ def data_parallel(world_sizes=(1, 2, 4), **options) -> dict[int, Result]:
     display(live)
     results = {n: _run(n, live, **options) for n in world_sizes}
     display(plots.training.time_split({f"{n} rank(s)": r for n, r in results.items()}))
-    display(plots.training.memory_by_category(results[max(results)],
-                                              f"Measured memory per rank, {max(results)} ranks"))
+    n = max(results)
+    display(plots.training.memory_by_category(
+        results[n], f"Memory per rank by inventory (what each rank knows it holds), {n} ranks"))
     return results
 
 

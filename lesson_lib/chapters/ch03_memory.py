@@ -73,7 +73,7 @@ def activation_memory(stages: int = 4, microbatches=(1, 2, 4, 8), rows_per_micro
 
 
 def recomputation(stages: int = 4, microbatches: int = 8, rows_per_microbatch: int = 128,
-                  timed_rows: int = 128, timed_steps: int = 3) -> dict:
+                  timed_rows: int = 128, timed_steps: int = 3, rounds: int = 2) -> dict:
     """GPipe and 1F1B at M = ``microbatches`` with and without recomputation (``recompute=True``): the
     activations held, measured and inventoried; the training of the two, compared; and the busy time
     of the forwards and backwards, on the laptop preset with the meter off (its profiler costs every
@@ -82,9 +82,10 @@ def recomputation(stages: int = 4, microbatches: int = 8, rows_per_microbatch: i
     ``timed_rows`` = 128 samples per micro-batch, so that the arithmetic outweighs each operation's
     fixed cost, as on real hardware (a forward without autograd's bookkeeping costs less than one
     with it, and on small micro-batches the bookkeeping is much of the forward). Other processes on
-    the same cores inflate single steps, so each run times ``timed_steps`` steps after the first and
-    keeps its least disturbed one (least busy time)."""
-    positive_int(SimpleNamespace(timed_steps=timed_steps), "timed_steps")  # the configs' own check
+    the same cores inflate single steps, so ``rounds`` runs of each, taking turns, time ``timed_steps``
+    steps after the first each, and each variant keeps its least disturbed step (least busy time)."""
+    for name, value in (("timed_steps", timed_steps), ("rounds", rounds)):
+        positive_int(SimpleNamespace(**{name: value}), name)  # the configs' own check
     rows, equal = [], {}
     for schedule in ("gpipe", "1f1b"):
         states = {}
@@ -100,20 +101,22 @@ def recomputation(stages: int = 4, microbatches: int = 8, rows_per_microbatch: i
     for schedule, g in equal.items():
         print(f"{LABELS[schedule, False]}: recomputed against stored — largest difference of losses "
               f"{g['losses']:.1e}, gradients {g['grads']:.1e}, parameters {g['params']:.1e}")
-    busy = {}
-    for recompute in (False, True):
-        cfg = pp.Config.laptop(stages=stages, microbatches=microbatches, schedule="1f1b",
-                               steps=timed_steps + 1, global_batch=microbatches * timed_rows,
-                               recompute=recompute)
-        events = [e for e in run_warm(cfg)["events"] if e["step"] > 0]  # step 0 pays one-off costs
-        per_step = [{k: sum(e["busy"] for e in events if e["kind"] == k and e["step"] == s)
-                     for k in ("forward", "backward")} for s in range(1, timed_steps + 1)]
-        # the step that the other processes on these cores disturbed least: a burst of contention
-        # (a browser drawing, the kernel) inflates the CPU time of whatever runs then
-        busy[recompute] = min(per_step, key=lambda x: x["forward"] + x["backward"])
+    steps: dict[bool, list] = {False: [], True: []}
+    for _ in range(rounds):
+        for recompute in (False, True):  # taking turns: a burst of load falls on both alike
+            cfg = pp.Config.laptop(stages=stages, microbatches=microbatches, schedule="1f1b",
+                                   steps=timed_steps + 1, global_batch=microbatches * timed_rows,
+                                   recompute=recompute)
+            events = [e for e in run_warm(cfg)["events"] if e["step"] > 0]  # step 0 pays one-off costs
+            steps[recompute] += [{k: sum(e["busy"] for e in events if e["kind"] == k and e["step"] == s)
+                                  for k in ("forward", "backward")} for s in range(1, timed_steps + 1)]
+    # the step that the other processes on these cores disturbed least: a burst of contention
+    # (a browser drawing, the kernel) inflates the CPU time of whatever runs then
+    busy = {r: min(per_step, key=lambda x: x["forward"] + x["backward"]) for r, per_step in steps.items()}
     f, b = busy[False]["forward"], busy[False]["backward"]
     ratio = sum(busy[True].values()) / (f + b)
-    print(f"busy time of one step's forwards + backwards (the least busy of {timed_steps}), all stages, "
+    print(f"busy time of one step's forwards + backwards (the least busy of {rounds * timed_steps}), all "
+          "stages, "
           f"1F1B on the laptop preset ({timed_rows} samples per micro-batch): {1e3 * (f + b):.0f} ms stored, "
           f"{1e3 * sum(busy[True].values()):.0f} ms recomputed — {ratio:.2f}×; one extra forward, "
           f"(2F + B)/(F + B) with this run's F = {1e3 * f:.0f} ms and B = {1e3 * b:.0f} ms, "

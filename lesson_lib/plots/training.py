@@ -40,7 +40,9 @@ def time_split(results: dict, title: str = "Where a step's time goes") -> go.Fig
     return fig
 
 
-def memory_by_category(result, title: str = "Measured memory per rank") -> go.Figure:
+def memory_by_category(result, title: str = "Memory per rank, by inventory") -> go.Figure:
+    """What each rank knows it holds, by category: an inventory (metrics.memory_report), not the
+    allocator's measured peak (lesson_lib.peakmem, chapters 0 and 4)."""
     fig = go.Figure()
     ranks = [f"rank {r['rank']}" for r in result.per_rank]
     for cat in ("params", "grads", "optimizer", "activations", "buffers"):
