@@ -19,7 +19,6 @@
       const ax = L[key], letter = key[0];
       if (!ax || !ax._id || ax.visible === false) continue;
       const traces = gd._fullData.filter((t) => t.visible === true && (t[letter + "axis"] || letter) === ax._id);
-      const cartesian = traces.filter((t) => Array.isArray(t[letter]) || ArrayBuffer.isView(t[letter]));
       if (!traces.length) {
         const drawn = (L.shapes || []).concat(L.annotations || []).some((s) => s[letter + "ref"] && s[letter + "ref"].startsWith(ax._id));
         if (!drawn && !ax.matches && !ax.overlaying) problems.push(`${name}: ${key} has no data (an empty subplot)`);
@@ -27,11 +26,15 @@
       }
       if (ax.showticklabels !== false && !ax.matches && !(ax.title && ax.title.text) && ax.type !== "category")
         problems.push(`${name}: ${key} has no title`);
-      if (ax.type !== "log" || !Array.isArray(ax.range)) continue;
+      if (ax.type !== "log" || !Array.isArray(ax.range) || ax.matches) continue;  // a matched axis: with its own
+      // an axis shares its range with the axes that match it (make_subplots(shared_yaxes=True)): their data too
+      const ids = [ax._id, ...axes.filter((k) => k[0] === letter && L[k].matches === ax._id).map((k) => L[k]._id)];
+      const shared = gd._fullData.filter((t) => t.visible === true && ids.includes(t[letter + "axis"] || letter)
+        && (Array.isArray(t[letter]) || ArrayBuffer.isView(t[letter])));
       const vals = [];
-      for (const t of cartesian) for (const v of t[letter]) if (finite(v) && v > 0) vals.push(Math.log10(v));
+      for (const t of shared) for (const v of t[letter]) if (finite(v) && v > 0) vals.push(Math.log10(v));
       for (const sh of L.shapes || [])  // a shape is drawn at its data value: a line past the data is meant
-        if (sh[letter + "ref"] === ax._id) for (const v of [sh[letter + "0"], sh[letter + "1"]]) if (finite(v) && v > 0) vals.push(Math.log10(v));
+        if (ids.includes(sh[letter + "ref"])) for (const v of [sh[letter + "0"], sh[letter + "1"]]) if (finite(v) && v > 0) vals.push(Math.log10(v));
       if (!vals.length) continue;
       const lo = Math.min(...vals), hi = Math.max(...vals), [r0, r1] = ax.range;
       if (lo < r0 - 1e-6 || hi > r1 + 1e-6)
