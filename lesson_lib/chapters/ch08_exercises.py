@@ -7,7 +7,6 @@ Nothing here imports IPython: the ``*_job`` functions run inside the workers.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -34,35 +33,6 @@ def _apply(fn) -> Callable:
     return fn.apply if isinstance(fn, type) and issubclass(fn, torch.autograd.Function) else fn
 
 
-@contextmanager
-def _seen_by_name(fn):
-    """Inside :func:`observe`: make the learner's functions call the observed collectives also where
-    they imported one by name (``from torch.distributed import all_reduce``), which binds the
-    original function in their globals, out of ``observe``'s sight."""
-    from .. import comm
-
-    wrapped = {}
-    for module in (dist, comm):
-        for name in dir(module):
-            f = getattr(module, name)
-            if callable(f) and hasattr(f, "__wrapped__"):
-                wrapped[id(f.__wrapped__)] = f
-    funcs = [v.__func__ if isinstance(v, staticmethod) else v for v in vars(fn).values()] \
-        if isinstance(fn, type) else [fn]
-    undo = []
-    for f in funcs:
-        g = getattr(f, "__globals__", None)
-        for k, v in list((g or {}).items()):
-            if id(v) in wrapped:
-                undo.append((g, k, v))
-                g[k] = wrapped[id(v)]
-    try:
-        yield
-    finally:
-        for g, k, v in undo:
-            g[k] = v
-
-
 def _g_case(seed: int, n: int):
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(-3, 4, (G_ROWS, n * G_IN), generator=g).float()
@@ -78,7 +48,7 @@ def g_job(fn, seed: int) -> dict:
     x, w, c = _g_case(seed, n)
     cols = slice(r * G_IN, (r + 1) * G_IN)
     x_r, w_r = x[:, cols].clone().requires_grad_(), w[:, cols].clone().requires_grad_()
-    with observe() as log, _seen_by_name(fn):
+    with observe() as log:
         y = _apply(fn)(x_r @ w_r.t())
         if not isinstance(y, torch.Tensor):
             return {"error": f"g returned a {type(y).__name__}, not a tensor"}
@@ -184,7 +154,7 @@ def dispatch_job(fn, cfg: moe.MoEConfig) -> dict:
             return out
         return buf.new_full(buf.shape, float("nan"))  # judged by its shape first
 
-    with torch.no_grad(), observe() as log, _seen_by_name(fn):
+    with torch.no_grad(), observe() as log:
         x = moe.tokens(cfg, n)[r]
         y, _ = moe.moe_expert_parallel(x, w["router"], w["w1"][local], w["w2"][local], cfg, exchange=exchange)
     return {"y": y, "shapes": seen, "calls": log.as_data()["calls"],
