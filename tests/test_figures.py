@@ -172,3 +172,20 @@ def test_run_warm_draws_its_run_in_full_after_the_last_event(monkeypatch):
     cfg = lb.at_batch("sgd", 64, "laptop")
     assert experiments.run_warm(cfg, live, "sgd") == "result"
     assert cfg.steps > 10 and list(live.fig.data[0].x) == list(range(10))
+
+
+def test_a_labelled_level_on_a_log_axis_puts_its_label_where_its_line_is():
+    # catches: add_hline's label on a log axis placed at 10^value (chapter 7's "device memory 80 GB"
+    # label sat at 10^80, off the chart; chapter 5's batch labels stretched an axis to 10^70)
+    import math
+
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2)
+    fig.add_bar(x=["a"], y=[10], row=1, col=1)
+    fig.add_bar(x=["a"], y=[30], row=1, col=2)
+    fig.update_yaxes(type="log")
+    plots.common.level(fig, 80.0, "device memory 80 GB", log=True, row=1, col=2)
+    (line,), (label,) = fig.layout.shapes, fig.layout.annotations
+    assert (line.y0, line.yref) == (80.0, "y2")  # shapes: the data value
+    assert label.y == math.log10(80.0) and label.yref == "y2" and label.xref == "x2 domain"

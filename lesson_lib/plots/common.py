@@ -224,18 +224,25 @@ def _with_note(title: str, note: str | None) -> dict:
             "pad": {"b": 35 + 10 * len(lines)}}  # room for the subplot titles below the note
 
 
-def level(fig, value: float, text: str, axis: str = "y", log: bool = False, **line) -> None:
-    """A dotted line at ``value`` across the plot (``axis="y"``: horizontal), labelled ``text``.
+def level(fig, value: float, text: str, axis: str = "y", log: bool = False, row: int | None = None,
+          col: int | None = None, **line) -> None:
+    """A dotted line at ``value`` across the plot (``axis="y"``: horizontal), labelled ``text``; in
+    the subplot at ``row``, ``col`` when given.
 
     plotly.js places a shape on a log axis at the data value but an annotation at its log10: drawn
     with ``add_hline``'s label, a line at 2,048 on a log axis stretched the axis to 10^2048."""
     style = {"dash": "dot", "color": "grey", **line}
     where = math.log10(value) if log else value
+    x, y = "x", "y"
+    if row is not None:  # that subplot's axes: "xaxis2" → "x2"
+        sub = fig.get_subplot(row, col)
+        x, y = (a.plotly_name.replace("axis", "") for a in (sub.xaxis, sub.yaxis))
+    at = {"row": row, "col": col} if row is not None else {}
     if axis == "y":
-        fig.add_hline(y=value, line=style)
-        fig.add_annotation(x=1, xref="x domain", y=where, yref="y", text=text, showarrow=False,
+        fig.add_hline(y=value, line=style, **at)
+        fig.add_annotation(x=1, xref=f"{x} domain", y=where, yref=y, text=text, showarrow=False,
                            xanchor="right", yanchor="bottom")
     else:
-        fig.add_vline(x=value, line=style)
-        fig.add_annotation(x=where, xref="x", y=1, yref="y domain", text=text, showarrow=False,
+        fig.add_vline(x=value, line=style, **at)
+        fig.add_annotation(x=where, xref=x, y=1, yref=f"{y} domain", text=text, showarrow=False,
                            xanchor="right", yanchor="top")  # text to the left: the axis need not grow

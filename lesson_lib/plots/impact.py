@@ -8,7 +8,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, _with_note, wrap
+from .common import COLORS, _with_note, level, wrap
 
 NO_FIT = "#BAB0AC"
 FITS = "#4C78A8"
@@ -71,8 +71,7 @@ def talk_chart(by_overlap: dict, title: str, assumptions: list[str]) -> go.Figur
                     name="per server (12Ψ/K)", row=1, col=2,
                     text=[f"{g:.3g}" if g else "" for g in server], textposition="outside")
     cap = rows[0]["memory"]["device"] / 1e9
-    fig.add_hline(y=cap, line_dash="dash", annotation_text=f"device memory {cap:g} GB",
-                  annotation_position="bottom right", row=1, col=2)
+    level(fig, cap, f"device memory {cap:g} GB", log=True, row=1, col=2, dash="dash", color="#444")
     # log axes with labels above the bars: plotly's autorange runs away, so give the range
     gb = [r["memory"]["total"] / 1e9 for r in rows] + [g for g in server if g]
     for col, values in ((1, days), (2, gb + [cap])):
