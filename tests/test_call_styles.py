@@ -1,11 +1,13 @@
 """Right answers written another way are accepted by every checker that takes code: collectives
 imported by name (``from torch.distributed import all_reduce``), point-to-point messages batched with
-``dist.P2POp`` and ``dist.batch_isend_irecv``. The checkers observe the process group, through which
+``dist.P2POp`` and ``dist.batch_isend_irecv``, functional collectives
+(``torch.distributed._functional_collectives``). The checkers observe the process group, through which
 every torch.distributed call passes (lesson_lib.exercises.observe)."""
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.distributed import all_reduce, batch_isend_irecv, irecv, isend, recv, send
 
 from lesson_lib import close_all
@@ -83,6 +85,23 @@ def randomk_step(grad, residual, k, step):  # chapter 6, by name, through distri
     return avg, residual
 
 
+def sharded_trust_ratio_functional(w_shard, u_shard):  # chapter 5, a functional collective
+    sq = funcol.all_reduce(torch.stack([w_shard.square().sum(), u_shard.square().sum()]), "sum",
+                           dist.group.WORLD)
+    return (sq[0].sqrt() / sq[1].sqrt()).item()
+
+
+def randomk_step_functional(grad, residual, k, step):  # chapter 6, a functional collective
+    acc = grad + residual
+    idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step))[:k]
+    vals = funcol.wait_tensor(funcol.all_reduce(acc[idx], "sum", dist.group.WORLD))
+    avg = torch.zeros_like(acc)
+    avg[idx] = vals / dist.get_world_size()
+    residual = acc.clone()
+    residual[idx] = 0
+    return avg, residual
+
+
 def ping_pong(buf_send, buf_recv):  # chapter 7, by name
     if dist.get_rank() == 0:
         send(buf_send, 1)
@@ -98,7 +117,9 @@ CASES = {
     "ch2 reduce_scatter": (lambda: ch02_exercises.exercises(alpha=1e-4, beta=1e-9)["reduce_scatter"],
                            my_reduce_scatter),
     "ch5 sharded": (lambda: ch05_exercises.exercises()["sharded"], sharded_trust_ratio),
+    "ch5 sharded functional": (lambda: ch05_exercises.exercises()["sharded"], sharded_trust_ratio_functional),
     "ch6 randomk": (lambda: ch06_exercises.exercises()["randomk"], randomk_step),
+    "ch6 randomk functional": (lambda: ch06_exercises.exercises()["randomk"], randomk_step_functional),
     "ch7 pingpong": (lambda: ch07_exercises.exercises()["pingpong"], ping_pong),
 }
 

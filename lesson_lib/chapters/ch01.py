@@ -273,8 +273,8 @@ def exercises(param_bytes: int | None = None) -> dict[str, Exercise]:
                    "<code>ch01.bottleneck((4,))</code> and compare with the counter.",
             check=close_to(2 * n * param_bytes, 1e-9, " bytes"),
             hint="Each worker pushes a full gradient and pulls the full parameters.",
-            solution="2 · N · S: every worker sends S bytes of gradient in and receives S bytes of "
-                     "parameters.",
+            solution=f"2 · N · S = 2 × {n} × {param_bytes:,} = {2 * n * param_bytes:,} bytes: every worker "
+                     "sends S bytes of gradient in and receives S bytes of parameters.",
             reference=lambda: 2 * n * param_bytes),
         "divergence": Exercise(
             key="divergence", title="when staleness hurts",

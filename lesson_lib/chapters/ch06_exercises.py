@@ -261,7 +261,7 @@ def exercises(case: dict | None = None) -> dict[str, Exercise]:
                    "ring? The check then runs both on the emulator just below and above your answer.",
             check=lambda a: _check_crossover(a, x), hint="Set the two step times equal and solve for B.",
             solution="B = 8·(bytes_none − bytes_powersgd) / (compute_powersgd − compute_none + "
-                     "(messages_powersgd − messages_none)·α), in bit/s; divide by 10⁹.",
+                     f"(messages_powersgd − messages_none)·α), in bit/s; divide by 10⁹: {crossover(x):.4g}.",
             reference=lambda: crossover(x)),
         "randomk": Exercise(
             key="randomk", title="write it: random-k with error feedback, on real ranks",

@@ -84,6 +84,15 @@ def faster_link(e: dict) -> tuple[str, float]:
     return e["dominant"], t["compute"] + t["bubble"] + t["bandwidth"] / 10 + t["latency"] + t["tensor"]
 
 
+def _link_solution() -> str:
+    e = link_case()
+    term, seconds = faster_link(e)
+    return (f"('{term}', {seconds:.4g}): {term} is the largest term; with 10× the bandwidth the step is "
+            "compute + bubble + bandwidth/10 + latency + tensor = "
+            + " + ".join(f"{e['terms'][k] / (10 if k == 'bandwidth' else 1):.4g}"
+                         for k in ("compute", "bubble", "bandwidth", "latency", "tensor")) + " s.")
+
+
 def _check_link(answer) -> Verdict:
     what = "a pair: (term, step seconds with the faster link)"
     if isinstance(answer, str) or not hasattr(answer, "__len__") or len(answer) != 2:
@@ -215,8 +224,7 @@ def exercises() -> dict[str, Exercise]:
                    "dominates the step, and how many seconds is a step when the link carries 10× the "
                    "bandwidth? Answer <code>(term, seconds)</code>.",
             check=_check_link, hint="Only the bandwidth term depends on the link's bandwidth.",
-            solution="(dominant term, compute + bubble + bandwidth/10 + latency)",
-            reference=lambda: faster_link(link_case())),
+            solution=_link_solution(), reference=lambda: faster_link(link_case())),
         "pingpong": Exercise(
             key="pingpong", title="write it: a ping-pong that measures α and β, on real ranks",
             prompt="Write <code>ping_pong(send, recv)</code>, run on 2 ranks: rank 0 sends "

@@ -100,7 +100,8 @@ def solution_text(fn: Callable) -> str:
     if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
             and isinstance(first.value.value, str):
         lines = text.splitlines()
-        del lines[first.lineno - 1:first.end_lineno]
+        end = first.end_lineno + (first.end_lineno < len(lines) and not lines[first.end_lineno].strip())
+        del lines[first.lineno - 1:end]  # the docstring, and a blank line after it
         text = "\n".join(lines)
     return text.rstrip()
 

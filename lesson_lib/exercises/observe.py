@@ -4,8 +4,10 @@ communication call made through ``torch.distributed`` or :mod:`lesson_lib.comm`.
 ``torch.distributed`` is observed where every call of it passes, its process groups' methods
 (``ProcessGroup.allreduce``, ``.send``...), so any way of writing the call is seen alike:
 ``dist.all_reduce``, ``from torch.distributed import all_reduce``, ``dist.distributed_c10d.*``,
-``dist.batch_isend_irecv`` with ``dist.P2POp``. (Functional collectives, which reach the backend
-from C++, are not.) :mod:`lesson_lib.comm`'s functions are observed by name.
+``dist.batch_isend_irecv`` with ``dist.P2POp``. Functional collectives
+(``torch.distributed._functional_collectives``) reach the backend from C++, past those methods:
+they are seen as the operators they dispatch (``_c10d_functional.all_reduce``...), through a
+``TorchDispatchMode``. :mod:`lesson_lib.comm`'s functions are observed by name.
 
 Each call becomes a plain dict (it travels back to the notebook with the run's result):
 
@@ -35,6 +37,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # a process group's method -> what it is
 PG_OPS = {
@@ -48,6 +51,8 @@ PG_OPS = {
     "send": "send", "recv": "recv", "recv_anysource": "recv", "barrier": "barrier",
     "monitored_barrier": "barrier",
 }
+# a functional collective's operator (torch.ops._c10d_functional.<name>) begins with what it is
+FUNCTIONAL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 COMM_OPS = {
     "ring_all_reduce": "all_reduce", "pipelined_ring_all_reduce": "all_reduce", "all_reduce": "all_reduce",
     "naive_all_reduce": "all_reduce", "halving_doubling_all_reduce": "all_reduce",
@@ -247,6 +252,32 @@ def _wrap_group(method, name: str, log: Log):
     return recorded
 
 
+class _Functional(TorchDispatchMode):
+    """Records the functional collectives' operators; every other operator passes untouched. Their
+    result is a tensor that waits when first used: the call counts as done when it returned."""
+
+    def __init__(self, log: Log):
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._overloadpacket.__name__ if getattr(func, "namespace", "") == "_c10d_functional" else ""
+        op = next((o for o in FUNCTIONAL_OPS if name.startswith(o)), None)
+        if op is None or getattr(_STATE, "depth", 0):
+            return func(*args, **kwargs)
+        call = {"op": op, "api": f"funcol.{name}", "bytes": _nbytes(args, kwargs),
+                "async": False, "peer": None, "in_backward": torch._C._current_graph_task_id() != -1,
+                "start": time.perf_counter(), "done": None}
+        self.log.append(call)
+        _STATE.depth = getattr(_STATE, "depth", 0) + 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _STATE.depth -= 1
+            call["done"] = time.perf_counter()
+
+
 @contextmanager
 def observe() -> Iterator[Log]:
     """On a rank: every communication call made inside, recorded in the :class:`Log` yielded."""
@@ -262,7 +293,8 @@ def observe() -> Iterator[Log]:
         for owner, name, fn in patched:
             setattr(owner, name, _wrap_group(getattr(group, name), name, log) if owner is group
                     else _wrap(fn, f"comm.{name}", COMM_OPS[name], log))
-        yield log
+        with _Functional(log):
+            yield log
     finally:
         for owner, name, fn in patched:
             setattr(owner, name, fn)
