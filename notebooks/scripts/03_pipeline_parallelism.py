@@ -268,7 +268,8 @@ for m in (4, 8):  # at each M, the model whose stages are more unequal in time p
 
 # %% [markdown]
 # What the bars say, and what varies. **The slowest stage sets the pace.** In GPipe each phase is
-# a flow shop: its length is the sum of the stage times plus M − 1 times the slowest one, so with
+# a *flow shop* (scheduling's name for jobs that visit the same machines in the same order;
+# here micro-batches visiting stages): its length is the sum of the stage times plus M − 1 times the slowest one, so with
 # *pace* = (slowest forward + slowest backward) ÷ (the mean stage's forward + backward), the bubble
 # replayed from the stages' mean times is exactly 1 − M/(P + (M − 1)·pace) — the formula at pace 1,
 # more at any other (the cell above checks it on every run, and prints each run's pace). The faster

@@ -382,7 +382,8 @@ table = ch04.fits(world_size=64)
 #
 # ZeRO-3's idea is in PyTorch as Fully Sharded Data Parallel (Zhao et al., "PyTorch FSDP", VLDB 2023);
 # its second version, `torch.distributed.fsdp.fully_shard` (FSDP2), keeps each parameter as a
-# DTensor sharded on dim 0. We call it on every `Linear` — a unit, like our `Flat` — and on the whole
+# DTensor (PyTorch's distributed tensor: one logical tensor whose pieces live on different ranks,
+# with a *placement* saying how they are cut) sharded on dim 0. We call it on every `Linear` — a unit, like our `Flat` — and on the whole
 # model, then train the same model on the same batches with Adam, on 2 ranks. Our stage 3's steps
 # and where FSDP2 does each (`torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`):
 #
