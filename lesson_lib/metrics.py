@@ -140,7 +140,7 @@ class StepRecorder:
                    bytes_sent=c.bytes_sent - sent0, bytes_recv=c.bytes_recv - recv0)
         self.steps.append(rec)
         if self._emit is not None:
-            self._emit("step", soon=True, **rec)  # with the next ones, within 0.1 s (WorkerContext.emit)
+            self._emit("step", batched=True, **rec)  # with the next ones, within 0.1 s (WorkerContext.emit)
 
     def totals(self, skip_first: bool = False) -> dict:
         steps = self.steps[1:] if skip_first and len(self.steps) > 1 else self.steps

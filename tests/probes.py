@@ -98,16 +98,16 @@ def emit_events(n: int) -> int:
     return n
 
 
-def emit_soon_then_now(n: int) -> int:
-    """``n`` events that may wait (``soon``), one that may not, then ``n`` more that wait until the
+def emit_batched_then_now(n: int) -> int:
+    """``n`` events that may wait (``batched``), one that may not, then ``n`` more that wait until the
     job ends; returns how many the first ``n`` left waiting at most (> 1: they travelled together)."""
     ctx, most = context(), 0
     for i in range(n):
-        ctx.emit("soon", soon=True, i=i)
-        most = max(most, len(ctx._soon))
+        ctx.emit("batched", batched=True, i=i)
+        most = max(most, len(ctx._batched))
     ctx.emit("now", i=n)
     for i in range(n + 1, 2 * n + 1):
-        ctx.emit("soon", soon=True, i=i)
+        ctx.emit("batched", batched=True, i=i)
     return most
 
 

@@ -83,12 +83,12 @@ def test_a_job_starts_no_process_but_its_ranks(clusters):
 
 def test_events_that_may_wait_travel_together_and_arrive_in_order(clusters):
     seen = []
-    most = clusters(2).run(probes.emit_soon_then_now, 200, on_event=seen.append)
+    most = clusters(2).run(probes.emit_batched_then_now, 200, on_event=seen.append)
     assert min(most) > 1  # caught: every event sent on its own (a message per training step)
     for rank in (0, 1):  # every event, in the order emitted: the immediate one after those before it,
         mine = [(e["kind"], e["i"]) for e in seen if e["rank"] == rank]  # the last ones at the job's end
-        assert mine == ([("soon", i) for i in range(200)] + [("now", 200)]
-                        + [("soon", i) for i in range(201, 401)])
+        assert mine == ([("batched", i) for i in range(200)] + [("now", 200)]
+                        + [("batched", i) for i in range(201, 401)])
 
 
 def test_cell_functions_lambdas_and_closures_run_on_real_ranks(clusters):

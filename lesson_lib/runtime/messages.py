@@ -12,7 +12,7 @@ class Kind(str, enum.Enum):
     DONE = "done"    # a job returned; data: the pickled (value, restart_requested)
     ERROR = "error"  # start-up or a job raised; data: the formatted traceback
     EVENT = "event"  # ``context().emit`` during a job; data: the event dict
-    EVENTS = "events"  # ``context().emit(..., soon=True)``'s, several at once; data: a list of them
+    EVENTS = "events"  # ``context().emit(..., batched=True)``'s, several at once; data: a list of them
     STACK = "stack"  # where the main thread is, asked for when a job overruns; data: frames
     OUTPUT = "output"  # what a rank printed; data: (stream name, text of whole lines)
 

@@ -42,7 +42,7 @@ class WorkerContext:
     oversubscribed: bool
     events: Any = None  # a queue (Cluster) or None (torchrun: events are dropped)
     restart_requested: bool = False
-    _soon: list = field(default_factory=list)  # events of emit(..., soon=True) not sent yet
+    _batched: list = field(default_factory=list)  # events of emit(..., batched=True) not sent yet
     _sent_at: float = 0.0
 
     def request_restart(self) -> None:
@@ -52,20 +52,20 @@ class WorkerContext:
         """
         self.restart_requested = True
 
-    def emit(self, kind: str, soon: bool = False, **data: Any) -> None:
+    def emit(self, kind: str, batched: bool = False, **data: Any) -> None:
         """Send a small event (floats, ints, strings) to the notebook while the job runs.
 
-        ``soon``: it may wait up to :data:`SOON_S` and travel with the others emitted meanwhile, in
+        ``batched``: it may wait up to :data:`BATCH_S` and travel with the others emitted meanwhile, in
         order. Every step's record does: one message per event costs the ranks and the kernel a
-        pickling and an unpickling each, a sizeable share of a short step's CPU. An event without
-        ``soon`` goes at once, after those waiting; so do they all when the job ends or raises.
+        pickling and an unpickling each, a sizeable share of a short step's CPU. An event not
+        ``batched`` goes at once, after those waiting; so do they all when the job ends or raises.
         """
         if self.events is None:
             return
         event = {"kind": kind, "rank": self.rank, **data}
-        if soon:
-            self._soon.append(event)
-            if time.monotonic() - self._sent_at >= SOON_S:
+        if batched:
+            self._batched.append(event)
+            if time.monotonic() - self._sent_at >= BATCH_S:
                 self.flush_events()
             return
         self.flush_events()
@@ -74,12 +74,12 @@ class WorkerContext:
     def flush_events(self) -> None:
         """Send the events that wait (see :meth:`emit`)."""
         self._sent_at = time.monotonic()
-        if self._soon and self.events is not None:
-            batch, self._soon = self._soon, []
+        if self._batched and self.events is not None:
+            batch, self._batched = self._batched, []
             self.events.put(Message(Kind.EVENTS, self.rank, None, batch))
 
 
-SOON_S = 0.1
+BATCH_S = 0.1
 
 
 _CTX: WorkerContext | None = None
