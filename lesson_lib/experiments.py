@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .results import RankResult
 from .runtime import Cluster, warm_cluster
 
 EXPERIMENTS = {
@@ -51,14 +52,19 @@ class Result:
     backend: str
     config: dict
     losses: list[float]
-    per_rank: list[dict]
+    per_rank: list[RankResult]
+    """One typed record per rank (dicts as the ranks return them are converted once, here)."""
     extra: dict = field(default_factory=dict)
     oversubscribed: bool = False
+
+    def __post_init__(self):
+        self.per_rank = [RankResult.of(p) for p in self.per_rank]
 
     def to_dict(self) -> dict:
         return {"experiment": self.experiment, "world_size": self.world_size,
                 "backend": self.backend, "config": self.config, "losses": self.losses,
-                "per_rank": self.per_rank, "oversubscribed": self.oversubscribed, **self.extra}
+                "per_rank": [p.to_dict() for p in self.per_rank], "oversubscribed": self.oversubscribed,
+                **self.extra}
 
     def save_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -73,8 +79,8 @@ class Result:
 
     def step_times(self) -> list[float]:
         """Per step, the slowest rank's wall time (a synchronous step ends with the slowest)."""
-        steps = zip(*(r["steps"] for r in self.per_rank if r["steps"]))
-        return [max(s["wall_s"] for s in per_step) for per_step in steps]
+        steps = zip(*(r.steps for r in self.per_rank if r.steps))
+        return [max(s.wall_s for s in per_step) for per_step in steps]
 
     def median_step_time(self) -> float:
         """Median over steps (the warm-up step 0 skipped) of the slowest rank's step time."""
@@ -86,11 +92,7 @@ class Result:
 
         The first step is skipped by default: it pays one-off costs (allocations, warm-up).
         """
-        out = []
-        for r in self.per_rank:
-            steps = r["steps"][1:] if skip_first and len(r["steps"]) > 1 else r["steps"]
-            out.append(statistics.median(s[key] for s in steps) if steps else float("nan"))
-        return out
+        return [r.median(key, skip_first) for r in self.per_rank]
 
     def summary(self) -> str:
         head = f"{self.experiment}: {self.world_size} rank(s), {self.backend}"
@@ -99,9 +101,9 @@ class Result:
         lines = [head, f"{'rank':>4} {'sent MB':>9} {'recv MB':>9} {'compute s':>10} {'comm s':>8} "
                        f"{'busy s':>8} {'params MB':>10} {'optim MB':>9}"]
         for r in self.per_rank:
-            m = r["memory"]
-            lines.append(f"{r['rank']:>4} {r['bytes_sent'] / 1e6:>9.3f} {r['bytes_recv'] / 1e6:>9.3f} "
-                         f"{r['compute_s']:>10.3f} {r['comm_s']:>8.3f} {r['busy_s']:>8.3f} "
+            m = r.memory
+            lines.append(f"{r.rank:>4} {r.bytes_sent / 1e6:>9.3f} {r.bytes_recv / 1e6:>9.3f} "
+                         f"{r.compute_s:>10.3f} {r.comm_s:>8.3f} {r.busy_s:>8.3f} "
                          f"{m['params'] / 1e6:>10.3f} {m['optimizer'] / 1e6:>9.3f}")
         return "\n".join(lines)
 

@@ -67,8 +67,7 @@ def comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size: int = 2, result
     for h in hidden_sizes:
         r = _run(world_size, hidden=h, steps=8)
         psi = r["param_count"]
-        rank0 = r.per_rank[0]
-        per_step = rank0["ops"]["grad_all_reduce"]["bytes_sent"] / r.config["steps"]
+        per_step = r.per_rank[0].ops["grad_all_reduce"]["bytes_sent"] / r.config["steps"]
         rows.append({"hidden": h, "params": psi, "counted_bytes": per_step,
                      "exact_bytes": ring_bytes_sent(psi, 4, world_size, 0),
                      "formula_bytes": r["grad_bytes_formula"],
@@ -80,7 +79,7 @@ def comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size: int = 2, result
     shares = []
     for n, r in (results or {}).items():
         comm, wall = sum(r.median_step("comm_s")), sum(r.median_step("wall_s"))
-        sent = r.per_rank[0]["ops"].get("grad_all_reduce", {}).get("bytes_sent", 0) / r.config["steps"]
+        sent = r.per_rank[0].ops.get("grad_all_reduce", {}).get("bytes_sent", 0) / r.config["steps"]
         shares.append({"label": f"{n} rank(s)", "share": comm / wall if wall else 0.0,
                        # counted: gradient bytes a rank sends per sample it computes
                        "bytes_per_sample": sent / (r.config["global_batch"] // n)})

@@ -32,7 +32,7 @@ def _run(mode: str = "sync", workers: int = 3, servers: int = 1, live=None, labe
 
 def curve(r: Result) -> dict:
     """Loss per round against wall time (when the last worker finished it) and server updates."""
-    workers = [p for p in r.per_rank if p["steps"]]
+    workers = [p for p in r.per_rank if p.steps]
     # From the end of the warm-up step 0 (its start-up costs differ from run to run).
     t0 = max(p["steps"][0]["start"] + p["steps"][0]["wall_s"] for p in workers)
     n = r.config["workers"] if r.config["mode"] == "async" else 1

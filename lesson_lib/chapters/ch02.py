@@ -247,7 +247,7 @@ def scaling(world_sizes=(1, 2, 4), steps: int = 8, **options) -> list[dict]:
     rows, results = [], []
     for n in world_sizes:
         r = run_warm(_config(dp.Config, world_size=n, allreduce="ring", optimizer="sgd", **opts))
-        grads = [p["ops"].get("grad_all_reduce", {}) for p in r.per_rank]
+        grads = [p.ops.get("grad_all_reduce", {}) for p in r.per_rank]
         sent = [schedules.ring_bytes_sent(r["param_count"], 4, n, i) for i in range(n)]
         rows.append({"label": "data parallel, ring", "n": n, "step_ms": 1e3 * r.median_step_time(),
                      "bytes": max(g.get("bytes_sent", 0) + g.get("bytes_recv", 0) for g in grads) / steps,

@@ -64,7 +64,7 @@ def zero_bubble(stages: int = 4, microbatches=(2, 4, 8), shown: int = 8) -> dict
 
 def _messages(r: Result) -> dict:
     """Messages sent per micro-batch, summed over the ranks, as the link counted them."""
-    calls = {op: sum(p["ops"].get(op, {"calls": 0})["calls"] for p in r.per_rank)
+    calls = {op: sum(p.ops.get(op, {"calls": 0})["calls"] for p in r.per_rank)
              for op in ("send_activation", "send_grad")}
     return {op: n / (r.config["steps"] * r["microbatches_run"]) for op, n in calls.items()}
 

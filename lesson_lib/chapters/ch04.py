@@ -48,7 +48,7 @@ def stages(world_size: int = 4, precision: str = "fp32") -> dict[int, Result]:
     live = plots.common.LiveRuns(f"ZeRO stages 0–3 on {world_size} ranks ({precision})")
     display(live)
     results = {s: _run(s, world_size, live, precision=precision) for s in range(4)}
-    rows = [{"label": f"stage {s}", "measured": r.per_rank[0]["memory"], "formula": r["formula"]}
+    rows = [{"label": f"stage {s}", "measured": r.per_rank[0].memory, "formula": r["formula"]}
             for s, r in results.items()]
     title = (f"Memory per rank, {world_size} ranks, {precision}: the inventory of what rank 0 holds (bars) "
              "vs Rajbhandari et al. (2020) (marks)")
@@ -98,7 +98,7 @@ def memory_ratios(results: dict[int, Result]) -> dict[int, dict[str, float]]:
     """Measured / formula for each model-state category, per stage (rank 0)."""
     out = {}
     for s, r in results.items():
-        m, f = r.per_rank[0]["memory"], r["formula"]
+        m, f = r.per_rank[0].memory, r["formula"]
         out[s] = {c: m[c] / f[c] for c in CATEGORIES}
         out[s]["total"] = sum(m[c] for c in CATEGORIES) / f["total"]
     print("measured / formula:\n" + "\n".join(
@@ -143,10 +143,10 @@ def torch_zero(world_size: int = 4, ours: Result | None = None) -> dict:
     print(f"largest loss difference from our stage 1: {gap:.2e}; parameters: {pgap:.2e} "
           f"(rounding allows {tol['params']:.1e} = lr·steps/100)\n"
           f"optimizer state per rank (measured): torch {opt}, ours "
-          f"{[p['memory']['optimizer'] for p in ours.per_rank]}")
+          f"{[p.memory['optimizer'] for p in ours.per_rank]}")
     return {"loss_gap": gap, "param_gap": pgap, "torch_optimizer_bytes": opt,
             "param_tolerance": tol["params"], "loss_tolerance": tol["loss_rel"] * max(map(abs, ours.losses)),
-            "our_optimizer_bytes": [p["memory"]["optimizer"] for p in ours.per_rank]}
+            "our_optimizer_bytes": [p.memory["optimizer"] for p in ours.per_rank]}
 
 
 def paper_example() -> dict[int, float]:
@@ -224,7 +224,7 @@ def measured_memory(preset: str = "memory", bucket_mb: float = 4.0) -> dict:
     rows = []
     for label, s, options in runs:
         r = run_warm(zero.Config.from_preset(preset, stage=s, **options))
-        mem = [p["memory"] for p in r.per_rank]
+        mem = [p.memory for p in r.per_rank]
         rows.append({"label": label, "stage": s, "buckets": bool(options),
                      "measured": [m["measured_peak"] for m in mem],
                      "states": [sum(m[c] for c in CATEGORIES) for m in mem],

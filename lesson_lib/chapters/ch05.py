@@ -27,7 +27,7 @@ def row(name: str, batch: int, r: Result) -> dict:
     """One line of the chapter's table, from a run."""
     epochs = r["steps"] / r["steps_per_epoch"]
     wall = sum(r.step_times()) / epochs
-    busy = max(sum(s["busy_s"] for s in p["steps"]) for p in r.per_rank) / epochs
+    busy = max(sum(s.busy_s for s in p.steps) for p in r.per_rank) / epochs
     return {"optimizer": name, "batch": batch, "lr": r.config["lr"], "steps": r["steps"],
             "eval_loss": r["eval_loss"], "eval_accuracy": r["eval_accuracy"], "diverged": r["diverged"],
             "epoch_wall_s": wall, "epoch_busy_s": busy, "grad_bytes_per_epoch": r["grad_bytes_per_epoch"],

@@ -54,8 +54,8 @@ def compare(ks=(1, 2, 4), preset: str = "accumulate") -> dict:
     n, psi = cfgs[ks[0]].world_size, runs[ks[0]]["param_count"]
     rows = [{"k": k, "micro_batch": cfgs[k].global_batch // n // k, "loss_gap": max_gap(base, r.losses),
              "grad_bytes_per_step": r["grad_bytes_per_step"],
-             "peak": [p["memory"]["measured_peak"] for p in r.per_rank],
-             "at_first_step": [p["memory"]["measured_at_reset"] for p in r.per_rank],
+             "peak": [p.memory["measured_peak"] for p in r.per_rank],
+             "at_first_step": [p.memory["measured_at_reset"] for p in r.per_rank],
              "step_s": r.median_step_time()} for k, r in runs.items()]
     out = {"rows": rows, "tolerance": sum_order_tolerance(base), "steps": len(base),
            # one ring all-reduce of the Ψ float32 gradients and the loss per step, the busiest rank

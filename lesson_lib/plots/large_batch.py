@@ -19,11 +19,10 @@ def curves(results: dict, note: str | None = None) -> go.Figure:
         "training loss vs samples seen", "training loss vs wall-clock time (s)"))
     batches = sorted({b for _, b in results})
     for (name, batch), r in results.items():
-        steps = r.per_rank[0]["steps"]
-        samples = [s["samples"] for s in steps]
+        samples = [s.samples for s in r.per_rank[0].steps]
         wall, t = [], 0.0
-        for per_step in zip(*(p["steps"] for p in r.per_rank)):
-            t += max(s["wall_s"] for s in per_step)
+        for per_step in zip(*(p.steps for p in r.per_rank)):
+            t += max(s.wall_s for s in per_step)
             wall.append(t)
         style = {"color": OPT_COLORS.get(name), "dash": _DASHES[batches.index(batch) % len(_DASHES)]}
         label = f"{name}, B={batch}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..results import RankResult
 from .common import COLORS, _annotate, oversubscription_note
 
 
@@ -44,23 +45,23 @@ def memory_by_category(result, title: str = "Memory per rank, by inventory") -> 
     """What each rank knows it holds, by category: an inventory (metrics.memory_report), not the
     allocator's measured peak (lesson_lib.peakmem, chapters 0 and 4)."""
     fig = go.Figure()
-    ranks = [f"rank {r['rank']}" for r in result.per_rank]
+    ranks = [f"rank {r.rank}" for r in result.per_rank]
     for cat in ("params", "grads", "optimizer", "activations", "buffers"):
-        fig.add_bar(x=ranks, y=[r["memory"][cat] / 1e6 for r in result.per_rank], name=cat,
+        fig.add_bar(x=ranks, y=[r.memory[cat] / 1e6 for r in result.per_rank], name=cat,
                     marker_color=COLORS[cat])
     fig.update_layout(barmode="stack", title=title, yaxis_title="MB", height=360)
     return fig
 
 
-def wait_split(per_rank: dict) -> dict:
+def wait_split(per_rank: RankResult) -> dict:
     """One rank's time over its steps (the first skipped): busy (its main thread's CPU time),
     waiting for a core (runnable, but another process had the core: Linux's run-queue wait) and
     waiting for peers (blocked in a receive: the rest of the wall time). ``core`` is None where the
     run-queue wait was not measured (not Linux, or a milestone that does not record it)."""
-    steps = per_rank["steps"][1:] or per_rank["steps"]
-    wall = sum(s["wall_s"] for s in steps)
-    busy = sum(s["busy_s"] for s in steps)
-    queued = [s.get("runqueue_s", float("nan")) for s in steps]
+    steps = per_rank.steps[1:] or per_rank.steps
+    wall = sum(s.wall_s for s in steps)
+    busy = sum(s.busy_s for s in steps)
+    queued = [float("nan") if s.runqueue_s is None else s.runqueue_s for s in steps]
     core = sum(queued) if steps and all(q == q for q in queued) else None
     rest = max(0.0, wall - busy - (core or 0.0))
     return {"wall": wall, "busy": busy, "core": None if core is None else min(core, wall - busy),
@@ -69,7 +70,7 @@ def wait_split(per_rank: dict) -> dict:
 
 def busy_idle(result, title: str = "Busy and waiting time per rank") -> go.Figure:
     """Per rank: busy (CPU) time, time waiting for a core and time waiting for peers (idle resources)."""
-    ranks = [f"rank {r['rank']}" for r in result.per_rank]
+    ranks = [f"rank {r.rank}" for r in result.per_rank]
     split = [wait_split(r) for r in result.per_rank]
     measured = all(s["core"] is not None for s in split)
     bars = [go.Bar(x=ranks, y=[s["busy"] for s in split], name="busy (CPU time)",
@@ -98,9 +99,9 @@ def step_times(results: dict, title: str = "Wall time per step, and each rank's 
         fig.add_scatter(x=steps, y=[1e3 * t for t in ts], name=f"{label}: step (wall)", mode="lines+markers",
                         line={"color": color})
         for p in r.per_rank:
-            fig.add_scatter(x=steps, y=[1e3 * s["busy_s"] for s in p["steps"][1:]], mode="lines",
-                            name=f"{label}: rank {p['rank']} work (CPU)",
-                            line={"color": color, "dash": "dot" if p["rank"] % 2 == 0 else "dash"})
+            fig.add_scatter(x=steps, y=[1e3 * s.busy_s for s in p.steps[1:]], mode="lines",
+                            name=f"{label}: rank {p.rank} work (CPU)",
+                            line={"color": color, "dash": "dot" if p.rank % 2 == 0 else "dash"})
     fig.update_layout(title=title, xaxis_title="step (warm-up step 0 not shown)", yaxis_title="ms",
                       height=400)
     _annotate(fig, oversubscription_note(results.values()))

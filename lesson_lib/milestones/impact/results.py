@@ -28,7 +28,7 @@ def reached_at(losses: list[float], target: float, window: int) -> int | None:
 
 def slowest(r: Result, key: str) -> float:
     """The largest per-rank median of ``key`` over the ranks that record steps (not a server)."""
-    return max(v for v, p in zip(r.median_step(key), r.per_rank) if p["steps"])
+    return max(v for v, p in zip(r.median_step(key), r.per_rank) if p.steps)
 
 
 def record(name: str, experiment: str, sub, outs: list[dict], cfg: Config) -> dict:
@@ -40,7 +40,7 @@ def record(name: str, experiment: str, sub, outs: list[dict], cfg: Config) -> di
     steps_run = len(r.losses)
     walls = r.step_times()
     at = reached_at(r.losses, cfg.target_loss, cfg.window)
-    moved = [sum(v["bytes_sent"] + v["bytes_recv"] for op, v in p["ops"].items()
+    moved = [sum(v["bytes_sent"] + v["bytes_recv"] for op, v in p.ops.items()
                  if not op.startswith("final")) / steps_run for p in r.per_rank]
     return {
         "milestone": name, "label": LABELS[name], "experiment": experiment, "optimizer": OPTIMIZER[name],
@@ -51,7 +51,7 @@ def record(name: str, experiment: str, sub, outs: list[dict], cfg: Config) -> di
         "time_run_s": sum(walls), "median_step_s": r.median_step_time(),
         "median_comm_s": slowest(r, "comm_s"), "median_busy_s": slowest(r, "busy_s"),
         "bytes_per_step_busiest": max(moved), "bytes_per_step_per_rank": moved,
-        "peak_memory_per_rank": [{k: p["memory"][k] for k in MEMORY_CATEGORIES} for p in r.per_rank],
+        "peak_memory_per_rank": [{k: p.memory[k] for k in MEMORY_CATEGORIES} for p in r.per_rank],
         "losses": r.losses, "step_times": walls,
         "param_count": mlp_param_count(sub.d_in, sub.hidden, sub.depth, sub.classes),
         # None: the real link (here, memory copies between processes); a number: EMULATED Gbit/s
