@@ -32,6 +32,7 @@ def ref():
     (lambda: Layout(dp=3).check(3, CFG), "batch"),
     (lambda: Layout(tp=0).check(), "tp"),
     (lambda: moe.MoEConfig(experts=4).check(3), "experts"),
+    (lambda: moe.MoEConfig(top_k=3).check(2), "top_k"),
     (lambda: ring_attention.check_sequence(10, 4), "seq"),
     (lambda: ch08.tensor_parallel(world_sizes=(3,)), "heads"),
     (lambda: ch08.composed(dp=3, tp=1), "batch"),
@@ -101,9 +102,9 @@ def test_data_parallel_gradients_cost_one_all_reduce_of_the_replica(clusters):
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("cf", [1.0, 2.0])
-def test_expert_parallel_moe_equals_one_process_and_counts_its_all_to_alls(n, cf, clusters):
-    cfg = moe.MoEConfig(capacity_factor=cf).check(n)
+@pytest.mark.parametrize("cf, k", [(1.0, 1), (2.0, 1), (1.0, 2), (2.0, 2)])
+def test_expert_parallel_moe_equals_one_process_and_counts_its_all_to_alls(n, cf, k, clusters):
+    cfg = moe.MoEConfig(capacity_factor=cf, top_k=k).check(n)
     ref = moe.reference_moe(cfg, n)
     outs = clusters(n).run(moe.moe_job, cfg)
     tol, e = tolerances.moe(cfg, ref), cfg.experts // n
@@ -117,6 +118,18 @@ def test_expert_parallel_moe_equals_one_process_and_counts_its_all_to_alls(n, cf
         assert o["forward"]["ep_all_to_all"]["calls"] == 2 and o["step"]["ep_all_to_all"]["calls"] == 4
         assert o["step"]["ep_all_to_all"]["bytes_sent"] == 4 * one
     assert (sum(ref["dropped"]) > 0) == (cf == 1.0)  # capacity factor 1 drops tokens here, 2 none
+
+
+def test_top_2_gates_sum_to_one_and_first_choices_take_the_slots_first():
+    x = torch.tensor([[2.0, 1.0, 0, 0]] * 3 + [[0, 2.0, 1.0, 0]] * 3)  # 3 tokens prefer expert 0 then 1,
+    r = moe.route(x, 10 * torch.eye(4), capacity=3, top_k=2)          # 3 prefer expert 1 then 2
+    assert r["tokens"] == 6 and r["token"].tolist() == [0, 1, 2, 3, 4, 5] * 2
+    per_token = torch.zeros(6).index_add(0, r["token"], r["gate"])
+    assert torch.allclose(per_token, torch.ones(6))
+    # expert 1 has 3 slots: the three first choices (tokens 3-5) take them; the second choices of
+    # tokens 0-2, which come later, are dropped whatever their token order
+    assert r["keep"][:6].all() and not r["keep"][6:9].any() and r["keep"][9:].all()
+    assert r["load"].tolist() == [3, 6, 3, 0]
 
 
 def test_routing_drops_what_exceeds_the_capacity_and_the_balancing_loss_is_one_when_even():

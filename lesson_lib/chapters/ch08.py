@@ -114,40 +114,41 @@ def sequence_parallel(world_sizes=(2, 4), cfg: Config | None = None) -> dict:
     return {"rows": rows}
 
 
-def experts(world_sizes=(2, 4), capacity_factors=(1.0, 1.25, 2.0)) -> dict:
-    """§2: the expert-parallel MoE against one process, its drops by capacity factor, its bytes."""
+def experts(world_sizes=(2, 4), capacity_factors=(1.0, 1.25, 2.0), top_ks=(1, 2)) -> dict:
+    """§2: the expert-parallel MoE (top-1 and top-2) against one process, its drops by capacity
+    factor, its bytes."""
     rows = []
-    for n in world_sizes:
-        for cf in capacity_factors:
-            cfg = moe.MoEConfig(capacity_factor=cf).check(n)
-            ref = moe.reference_moe(cfg, n)
-            outs = warm_cluster(n).run(moe.moe_job, cfg)
-            e = cfg.experts // n
-            got = {"y": torch.stack([o["y"] for o in outs]),
-                   "x_grad": torch.stack([o["x_grad"] for o in outs]),
-                   "w1_grad": torch.cat([o["w1_grad"] for o in outs]),
-                   "w2_grad": torch.cat([o["w2_grad"] for o in outs]),
-                   "router_grad": outs[0]["router_grad"]}
-            tol = tolerances.moe(cfg, ref)
-            gaps = {k: float((got[k] - ref[k]).abs().max()) for k in got}
-            sent = outs[0]["step"]["ep_all_to_all"]
-            rows.append({"ranks": n, "capacity_factor": cf, "capacity": cfg.capacity, "experts_per_rank": e,
-                         "gaps": gaps, "equal": all(gaps[k] <= tol[k] for k in gaps),
-                         "dropped": [o["dropped"] for o in outs], "ref_dropped": ref["dropped"],
-                         "loads": [o["load"] for o in outs], "aux": [o["aux"] for o in outs],
-                         "calls": sent["calls"], "counted": sent["bytes_sent"],
-                         "formula": sent["calls"] * formulas.all_to_all(cfg.experts, cfg.capacity,
-                                                                         cfg.d_model, n),
-                         "tokens": n * cfg.tokens})
+    for top, n, cf in ((top, n, cf) for top in top_ks for n in world_sizes for cf in capacity_factors):
+        cfg = moe.MoEConfig(capacity_factor=cf, top_k=top).check(n)
+        ref = moe.reference_moe(cfg, n)
+        outs = warm_cluster(n).run(moe.moe_job, cfg)
+        e = cfg.experts // n
+        got = {"y": torch.stack([o["y"] for o in outs]),
+               "x_grad": torch.stack([o["x_grad"] for o in outs]),
+               "w1_grad": torch.cat([o["w1_grad"] for o in outs]),
+               "w2_grad": torch.cat([o["w2_grad"] for o in outs]),
+               "router_grad": outs[0]["router_grad"]}
+        tol = tolerances.moe(cfg, ref)
+        gaps = {k: float((got[k] - ref[k]).abs().max()) for k in got}
+        sent = outs[0]["step"]["ep_all_to_all"]
+        rows.append({"ranks": n, "top_k": top, "capacity_factor": cf, "capacity": cfg.capacity,
+                     "experts_per_rank": e,
+                     "gaps": gaps, "equal": all(gaps[k] <= tol[k] for k in gaps),
+                     "dropped": [o["dropped"] for o in outs], "ref_dropped": ref["dropped"],
+                     "loads": [o["load"] for o in outs], "aux": [o["aux"] for o in outs],
+                     "calls": sent["calls"], "counted": sent["bytes_sent"],
+                     "formula": sent["calls"] * formulas.all_to_all(cfg.experts, cfg.capacity,
+                                                                     cfg.d_model, n),
+                     "tokens": n * cfg.tokens})
     for r in rows:
-        print(f"{r['ranks']} ranks, capacity factor {r['capacity_factor']} ({r['capacity']} slots per expert "
-              f"per rank): equal to one process {r['equal']}; dropped {sum(r['dropped'])} of {r['tokens']} "
-              "tokens "
+        print(f"top-{r['top_k']}, {r['ranks']} ranks, capacity factor {r['capacity_factor']} "
+              f"({r['capacity']} slots per expert per rank): equal to one process {r['equal']}; dropped "
+              f"{sum(r['dropped'])} of {r['top_k'] * r['tokens']} assignments "
               f"(one process: {sum(r['ref_dropped'])}); load-balancing loss per rank "
               f"{', '.join(f'{a:.2f}' for a in r['aux'])} (1.00 when balanced); {r['calls']} all-to-alls, "
               f"{r['counted']:,} bytes sent per rank (formula {r['formula']:,.0f})")
-    first = next(r for r in rows
-                 if r["ranks"] == max(world_sizes) and r["capacity_factor"] == capacity_factors[0])
+    first = next(r for r in rows if r["ranks"] == max(world_sizes)
+                 and r["capacity_factor"] == capacity_factors[0] and r["top_k"] == top_ks[0])
     display(plots.parallelism.expert_load(
         first["loads"], first["capacity"], f"Tokens each rank's router sends to each expert "
         f"({first['ranks']} ranks, capacity factor {first['capacity_factor']}): above the line, tokens are "

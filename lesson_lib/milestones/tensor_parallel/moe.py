@@ -1,12 +1,13 @@
-"""A top-1 mixture of experts (Switch Transformer, Fedus et al., 2021) with its experts on different
-ranks (expert parallelism, GShard: Lepikhin et al., 2020), and the single process it must equal.
+"""A top-1 (Switch Transformer, Fedus et al., 2021) or top-2 (GShard, Lepikhin et al., 2020) mixture
+of experts with its experts on different ranks (expert parallelism), and the single process it must
+equal.
 
-Every rank routes its own tokens (a GShard *group*): the router picks one expert per token, each
-expert takes at most ``capacity = ceil(capacity_factor · tokens / experts)`` of a group's tokens and
-the rest are dropped (their output is zero: the residual carries them). Each rank packs its tokens
-into a ``[experts, capacity, d]`` buffer and one ``all_to_all_single`` sends every expert's slots to
-the rank that holds it; a second one brings the outputs back (Megatron-LM's token dispatcher does
-the same, with variable splits). Chapter 8.
+Every rank routes its own tokens (a GShard *group*): the router picks k experts per token, each
+expert takes at most ``capacity = ceil(capacity_factor · k · tokens / experts)`` of a group's
+assignments and the rest are dropped (their output is zero: the residual carries them). Each rank
+packs its tokens into a ``[experts, capacity, d]`` buffer and one ``all_to_all_single`` sends
+every expert's slots to the rank that holds it; a second one brings the outputs back (Megatron-LM's
+token dispatcher does the same, with variable splits). Chapter 8.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class MoEConfig:
     """Experts in all; expert parallelism gives each rank experts / ranks of them."""
     tokens: int = 32
     """Tokens per rank (one routing group per rank)."""
+    top_k: int = 1
+    """Experts per token: 1 (Switch) or 2 (GShard, its two gates renormalized to sum to 1)."""
     capacity_factor: float = 1.0
     """Slots per expert, as a multiple of an even share (tokens / experts)."""
     aux_weight: float = 0.01
@@ -43,12 +46,14 @@ class MoEConfig:
 
     @property
     def capacity(self) -> int:
-        return math.ceil(self.capacity_factor * self.tokens / self.experts)
+        return math.ceil(self.capacity_factor * self.top_k * self.tokens / self.experts)
 
     def check(self, world_size: int) -> "MoEConfig":
         """ValueError naming the parameter, before any rank starts."""
         if self.experts % world_size:
             raise ValueError(f"experts = {self.experts} does not divide among {world_size} ranks")
+        if self.top_k not in (1, 2) or self.top_k > self.experts:
+            raise ValueError(f"top_k must be 1 or 2 (and ≤ experts = {self.experts}), got {self.top_k!r}")
         if not self.capacity_factor > 0:
             raise ValueError(f"capacity_factor must be > 0, got {self.capacity_factor!r}")
         return self
@@ -68,32 +73,38 @@ def tokens(cfg: MoEConfig, world_size: int) -> torch.Tensor:
     return torch.randn(world_size, cfg.tokens, cfg.d_model, generator=g)
 
 
-def route(x: torch.Tensor, router: torch.Tensor, capacity: int) -> dict:
-    """Top-1 routing of one group's tokens ``[T, d]``: each token's expert, gate (its probability),
-    slot in that expert's buffer and whether it fits, and the load-balancing loss
-    E · Σ_e f_e · P_e (f_e: share of tokens sent to e, P_e: mean probability of e)."""
+def route(x: torch.Tensor, router: torch.Tensor, capacity: int, top_k: int = 1) -> dict:
+    """Top-k routing of one group's tokens ``[T, d]``, as k·T assignments: each one's token, expert,
+    gate, slot in that expert's buffer and whether it fits; and the load-balancing loss
+    E · Σ_e f_e · P_e (f_e: share of tokens whose first choice is e, P_e: mean probability of e)."""
     probs = (x @ router).softmax(-1)
-    gate, expert = probs.max(-1)
-    onehot = F.one_hot(expert, probs.shape[-1])
+    T, experts = probs.shape
+    gate, expert = probs.topk(top_k, dim=-1)  # [T, k]
+    if top_k > 1:
+        gate = gate / gate.sum(-1, keepdim=True)  # GShard: the two gates sum to 1
+    # every token's first choice before any second choice: those take the slots first (GShard)
+    expert, gate, token = expert.t().reshape(-1), gate.t().reshape(-1), torch.arange(T).repeat(top_k)
+    onehot = F.one_hot(expert, experts)
     slot = (onehot.cumsum(0) * onehot).sum(-1) - 1  # how many went to the same expert before me
-    experts = probs.shape[-1]
-    aux = experts * (onehot.float().mean(0) * probs.mean(0)).sum()
-    return {"expert": expert, "gate": gate, "slot": slot, "keep": slot < capacity, "aux": aux,
-            "load": onehot.sum(0)}
+    aux = experts * (onehot[:T].float().mean(0) * probs.mean(0)).sum()
+    return {"tokens": T, "token": token, "expert": expert, "gate": gate, "slot": slot,
+            "keep": slot < capacity, "aux": aux, "load": onehot.sum(0)}
 
 
 def dispatch(x: torch.Tensor, r: dict, experts: int, capacity: int) -> torch.Tensor:
-    """Pack the kept tokens into ``[experts, capacity, d]`` (empty slots stay zero)."""
+    """Pack the kept assignments' tokens into ``[experts, capacity, d]`` (empty slots stay zero)."""
     buf = x.new_zeros(experts * capacity, x.shape[-1])
     keep = r["keep"]
-    return buf.index_copy(0, (r["expert"] * capacity + r["slot"])[keep], x[keep]).view(experts, capacity, -1)
+    return buf.index_copy(0, (r["expert"] * capacity + r["slot"])[keep],
+                          x[r["token"][keep]]).view(experts, capacity, -1)
 
 
 def combine(out: torch.Tensor, r: dict) -> torch.Tensor:
-    """Each kept token's expert output, times its gate; a dropped token gets zero."""
+    """Each token's kept assignments' expert outputs, times their gates, summed; dropped ones add zero."""
     flat = out.reshape(-1, out.shape[-1])
     idx = (r["expert"] * out.shape[1] + r["slot"].clamp(max=out.shape[1] - 1))
-    return flat[idx] * (r["gate"] * r["keep"])[:, None]
+    part = flat[idx] * (r["gate"] * r["keep"])[:, None]
+    return part.new_zeros(r["tokens"], part.shape[-1]).index_add(0, r["token"], part)
 
 
 def experts_forward(slots: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -133,7 +144,7 @@ def moe_expert_parallel(x, router, w1, w2, cfg: MoEConfig, group=None,
     ``exchange(buffer)`` (a learner's, chapter 8's exercise) in place of :class:`AllToAll`."""
     n, local = dist.get_world_size(group), w1.shape[0]
     exchange = exchange or (lambda t: AllToAll.apply(t, group))
-    r = route(x, router, cfg.capacity)
+    r = route(x, router, cfg.capacity, cfg.top_k)
     buf = dispatch(x, r, cfg.experts, cfg.capacity)           # [E, C, d], experts in rank order
     got = exchange(buf).view(n, local, cfg.capacity, -1)  # [source rank, my experts, C, d]
     slots = got.transpose(0, 1).reshape(local, n * cfg.capacity, -1)   # my experts' tokens, all ranks
@@ -144,7 +155,7 @@ def moe_expert_parallel(x, router, w1, w2, cfg: MoEConfig, group=None,
 
 def moe_reference(xs, router, w1, w2, cfg: MoEConfig) -> tuple[torch.Tensor, list[dict]]:
     """One process, every group ``xs[g]`` routed on its own, every expert here."""
-    routes = [route(x, router, cfg.capacity) for x in xs]
+    routes = [route(x, router, cfg.capacity, cfg.top_k) for x in xs]
     bufs = torch.stack([dispatch(x, r, cfg.experts, cfg.capacity) for x, r in zip(xs, routes)])
     n = len(xs)
     slots = bufs.transpose(0, 1).reshape(cfg.experts, n * cfg.capacity, -1)
