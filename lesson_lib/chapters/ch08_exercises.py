@@ -24,6 +24,7 @@ from ..exercises import (
     unanswered,
 )
 from ..milestones.tensor_parallel import moe
+from .ch08_grid import layout_exercise
 
 G_ROWS, G_IN, G_OUT = 6, 8, 5  # small integers throughout: every sum below is exact in float32
 
@@ -242,4 +243,5 @@ def exercises() -> dict[str, Exercise]:
             check=check_dispatch,
             hint="dist.all_to_all_single(output, input) does exactly this with equal splits.",
             solution=solution_text(exchange), reference=lambda: exchange),
+        "layout": layout_exercise(),
     }

@@ -38,7 +38,7 @@
 # 1. write tensor parallelism's conjugate operators f and g as autograd Functions and build column- and row-parallel layers that train a transformer on 2 and 4 real ranks as one process does, with two all-reduces per block each way (§1, g exercise);
 # 2. send tokens to experts on other ranks with an all-to-all, and read a mixture of experts' capacity, dropped tokens and load-balancing loss (§2, dispatch exercise);
 # 3. turn each all-reduce into a reduce-scatter and an all-gather (sequence parallelism) and measure the activations per rank fall about t-fold; pass keys and values round a ring so that no rank holds the whole sequence (§3–4);
-# 4. compose data and tensor parallelism on one rank grid, check PyTorch's `DeviceMesh` stack against ours, and say why tensor parallelism stays inside a node (§5–6).
+# 4. compose data, pipeline and tensor parallelism on one rank grid of 8 ranks, set each group's counted bytes beside the cost model's terms, check PyTorch's `DeviceMesh` stack against ours, pick a layout for a memory budget, and say why tensor parallelism stays inside a node (§5–6, layout exercise).
 #
 # **Before it:** chapters 0, 2 and 4 (all-reduce, reduce-scatter, all-gather, FSDP2).
 # **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
@@ -50,7 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lesson_lib import show_source, warm_cluster
-from lesson_lib.chapters import ch08, ch08_exercises
+from lesson_lib.chapters import ch08, ch08_exercises, ch08_grid
 from lesson_lib.milestones import tensor_parallel as tp
 from lesson_lib.milestones.tensor_parallel import mappings, moe, ring_attention
 
@@ -262,6 +262,45 @@ assert composed["dtensor_gap"] <= composed["tolerance"]["params"], composed  # P
 assert composed["param_numel"]["fsdp2+tp"] < composed["param_numel"]["ours"]  # FSDP2 also shards over dp
 
 # %% [markdown]
+# ### All three axes: data × pipeline × tensor on 8 ranks
+#
+# The grid's middle axis was left at 1. Now each of 2 pipeline stages holds one of the two blocks
+# (the first also the embeddings, the last the head), tensor-parallel over 2 ranks, and 2 replicas
+# split the batch: 2 × 2 × 2 = 8 ranks, the layout Narayanan et al. (SC21) call 3D parallelism.
+# Inside a replica the stages run GPipe (chapter 3) over 2 micro-batches; each tp rank sends its
+# own copy of the activation to its counterpart in the next stage (with sequence parallelism, its
+# seq / t shard). The step, on every rank:
+
+# %%
+show_source(tp.three_d.gpipe_step)
+
+# %% [markdown]
+# Run with and without sequence parallelism. Beside each group's counted bytes (per step, from
+# its busiest rank) stand the cost model's terms for the same layout — chapter 7's
+# `tensor_parallel_terms` for tp, a ring all-reduce of the stage's gradients for dp, an activation
+# forward and its gradient back per micro-batch for pp — in float32 here, bf16 in chapter 7. Eight
+# ranks on this machine's cores take turns, so we compare bytes and parameters, not times.
+
+# %%
+grid = ch08_grid.grid_3d(layouts=((2, 2, 2, False), (2, 2, 2, True)))
+
+# %%
+for row in grid["rows"]:
+    assert row["equal"], row  # data × pipeline × tensor = one process
+    for group in ("tp", "pp", "dp"):  # every group's counted bytes = the cost model's term
+        assert row["counted"][group] == row["formula"][group], (group, row)
+    assert row["params"] == row["param_formula"], row  # parameters per rank, by formula
+plain, sp = grid["rows"]
+assert sp["counted"]["pp"] * 2 == plain["counted"]["pp"]  # sequence parallel: each rank sends seq / t
+
+# %% [markdown]
+# What the cost model leaves out shows up as the last figure of the sequence-parallel run: entering
+# and leaving the sequence-parallel region once per micro-batch, and the norms' gradients summed
+# across the tp group, a few percent of its tp bytes. And bytes are not time: at scale the pipeline
+# also pays its bubble (chapter 3), and tp's bytes travel over the node's NVLink, not InfiniBand
+# (§6). The layout exercise below picks a layout for a memory budget with these terms, then runs it.
+
+# %% [markdown]
 # ## 6. At cluster scale
 #
 # On this machine every "link" is a memory copy between processes on 2 cores, so we assert bytes
@@ -291,8 +330,8 @@ assert by[("NVLink 3", 8)] < 0.1 < by[("InfiniBand HDR", 8)], by  # t = 8 inside
 # %% [markdown]
 # ## Exercises
 #
-# Both run on real ranks, and the checker judges what they computed and sent, against the single
-# process.
+# All three run on real ranks, and the checker judges what they computed and sent, against the
+# single process or the formulas.
 
 # %%
 exercises = ch08_exercises.exercises()
@@ -321,6 +360,14 @@ def exchange(buf):
 
 exercises["dispatch"].submit(exchange)
 
+# %%
+exercises["layout"]
+
+# %%
+formulas = tp.formulas  # stage_params(cfg, tp, pp, stage), step_bytes(cfg, dp, pp, tp, micro)
+my_layout = ...  # (dp, pp, tp)
+exercises["layout"].submit(my_layout)
+
 # %% [markdown]
 # ## Summary
 #
@@ -329,7 +376,7 @@ exercises["dispatch"].submit(exchange)
 # 1. **f and g** — §1's MLP written in a cell and the transformer on 2 and 4 ranks (equal to one process, two all-reduces per block each way, the formula's bytes, asserted), and your g.
 # 2. **experts** — §2's all-to-all MoE equal to one process with the same drops, its bytes counted, fewer tokens dropped as the capacity factor grows (asserted), and your dispatch.
 # 3. **sequence and context** — §3's reduce-scatter + all-gather with the all-reduces' bytes, §1's measured activations about t-fold smaller, and §4's ring attention equal to one softmax.
-# 4. **one grid, and scale** — §5's dp × tp grid and PyTorch's `DeviceMesh` stack equal to ours, and §6's table of a block's all-reduces on NVLink against InfiniBand.
+# 4. **one grid, and scale** — §5's dp × tp grid and PyTorch's `DeviceMesh` stack equal to ours, the dp × pp × tp grid on 8 ranks equal to one process with every group's bytes equal to the cost model's terms (asserted), your layout for a memory budget, and §6's table of a block's all-reduces on NVLink against InfiniBand.
 #
 # **On a real cluster:** tensor (and sequence) parallelism inside a node, pipeline and data parallelism between nodes, experts and context where the model or the sequence demands them — Megatron-LM's "3D" layout, today 4D or 5D, all built from one rank grid.
 #

@@ -40,3 +40,32 @@ def all_to_all(experts: int, capacity: int, d_model: int, ranks: int) -> float:
 def ring_attention(batch: int, heads: int, seq: int, dim: int, ranks: int) -> float:
     """c − 1 steps, each passing one block of K and V (seq / c tokens) to the next rank."""
     return (ranks - 1) * 2 * 4 * batch * heads * (seq // ranks) * dim
+
+
+def stage_params(cfg, tp: int, pp: int, stage: int) -> int:
+    """Parameters one rank of pipeline stage ``stage`` holds: its layers / pp blocks with q, k, v,
+    fc1 (weights and biases) and o, fc2 (weights) cut t ways, their norms and o, fc2 biases whole;
+    the embeddings on the first stage, the final norm and head on the last."""
+    d, f = cfg.d_model, cfg.ffn
+    block = (3 * (d * d + d) + d * d + d * f + f + f * d) // tp + 2 * d + 4 * d
+    out = cfg.layers // pp * block
+    if stage == 0:
+        out += cfg.vocab * d + cfg.seq * d
+    if stage == pp - 1:
+        out += 2 * d + d * cfg.vocab + cfg.vocab
+    return out
+
+
+def step_bytes(cfg, dp: int, pp: int, tp: int, micro: int, sequence_parallel: bool = False) -> dict:
+    """Bytes each group's collectives send per step from the busiest rank of that group, float32,
+    by the cost model's terms (:func:`lesson_lib.costmodel.tensor_parallel_terms` for tp, a ring
+    all-reduce for dp, an activation forward and its gradient back per micro-batch for pp)."""
+    from ...costmodel import allreduce_terms, tensor_parallel_terms
+
+    seq = cfg.seq // tp if sequence_parallel else cfg.seq
+    size = cfg.batch // dp // micro
+    act = 4 * cfg.seq * size * cfg.d_model
+    _, tp_b = tensor_parallel_terms(tp, act, cfg.layers / pp, micro, sequence_parallel=sequence_parallel)
+    pp_b = min(2, pp - 1) * micro * 4 * seq * size * cfg.d_model  # a middle stage sends both ways
+    dp_b = max(allreduce_terms("ring", dp, 4 * stage_params(cfg, tp, pp, s))[1] for s in range(pp))
+    return {"tp": tp_b, "pp": pp_b, "dp": dp_b, "total": tp_b + pp_b + dp_b}

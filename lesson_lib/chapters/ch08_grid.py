@@ -1,0 +1,160 @@
+"""Chapter 8 §5: the whole grid — data × pipeline × tensor parallelism on 8 ranks, equal to one
+process, each group's counted bytes beside the cost model's terms — and the exercise that picks a
+layout for a memory budget with those terms, then runs it."""
+
+from __future__ import annotations
+
+from IPython.display import display
+
+from .. import plots
+from ..exercises import AnswerError, Exercise, Verdict
+from ..milestones.tensor_parallel import formulas, three_d, tolerances, train
+from ..milestones.tensor_parallel.grid import Layout
+from ..milestones.tensor_parallel.model import Config
+from ..numerics import max_gap
+from ..runtime import warm_cluster
+
+GROUPS = {"tp": ("tp_all_reduce", "sp_all_gather", "sp_reduce_scatter", "sp_regather"),
+          "pp": ("pp_activation", "pp_gradient"), "dp": ("dp_grad_all_reduce",)}
+UNMODELLED = ("sp_ends", "sp_norm_grads")  # sequence parallelism's entry/exit and norm gradients
+
+
+def counted(outs: list[dict], steps: int) -> dict[str, float]:
+    """Per group, the busiest rank's bytes sent per step, as the ranks counted them."""
+    def sent(o, ops):
+        return sum(o["ops"].get(op, {}).get("bytes_sent", 0) for op in ops) / steps
+
+    out = {g: max(sent(o, ops) for o in outs) for g, ops in GROUPS.items()}
+    out["unmodelled"] = max(sent(o, UNMODELLED) for o in outs)
+    return out
+
+
+def run_layout(cfg: Config, layout: Layout, micro: int, ref: dict | None = None) -> dict:
+    """``layout`` on its ranks: equality with one process, bytes per group and memory per rank."""
+    three_d.check(cfg, layout, micro)  # before any rank starts
+    outs = warm_cluster(layout.world_size).run(three_d.train_3d_job, cfg, layout, micro)
+    row = {"layout": layout, "counted": counted(outs, cfg.steps),
+           "formula": formulas.step_bytes(cfg, layout.dp, layout.pp, layout.tp, micro,
+                                          layout.sequence_parallel),
+           "params": [o["param_numel"] for o in outs], "peak": [o["peak"] for o in outs],
+           "param_formula": [formulas.stage_params(cfg, layout.tp, layout.pp, o["grid"][1]) for o in outs]}
+    if ref is not None:
+        params = {n: t for o in outs for n, t in o["params"].items()}
+        tol = tolerances.transformer(cfg, ref)
+        row["gap"] = max(float((params[n] - ref["params"][n]).abs().max()) for n in ref["params"])
+        row["loss_gap"] = max(max_gap(o["losses"], ref["losses"]) for o in outs if o["losses"] is not None)
+        row["tolerance"] = tol["params"]
+        row["equal"] = row["gap"] <= tol["params"] and row["loss_gap"] <= tol["rel"] * max(ref["losses"])
+    return row
+
+
+def grid_3d(layouts=((2, 2, 2, False), (2, 2, 2, True)), cfg: Config | None = None, micro: int = 2) -> dict:
+    """§5: (dp, pp, tp, sequence parallel) layouts on real ranks against one process."""
+    cfg = cfg or Config.tiny()
+    chosen = [Layout(dp=d, pp=p, tp=t, sequence_parallel=sp) for d, p, t, sp in layouts]
+    for layout in chosen:
+        three_d.check(cfg, layout, micro)  # every layout checked before any rank starts
+    ref = train.reference(cfg)
+    rows, bars = [], []
+    for layout in chosen:
+        row = run_layout(cfg, layout, micro, ref)
+        rows.append(row)
+        name = f"dp {layout.dp} × pp {layout.pp} × tp {layout.tp}" + (" + SP" * layout.sequence_parallel)
+        bars += [{"label": f"{name}: {g}", "counted": row["counted"][g], "formula": row["formula"][g]}
+                 for g in GROUPS]
+        print(f"{name} on {layout.world_size} ranks, GPipe over {micro} micro-batches: equal to one process "
+              f"{row['equal']} (parameters {row['gap']:.1e}, allowed {row['tolerance']:.1e}); bytes per step "
+              "from the busiest rank of each group, counted (cost model): "
+              + ", ".join(f"{g} {row['counted'][g]:,.0f} ({row['formula'][g]:,.0f})" for g in GROUPS)
+              + (f"; not in the cost model: {row['counted']['unmodelled']:,.0f}"
+                 if row["counted"]["unmodelled"] else ""))
+        whole = sum(t.numel() for t in ref["params"].values())
+        print(f"  parameters per rank {sorted(set(row['params']))} (formula "
+              f"{sorted(set(row['param_formula']))}, one process {whole:,}); training's measured peak "
+              f"per rank {min(row['peak']) / 1e3:,.0f}–{max(row['peak']) / 1e3:,.0f} kB")
+    display(plots.parallelism.bytes_vs_formula(
+        bars, "Bytes per step from each group's busiest rank: counted (bars) and the cost model (markers)"))
+    return {"rows": rows, "cfg": cfg}
+
+
+# --------------------------------------------------------------------------- the layout exercise
+LAYOUT_CASE = {"world": 8, "layers": 4, "budget": 15_000, "micro": 2}
+
+
+def _case_cfg() -> Config:
+    return Config.tiny(layers=LAYOUT_CASE["layers"], steps=1)
+
+
+def feasible(cfg: Config, world: int, budget: int, micro: int) -> dict[tuple[int, int, int], dict]:
+    """Every (dp, pp, tp) that runs and fits ``budget`` parameters per rank, with its step bytes."""
+    out = {}
+    for dp in range(1, world + 1):
+        for pp in range(1, world + 1):
+            tp, rest = divmod(world, dp * pp)
+            if rest:
+                continue
+            try:
+                three_d.check(cfg, Layout(dp=dp, pp=pp, tp=tp), micro)
+            except ValueError:
+                continue
+            if max(formulas.stage_params(cfg, tp, pp, s) for s in range(pp)) <= budget:
+                out[dp, pp, tp] = formulas.step_bytes(cfg, dp, pp, tp, micro)
+    return out
+
+
+def best_layout() -> tuple[int, int, int]:
+    c = LAYOUT_CASE
+    options = feasible(_case_cfg(), c["world"], c["budget"], c["micro"])
+    return min(options, key=lambda k: options[k]["total"])
+
+
+def _check_layout(answer) -> Verdict:
+    c, cfg = LAYOUT_CASE, _case_cfg()
+    what = "three whole numbers (dp, pp, tp)"
+    if isinstance(answer, Layout):
+        answer = (answer.dp, answer.pp, answer.tp)
+    if isinstance(answer, str) or not hasattr(answer, "__len__") or len(answer) != 3:
+        raise AnswerError(f"you gave {answer!r}; the answer is {what}")
+    dp, pp, tp = answer
+    try:
+        layout = Layout(dp=dp, pp=pp, tp=tp).check(c["world"], cfg)
+        three_d.check(cfg, layout, c["micro"])
+    except ValueError as e:
+        return Verdict(False, f"that layout cannot run: {e}")
+    row = run_layout(cfg, layout, c["micro"])
+    held = max(row["params"])
+    if held > c["budget"]:
+        return Verdict(False, f"measured on the ranks: a rank of dp {dp} × pp {pp} × tp {tp} holds {held:,} "
+                              f"parameters, over the budget of {c['budget']:,}. Which axes cut the model?")
+    sent = sum(row["counted"][g] for g in GROUPS)
+    best = min(v["total"] for v in feasible(cfg, c["world"], c["budget"], c["micro"]).values())
+    if sent > best:
+        return Verdict(False, f"it fits ({held:,} parameters per rank) and its groups' busiest ranks sent "
+                              f"{sent:,.0f} bytes per step (tp {row['counted']['tp']:,.0f}, pp "
+                              f"{row['counted']['pp']:,.0f}, dp {row['counted']['dp']:,.0f}); another layout "
+                              "that fits sends less. Which group sends the most here?")
+    return Verdict(True, f"measured on {c['world']} ranks: {held:,} parameters per rank at most, and "
+                         f"{sent:,.0f} bytes per step (tp {row['counted']['tp']:,.0f}, pp "
+                         f"{row['counted']['pp']:,.0f}, dp {row['counted']['dp']:,.0f}), the fewest of the "
+                         "layouts that fit — in bytes. In time, a pipeline also pays its bubble (chapter 3), "
+                         "and on a cluster tp's bytes go over NVLink inside a node (§6).")
+
+
+def layout_exercise() -> Exercise:
+    c = LAYOUT_CASE
+    best = best_layout()
+    options = feasible(_case_cfg(), c["world"], c["budget"], c["micro"])
+    return Exercise(
+        key="layout", title="pick a layout with the cost model, then run it",
+        prompt=f"The chapter's transformer with {c['layers']} blocks (<code>Config.tiny(layers="
+               f"{c['layers']})</code>) on {c['world']} ranks, GPipe over {c['micro']} micro-batches. Each "
+               f"rank may hold at most {c['budget']:,} parameters. Which (dp, pp, tp) fits and sends the "
+               "fewest bytes per step (the busiest rank of each group, summed)? Use "
+               "<code>formulas.stage_params</code> and <code>formulas.step_bytes</code>; the check runs your "
+               "layout on the ranks and measures both. Answer <code>(dp, pp, tp)</code>.",
+        check=_check_layout,
+        hint="Enumerate dp·pp·tp = 8 with layers % pp == 0, heads % tp == 0 and the batch divisible; "
+             "keep those whose largest stage fits; compare step_bytes(...)['total'].",
+        solution=f"{best}: " + "; ".join(f"{k} sends {v['total']:,.0f}" for k, v in sorted(options.items()))
+                 + f" bytes per step among the layouts that fit {c['budget']:,} parameters per rank.",
+        reference=lambda: best)

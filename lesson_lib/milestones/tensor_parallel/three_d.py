@@ -1,0 +1,130 @@
+"""All three axes of the rank grid at once: data × pipeline × tensor parallelism (Narayanan et al.,
+SC21, "3D parallelism"), training chapter 8's transformer equal to one process.
+
+Each pipeline stage holds ``layers / pp`` consecutive blocks, tensor-parallel over its tp group (the
+first stage also the embeddings, the last the final norm and head). A replica's share of the batch
+is cut into ``micro`` micro-batches run as GPipe does (chapter 3): every forward, then every
+backward in reverse order; activations go to the next stage and their gradients come back with
+point-to-point messages over the pp group. Each tp rank sends its own copy of the activation to its
+counterpart in the next stage (Megatron-LM's scatter-gather optimisation sends 1/t of it each and
+all-gathers on arrival; with sequence parallelism the activation is already cut, and each rank
+sends its seq / t shard). Then each stage's gradients are averaged over its dp group.
+Chapter 8.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ... import comm
+from ...metrics import counters
+from ...peakmem import PeakMemory
+from .grid import Grid, Layout
+from .layers import ParallelTransformer, gather_full, sync_sequence_parallel
+from .model import Config, Transformer, batch, loss_fn
+
+
+def check(cfg: Config, layout: Layout, micro: int) -> None:
+    """ValueError naming the parameter, before any rank starts."""
+    layout.check(None, cfg)
+    if cfg.layers % layout.pp:
+        raise ValueError(f"layers = {cfg.layers} does not divide among pp = {layout.pp} stages")
+    if micro < 1 or (cfg.batch // layout.dp) % micro:
+        raise ValueError(f"micro = {micro} micro-batches must divide each replica's "
+                         f"{cfg.batch // layout.dp} sequences")
+
+
+def stage_names(cfg: Config, pp: int, stage: int) -> list[str]:
+    """The parameter-name prefixes stage ``stage`` owns."""
+    per = cfg.layers // pp
+    names = [f"blocks.{i}." for i in range(stage * per, (stage + 1) * per)]
+    return (["tok.", "pos."] if stage == 0 else []) + names + (["ln.", "head."] if stage == pp - 1 else [])
+
+
+def activation_shape(cfg: Config, layout: Layout, micro: int) -> tuple[int, int, int]:
+    """What a stage sends: ``[seq (/ tp with sequence parallelism), sequences per micro-batch, d]``."""
+    seq = cfg.seq // layout.tp if layout.sequence_parallel else cfg.seq
+    return seq, cfg.batch // layout.dp // micro, cfg.d_model
+
+
+def _average(grads: list[torch.Tensor], group, n: int, op: str) -> None:
+    flat = comm.ring_all_reduce(torch.cat([t.reshape(-1) for t in grads]), group, op=op).div_(n)
+    for t, part in zip(grads, flat.split([t.numel() for t in grads])):
+        t.copy_(part.view_as(t))
+
+
+def gpipe_step(model, blocks, grid, cfg: Config, micro: int, step: int) -> float:
+    """One step's forwards and backwards on this stage (GPipe, chapter 3); the loss on the last
+    stage (0 elsewhere). Gradients are left in ``.grad``."""
+    P, k = grid.layout.pp, grid.pp_rank
+    shape, size = activation_shape(cfg, grid.layout, micro), cfg.batch // grid.layout.dp // micro
+    tokens, targets = batch(cfg, step)
+    lo = grid.dp_rank * size * micro
+    ins, outs = [], []
+    for m in range(micro):  # every forward
+        cols = slice(lo + m * size, lo + (m + 1) * size)
+        if k == 0:
+            x = model.embed(tokens[:, cols])
+        else:
+            x = torch.empty(shape)
+            comm.recv(x, k - 1, grid.pp_group, op="pp_activation")
+            x.requires_grad_()
+        y = x
+        for block in blocks:
+            y = block(y)
+        if k == P - 1:
+            y = loss_fn(model.finish(y), targets[:, cols]) / micro  # the mean over micro-batches
+        else:
+            comm.send(y.detach(), k + 1, grid.pp_group, op="pp_activation")
+        ins.append(x)
+        outs.append(y)
+    for m in reversed(range(micro)):  # every backward, the last micro-batch first
+        if k == P - 1:
+            outs[m].backward()
+        else:
+            grad = torch.empty(shape)
+            comm.recv(grad, k + 1, grid.pp_group, op="pp_gradient")
+            outs[m].backward(grad)
+        if k > 0:
+            comm.send(ins[m].grad, k - 1, grid.pp_group, op="pp_gradient")
+    return sum(float(y.detach()) for y in outs) if k == P - 1 else 0.0
+
+
+def train_3d_job(cfg: Config, layout: Layout, micro: int = 2) -> dict:
+    """On every rank: ``cfg.steps`` SGD steps of its stage's blocks, GPipe over ``micro``
+    micro-batches, tensor-parallel inside the stage, gradients averaged over dp."""
+    check(cfg, layout, micro)
+    grid = Grid(layout)
+    P, k = layout.pp, grid.pp_rank
+    model = ParallelTransformer(Transformer(cfg), grid.tp_group, layout.sequence_parallel)
+    owned = tuple(stage_names(cfg, P, k))
+    mine = [p for n, p in model.named_parameters() if n.startswith(owned)]
+    blocks = model.blocks[k * cfg.layers // P:(k + 1) * cfg.layers // P]
+    counters().reset()
+    losses = []
+    with PeakMemory() as meter:  # the training's allocations (the model was built before)
+        for step in range(cfg.steps):
+            loss = gpipe_step(model, blocks, grid, cfg, micro, step)
+            sync_sequence_parallel_of(mine, grid.tp_group)
+            if layout.dp > 1:
+                _average([p.grad for p in mine], grid.dp_group, layout.dp, "dp_grad_all_reduce")
+            with torch.no_grad():
+                for p in mine:
+                    p -= cfg.lr * p.grad
+                    p.grad = None
+            lt = torch.tensor([loss])
+            dist.all_reduce(lt, group=grid.dp_group)  # bookkeeping, not counted: the global loss
+            losses.append(float(lt) / layout.dp)
+    params = gather_full(model, grid.tp_group)
+    return {"rank": dist.get_rank(), "grid": [grid.dp_rank, grid.pp_rank, grid.tp_rank],
+            "losses": losses if k == P - 1 else None, "ops": counters().as_dict(),
+            "params": {n: t for n, t in params.items() if n.startswith(owned)},
+            "param_numel": sum(p.numel() for p in mine), "peak": meter.peak}
+
+
+def sync_sequence_parallel_of(params: list[torch.nn.Parameter], group) -> None:
+    """:func:`~.layers.sync_sequence_parallel` for this stage's parameters only."""
+    holder = torch.nn.Module()
+    holder.params = torch.nn.ParameterList(params)
+    sync_sequence_parallel(holder, group)
