@@ -172,8 +172,9 @@ def test_sequence_parallel_divides_the_blocks_activations_about_t_fold(clusters)
 
 @pytest.mark.slow
 @pytest.mark.numerics
-def test_pytorchs_device_mesh_stack_equals_ours(ref, clusters):
-    layout = Layout(dp=2, tp=2)
+@pytest.mark.parametrize("sp", [False, True])
+def test_pytorchs_device_mesh_stack_equals_ours(sp, ref, clusters):
+    layout = Layout(dp=2, tp=2, sequence_parallel=sp)
     theirs = clusters(4).run(dtensor_job, CFG, layout)
     ours = clusters(4).run(train.train_job, CFG, layout)
     tol = tolerances.transformer(CFG, ref)
@@ -181,3 +182,4 @@ def test_pytorchs_device_mesh_stack_equals_ours(ref, clusters):
         gap = max(float((t["params"][k] - ours[0]["params"][k]).abs().max()) for k in ref["params"])
         assert gap <= tol["params"]
         assert t["param_numel"] < ours[0]["param_numel"]  # FSDP2 shards over dp what TP left whole
+        assert t["norm_rows"] == CFG.seq // (2 if sp else 1)  # SequenceParallel: each norm sees seq / t

@@ -186,6 +186,8 @@ def composed(cfg: Config | None = None, dp: int = 2, tp: int = 2) -> dict:
     theirs = warm_cluster(dp * tp).run(dtensor_job, cfg, layout)
     row["dtensor_gap"] = max(_gap(t["params"], ours[0]["params"]) for t in theirs)
     row["dtensor_loss_gap"] = max(max_gap(t["losses"], ref["losses"]) for t in theirs)
+    sp = warm_cluster(dp * tp).run(dtensor_job, cfg, Layout(dp=dp, tp=tp, sequence_parallel=True))
+    row["dtensor_sp_gap"] = max(_gap(t["params"], ours[0]["params"]) for t in sp)
     step = ours[0]["step"]
     row["bytes"] = {op: s["bytes_sent"] for op, s in step.items()}
     want = formulas.tensor_parallel(cfg, tp, dp)
@@ -199,6 +201,7 @@ def composed(cfg: Config | None = None, dp: int = 2, tp: int = 2) -> dict:
         print(f"  {op}: {b:,} bytes per rank in the first step (formula {row['formula'][op]:,.0f})")
     print(f"PyTorch's stack (init_device_mesh, parallelize_module, fully_shard over dp): parameters "
           f"{row['dtensor_gap']:.1e} from ours, losses {row['dtensor_loss_gap']:.1e} from one process; "
+          f"with SequenceParallel, parameters {row['dtensor_sp_gap']:.1e} from ours; "
           f"parameters held per rank: ours {row['param_numel']['ours']:,}, FSDP2 + TP "
           f"{row['param_numel']['fsdp2+tp']:,}, unsharded {row['param_numel']['unsharded']:,}")
     return row

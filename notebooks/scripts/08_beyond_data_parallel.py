@@ -248,10 +248,15 @@ show_source(tp.Grid.__init__)
 # PyTorch's own stack, as torchtitan does it: `init_device_mesh("cpu", (2, 2),
 # mesh_dim_names=("dp", "tp"))`, `parallelize_module` with `ColwiseParallel` for q, k, v and fc1
 # and `RowwiseParallel` for o and fc2 (our column and row layers, f and g included), then
-# `fully_shard(model, mesh=mesh["dp"])` (FSDP2, chapter 4) over the data-parallel dimension:
+# `fully_shard(model, mesh=mesh["dp"])` (FSDP2, chapter 4) over the data-parallel dimension; and
+# once more with sequence parallelism: `SequenceParallel(sequence_dim=0)` on the norms, and
+# `PrepareModuleInput` all-gathering the sequence into attention and the MLP, whose row layers
+# reduce-scatter it back out (`RowwiseParallel(output_layouts=Shard(0))`), torchtitan's Llama plan:
 
 # %%
 show_source(tp.dtensor.plan)
+
+# %%
 composed = ch08.composed(dp=2, tp=2)
 
 # %%
@@ -259,6 +264,7 @@ assert composed["equal"], composed  # data × tensor parallel = one process
 assert composed["bytes"]["tp_all_reduce"] == composed["formula"]["tp_all_reduce"], composed
 assert composed["bytes"]["dp_grad_all_reduce"] == composed["formula"]["dp_grad_all_reduce"], composed
 assert composed["dtensor_gap"] <= composed["tolerance"]["params"], composed  # PyTorch's stack = ours
+assert composed["dtensor_sp_gap"] <= composed["tolerance"]["params"], composed  # and with SequenceParallel
 assert composed["param_numel"]["fsdp2+tp"] < composed["param_numel"]["ours"]  # FSDP2 also shards over dp
 
 # %% [markdown]
