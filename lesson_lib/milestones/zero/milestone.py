@@ -160,7 +160,7 @@ def _train(cfg: Config, peak: PeakMemory | None) -> dict:
                     if stage == 2:  # built during backward, freed once scattered (a transient)
                         u.new_grad(transient)
                     else:
-                        u.bucket.zero_()
+                        u.full_grad.zero_()
                 with meter.measure():
                     loss = F.cross_entropy(model(x_all[idx]).float(), y_all[idx])
                 if overlap is not None:
@@ -181,7 +181,7 @@ def _train(cfg: Config, peak: PeakMemory | None) -> dict:
     if peak is not None:
         peak.stop()  # what follows (the inventory, a final gather for checking) is not training
     params_kept = [u.shard if stage == 3 else u.full for u in units]
-    grads_kept = [u.grad_shard if stage >= 2 else u.bucket for u in units]
+    grads_kept = [u.grad_shard if stage >= 2 else u.full_grad for u in units]
     memory = {"params": storage_bytes(params_kept), "grads": storage_bytes(grads_kept),
               "optimizer": storage_bytes(optimizer_tensors(optimizer) + (masters if mixed else [])),
               "activations": meter.peak, "buffers": transient.peak + counters().scratch_peak,

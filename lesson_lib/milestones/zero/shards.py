@@ -34,27 +34,27 @@ class Flat:
             offset += p.numel()
         self.shard: torch.Tensor | None = None  # stage 3: the only parameters a rank keeps
         self.grad_shard: torch.Tensor | None = None  # stages 2-3: the only gradient kept
-        self.bucket: torch.Tensor | None = None
+        self.full_grad: torch.Tensor | None = None  # this layer's whole gradient, while it lives
         self.pending = 0
 
-    def point_grads(self, bucket: torch.Tensor | None) -> None:
+    def point_grads(self, grad: torch.Tensor | None) -> None:
         offset = 0
         for p in self.params:
-            p.grad = None if bucket is None else bucket[offset:offset + p.numel()].view_as(p)
+            p.grad = None if grad is None else grad[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
 
     def new_grad(self, transient: "Transients | None" = None) -> None:
         """Allocate this layer's full gradient (zeros) and make the parameters' grads views of it."""
-        self.bucket = torch.zeros(self.padded, dtype=self.full.dtype, device=self.full.device)
+        self.full_grad = torch.zeros(self.padded, dtype=self.full.dtype, device=self.full.device)
         if transient is not None:  # stages 2-3: it lives only until scattered
-            transient.add(self.bucket.untyped_storage().nbytes(), grads=True)
-        self.point_grads(self.bucket)
+            transient.add(self.full_grad.untyped_storage().nbytes(), grads=True)
+        self.point_grads(self.full_grad)
 
     def drop_grad(self, transient: "Transients") -> None:
         """Free the full gradient once this rank's shard of it is kept."""
         self.point_grads(None)
-        transient.add(-self.bucket.untyped_storage().nbytes(), grads=True)
-        self.bucket = None
+        transient.add(-self.full_grad.untyped_storage().nbytes(), grads=True)
+        self.full_grad = None
 
     def free(self) -> None:  # the views stay valid; their storage is given back
         self.full.untyped_storage().resize_(0)
@@ -173,7 +173,7 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
         u.pending -= 1
         if u.pending:
             return
-        u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
+        u.grad_shard.copy_(comm.ring_reduce_scatter(u.full_grad, op="grad_reduce_scatter")).div_(n)
         u.drop_grad(transient)
         free(u)
 
@@ -205,7 +205,7 @@ def scatter_during_backward(units: list[Flat], modules: list, n: int, bucket_byt
     def reduce(i):  # on the communication thread (whose allocations the peak meter counts too)
         with peak.thread() if peak is not None else contextlib.nullcontext():
             for u in (units[j] for j in plan[i]):
-                u.grad_shard.copy_(comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter")).div_(n)
+                u.grad_shard.copy_(comm.ring_reduce_scatter(u.full_grad, op="grad_reduce_scatter")).div_(n)
                 u.drop_grad(transient)
 
     overlap = buckets.Overlap([[p for j in b for p in units[j].params] for b in plan], reduce)
@@ -225,9 +225,9 @@ def sharded_step(units: list[Flat], masters: list, owned: list, optimizer, stage
     """
     grads = []
     for u in units if stage < 3 and not scattered else ():
-        mine = comm.ring_reduce_scatter(u.bucket, op="grad_reduce_scatter").div_(n)
+        mine = comm.ring_reduce_scatter(u.full_grad, op="grad_reduce_scatter").div_(n)
         if stage == 0:
-            grads.append(comm.ring_all_gather(u.bucket, op="grad_all_gather"))
+            grads.append(comm.ring_all_gather(u.full_grad, op="grad_all_gather"))
         elif stage == 1:
             grads.append(mine)
         else:
