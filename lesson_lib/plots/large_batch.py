@@ -128,3 +128,27 @@ def accumulation(rows: list[dict]) -> go.Figure:
     fig.update_layout(barmode="stack", height=380, margin={"t": 70}, legend={"orientation": "h", "y": -0.25},
                       title="Gradient accumulation: one global batch in k micro-batches")
     return fig
+
+
+def race(rows: list[dict], batch: int, small_batch_accuracy: float | None = None) -> go.Figure:
+    """The fair race: held-out accuracy against the learning rate at ``batch``, one line per
+    optimizer over its sweep (○ square-root rule, □ linear; ✕ at 0 for a run that diverged), and
+    the small-batch accuracy as a horizontal line."""
+    fig = go.Figure()
+    if small_batch_accuracy is not None:
+        level(fig, small_batch_accuracy, f"LAMB at B₀: {small_batch_accuracy:.3f}")
+    for name in OPT_COLORS:
+        mine = sorted((r for r in rows if r["optimizer"] == name), key=lambda r: r["lr"])
+        if not mine:
+            continue
+        symbols = ["x" if r["diverged"] else "circle" if r["rule"] == "sqrt" else "square" for r in mine]
+        fig.add_scatter(x=[r["lr"] for r in mine], y=[r["eval_accuracy"] for r in mine], name=name,
+                        mode="lines+markers", line={"color": OPT_COLORS[name]},
+                        marker={"size": 10, "symbol": symbols},
+                        text=[f"×{r['multiplier']:g} base, {r['rule']} rule" for r in mine])
+    fig.update_xaxes(type="log", title_text=f"learning rate at B = {batch:,} (after warm-up)")
+    fig.update_yaxes(title_text="held-out accuracy", range=[0, 1])
+    fig.update_layout(height=400, margin={"t": 60},
+                      title=f"The same tuning budget for every optimizer at B = {batch:,}: "
+                            "○ square-root rule, □ linear, ✕ diverged")
+    return fig

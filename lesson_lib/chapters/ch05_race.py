@@ -1,0 +1,61 @@
+"""Chapter 5 §3: the fair race at 32·B₀ — every optimizer's sweep of the same tuning budget
+(:mod:`lesson_lib.milestones.large_batch_race`), its best beside LAMB at B₀."""
+
+from __future__ import annotations
+
+import time
+
+from IPython.display import display
+
+from .. import plots
+from ..milestones import large_batch as lb
+from ..milestones import large_batch_race as lbr
+from ..runtime import warm_cluster
+
+
+def _from_grid(entry: dict, runs: dict) -> dict | None:
+    """The grid's data-parallel run of exactly this entry's training, as a race row (or None)."""
+    r = runs.get((entry["optimizer"], entry["cfg"].global_batch))
+    if r is None or abs(r.config["lr"] - entry["lr"]) > 1e-9 * entry["lr"] \
+            or r.config["weight_decay"] != entry["cfg"].weight_decay:
+        return None
+    diverged = bool(r["diverged"])
+    return {k: entry[k] for k in ("optimizer", "multiplier", "rule", "lr")} | {
+        "eval_accuracy": 0.0 if diverged else r["eval_accuracy"], "diverged": diverged,
+        "eval_loss": float("inf") if diverged else r["eval_loss"], "steps": r["steps"]}
+
+
+def race(grid_runs: dict | None = None, batch: int = 2048, preset: str = "long") -> dict:
+    """Every optimizer's sweep at ``batch``, two single-process runs at a time; an entry the grid
+    already trained (``grid_runs``: (optimizer, batch) → Result) is taken from there. Draws the race
+    and prints each sweep; returns its rows, each optimizer's best and what it cost."""
+    grid_runs = grid_runs or {}
+    entries = lbr.entries(batch=batch, preset=preset)  # every Config validated before any run
+    reused = [row for row in (_from_grid(e, grid_runs) for e in entries) if row is not None]
+    done = {(r["optimizer"], r["multiplier"], r["rule"]) for r in reused}
+    todo = [e for e in entries if (e["optimizer"], e["multiplier"], e["rule"]) not in done]
+
+    def said(event):
+        if event.get("kind") == "race":
+            print(f"  {event['optimizer']:>5}, {event['multiplier']:g} × base, {event['rule']:>6} rule, "
+                  f"lr {event['lr']:.3g}: " + ("diverged" if event["diverged"] else
+                                               f"held-out accuracy {event['eval_accuracy']:.3f}"))
+
+    print(f"{len(todo)} runs of {lb.Config.PRESETS[preset]['epochs']} epochs at B = {batch:,}, two at a "
+          f"time ({len(reused)} more taken from the grid above):")
+    t0 = time.perf_counter()
+    rows = [r for mine in warm_cluster(2).run(lbr.race_job, todo, on_event=said) for r in mine] + reused
+    seconds = time.perf_counter() - t0
+    best = lbr.best(rows)
+    small = grid_runs.get(("lamb", lb.BASE_BATCH))
+    small_acc = None if small is None or small["diverged"] else small["eval_accuracy"]
+    display(plots.large_batch.race(rows, batch, small_acc))
+    for name, b in best.items():
+        edge = b["lr"] in (min(r["lr"] for r in rows if r["optimizer"] == name),
+                           max(r["lr"] for r in rows if r["optimizer"] == name))
+        print(f"best {name:>5}: {b['multiplier']:g} × its base rate, {b['rule']} rule (lr {b['lr']:.3g}): "
+              f"held-out accuracy {b['eval_accuracy']:.3f}"
+              + (" — at the edge of its sweep: a larger budget might find better" if edge else ""))
+    print(f"The race cost {len(todo)} runs, {seconds:.0f} s on this machine.")
+    return {"rows": rows, "best": best, "seconds": seconds, "runs": len(todo),
+            "small_batch_accuracy": small_acc}

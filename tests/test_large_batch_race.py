@@ -1,0 +1,65 @@
+"""Chapter 5's fair race: every optimizer gets the same sweep; the runs are the training the
+data-parallel grid does, so the grid's runs can stand in for them; the best is picked by accuracy."""
+
+import math
+
+import pytest
+
+from lesson_lib import close_all, run
+from lesson_lib.chapters.ch05_race import _from_grid
+from lesson_lib.milestones import large_batch as lb
+from lesson_lib.milestones import large_batch_race as race
+
+pytestmark = pytest.mark.ch5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_clusters():
+    yield
+    close_all()
+
+
+def test_every_optimizer_gets_the_same_four_rates_relative_to_its_base():
+    todo = race.entries(batch=2048)
+    assert len(todo) == 16
+    for e in todo:
+        k = 2048 / lb.BASE_BATCH
+        grow = k if e["rule"] == "linear" else math.sqrt(k)
+        assert e["lr"] == pytest.approx(e["multiplier"] * lb.BASE_LR[e["optimizer"]] * grow)
+        assert e["cfg"].lr == e["lr"] and e["cfg"].weight_decay == race.WEIGHT_DECAY
+        assert e["cfg"].warmup_steps == e["cfg"].steps // 10 and e["cfg"].world_size == 1
+    per = {o: sorted((e["multiplier"], e["rule"]) for e in todo if e["optimizer"] == o) for o in lb.BASE_LR}
+    assert len({tuple(v) for v in per.values()}) == 1  # the same budget for each
+
+
+@pytest.mark.parametrize("options, name", [({"optimizers": ("nesterov",)}, "optimizer"),
+                                           ({"rules": ("cubic",)}, "rule"),
+                                           ({"batch": 10 ** 6}, "global_batch")])
+def test_a_bad_sweep_is_refused_naming_the_parameter(options, name):
+    with pytest.raises(ValueError, match=name):
+        race.entries(**options)
+
+
+def test_the_best_is_the_most_accurate_and_a_diverged_run_never_wins():
+    rows = [{"optimizer": "sgd", "eval_accuracy": 0.0, "eval_loss": math.inf, "diverged": True, "lr": 3.2},
+            {"optimizer": "sgd", "eval_accuracy": 0.7, "eval_loss": 0.9, "diverged": False, "lr": 0.3},
+            {"optimizer": "sgd", "eval_accuracy": 0.7, "eval_loss": 0.8, "diverged": False, "lr": 0.6}]
+    assert race.best(rows)["sgd"]["lr"] == 0.6  # a tie on accuracy goes to the lower loss
+
+
+@pytest.mark.slow
+def test_a_race_run_is_the_grids_run_so_the_grid_can_stand_in(clusters):
+    from lesson_lib import warm_cluster
+
+    entry = next(e for e in race.entries(optimizers=("lamb",), batch=128, preset="tiny")
+                 if e["multiplier"] == 1 and e["rule"] == "sqrt")
+    mine = warm_cluster(2).run(race.race_job, [entry])
+    raced = [r for rows in mine for r in rows][0]
+    grid = run("large-batch", entry["cfg"].replace(world_size=2, eval_every=1), cluster=clusters(2))
+    stood_in = _from_grid(entry, {("lamb", 128): grid})
+    assert stood_in is not None and stood_in["rule"] == "sqrt"
+    # one process against two ranks: the same training up to the order of float sums
+    one_sample = 1 / lb.Config.PRESETS["tiny"]["eval_samples"]
+    assert abs(stood_in["eval_accuracy"] - raced["eval_accuracy"]) <= 2 * one_sample
+    other = race.entries(optimizers=("lamb",), batch=128, preset="tiny")[0]  # ×½: another training
+    assert _from_grid(other, {("lamb", 128): grid}) is None
