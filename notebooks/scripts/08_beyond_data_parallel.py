@@ -154,8 +154,9 @@ assert whole["block_activations"] > tp4["block_activations"] > sp4["block_activa
 # A mixture-of-experts layer (GShard, Lepikhin et al., 2020; Switch Transformer, Fedus et al.,
 # 2021) replaces the MLP by E experts and a router that sends each token to one of them (top-1,
 # Switch) or two (top-2, GShard: the two gates renormalized to sum to 1, every token's first choice
-# served before any second choice). Parameters grow E-fold, the compute per token k-fold. With the experts spread over n ranks, each
-# rank routes its own tokens, packs them into a `[experts, capacity, d]` buffer — at most
+# served before any second choice). Parameters grow E-fold, the compute per token k-fold. With the
+# experts spread over n ranks, each rank routes its own tokens, packs them into a
+# `[experts, capacity, d]` buffer — at most
 # `capacity = ⌈capacity_factor · k · tokens / E⌉` per expert; the rest are **dropped** and pass
 # through on the residual — and one **all-to-all** sends chunk j of the buffer to rank j, which
 # holds those experts. A second all-to-all brings the outputs back. The router learns to balance
@@ -176,7 +177,8 @@ for row in experts["rows"]:
     assert row["equal"], row  # output and every gradient equal the single process's
     assert row["dropped"] == row["ref_dropped"] and row["counted"] == row["formula"], row
 for k in (1, 2):  # top-1 and top-2: more slots, fewer dropped assignments
-    drops = {r["capacity_factor"]: sum(r["dropped"]) for r in experts["rows"] if r["ranks"] == 4 and r["top_k"] == k}
+    mine = [r for r in experts["rows"] if r["ranks"] == 4 and r["top_k"] == k]
+    drops = {r["capacity_factor"]: sum(r["dropped"]) for r in mine}
     assert drops[1.0] >= drops[1.25] >= drops[2.0] and drops[1.0] > drops[2.0], (k, drops)
 
 # %% [markdown]
