@@ -286,7 +286,64 @@ def test_fit_recovers_alpha_and_beta():
     a, b = costmodel.allreduce_terms("ring", 4, s_star)
     assert a * alpha == pytest.approx(b * beta)
     with pytest.raises(ValueError, match="algorithm"):
-        costmodel.allreduce_terms("tree", 4, 1.0)
+        costmodel.allreduce_terms("butterfly", 4, 1.0)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 64, 1000, 1024])
+def test_the_tree_term_and_its_limits(n):
+    # catches: a tree term that grows with N (or with N's bytes), or a wrong crossover with the ring
+    s, alpha, beta = 1e8, 5e-6, 1 / 25e9
+    log2n = math.floor(math.log2(n))
+    assert costmodel.allreduce_terms("tree", n, s) == (2 * log2n, 2 * s)
+    assert costmodel.allreduce_terms("tree", 1, s) == (0.0, 0.0)         # one rank sends nothing
+    assert costmodel.allreduce_terms("tree", n, 0.0) == (2 * log2n, 0.0)
+    ring_a, ring_b = costmodel.allreduce_terms("ring", n, s)
+    hd_a, hd_b = costmodel.allreduce_terms("halving-doubling", n, s)
+    assert 2 * s / ring_b == pytest.approx(n / (n - 1))     # the tree's bytes: N/(N−1) the ring's
+    assert (hd_a, hd_b) <= (2 * log2n, 2 * s) and hd_b == ring_b   # halving-doubling: never more of either
+
+    def tree(size):
+        return costmodel.allreduce_time("tree", n, size, alpha, beta)
+
+    def ring(size):
+        return costmodel.allreduce_time("ring", n, size, alpha, beta)
+
+    assert tree(0.0) <= ring(0.0) and (tree(0.0) < ring(0.0)) == (n > 2)  # latency-bound: the tree's log₂N
+    assert ring(1e15) < tree(1e15)                                        # bandwidth-bound: the ring
+    star = costmodel.ring_beats_tree_bytes(n, alpha, beta)
+    assert star == pytest.approx(n * (n - 1 - log2n) * alpha / beta)
+    if star > 0:
+        assert tree(star) == pytest.approx(ring(star), rel=1e-12)    # equal at the crossover ...
+        assert ring(1.01 * star) < tree(1.01 * star)                 # ... the ring above it,
+        assert tree(0.99 * star) < ring(0.99 * star)                 # the tree below
+
+
+def test_bus_bandwidth_is_nccl_tests_convention():
+    assert costmodel.bus_bandwidth(10.0, 2) == 10.0                       # two ranks: the same figure
+    assert costmodel.bus_bandwidth(10.0, 4) == pytest.approx(15.0)        # 2(N−1)/N = 1.5
+    assert costmodel.bus_bandwidth(10.0, 1) == 0.0
+    rows = [{"world_size": 4, "size_bytes": 2**20, "algorithm": a, "time_s": 1e-3,
+             "algbw_GBps": 2**20 / 1e-3 / 1e9} for a in ("ring", "library", "naive")]
+    from lesson_lib.chapters import ch02_scale
+
+    got = ch02_scale.bus_bandwidth({"rows": rows})
+    assert [r["algorithm"] for r in got] == ["our ring", "Gloo's dist.all_reduce"]
+    assert got[0]["sent_per_s"] == pytest.approx(got[0]["busbw"], rel=1e-12)  # bytes a rank sends / time
+
+
+def test_the_model_at_scale_puts_ring_and_tree_where_the_formula_says(monkeypatch):
+    from lesson_lib.chapters import ch02_scale
+
+    monkeypatch.setattr(ch02_scale, "display", lambda fig: None)
+    out = ch02_scale.model_scaling(link="ib-hdr", nbytes=100e6)
+    net = out["link"]
+    t = {(r["algorithm"], r["size_bytes"], r["world_size"]): r["time_s"] for r in out["rows"]}
+    assert t["tree", 100e6, 1024] == pytest.approx(2 * 10 * net["alpha"] + 2 * 100e6 * net["beta"])
+    for c in out["crossover"]:
+        n, star = c["world_size"], c["bytes"]
+        assert star == pytest.approx(n * (n - 1 - math.floor(math.log2(n))) * net["alpha"] / net["beta"])
+        for s in ch02_scale.SIZES_AT_SCALE:   # the ring wins exactly above the crossover
+            assert (t["ring", s, n] < t["tree", s, n]) == (s > star)
 
 
 # The chapter's exercises are tested in tests/test_exercises_ch0_2.py (on real ranks).
@@ -294,9 +351,9 @@ def test_fit_recovers_alpha_and_beta():
 
 def test_the_model_at_cluster_scale_puts_the_ring_latency_crossover_at_s_beta_over_alpha(monkeypatch):
     # bug caught: N* computed from the laptop's fit, or a latency share that ignores the 2(N−1) steps
-    from lesson_lib.chapters import ch02
+    from lesson_lib.chapters import ch02, ch02_scale
 
-    monkeypatch.setattr(ch02, "display", lambda fig: None)
+    monkeypatch.setattr(ch02_scale, "display", lambda fig: None)
     out = ch02.at_scale({"alpha_s": 1e-3, "beta_s_per_byte": 1e-9, "bandwidth_GBps": 1.0},
                         world_sizes=(2, 200, 1024))
     net = out["link"]

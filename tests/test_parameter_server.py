@@ -3,9 +3,11 @@
 import pytest
 import torch
 
-from lesson_lib import WorkerError, run
+from lesson_lib import WorkerError, numerics, run
 from lesson_lib.chapters import ch01
 from lesson_lib.milestones import parameter_server as ps
+from lesson_lib.milestones import ps_replicas
+from lesson_lib.milestones.ps_staleness import release
 
 pytestmark = pytest.mark.ch1
 
@@ -61,6 +63,62 @@ def test_staleness_bound_holds_fast_workers_back(clusters):
     # the workers go round by round, all three sent the same version, so each round's gradients
     # arrive 0, 1 and 2 updates old, whatever the timing
     assert r["staleness"] == {"0": SMALL["steps"], "1": SMALL["steps"], "2": SMALL["steps"]}
+    # SSP's own measure, from the server: no worker went on ahead of the slowest; unbounded, they did
+    assert r["max_lead"] == 0 and free["max_lead"] > 2, (r["max_lead"], free["max_lead"])
+
+
+def test_ssp_release_holds_exactly_the_workers_past_the_bound():
+    # catches: an off-by-one in the bound, a finished worker held for ever, a lead measured wrongly
+    def released(bound, pushes, held, lost=(), steps=10):
+        got = []
+        release(held, pushes, set(lost), bound, steps, lambda w, lead: got.append((w, lead)))
+        return got
+
+    assert released(1, [3, 4, 5], [1, 2]) == [(1, 1)]               # 5 is 2 ahead of the slowest's 3
+    assert released(2, [3, 4, 5], [1, 2]) == [(1, 1), (2, 2)]
+    assert released(0, [3, 3, 3], [0, 1, 2]) == [(0, 0), (1, 0), (2, 0)]   # round by round
+    assert released(-1, [0, 7, 9], [1, 2]) == [(1, 7), (2, 9)]      # unbounded: async, leads measured
+    assert released(0, [3, 10, 5], [1, 2]) == [(1, None)]           # finished: released, no lead
+    assert released(1, [0, 4, 5], [2], lost={0}) == [(2, 1)]        # a lost worker is nobody's slowest
+    held = [1, 2]
+    released(1, [3, 4, 5], held)
+    assert held == [2]                                              # the one past the bound still waits
+
+
+def _replicated(clusters, **kw):
+    cfg = ps_replicas.Config.tiny(**kw)
+    return cfg, ps_replicas.run(cfg, clusters(cfg.world_size))
+
+
+@pytest.mark.parametrize("fail_at", [0, 3, 5])
+def test_a_replicated_shard_survives_its_primary_to_the_same_parameters(clusters, fail_at):
+    # catches: a backup that copies the parameters but not the momentum, an update lost in the
+    # take-over (or applied twice), a worker that does not push again, replication bytes miscounted
+    cfg, failed = _replicated(clusters, fail_at=fail_at)
+    _, intact = _replicated(clusters, fail_at=-1)
+    s = failed["param_bytes"]
+    assert failed["took_over"] == fail_at and failed["acknowledged_by_primary"] == fail_at
+    assert failed["switched"] == [{"step": fail_at, "same_params": True}] * cfg.workers
+    assert failed["in_order"] and failed["workers_agree"] and intact["took_over"] is None
+    assert torch.equal(failed["params"], intact["params"])          # bit for bit, as without failure
+    assert torch.equal(failed["params"], failed["backup_params"])
+    ref = ps_replicas.reference(cfg)
+    assert numerics.max_gap(failed["losses"], ref) <= numerics.sum_order_tolerance(ref)
+    # one copy of each acknowledged update (S), its step number and the ack (4 bytes each)
+    assert failed["replication_bytes"] == failed["replication_formula"] == fail_at * (s + 8)
+    assert intact["replication_bytes"] == intact["replication_formula"] == cfg.steps * (s + 8)
+    assert failed["serving_bytes"] == failed["serving_formula"] == (2 * cfg.steps + 1) * cfg.workers * s
+    assert failed["recovery_bytes"] == failed["recovery_formula"] == 4 + cfg.workers * s
+    assert intact["recovery_bytes"] == intact["recovery_formula"] == 0
+
+
+@pytest.mark.parametrize("options, name", [
+    (dict(workers=0), "workers"), (dict(world_size=3), "world_size"), (dict(fail_at=6), "fail_at"),
+    (dict(fail_at=-2), "fail_at"), (dict(fail_at=True), "fail_at"), (dict(workers=5), "global_batch"),
+])
+def test_replicas_bad_input_names_the_parameter(options, name):
+    with pytest.raises((ValueError, TypeError), match=name):
+        ps_replicas.Config(**{**ps_replicas.Config.PRESETS["tiny"], **options}).validate()
 
 
 @pytest.mark.slow
@@ -146,6 +204,21 @@ def test_an_emulated_server_link_holds_each_step_to_its_bytes(clusters):
     cfg = dict(mode="sync", workers=2, steps=4, hidden=256, depth=2, global_batch=24)
     slow = run("parameter-server", server_gbps=0.05, cluster=clusters(3), **cfg)
     floor = slow["param_bytes"] * 2 * 8 / 0.05e9  # N·S each way
-    assert slow.median_step_time() >= floor
+    assert ch01.first_worker_cycle(slow) >= floor  # start to start: a step's own time may dip just under
     fast = run("parameter-server", cluster=clusters(3), **cfg)
     assert fast.median_step_time() < floor / 2 and fast.losses == slow.losses
+
+
+@pytest.mark.slow
+def test_the_staleness_slider_runs_real_ranks_within_the_bound_it_shows(monkeypatch):
+    # catches: a slider whose value does not reach the run (every click the same bound)
+    from lesson_lib.chapters import ch01_staleness
+
+    rows, real = [], ch01_staleness.ssp_row
+    monkeypatch.setattr(ch01_staleness, "ssp_row", lambda b, r: rows.append(real(b, r)) or rows[-1])
+    box = ch01.staleness_explorer()
+    slider, button = box.children[0], box.children[2]
+    assert slider.options[0][1] == 0 and slider.options[-1][1] == -1   # from round by round to async
+    slider.value = 2
+    button.click()
+    assert [r["bound"] for r in rows] == [2] and rows[0]["max_lead"] <= 2, rows

@@ -20,6 +20,7 @@ from ..milestones import data_parallel as dp
 from ..milestones import ring_allreduce as ra
 from ..runtime import warm_cluster
 from .ch02_exercises import exercises  # noqa: F401  (the notebook calls it here)
+from .ch02_scale import at_scale, bus_bandwidth, model_scaling  # noqa: F401  (the notebook calls them here)
 
 # The laptop preset: sizes up to 16 MiB and 3 repeats keep the bandwidth cell under a minute.
 SIZES = tuple(4096 * 4**k for k in range(7))  # 4 KiB … 16 MiB
@@ -185,56 +186,6 @@ def segment_sweep(world_size: int = 2, size_mb: float = 4.0, repeats: int = 5,
           f"{1e3 * median['ring']:.2f} ms, Gloo {1e3 * median['library']:.2f} ms")
     return {"rows": rows, "ring_s": median["ring"], "library_s": median["library"],
             "slope_s": float(slope), "base_s": float(base), "per_message_s": float(per_message)}
-
-
-def model_scaling(fit: dict, nbytes: float = 100e6, world_sizes=(2, 4, 8, 16, 32, 64, 128)) -> list[dict]:
-    """The fitted α-β model beyond this laptop: all-reduce time of ``nbytes`` as N grows."""
-    rows = [{"world_size": n, "algorithm": alg, "time_s": costmodel.allreduce_time(
-                alg, n, nbytes, fit["alpha_s"], fit["beta_s_per_byte"])}
-            for alg in OURS for n in world_sizes]
-    display(plots.collectives.model_scaling(rows, f"α-β model (α = {fit['alpha_s'] * 1e6:.0f} µs, "
-                                                  f"1/β = {fit['bandwidth_GBps']:.2f} GB/s, fitted here): "
-                                                  f"all-reduce of {nbytes / 1e6:g} MB as the cluster grows"))
-    return rows
-
-
-# Gradient sizes at scale: DDP's default bucket (25 MB, the size one all-reduce carries), 100 MB of
-# fp32 gradients (25M parameters), 1 GB (a 250M-parameter model in one bucket).
-SIZES_AT_SCALE = (25e6, 100e6, 1e9)
-
-
-def at_scale(fit: dict, link: str = "ib-hdr", sizes=SIZES_AT_SCALE,
-             world_sizes=(2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)) -> dict:
-    """The α-β model with a real interconnect's α and β (``data/links.csv``) beside this laptop's fit.
-
-    For each message size S the ring's latency term 2(N−1)·α overtakes its bandwidth term
-    2(N−1)/N·S·β where α = S·β/N, at N* = S·β/α ranks; halving-doubling pays 2·log₂N latencies
-    for the same bytes. Figures here are the model's, not measurements.
-    """
-    net = costmodel.links()[link]
-    fits = {"this laptop (fitted)": (fit["alpha_s"], fit["beta_s_per_byte"]),
-            net["name"]: (net["alpha"], net["beta"])}
-    rows = []
-    for name, (alpha, beta) in fits.items():
-        for alg in ("ring", "halving-doubling"):
-            for s in sizes:
-                for n in world_sizes:
-                    a, b = costmodel.allreduce_terms(alg, n, s)
-                    t = a * alpha + b * beta
-                    rows.append({"link": name, "algorithm": alg, "size_bytes": s, "world_size": n,
-                                 "time_s": t, "latency_share": a * alpha / t})
-    crossover = {s: s * net["beta"] / net["alpha"] for s in sizes}
-    display(plots.collectives.at_scale(
-        rows, net["name"], f"The α-β model at cluster scale: {net['name']} (α = {net['alpha'] * 1e6:g} µs "
-        f"assumed, 1/β = {1 / net['beta'] / 1e9:g} GB/s) beside this laptop's fit"))
-    print(f"α fitted on this laptop: {fit['alpha_s'] * 1e6:.0f} µs per ring step, "
-          f"{fit['alpha_s'] / net['alpha']:.0f}× the {net['alpha'] * 1e6:g} µs assumed for {net['name']}; "
-          f"1/β {fit['bandwidth_GBps']:.2f} GB/s against {1 / net['beta'] / 1e9:g} GB/s.\n"
-          f"  {net['name']}: {net['source']}")
-    for s, n in crossover.items():
-        print(f"S = {s / 1e6:g} MB: the ring's latency term overtakes its bandwidth term at "
-              f"N* = S·β/α = {n:,.0f} ranks")
-    return {"rows": rows, "crossover_n": crossover, "link": net}
 
 
 def scaling(world_sizes=(1, 2, 4), steps: int = 8, **options) -> list[dict]:

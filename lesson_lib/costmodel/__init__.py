@@ -1,7 +1,9 @@
 """The cost model: memory, traffic and time of training, from formulas (chapters 0, 2, 4 and 7).
 
-* :mod:`.terms` — one formula per quantity: the memory bill, alpha-beta and its fits, ZeRO's memory
-  and traffic, the terms of a step at scale, and the device and link tables they read.
+* :mod:`.terms` — one formula per quantity: the memory bill, ZeRO's memory and traffic, the terms
+  of a step at scale, and the device and link tables they read.
+* :mod:`.alphabeta` — the alpha-beta model: each all-reduce's latency and bandwidth terms (ring,
+  halving-doubling, naive, tree), their fits to measured times, crossovers, bus bandwidth.
 * :mod:`.plan` — :class:`Plan`, one training job, and what each milestone of the talk changes in it.
 * :mod:`.tensor` — the tensor-parallel term (chapter 8): Megatron's all-reduces per block, and with
   sequence parallelism its reduce-scatters, all-gathers and re-gathers.
@@ -9,6 +11,15 @@
   ``python -m lesson_lib estimate``.
 """
 
+from .alphabeta import (
+    allreduce_terms,
+    allreduce_time,
+    bus_bandwidth,
+    fit_alpha_beta,
+    fit_point_to_point,
+    latency_crossover_bytes,
+    ring_beats_tree_bytes,
+)
 from .plan import MILESTONE_PLANS, MILESTONES, TERMS, Plan, published_plan
 from .planner import (
     assumptions,
@@ -26,16 +37,11 @@ from .terms import (
     PRECISIONS,
     accelerators,
     activation_bytes,
-    allreduce_terms,
-    allreduce_time,
     bubble_formula,
     days_from_throughput,
     devices,
     devices_needed,
-    fit_alpha_beta,
-    fit_point_to_point,
     fits,
-    latency_crossover_bytes,
     links,
     memory_bill,
     ps_terms,
@@ -50,10 +56,10 @@ from .terms import (
 
 __all__ = [
     "MILESTONES", "MILESTONE_PLANS", "PRECISIONS", "TERMS", "Plan", "accelerators", "activation_bytes",
-    "allreduce_terms", "allreduce_time", "assumptions", "bubble_formula", "cli_estimate",
+    "allreduce_terms", "allreduce_time", "assumptions", "bubble_formula", "bus_bandwidth", "cli_estimate",
     "days_from_throughput", "devices", "devices_needed", "estimate", "fit_alpha_beta",
     "fit_point_to_point", "fits", "latency_crossover_bytes", "links", "memory", "memory_bill",
     "milestones", "plan_for", "ps_terms", "ps_time", "published", "published_plan",
-    "recompute_activation_bytes", "ring_time", "server_memory", "step_time", "table",
+    "recompute_activation_bytes", "ring_beats_tree_bytes", "ring_time", "server_memory", "step_time", "table",
     "tensor_parallel_terms", "tensor_parallel_time", "to_json", "zero_memory", "zero_traffic",
 ]

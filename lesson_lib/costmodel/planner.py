@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .alphabeta import allreduce_terms
 from .plan import MILESTONE_PLANS, MILESTONES, TERMS, Plan
 from .tensor import tensor_parallel_terms
 from .terms import (
     activation_bytes,
-    allreduce_terms,
     bubble_formula,
     devices,
     links,

@@ -12,7 +12,7 @@ in the backward (Korthikanti et al. §4.2.2; chapter 8 §3 counts these bytes).
 
 from __future__ import annotations
 
-from .terms import allreduce_terms
+from .alphabeta import allreduce_terms
 
 
 def tensor_parallel_terms(tensor: int, nbytes: float, blocks: float, microbatches: float,

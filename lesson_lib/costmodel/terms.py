@@ -1,5 +1,5 @@
 """The formulas of the cost model, one quantity each: the memory bill of training (chapter 0), the
-alpha-beta model of communication and its fits (chapters 2 and 7), ZeRO's memory and traffic
+ring's time in the alpha-beta model (:mod:`.alphabeta` has the rest), ZeRO's memory and traffic
 (chapter 4), and the terms of one step at scale with the device and link tables they read
 (chapter 7). :mod:`.planner` combines them into a training plan. Formulas live here;
 measurements live in ``metrics``.
@@ -8,6 +8,7 @@ measurements live in ``metrics``.
 from __future__ import annotations
 
 from ..data import read_csv
+from .alphabeta import allreduce_time
 
 # Bytes per parameter for each part of the model state (Rajbhandari et al., ZeRO, 2020, §3.1):
 # mixed-precision Adam keeps fp16 params and grads (2 + 2 bytes) plus an fp32 master copy,
@@ -52,91 +53,6 @@ def devices_needed(total_bytes: float, device_bytes: float) -> int:
     return max(1, -(-int(total_bytes) // int(device_bytes)))
 
 
-# --------------------------------------------------------------------------- alpha-beta (chapter 2)
-# A message of m bytes costs α + m·β: a fixed latency plus the bytes over the link's bandwidth
-# (Hockney, 1994). An all-reduce is a sequence of such messages (Thakur, Rabenseifner & Gropp, 2005).
-
-
-def allreduce_terms(algorithm: str, world_size: int, nbytes: float) -> tuple[float, float]:
-    """(a, b) such that an all-reduce of ``nbytes`` on ``world_size`` ranks takes a·α + b·β.
-
-    ring (and the library's): 2(N−1) steps of S/N → 2(N−1)α + 2(N−1)/N·S·β;
-    halving-doubling: 2·log₂N steps, same bytes; naive: the root's link carries N−1 messages in
-    and N−1 out, one after another → 2(N−1)α + 2(N−1)·S·β.
-    """
-    n = world_size
-    if n < 1:
-        raise ValueError(f"world_size must be at least 1, got {n}")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be non-negative, got {nbytes}")
-    if algorithm in ("ring", "library"):
-        return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes
-    if algorithm == "halving-doubling":
-        return 2.0 * (n.bit_length() - 1), 2.0 * (n - 1) / n * nbytes
-    if algorithm == "naive":
-        return 2.0 * (n - 1), 2.0 * (n - 1) * nbytes
-    raise ValueError(f"algorithm must be ring, library, halving-doubling or naive, got {algorithm!r}")
-
-
-def allreduce_time(algorithm: str, world_size: int, nbytes: float, alpha: float, beta: float) -> float:
-    a, b = allreduce_terms(algorithm, world_size, nbytes)
-    return a * alpha + b * beta
-
-
-def fit_alpha_beta(rows: list[dict], algorithm: str = "ring") -> dict:
-    """Least-squares α (s) and β (s/byte) from measured ``rows`` ({world_size, size_bytes, time_s}).
-
-    Errors are weighed relative to each time, so 4 KB messages (latency) count as much as 64 MB
-    ones (bandwidth); α and β are kept non-negative. Returns α, β, the bandwidth 1/β and the
-    root-mean-square relative error of the fit.
-    """
-    import numpy as np
-
-    rows = [r for r in rows if r["time_s"] > 0 and r["world_size"] > 1]
-    if len(rows) < 2:
-        raise ValueError("need at least two measurements on two or more ranks to fit α and β")
-    a = np.array([allreduce_terms(algorithm, r["world_size"], r["size_bytes"]) for r in rows])
-    t = np.array([r["time_s"] for r in rows])
-    w = a / t[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(w, np.ones(len(t)), rcond=None)
-    one = lambda col: float(np.linalg.lstsq(w[:, col:col + 1], np.ones(len(t)), rcond=None)[0][0])
-    if alpha < 0:  # the data say "no latency": keep α at zero and fit β alone
-        alpha, beta = 0.0, one(1)
-    elif beta <= 0:
-        alpha, beta = one(0), 1e-15
-    model = a @ np.array([alpha, beta])
-    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta), "bandwidth_GBps": 1e-9 / beta,
-            "rms_rel_error": float(np.sqrt(np.mean((model / t - 1) ** 2))), "points": len(rows),
-            "algorithm": algorithm}
-
-
-def latency_crossover_bytes(world_size: int, alpha: float, beta: float) -> float:
-    """Message size S* at which a ring all-reduce's latency term equals its bandwidth term:
-    2(N−1)α = 2(N−1)/N·S*·β, so S* = N·α/β. Below S*, latency dominates."""
-    if beta <= 0:
-        raise ValueError(f"beta must be positive, got {beta}")
-    return world_size * alpha / beta
-
-
-def fit_point_to_point(sizes: list[float], times: list[float]) -> dict:
-    """α (s) and β (s/byte) of t = α + m·β from one-way message times (a ping-pong; chapter 7).
-
-    Errors weigh relative to each time, as :func:`fit_alpha_beta` does; α and β stay ≥ 0.
-    """
-    import numpy as np
-
-    if len(sizes) != len(times) or len(sizes) < 2 or min(times) <= 0:
-        raise ValueError("need at least two (size, positive time) pairs to fit α and β")
-    t = np.array(times, dtype=float)
-    w = np.stack([np.ones_like(t), np.array(sizes, dtype=float)], axis=1) / t[:, None]
-    alpha, beta = np.linalg.lstsq(w, np.ones(len(t)), rcond=None)[0]
-    if alpha < 0:
-        alpha, beta = 0.0, float(np.linalg.lstsq(w[:, 1:], np.ones(len(t)), rcond=None)[0][0])
-    elif beta <= 0:
-        alpha, beta = float(np.linalg.lstsq(w[:, :1], np.ones(len(t)), rcond=None)[0][0]), 1e-15
-    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta), "bandwidth_GBps": 1e-9 / beta}
-
-
 # Bytes per parameter of model states by ZeRO stage (Rajbhandari et al., 2020, §5, Figure 1):
 # params / grads / optimizer, each either replicated (×1) or sharded over N ranks (×1/N).
 _ZERO_SHARDED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}
@@ -144,11 +60,14 @@ _ZERO_BYTES = {"fp32": {"params": 4, "grads": 4, "optimizer": 8},     # Adam: mo
                "mixed": {"params": 2, "grads": 2, "optimizer": 12}}   # + fp32 master: K = 12
 
 
-def zero_memory(params: float, world_size: int, stage: int, precision: str = "mixed") -> dict:
+def zero_memory(params: float, world_size: int, stage: int, precision: str = "mixed",
+                grad_bytes: int | None = None) -> dict:
     """Model-state bytes per rank under ZeRO ``stage`` (the paper's formulas; chapter 4).
 
     fp32 Adam: 16Ψ, 8Ψ+8Ψ/N, 4Ψ+12Ψ/N, 16Ψ/N. Mixed precision (K=12): 16Ψ, 4Ψ+12Ψ/N,
-    2Ψ+14Ψ/N, 16Ψ/N. Activations and transient buffers come on top.
+    2Ψ+14Ψ/N, 16Ψ/N: the paper's convention, fp16/bf16 gradients. ``grad_bytes=4`` takes
+    Megatron-LM's instead, fp32 main gradients: 18Ψ, and 6Ψ+12Ψ/N at stage 1 (its distributed
+    optimizer). Activations and transient buffers come on top.
     """
     if stage not in _ZERO_SHARDED:
         raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
@@ -158,8 +77,8 @@ def zero_memory(params: float, world_size: int, stage: int, precision: str = "mi
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if not params >= 0:
         raise ValueError(f"params must be a non-negative number, got {params!r}")
-    out = {k: b * params / (world_size if k in _ZERO_SHARDED[stage] else 1)
-           for k, b in _ZERO_BYTES[precision].items()}
+    per_param = {**_ZERO_BYTES[precision], **({"grads": grad_bytes} if grad_bytes is not None else {})}
+    out = {k: b * params / (world_size if k in _ZERO_SHARDED[stage] else 1) for k, b in per_param.items()}
     out["total"] = sum(out.values())
     return out
 

@@ -9,8 +9,8 @@ the optimizer state for it; ranks K..K+N-1 are workers. Every message is point-t
   N slices, steps and sends the new slice back: single-process SGD on the combined batch.
 * ``async``: each server applies every gradient the moment it arrives and replies to that worker
   alone; nobody waits, but gradients are *stale* (computed on parameters since changed by others).
-  ``staleness_bound`` caps that (stale synchronous parallel, Ho et al., 2013): a worker more than
-  that many pushes ahead of the slowest live worker is held until it catches up.
+  ``staleness_bound`` caps that (stale synchronous parallel, Ho et al., 2013; :mod:`.ps_staleness`):
+  a worker more than that many pushes ahead of the slowest live worker is held until it catches up.
 
 A server declares a worker lost after ``lost_after_s`` of silence (a heartbeat timeout): sync
 training then fails naming it, async goes on. ``server_gbps`` gives each server an EMULATED link
@@ -37,6 +37,7 @@ from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, pe
 from ..models import flat_views, mlp, mlp_param_count
 from ..runtime import context
 from .data_parallel import extra_work
+from .ps_staleness import release
 
 NAME = "parameter-server"
 
@@ -130,7 +131,7 @@ def serve(cfg: Config, k: int, emit) -> dict:
     inbox: queue.Queue = queue.Queue()
     threading.Thread(target=_receiver, args=(n * cfg.steps, hi - lo, inbox), daemon=True).start()
     pushes, last_heard, lost, held = [0] * n, [time.monotonic()] * n, set(), []
-    version, sent_version, staleness = 0, [0] * n, []
+    version, sent_version, staleness, leads = 0, [0] * n, [], []
     busy = 0.0
     sync = cfg.mode == "sync"
     waiting: dict[int, torch.Tensor] = {}  # sync: this step's slices so far
@@ -138,9 +139,11 @@ def serve(cfg: Config, k: int, emit) -> dict:
     def live_unfinished():
         return [w for w in range(n) if w not in lost and pushes[w] < cfg.steps]
 
-    def reply(w):
+    def reply(w, lead=None):
         comm.send(weights.detach(), K + w, op="pull")
         sent_version[w] = version
+        if lead is not None:  # async: how many pushes ahead of the slowest worker it goes on
+            leads.append(lead)
 
     while live_unfinished() or held:
         if k == 0 and cfg.fail_server >= 0 and version >= cfg.fail_server * (1 if sync else n):
@@ -159,7 +162,7 @@ def serve(cfg: Config, k: int, emit) -> dict:
                                            f"at step {pushes[w]}; synchronous training cannot go on "
                                            "without its gradient") from None
             if not sync:
-                _release(held, pushes, lost, cfg, reply)
+                release(held, pushes, lost, cfg.staleness_bound, cfg.steps, reply)
             continue
         if src is None:
             raise grad
@@ -183,24 +186,14 @@ def serve(cfg: Config, k: int, emit) -> dict:
             optimizer.step()
             version += 1
             held.append(w)
-            _release(held, pushes, lost, cfg, reply)
+            release(held, pushes, lost, cfg.staleness_bound, cfg.steps, reply)
         busy += time.thread_time() - t0
     counters().scratch((hi - lo) * 4)  # the receive buffer in flight
     memory = memory_report(params=[weights], grads=[weights.grad], optimizer=optimizer)
     if lost:
         context().request_restart()  # the receiver thread may still wait on the lost worker
-    return {"role": "server", "shard": k, "updates": version, "staleness": staleness,
+    return {"role": "server", "shard": k, "updates": version, "staleness": staleness, "leads": leads,
             "lost": sorted(lost), "busy_s": busy, "memory": memory}
-
-
-def _release(held: list, pushes: list, lost: set, cfg: Config, reply) -> None:
-    """Async: reply to held workers that are within the staleness bound of the slowest."""
-    live = [p for w, p in enumerate(pushes) if w not in lost and p < cfg.steps] or [cfg.steps]
-    slowest = min(live)
-    for w in list(held):
-        if cfg.staleness_bound < 0 or pushes[w] - slowest <= cfg.staleness_bound or pushes[w] >= cfg.steps:
-            held.remove(w)
-            reply(w)
 
 
 def work(cfg: Config, w: int, device, emit) -> dict:
@@ -284,6 +277,7 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
             "server_bytes_formula": 2 * cfg.workers * 4 * psi,
             "per_server_bytes": [o["per_rank"]["bytes_sent"] + o["per_rank"]["bytes_recv"] for o in servers],
             "staleness": {str(k): v for k, v in sorted(hist.items())},
+            "max_lead": max((x for o in servers for x in o["leads"]), default=0),  # clocks ahead, SSP's s
             "lost_workers": sorted({w for o in servers for w in o["lost"]}),
             "worker_time": [{"worker": o["worker"], **{ph: sum(s["end"] - s["start"] for s in o["segments"]
                             if s["phase"] == ph) for ph in ("compute", "push", "pull (waiting)")}}

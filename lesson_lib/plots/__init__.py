@@ -8,10 +8,12 @@ One module per kind of figure, each reached the same way: ``plots.<module>.<figu
 """
 
 from . import (
+    alpha_beta,
     checkpoint,
     collectives,
     common,
     compression,
+    consistency,
     impact,
     large_batch,
     memory,
@@ -21,5 +23,5 @@ from . import (
     training,
 )
 
-__all__ = ["checkpoint", "collectives", "common", "compression", "impact", "large_batch", "memory",
-           "parallelism", "pipeline", "precision", "training"]
+__all__ = ["alpha_beta", "checkpoint", "collectives", "common", "compression", "consistency", "impact",
+           "large_batch", "memory", "parallelism", "pipeline", "precision", "training"]

@@ -1,4 +1,5 @@
-"""Figures of chapter 2: the ring animation, bytes per rank, bandwidth, scaling."""
+"""Figures of chapter 2: the ring animation, bytes per rank, bandwidth, training with the ring
+(the α-β model at cluster scale is :mod:`.alpha_beta`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from plotly.subplots import make_subplots
 from .common import _with_note
 
 ALG_COLORS = {"ring": "#4C78A8", "pipelined-ring": "#72B7B2", "library": "#54A24B", "naive": "#E45756",
-              "halving-doubling": "#B279A2", "parameter server": "#E45756"}
+              "halving-doubling": "#B279A2", "parameter server": "#E45756", "tree": "#F58518"}
 
 
 def ring_animation(frames: list[dict], title: str = "Ring all-reduce: chunks travel round the ring"):
@@ -211,19 +212,6 @@ def segments_plot(rows: list[dict], refs: dict, fit: tuple[float, float], title:
     return fig
 
 
-def model_scaling(rows: list[dict], title: str) -> go.Figure:
-    """rows: {world_size, algorithm, time_s} predicted by the α-β model."""
-    fig = go.Figure()
-    for alg in dict.fromkeys(r["algorithm"] for r in rows):
-        rs = [r for r in rows if r["algorithm"] == alg]
-        fig.add_scatter(x=[r["world_size"] for r in rs], y=[1e3 * r["time_s"] for r in rs], name=alg,
-                        mode="lines+markers", line={"color": ALG_COLORS.get(alg)})
-    fig.update_xaxes(type="log", title="ranks N")
-    fig.update_yaxes(type="log", title="predicted time (ms)")
-    fig.update_layout(title=title, height=380)
-    return fig
-
-
 def ring_vs_parameter_server(rows: list[dict], note: str | None = None,
                              title: str = "Data parallel with the ring vs the parameter server"):
     """rows: {label, n, step_ms, bytes} — bytes through the busiest rank per step (counted)."""
@@ -240,38 +228,4 @@ def ring_vs_parameter_server(rows: list[dict], note: str | None = None,
     fig.update_yaxes(title_text="ms (median, slowest rank)", row=1, col=1)
     fig.update_yaxes(title_text="MB sent + received per step", row=1, col=2)
     fig.update_layout(title=_with_note(title, note), height=400)
-    return fig
-
-
-
-
-def at_scale(rows: list[dict], link: str, title: str) -> go.Figure:
-    """rows: {link, algorithm, size_bytes, world_size, time_s, latency_share} from the α-β model.
-
-    Left: the ring's predicted time with this laptop's fitted α and β beside a real interconnect's.
-    Right: on that interconnect, the share of each all-reduce that is latency (2(N−1)·α for the ring,
-    2·log₂N·α for halving-doubling), per message size; above 0.5 latency dominates.
-    """
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "predicted all-reduce time, ring", f"share of it that is latency, {link}"))
-    sizes = sorted({r["size_bytes"] for r in rows})
-    mid = sizes[len(sizes) // 2]
-    for i, name in enumerate(dict.fromkeys(r["link"] for r in rows)):
-        rs = [r for r in rows if r["link"] == name and r["algorithm"] == "ring" and r["size_bytes"] == mid]
-        fig.add_scatter(x=[r["world_size"] for r in rs], y=[1e3 * r["time_s"] for r in rs],
-                        name=f"{name}, {mid / 1e6:g} MB", mode="lines+markers",
-                        line={"dash": "dot" if i == 0 else "solid", "color": ALG_COLORS["ring"]},
-                        row=1, col=1)
-    shades = ["#9ECAE9", "#4C78A8", "#1F3B5A"]
-    for j, s in enumerate(sizes):
-        for alg, dash in (("ring", "solid"), ("halving-doubling", "dash")):
-            rs = [r for r in rows if r["link"] == link and r["algorithm"] == alg and r["size_bytes"] == s]
-            fig.add_scatter(x=[r["world_size"] for r in rs], y=[r["latency_share"] for r in rs],
-                            name=f"{alg}, {s / 1e6:g} MB", mode="lines",
-                            line={"dash": dash, "color": shades[j % len(shades)]}, row=1, col=2)
-    fig.add_hline(y=0.5, line={"color": "#888", "width": 1}, row=1, col=2)
-    fig.update_xaxes(type="log", title_text="ranks N")
-    fig.update_yaxes(type="log", title_text="ms (model)", row=1, col=1)
-    fig.update_yaxes(title_text="latency / total (model)", range=[0, 1], row=1, col=2)
-    fig.update_layout(title=title, height=420)
     return fig

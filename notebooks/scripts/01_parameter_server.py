@@ -28,8 +28,9 @@
 #   changed; whether that costs more than the extra updates bring depends on the learning rate.
 #
 # As workers are added a single server becomes the choke point — a stadium emptying through one
-# door — and it is a single point of failure. Every figure below is measured from real processes: rank 0 is
-# the server, ranks 1…N the workers, talking point-to-point through `torch.distributed`.
+# door — and, with no copy of its state, a single point of failure (Li et al. kept copies: §6). Every figure
+# below is measured from real processes: rank 0 is the server, ranks 1…N the workers, talking
+# point-to-point through `torch.distributed`.
 
 # %% [markdown]
 # ## 1. A parameter server in one cell
@@ -45,9 +46,9 @@
 #
 # 1. write a worker's push and pull against sharded servers and train to the same losses as SGD on one process (§1, first exercise);
 # 2. tell synchronous from asynchronous training by their losses and staleness, and find a rate at which stale gradients diverge (§2, last exercise);
-# 3. show what a straggler costs each mode, counted in steps rather than seconds (§3);
-# 4. predict the server's traffic, 2·N·S per step, and see sharding into K servers divide it (§4, traffic exercise);
-# 5. explain what a dead server or worker does to each mode (§5).
+# 3. show what a straggler costs each mode, counted in steps rather than seconds, and bound how far ahead workers run with stale synchronous parallel (§3–4);
+# 4. predict the server's traffic, 2·N·S per step, and see sharding into K servers divide it (§5, traffic exercise);
+# 5. explain what a dead server or worker does to each mode, and how a replicated shard survives its primary's death (§6).
 #
 # **Before it:** chapter 0 (ranks, `send`/`recv`, data-parallel training).
 # **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
@@ -63,6 +64,7 @@ from lesson_lib import numerics, show_source, warm_cluster
 from lesson_lib.chapters import ch01
 from lesson_lib.data import batch_indices, shard, teacher_classification
 from lesson_lib.milestones import parameter_server as ps
+from lesson_lib.milestones import ps_replicas, ps_staleness
 from lesson_lib.models import mlp
 
 
@@ -117,7 +119,7 @@ assert gap <= tol
 
 # %% [markdown]
 # The library's version, which the rest of the chapter runs, adds what a real system needs: the server
-# sharded over K ranks (each owns a slice, as in section 4), asynchronous mode, a receiver thread that
+# sharded over K ranks (each owns a slice, as in section 5), asynchronous mode, a receiver thread that
 # takes pushes in arrival order, a heartbeat timeout for lost workers, timers and counted bytes. The
 # worker's loop, then the server's:
 
@@ -187,7 +189,57 @@ slow = ch01.stragglers(workers=3, factor=4.0)
 assert slow["lead"]["sync"] <= 1 < 1.5 < slow["lead"]["async"], slow["lead"]
 
 # %% [markdown]
-# ## 4. The server is the bottleneck
+# ## 4. Between the two: bounded staleness
+#
+# Sync holds every worker to the slowest, round after round; async never waits, and its gradients can be
+# any number of updates old. **Stale synchronous parallel** (SSP; Ho et al., NeurIPS 2013) is a dial
+# between the two. Call the number of gradients a worker has pushed its **clock**. With a **staleness
+# bound** s, the server applies every gradient as it arrives, as async does, but it sends a worker its
+# parameters back only while that worker's clock is at most s ahead of the slowest live worker's; a
+# worker further ahead waits until the slowest catches up. So no worker computes more than s steps
+# ahead of the slowest.
+#
+# s = 0 goes round by round, like sync — though each gradient is still applied on its own, so a round
+# moves the weights N small steps rather than one averaged step. An unbounded s is async. Li et al.
+# (OSDI 2014) offered the same dial in their parameter server, as "bounded delay" consistency. The whole
+# rule, as the library's asynchronous server runs it after every push:
+
+# %%
+show_source(ps_staleness.release)
+
+# %% [markdown]
+# Below, §3's straggler again — worker 0 three times slower — in asynchronous runs with bounds from 0 to
+# unbounded. Left, the fast workers' time per step, computing and waiting. Middle, the loss. Right, how
+# far ahead workers ran, measured twice: by the server (how many pushes ahead of the slowest a worker was
+# when the server let it go on) and by the workers' own clocks (§3's count of pushes ahead of worker 0).
+
+# %%
+ssp_rows = ch01.staleness_sweep(bounds=(0, 1, 2, 4, -1))
+
+# %% [markdown]
+# What holds in every run, however loaded the machine: the server never let a worker go on more than s
+# pushes ahead, and the workers' clocks agree to within one push (a push counts as done on the worker
+# when it has left, and the server may have applied it already). The fast workers' waiting tends to shrink
+# as s grows, by an amount that moves with the load on the shared cores. The loss moves too, but at this
+# learning rate staleness costs little, and which bound ends lowest changes from run to run (it depends on
+# the order in which gradients arrive; §2's larger rate is where staleness bites). So only the bound is
+# asserted.
+
+# %%
+for row in ssp_rows:
+    if row["bound"] >= 0:   # −1: unbounded
+        assert row["max_lead"] <= row["bound"], row           # the server's count
+        assert row["worker_lead"] <= row["bound"] + 1, row    # the workers' own clocks
+
+# %% [markdown]
+# Move the dial yourself: each click runs the straggler case on real ranks with the bound you choose and
+# shows what each worker did, step by step.
+
+# %%
+ch01.staleness_explorer()
+
+# %% [markdown]
+# ## 5. The server is the bottleneck
 #
 # Every synchronous step, each of N workers pushes S bytes of gradient in and pulls S bytes of
 # parameters out, so the server moves **2·N·S** bytes while each worker moves 2·S. The counter below is
@@ -207,7 +259,7 @@ traffic = ch01.bottleneck(worker_counts=(1, 2, 4))
 
 # %%
 assert all(r["counted"] == r["formula"] for r in traffic), traffic
-assert all(r["step_ms"] >= r["door_ms"] for r in traffic), traffic      # the door is the floor
+assert all(r["cycle_ms"] >= r["door_ms"] for r in traffic), traffic     # the door is the floor
 assert traffic[-1]["step_ms"] > 1.5 * traffic[0]["step_ms"], traffic     # and it widens with N
 
 # %% [markdown]
@@ -227,7 +279,7 @@ for row in shards:   # the busiest shard carries 2·N·S/K, up to rounding of un
     assert abs(row["counted"] - row["formula"]) <= 2 * 2 * 4 * row["servers"], row
 
 # %% [markdown]
-# ## 5. A single point of failure
+# ## 6. A single point of failure
 #
 # Kill the server at step 3 (a real `SIGKILL` of its process). Every worker stops.
 
@@ -236,6 +288,55 @@ error = ch01.server_failure()
 
 # %%
 assert "rank 0" in error and "SIGKILL" in error
+
+# %% [markdown]
+# **One server with no copy of its state.** Li et al. (OSDI 2014, §4) did not run their servers that
+# way. Each server's key range sat on a ring of servers (consistent hashing) and was also kept by the next
+# servers on the ring. The master of a range copied every change, with its timestamp, to those
+# **replicas** before a push counted as done: chain replication (van Renesse & Schneider, OSDI 2004),
+# where the head applies an update and passes it down the chain, and only the tail's acknowledgement
+# completes the request. And it copied after aggregating: one copy of a round's summed update, not one per
+# worker. When a server was lost, a replica took over its range and the job went on.
+#
+# The smallest version, on real ranks: the whole model is one shard, held by rank 0 (the **primary**) and
+# rank 1 (its **backup**); ranks 2 and 3 are workers, training synchronously. Each step the primary sums
+# the gradients, steps, forwards the averaged gradient (the update) and its step number to the backup, and
+# waits for the backup's acknowledgement before it sends anyone the new parameters. The backup applies
+# each update with the same optimizer, so after every acknowledged step it holds the primary's state,
+# momentum included, bit for bit.
+#
+# At step 5 the primary receives the pushes and **leaves**: its function returns. That is the rank leaving
+# the protocol, not a process dying — a real exit would tear down every rank's process group here, as the
+# `SIGKILL` above did. A real system notices a dead server because its connections close, or, when a whole
+# machine goes silent, because its heartbeats stop and a timeout expires (the lost worker below). Here the
+# primary's last act stands for that notice: a 4-byte farewell to the backup. The backup takes over and
+# tells the workers; each checks that the backup holds exactly the parameters it already has, pushes that
+# step's gradient again, and training goes on. Every message is one its receiver is sure to get, so
+# nothing can hang and nothing depends on timing. The primary, the backup and a worker:
+
+# %%
+show_source(ps_replicas.primary, ps_replicas.backup, ps_replicas.work)
+
+# %%
+failover = ch01.replicated_failover(workers=2, fail_at=5)
+
+# %% [markdown]
+# The backup had every acknowledged update, and the one update that was never acknowledged was pushed to
+# it again: the run ends with the very parameters of a run without failure, and trains like one process.
+# Replication costs one more copy of each round's update per replica — S bytes, plus 4 for its step number
+# and 4 for the acknowledgement (the middle bar) — beside the 2·N·S the server moves anyway: 1/(2N) more on
+# its link. It also costs a round trip to the backup before every reply, and a second machine holding the
+# shard and its optimizer state. Copying every push instead of the round's sum would cost N·S. After the
+# take-over the backup serves alone; a real system would copy the shard to a fresh server to restore the
+# replication.
+
+# %%
+failed = failover["failed"]
+assert failed["took_over"] == 5 and all(w == {"step": 5, "same_params": True} for w in failed["switched"])
+assert failover["same_params"]          # the final parameters of a run without failure, bit for bit
+assert numerics.max_gap(failed["losses"], failover["reference"]) <= numerics.sum_order_tolerance(
+    failover["reference"])              # and single-process SGD, up to float rounding
+assert failed["replication_bytes"] == failed["replication_formula"] == 5 * (failed["param_bytes"] + 8)
 
 # %% [markdown]
 # A worker that stops responding is another matter. The server declares it lost when it has not
@@ -255,7 +356,7 @@ assert async_case["last5"] < async_case["first4"], async_case  # the survivors s
 assert not sync_case["finished"] and "worker 1" in sync_case["error"]
 
 # %% [markdown]
-# ## 6. Try it yourself
+# ## 7. Try it yourself
 #
 # Each click starts real processes (4 workers on a laptop take a few seconds).
 
@@ -316,11 +417,11 @@ exercises["divergence"].submit(...)  # replace ... with a learning rate
 #
 # 1. **push and pull** — §1's server in one cell and your `worker_step`, judged on the messages each worker sent to each shard.
 # 2. **sync against async** — §2's losses and staleness histogram; your diverging learning rate.
-# 3. **stragglers** — §3's timelines and the steps the fast workers got ahead (asserted: sync at most 1).
-# 4. **the bottleneck** — §4's counted server bytes, equal to 2·N·S (asserted), and the sharded servers' 1/K.
-# 5. **a single point of failure** — §5: a killed server stops training with its rank named; async goes on without a lost worker.
+# 3. **stragglers and bounded staleness** — §3's timelines and the steps the fast workers got ahead (asserted: sync at most 1); §4's staleness bounds, never exceeded (asserted, by the server's count and the workers' clocks).
+# 4. **the bottleneck** — §5's counted server bytes, equal to 2·N·S (asserted), and the sharded servers' 1/K.
+# 5. **a single point of failure** — §6: a killed server stops training with its rank named; a replicated shard survives its primary, to the same parameters bit for bit, for S + 8 bytes a step (asserted); async goes on without a lost worker.
 #
-# **On a real cluster:** At scale a parameter server must be sharded (DistBelief, Dean et al., 2012; Li et al., 2014), and then its bytes per worker are the ring's; what the ring removed was the hotspot and the extra server machines.
+# **On a real cluster:** At scale a parameter server must be sharded (DistBelief, Dean et al., 2012; Li et al., 2014), and then its bytes per worker are the ring's; what the ring removed was the hotspot and the extra server machines. Li et al. also replicated each shard, so a lost server cost a take-over, not the job.
 
 # %% [markdown]
 # ## What comes next

@@ -23,7 +23,8 @@
 # neighbours. Cut the gradient into N chunks; pass the chunks round the ring, **summing** them on the way
 # (reduce-scatter), then pass the finished sums round once more (all-gather). Every rank does the same
 # work and sends the same ≈ 2·S bytes, however many ranks there are — *a roundabout instead of a traffic
-# jam*. Patarasuk & Yuan (2009) proved that 2(N−1)/N·S per rank is the least any all-reduce can send.
+# jam*. Patarasuk & Yuan (2009) proved that 2(N−1)/N·S per rank is the least any all-reduce can send
+# when the ranks themselves do the adding; a network whose switches add (section 8) lets each rank send less.
 #
 # Everything below runs in real worker processes (`torch.distributed`, Gloo on CPU here); bytes are
 # **counted** on the wire by `lesson_lib.comm`, not computed. After the first cell, read any function
@@ -34,7 +35,7 @@
 #
 # 1. write reduce-scatter by hand on real ranks and explain why N−1 steps of one chunk each make the ring bandwidth-optimal (§2–3, first exercise);
 # 2. count a ring's bytes per rank, 2(N−1)/N·S, against the naive root's 2(N−1)·S (§1, §5, second exercise);
-# 3. fit the α–β model to measured all-reduces and say where latency starts to dominate (§6, last exercise);
+# 3. fit the α–β model to measured all-reduces, read published all-reduce bandwidths (algbw and busbw), and say where latency starts to dominate (§6, last exercise);
 # 4. predict from a real interconnect's α and β how the ring, a tree and halving-doubling scale to 1,024 ranks (§8).
 #
 # **Before it:** chapter 0 (all-reduce, data parallelism); chapter 1 helps (the root's traffic).
@@ -215,6 +216,25 @@ assert bw["fits"][2]["rms_rel_error"] < 0.5       # the two-parameter model desc
 # the root's 2(N−1)·S through one of them is what stalls (section 8).
 
 # %% [markdown]
+# **Reading published numbers: algbw and busbw.** NVIDIA's `nccl-tests`, whose output most published
+# all-reduce figures are, prints two bandwidths. The **algorithm bandwidth** (algbw) is S / time, what
+# we plotted above. The **bus bandwidth** (busbw) is algbw · 2(N−1)/N: what each rank's link carries per
+# second if the all-reduce sends the least it can, 2(N−1)/N·S per rank, as the ring does. An all-reduce's
+# algbw falls towards half the link's speed as N grows even when nothing is wrong; its busbw stays
+# comparable with the link's speed at any N, so a busbw near the link's speed means the network is used
+# well. On this run's largest message: both figures for our ring and Gloo's, and for our ring the bytes
+# each rank sent (section 5's exact count) over the same time — the bus bandwidth, measured.
+
+# %%
+buses = ch02.bus_bandwidth(bw)
+
+# %%
+for r in buses:
+    assert abs(r["busbw"] - r["algbw"] * 2 * (r["ranks"] - 1) / r["ranks"]) <= 1e-12 * r["busbw"]
+    if r["sent_per_s"] is not None:    # our ring: busbw is exactly the bytes a rank sends per second
+        assert abs(r["sent_per_s"] - r["busbw"]) <= 1e-9 * r["busbw"], r
+
+# %% [markdown]
 # ## 7. The next step: a pipelined ring
 #
 # Our ring adds a chunk only once all of it has arrived: during a reduce-scatter step the rank first
@@ -316,30 +336,16 @@ assert all(f["rms_rel_error"] < 0.5 for o in pipelining.values() for f in (o["ri
 # %% [markdown]
 # ## 8. What the model predicts beyond this laptop
 #
-# With α and β fitted on 2 ranks, the time of an all-reduce of 100 MB (25 million fp32 gradients) as
-# the cluster grows. The ring's bandwidth term barely moves (2(N−1)/N → 2), so its time grows only
-# through the latency term; the naive root's grows linearly with N; halving-doubling pays log₂N
-# latencies instead of N−1. Per-rank *traffic* stays flat as ranks are added; whether *time* does
-# depends on the latency term, which the next cell looks at with a real network's numbers.
-
-# %%
-model = ch02.model_scaling(bw['fits'][2], nbytes=100e6)
-
-# %%
-t = {(r["algorithm"], r["world_size"]): r["time_s"] for r in model}
-assert t["ring", 128] < t["naive", 128] / 5
-assert t["halving-doubling", 128] <= t["ring", 128]     # fewer latencies, same bytes
-
-# %% [markdown]
 # **A fit made on loopback is not a cluster's.** The α fitted above is mostly waiting: on 2 shared
 # cores a ring step's fixed cost is the time the scheduler takes to run the peer process (hundreds of
 # microseconds to milliseconds here), and β is a memory copy. On a cluster α is a network's
-# microseconds and β its link. So here is the same model with a real interconnect's α and β
+# microseconds and β its link. So the model's predictions below use a real interconnect's α and β
 # (`data/links.csv`: InfiniBand HDR, one 200 Gb/s port per GPU as on a DGX A100; its bandwidth is the
-# datasheet's, its α an assumed round figure, said on the figure) beside this laptop's fit, for three
-# gradient sizes: 25 MB (one bucket of PyTorch DDP's default size), 100 MB and 1 GB. Left, the ring's
-# predicted time; right, the share of it spent in latency, 2(N−1)·α. All these figures are the model's,
-# not measurements.
+# datasheet's, its α an assumed round figure, said on the figure), for three gradient sizes: 25 MB (one
+# bucket of PyTorch DDP's default size), 100 MB and 1 GB. Left, the ring's predicted time, with this
+# laptop's fit beside it only to show how far apart the two are (an illustration: nothing is claimed
+# from it); right, the share of the ring's time spent in latency, 2(N−1)·α. All these figures are the
+# model's, not measurements.
 
 # %%
 big = ch02.at_scale(bw["fits"][2], link="ib-hdr")
@@ -361,15 +367,57 @@ assert n_star[1e9] > n_star[25e6]                  # bigger messages push N* up
 # above for each size); past N* a ring all-reduce is mostly its 2(N−1) fixed costs. What clusters do
 # about it:
 #
-# * **fewer, longer steps**: tree all-reduce — NCCL's double binary trees (NCCL 2.4, 2019), after the
-#   two-tree algorithm of Sanders, Speck & Träff (2009) — and recursive halving-doubling (Thakur,
-#   Rabenseifner & Gropp, 2005), the algorithm of section 3 that this chapter ran on real ranks: both
-#   pay about log₂N latencies for the same bytes (the dashed lines);
+# * **fewer, longer steps**: tree all-reduce — NCCL's double binary trees (NCCL 2.4, Jeaugey, 2019), after
+#   the two-tree algorithm of Sanders, Speck & Träff (2009) — and recursive halving-doubling (Thakur,
+#   Rabenseifner & Gropp, 2005), which section 4 checked on real ranks: both pay about log₂N latencies
+#   (the next figure);
 # * **shorter rings**: hierarchical all-reduce — a ring inside each node over NVLink, then one across
 #   nodes (Jia et al., 2018, trained ImageNet on 2,048 GPUs that way) — so the long ring has nodes, not
 #   GPUs, as its members;
 # * **bigger messages**: gradients are bucketed (DDP's 25 MB) rather than all-reduced tensor by tensor,
 #   which pushes N* up.
+#
+# **Ring, tree or halving-doubling.** A tree all-reduce reduces up a binary tree to its root and
+# broadcasts the sum back down: log₂N levels each way. One tree wastes half the links (its leaves only
+# ever send up), so Sanders, Speck & Träff (2009) used two, each rank an inner node in one and a leaf in
+# the other, each tree carrying half the data; cut into chunks and pipelined, a rank's link then carries
+# about S each way. NCCL 2.4 made this its second all-reduce beside the ring. In this section's model,
+# with the same α and β:
+#
+# * ring: 2(N−1)·α + 2(N−1)/N·S·β;
+# * double binary tree: 2·log₂N·α + 2·S·β (its best case: the pipeline's per-chunk latencies left out);
+# * halving-doubling: 2·log₂N·α + 2(N−1)/N·S·β.
+#
+# The ring sends a little less (2(N−1)/N·S against 2·S, the same as N grows); the tree pays far fewer
+# latencies. The ring is faster only for messages above S = N·(N−1−log₂N)·α/β — a size that grows about
+# as N², so at a thousand ranks the tree wins for any gradient. Left, the three at 100 MB on InfiniBand
+# HDR (the naive root, far slower, is printed rather than drawn); right, that crossover size against N,
+# with the three gradient sizes as dotted lines.
+
+# %%
+scale = ch02.model_scaling(link="ib-hdr", nbytes=100e6)
+
+# %%
+t = {(r["algorithm"], r["size_bytes"], r["world_size"]): r["time_s"] for r in scale["rows"]}
+assert t["ring", 100e6, 128] < t["naive", 100e6, 128] / 5       # the naive root's N−1 copies
+assert t["ring", 100e6, 8] < t["tree", 100e6, 8]                 # a few ranks: the ring's bytes win
+assert t["tree", 100e6, 1024] < t["ring", 100e6, 1024] / 2       # a thousand: the tree's log₂N latencies
+assert all(t["halving-doubling", s, n] <= min(t["ring", s, n], t["tree", s, n]) for _, s, n in t)
+
+# %% [markdown]
+# In this model halving-doubling is never slower than either: the tree's latencies and the ring's bytes.
+# MPI libraries do use it for large all-reduces (Thakur, Rabenseifner & Gropp, 2005). The model leaves
+# out what keeps it out of NCCL: its partner changes at every step and is N/2 ranks away at the first,
+# so its messages cross the whole network at once and contend for the links between switches, and it
+# needs a power of two ranks (others pay extra steps); a ring or a tree talks to the same few neighbours
+# throughout, which a library can lay along NVLink inside a node and one network port per GPU. The α-β model's one uniform link per rank sees none of this.
+#
+# **Sending less than the least.** Patarasuk & Yuan's 2(N−1)/N·S is the least a rank must send when the
+# ranks do the adding. A network can add instead: with SHARP (Graham et al., 2016, the COMHPC workshop at
+# SC16), InfiniBand switches sum the data as it passes through them, so each rank sends its S once up a
+# tree of switches and receives the sum once — about half the ring's bytes per rank, and latencies that
+# grow with the switch levels rather than with N. NCCL can use it (its CollNet algorithm), as can MPI
+# libraries; it needs switches that support it.
 
 # %% [markdown]
 # ## 9. Training: the ring against the parameter server
@@ -461,8 +509,8 @@ exercises["crossover"].submit(...)  # replace ... with a number of bytes
 #
 # 1. **reduce-scatter by hand** — §2's animation, §3's code on real ranks, and your `my_reduce_scatter`, judged on its steps, its chunk sizes and the tensor it was given.
 # 2. **bytes per rank** — §5's counted bytes equal to the exact formula (asserted).
-# 3. **the α–β model** — §6's fit beside Gloo, §7's pipelined ring, and your crossover size.
-# 4. **cluster scale** — §8: N* = S·β/α on InfiniBand figures, where the ring's 2(N−1) latencies take over.
+# 3. **the α–β model** — §6's fit beside Gloo and its algbw and busbw, §7's pipelined ring, and your crossover size.
+# 4. **cluster scale** — §8: N* = S·β/α on InfiniBand figures, where the ring's 2(N−1) latencies take over; the ring against the double binary tree and halving-doubling, and where each wins in the model (asserted).
 #
 # **On a real cluster:** The ring is bandwidth-optimal, but its 2(N−1) latencies grow with N: past a few hundred ranks on small messages, trees, halving-doubling and hierarchical rings take over.
 
