@@ -20,8 +20,9 @@ from ..runtime import warm_cluster
 from .ch04_checkpoint import survive  # noqa: F401  (section 9)
 from .ch04_exercises import exercises, first_fitting_stage, task  # noqa: F401
 from .ch04_fsdp import fsdp2, fsdp2_memory  # noqa: F401  (section 8)
+from .ch04_hsdp import hsdp, reduce_precision  # noqa: F401  (section 8)
 from .ch04_precision import loss_scaling  # noqa: F401  (section 10)
-from .ch04_prefetch import prefetch_timeline  # noqa: F401  (section 3)
+from .ch04_prefetch import backward_prefetch, prefetch_timeline  # noqa: F401  (section 3)
 
 CATEGORIES = ("params", "grads", "optimizer")
 
@@ -71,9 +72,9 @@ def stage2_buckets(world_size: int = 4, bucket_layers=(0.5, 1.0, 2.0), stage2: R
         same.append(r.losses == base.losses and r["final_params"] == base["final_params"])
     display(plots.memory.gradient_peaks(rows, whole, f"ZeRO-2 on {world_size} ranks: full gradients held at "
                                                      "once, by bucket size (measured)"))
+    print(f"{'bucket':<20} {'most full-gradient bytes at once':>32} {'bound':>12}")
     for row in rows:
-        print(f"{row['label']}: at most {row['peak']:,} bytes of full gradients at once "
-              f"(bound {row['bound']:,})")
+        print(f"{row['label']:<20} {row['peak']:>32,} {row['bound']:>12,}")
     return {"rows": rows, "whole": whole, "same_training": same}
 
 
@@ -83,14 +84,14 @@ def prefetch_depths(world_size: int = 4, depths=(1, 2), stage3: Result | None = 
     training and traffic stayed those of ``stage3`` (no prefetch)."""
     base = stage3 or _run(3, world_size)
     lb, rows = base["layer_bytes"], []
+    print(f"{'prefetch d':>10} {'most gathered bytes at once':>28} {'largest d + 1 layers':>21}")
     for d in (0, *depths):
         r = base if d == 0 else _run(3, world_size, prefetch=d)
         rows.append({"depth": d, "peak": max(r["full_params_peak"]),
                      "window": max(sum(lb[i:i + d + 1]) for i in range(len(lb))),
                      "same": r.losses == base.losses and r["final_params"] == base["final_params"]
                      and r["traffic_per_step"] == base["traffic_per_step"]})
-        print(f"prefetch {d}: at most {rows[-1]['peak']:,} bytes of gathered parameters at once "
-              f"(the largest {d + 1} consecutive layers: {rows[-1]['window']:,})")
+        print(f"{d:>10} {rows[-1]['peak']:>28,} {rows[-1]['window']:>21,}")
     return rows
 
 
@@ -101,8 +102,10 @@ def memory_ratios(results: dict[int, Result]) -> dict[int, dict[str, float]]:
         m, f = r.per_rank[0].memory, r["formula"]
         out[s] = {c: m[c] / f[c] for c in CATEGORIES}
         out[s]["total"] = sum(m[c] for c in CATEGORIES) / f["total"]
-    print("measured / formula:\n" + "\n".join(
-        f"  stage {s}: " + ", ".join(f"{c} {v:.3f}" for c, v in d.items()) for s, d in out.items()))
+    cols = [*CATEGORIES, "total"]
+    print("inventory ÷ formula, rank 0\n" + f"{'stage':>5} " + " ".join(f"{c:>9}" for c in cols))
+    for s, d in out.items():
+        print(f"{s:>5} " + " ".join(f"{d[c]:>9.3f}" for c in cols))
     return out
 
 
@@ -117,7 +120,11 @@ def agreement(results: dict[int, Result]) -> dict:
         ref = zero.reference(cfg)
         out["max_gap_vs_single_process"] = max(max_gap(r.losses, ref) for r in results.values())
         out["tolerance"] = adam_drift(cfg)["loss_rel"] * max(map(abs, ref))
-    print(out)
+    print("bit for bit stage 0's training: "
+          + ", ".join(f"stage {s} {'yes' if v else 'NO'}" for s, v in same.items()))
+    if "tolerance" in out:
+        print(f"largest loss gap to single-process Adam: {out['max_gap_vs_single_process']:.1e} "
+              f"(rounding allows {out['tolerance']:.1e})")
     return out
 
 
@@ -140,10 +147,11 @@ def torch_zero(world_size: int = 4, ours: Result | None = None) -> dict:
     gap, pgap = max_gap(outs[0]["losses"], ours.losses), max_gap(outs[0]["params"], ours["final_params"])
     tol = adam_drift(cfg)
     opt = [o["optimizer_bytes"] for o in outs]
-    print(f"largest loss difference from our stage 1: {gap:.2e}; parameters: {pgap:.2e} "
+    print(f"largest difference from our stage 1: losses {gap:.2e}, parameters {pgap:.2e}\n"
           f"(rounding allows {tol['params']:.1e} = lr·steps/100)\n"
-          f"optimizer state per rank (measured): torch {opt}, ours "
-          f"{[p.memory['optimizer'] for p in ours.per_rank]}")
+          f"optimizer state bytes per rank\n{'rank':>4} {'torch':>10} {'ours':>10}")
+    for r, (a, b) in enumerate(zip(opt, (p.memory["optimizer"] for p in ours.per_rank))):
+        print(f"{r:>4} {a:>10,} {b:>10,}")
     return {"loss_gap": gap, "param_gap": pgap, "torch_optimizer_bytes": opt,
             "param_tolerance": tol["params"], "loss_tolerance": tol["loss_rel"] * max(map(abs, ours.losses)),
             "our_optimizer_bytes": [p.memory["optimizer"] for p in ours.per_rank]}
@@ -236,13 +244,15 @@ def measured_memory(preset: str = "memory", bucket_mb: float = 4.0) -> dict:
     display(plots.memory.measured_vs_inventory(
         rows, f"{psi / 1e6:.1f}M parameters, {cfg.depth + 1} layers, {n} ranks, fp32 Adam: peak allocated "
               "per rank (measured), what it lists (inventory), Rajbhandari et al. (2020) (model)"))
-    print(f"measured by: {rows[0]['method']}")
-    mb = lambda b: f"{b / 1e6:,.1f} MB"
+    print(f"measured by: {rows[0]['method']}\nMB; measured: per rank; inventory: model states, transient "
+          "buffers, activations;\nnot listed: at least measured − inventory")
+    mb = lambda b: f"{b / 1e6:,.1f}"
+    print(f"{'run':<17} {'measured':>15} {'states':>7} {'buffers':>7} {'activ.':>7} {'not listed':>10} "
+          f"{'formula':>7}")
     for row in rows:
         listed = [s + b + a for s, b, a in zip(row["states"], row["buffers"], row["activations"])]
         unlisted = min(m - x for m, x in zip(row["measured"], listed))
-        print(f"{row['label']}: measured {', '.join(map(mb, row['measured']))} per rank; inventory: model "
-              f"states {mb(max(row['states']))} + transient buffers {mb(max(row['buffers']))} + activations "
-              f"{mb(max(row['activations']))}; not listed {mb(unlisted)}"
-              f" or more; formula {mb(row['formula'])}")
+        print(f"{row['label']:<17} {', '.join(map(mb, row['measured'])):>15} {mb(max(row['states'])):>7} "
+              f"{mb(max(row['buffers'])):>7} {mb(max(row['activations'])):>7} {mb(unlisted):>10} "
+              f"{mb(row['formula']):>7}")
     return {"rows": rows, "world_size": n, "param_count": psi}

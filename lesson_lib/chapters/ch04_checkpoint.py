@@ -31,11 +31,11 @@ def survive(world_size: int = 2, steps: int = 12, every: int = 4, kill_step: int
     step_s = run["redone_s"] / max(1, run["redone_steps"])
     other = run["time_lost_s"] - sum(run[k] for k in ("redone_s", "detect_s", "restart_s", "load_s"))
     young = zero.checkpoint.young_interval(max(run["save_s"]), mtbf_h * 3600)
-    rest = (f"  the rest, mostly the fresh processes' first job (importing FSDP2 and DCP, sharding the "
-            f"model) and the part of step {kill_step} done before the kill: {other:.2f} s\n")
+    rest = (f"  the rest: mostly the fresh processes' first job (importing FSDP2 and DCP, sharding the "
+            f"model)\n    and the part of step {kill_step} done before the kill: {other:.2f} s\n")
     if other < 0:  # the total is a difference of two runs' times: never print a negative share
-        rest = (f"  (the parts above add up to {-other:.2f} s more than the total: the total is a difference "
-                "of two runs' times, which vary by about that much from run to run)\n")
+        rest = (f"  (the parts above add up to {-other:.2f} s more than the total: the total is a "
+                "difference\n  of two runs' times, which vary by about that much from run to run)\n")
     print(f"the runtime's error: {run['error']}\n"
           f"time lost: {run['time_lost_s']:.1f} s measured (killed run + restart + resumed run − "
           f"uninterrupted run), of which\n"
@@ -46,6 +46,6 @@ def survive(world_size: int = 2, steps: int = 12, every: int = 4, kill_step: int
           f"checkpoint written in {', '.join(f'{s * 1e3:.0f}' for s in run['save_s'])} ms; files: "
           + ", ".join(f"{name} {b / 1e3:,.0f} kB" for name, b in files.items()) + "\n"
           f"Young (1974), sqrt(2·δ·MTBF) with δ = {max(run['save_s']) * 1e3:.0f} ms (measured) and a "
-          f"failure every {mtbf_h:g} h (assumed): checkpoint every {young:.0f} s ≈ "
+          f"failure every {mtbf_h:g} h (assumed):\n  checkpoint every {young:.0f} s ≈ "
           f"{young / step_s:,.0f} of these steps")
     return run

@@ -26,12 +26,12 @@ def fsdp2(world_size: int = 2) -> dict:
     ours = run_warm(cfg)
     theirs = warm_cluster(world_size).run(zero.fsdp2_worker, cfg)
     out = zero.fsdp.compare(cfg, ours, theirs)
-    print(f"FSDP2 vs our ZeRO-3 on {world_size} ranks, {cfg.steps} Adam steps: largest loss difference "
-          f"{out['loss_gap']:.1e} (rounding allows {out['loss_tolerance']:.1e}), parameters "
-          f"{out['param_gap']:.1e} (allows {out['param_tolerance']:.1e})\n"
-          f"parameter shard per layer, elements on each rank: ours {out['ours_shards']}, "
-          f"FSDP2 {out['fsdp2_shards']}\nbytes of parameters per rank: ours {out['ours_param_bytes']}, "
-          f"FSDP2 {out['fsdp2_param_bytes']}")
+    print(f"FSDP2 vs our ZeRO-3 on {world_size} ranks, {cfg.steps} Adam steps, largest difference:\n"
+          f"  losses {out['loss_gap']:.1e} (rounding allows {out['loss_tolerance']:.1e}), "
+          f"parameters {out['param_gap']:.1e} (allows {out['param_tolerance']:.1e})\n"
+          f"parameter shard per layer, elements on each rank:\n  ours  {out['ours_shards']}\n"
+          f"  FSDP2 {out['fsdp2_shards']}\nbytes of parameters per rank:\n  ours  {out['ours_param_bytes']}\n"
+          f"  FSDP2 {out['fsdp2_param_bytes']}")
     return out
 
 
@@ -56,12 +56,12 @@ def fsdp2_memory(measured: dict, preset: str = "memory") -> dict:
     display(plots.memory.side_by_side(
         rows, f"{psi / 1e6:.1f}M parameters, {n} ranks, fp32 Adam: the peak each rank allocated during the "
               "steps (measured, torch's allocator) and the model states it keeps (inventory)"))
-    mb = lambda b: f"{b / 1e6:,.1f} MB"
+    mb = lambda b: f"{b / 1e6:,.1f}"
+    print(f"{'run':<33} {'measured MB, per rank':>22} {'model states MB':>16}")
     for row in rows:
-        print(f"{row['label']}: measured {', '.join(map(mb, row['measured']))} per rank; "
-              f"model states (inventory) {mb(max(row['states']))}")
+        print(f"{row['label']:<33} {', '.join(map(mb, row['measured'])):>22} {mb(max(row['states'])):>16}")
     print(f"bytes each rank sent per step (counted): FSDP2 ZeRO-3 {sent[True]:,.0f}, ZeRO-2-like "
-          f"{sent[False]:,.0f}; 3Ψ(N−1)/N = {zero_traffic(padded, n, 3):,.0f}, 2Ψ(N−1)/N = "
+          f"{sent[False]:,.0f}\nformulas: 3Ψ(N−1)/N = {zero_traffic(padded, n, 3):,.0f}, 2Ψ(N−1)/N = "
           f"{zero_traffic(padded, n, 2):,.0f}")
     return {"rows": rows, "sent": sent, "formula": {s: zero_traffic(padded, n, s) for s in (2, 3)},
             "full_param_bytes": 4 * padded, "largest_layer_bytes": 4 * n * max(shards),

@@ -11,6 +11,7 @@ from IPython.display import display
 from .. import plots
 from ..experiments import run_warm
 from ..milestones import zero
+from ..runtime import warm_cluster
 
 # Each rank's share of a 4,096-sample batch makes a layer's forward long enough to hide most of the
 # next layer's gather over 1 Gbit/s (a 256 × 256 layer: 131 kB per rank on 2 ranks), so that hiding
@@ -46,12 +47,43 @@ def prefetch_timeline(depths=(0, 1), repeats: int = 5, **options) -> dict[int, d
         f"ZeRO-3, one forward on rank 0 of {job['world_size']}, EMULATED link of {job['link_gbps']:g} "
         "Gbit/s: gathers, compute and waits"))
     out = {}
+    print(f"medians of {repeats} runs, ms: the forward waiting for parameters, computing, the gathers on\n"
+          f"the communication thread, and the whole forward\n"
+          f"{'prefetch':>8} {'waited':>7} {'computed':>9} {'gathers hidden':>15} {'forward':>8}")
     for d, rs in runs.items():
         waits = [_waits(r["timeline"]) for r in rs]
         out[d] = {k: statistics.median(w[k] for w in waits) for k in waits[0]}
         out[d].update(losses=[r.losses for r in rs], traffic=[r["traffic_per_step"] for r in rs])
         w = out[d]
-        print(f"prefetch {d}, medians of {repeats} runs: the forward waited {w['waiting_ms']:.1f} ms for "
-              f"parameters, computed {w['compute_ms']:.1f} ms; {w['hidden_gather_ms']:.1f} ms of gathers "
-              f"ran on the communication thread; forward {w['forward_ms']:.1f} ms")
+        print(f"{d:>8} {w['waiting_ms']:>7.1f} {w['compute_ms']:>9.1f} {w['hidden_gather_ms']:>15.1f} "
+              f"{w['forward_ms']:>8.1f}")
+    return out
+
+
+def backward_prefetch(world_size: int = 2) -> dict:
+    """FSDP2 on the ``laptop`` run, with its default backward prefetch and with it turned off: rank 0's
+    last backward, from the collectives' own events (our ring does them: each notes its layer, start
+    and end), the compute between them, and per run how many layers' all-gathers were issued before
+    the next layer in the model had finished its backward (:func:`zero.hsdp.prefetched_in_backward`)."""
+    cfg = zero.Config.laptop(stage=3, world_size=world_size)
+    out, spans = {}, {}
+    for on in (True, False):
+        o = warm_cluster(world_size).run(zero.hsdp.mesh_worker, cfg, (), "fp32", "fp32", on)[0]
+        back = [e for e in o["events"] if e["lane"] in ("all-gather, backward", "reduce-scatter")]
+        t0 = min(e["start"] for e in back)
+        back = [{**e, "start": e["start"] - t0, "end": e["end"] - t0} for e in back]
+        rs = sorted((e for e in back if e["lane"] == "reduce-scatter"), key=lambda e: e["start"])
+        computes = [{"lane": "backward compute", "layer": e["layer"], "end": e["start"],
+                     "start": max(x["end"] for x in back if x["end"] <= e["start"])} for e in rs]
+        label = ("default: gathers the previous layer in this layer's pre-backward" if on else
+                 "set_modules_to_backward_prefetch([itself]): no prefetch")
+        spans[label] = back + computes
+        out[on] = {"prefetched": zero.hsdp.prefetched_in_backward(o["events"]), "layers": len(rs),
+                   "losses": o["losses"], "sent": o["bytes_sent"]}
+        print(f"backward prefetch {'on ' if on else 'off'}: {out[on]['prefetched']} of {len(rs) - 1} layers' "
+              "all-gathers issued before\n  the next layer's backward had finished "
+              "(its reduce-scatter began)")
+    display(plots.memory.backward_timeline(
+        spans, f"FSDP2, rank 0 of {world_size}, the last step's backward (layers run {len(rs) - 1} → 0): "
+               "when each all-gather is issued"))
     return out

@@ -104,7 +104,8 @@ PREFETCH_LANES = {"compute": COLORS["compute"], "gather, in the forward": COLORS
                   "gather, communication thread": "#FFBF79", "waiting for the gather": COLORS["idle"]}
 
 
-def prefetch_timeline(runs: dict[str, list[dict]], title: str) -> go.Figure:
+def prefetch_timeline(runs: dict[str, list[dict]], title: str, lanes: dict | None = None,
+                      x_title: str = "ms since the forward's first gather") -> go.Figure:
     """One forward of ZeRO-3 per run (``label → spans {lane, layer, start, end}``, rank 0): each
     layer's compute, its gather (in the forward, or ahead on the communication thread) and any wait
     for a prefetched gather, one row per lane; the bars carry the layer's number (chapter 4)."""
@@ -114,7 +115,7 @@ def prefetch_timeline(runs: dict[str, list[dict]], title: str) -> go.Figure:
                         vertical_spacing=0.22, shared_xaxes=True)
     shown: set[str] = set()  # one legend entry per lane, from the first run that has it
     for row, spans in enumerate(runs.values(), start=1):
-        for lane, color in PREFETCH_LANES.items():
+        for lane, color in (lanes or PREFETCH_LANES).items():
             mine = [s for s in spans if s["lane"] == lane]
             fig.add_bar(y=[lane] * len(mine), x=[1e3 * (s["end"] - s["start"]) for s in mine],
                         base=[1e3 * s["start"] for s in mine], orientation="h", marker_color=color,
@@ -124,8 +125,43 @@ def prefetch_timeline(runs: dict[str, list[dict]], title: str) -> go.Figure:
                                       f"<extra>{lane}</extra>")
             if mine:
                 shown.add(lane)
-        fig.update_yaxes(categoryorder="array", categoryarray=list(PREFETCH_LANES)[::-1], row=row, col=1)
-    fig.update_xaxes(title_text="ms since the forward's first gather", row=len(runs), col=1)
+        fig.update_yaxes(categoryorder="array", categoryarray=list(lanes or PREFETCH_LANES)[::-1], row=row,
+                         col=1)
+    fig.update_xaxes(title_text=x_title, row=len(runs), col=1)
     fig.update_layout(title=title, barmode="overlay", height=170 + 190 * len(runs),
                       legend={"orientation": "h", "y": -0.18})
     return fig
+
+
+GROUP_PARTS = {"param_all_gather": ("all-gather, shard group", COLORS["comm"]),
+               "grad_reduce_scatter": ("reduce-scatter, shard group", "#FFBF79"),
+               "all_reduce_ring_sent": ("all-reduce, replicate group", COLORS["grads"])}
+
+
+def group_traffic(rows: list[dict], title: str) -> go.Figure:
+    """Bytes a rank sends per step, stacked by collective and group (``rows``: ``label`` and a value
+    per key of :data:`GROUP_PARTS`), beside each row's ``measured`` peak memory per rank (chapter 4)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["bytes sent per rank per step (counted)",
+                                                        "peak allocated per rank (measured, MB)"])
+    labels = [r["label"] for r in rows]
+    for key, (name, color) in GROUP_PARTS.items():
+        fig.add_bar(x=labels, y=[r[key] / 1e6 for r in rows], name=name, marker_color=color, row=1, col=1)
+    fig.add_bar(x=labels, y=[max(r["measured"]) / 1e6 for r in rows], name="measured peak",
+                marker_color=COLORS["busy"], row=1, col=2)
+    fig.update_yaxes(title_text="MB", row=1, col=1)
+    fig.update_layout(barmode="stack", title=wrap(title, 90), height=430, margin={"t": 110},
+                      legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+BACKWARD_LANES = {"all-gather, backward": COLORS["comm"], "backward compute": COLORS["compute"],
+                  "reduce-scatter": "#FFBF79"}
+
+
+def backward_timeline(runs: dict[str, list[dict]], title: str) -> go.Figure:
+    """FSDP2's backward on rank 0 per run (``label → spans {lane, layer, start, end}``): each layer's
+    all-gather, its reduce-scatter and the compute between them, one row per lane (chapter 4)."""
+    return prefetch_timeline(runs, title, lanes=BACKWARD_LANES,
+                             x_title="ms since the backward's first gather")

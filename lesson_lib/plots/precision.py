@@ -24,3 +24,16 @@ def loss_scaling(runs: dict) -> go.Figure:
     fig.update_layout(height=380, margin={"t": 70}, legend={"orientation": "h", "y": -0.25},
                       title="One start, the same batches, four precisions: unscaled fp16 loses gradients")
     return fig
+
+
+def reduce_gaps(gaps: dict[str, list[float]], tolerance: float, title: str) -> go.Figure:
+    """Per run (``gaps``: label → |loss − fp32 reference| per step) the gap per step, and the rounding
+    tolerance as a line (chapter 4, §8: the precision FSDP2 reduces gradients in)."""
+    fig = go.Figure()
+    for (label, g), color in zip(gaps.items(), ("#F58518", "#4C78A8", "#54A24B")):
+        fig.add_scatter(x=list(range(len(g))), y=g, name=label, mode="lines+markers", line={"color": color})
+    fig.add_hline(y=tolerance, line_dash="dash", line_color="#BAB0AC",
+                  annotation_text="bf16 rounding allows", annotation_position="top left")
+    fig.update_layout(title=title, height=380, margin={"t": 70}, xaxis_title="step",
+                      yaxis_title="|loss − fp32 single process|", legend={"orientation": "h", "y": -0.25})
+    return fig

@@ -17,23 +17,38 @@
 # # Chapter 4 — ZeRO: stop storing everything everywhere
 #
 # Plain data parallelism keeps a **full copy** of the parameters, the gradients and the optimizer
-# state on every device. With mixed-precision Adam that is 16 bytes per parameter on *each* device,
-# although every device only ever updates the same numbers as all the others. ZeRO — the Zero
-# Redundancy Optimizer (Rajbhandari et al., SC 2020) — divides them among the devices, like
-# students dividing the textbooks: each keeps 1/N and fetches the rest when it needs it.
+# state — together the **model states** — on every device. With mixed-precision Adam that is 16 bytes
+# per parameter on *each* device, although every device only ever updates the same numbers as all
+# the others. ZeRO — the Zero Redundancy Optimizer (Rajbhandari et al., SC 2020) — **shards** them: it
+# cuts each into N slices, one per device, like students dividing the textbooks. Each device keeps
+# its slice, its *shard*, and fetches the rest when it needs it.
 #
-# | stage | what is split over N devices | model states per device (mixed precision, K = 12) |
+# For a model of Ψ parameters on N devices, with K = 12 bytes of optimizer state per parameter (an
+# fp32 master copy, Adam's momentum and variance), ZeRO comes in three **stages**:
+#
+# | stage | sharded over N devices | model states per device |
 # |---|---|---|
 # | 0 | nothing (data parallel) | 16Ψ |
 # | 1 | optimizer state | 4Ψ + 12Ψ/N |
 # | 2 | + gradients | 2Ψ + 14Ψ/N |
 # | 3 | + parameters | 16Ψ/N |
 #
+# <details><summary>Which 16 bytes: the ZeRO paper's convention, and Megatron-LM's 18</summary>
+#
+# These formulas use the ZeRO paper's convention (Rajbhandari et al., 2020, §3.1): 2 bytes of fp16
+# parameters + 2 of fp16 gradients + K = 12 of optimizer state = 16 bytes per parameter. Megatron-LM
+# keeps its gradients in fp32 ("main gradients", accumulated and reduced in fp32; Narayanan et al.,
+# SC 2021), so it counts 2 + 4 + 12 = **18 bytes per parameter**, and 6 + 12/N with its distributed
+# optimizer, which shards only the 12 (Megatron-Core's distributed-optimizer documentation).
+# `zero_memory(..., grad_bytes=4)` gives that convention; everything in this chapter uses the paper's.
+#
+# </details>
+#
 # Stage 2 already approaches an 8× saving as N grows (16Ψ → 2Ψ), and stage 3 divides everything by
 # N — which is what makes trillion-parameter training possible (Rajbhandari et al., 2020). Below we
-# train with all four stages on 4 real processes and take each rank's **inventory**, category by
-# category, of the tensors it holds; then we **measure** what each rank really allocated, with a
-# meter that knows nothing of the formulas.
+# train with all four stages on 4 real processes and take each rank's **inventory**: the tensors it
+# holds, category by category. Then we **measure** what each rank really allocated, with a meter that
+# knows nothing of the formulas.
 
 # %% [markdown]
 # **After this chapter you can:**
@@ -41,8 +56,8 @@
 # 1. state the memory per rank of ZeRO's stages 1–3, (4 + 12/N)Ψ, (2 + 14/N)Ψ and 16Ψ/N in mixed precision, tell the inventory from the allocator's measured peak per rank, and show why fp16 needs loss scaling where bf16 does not (§1, §5, §10, formula exercises);
 # 2. show that sharding changes no result: every stage trains like stage 0 (§2);
 # 3. write ZeRO-1's step — reduce-scatter, a step on your slice, all-gather — on real ranks (§3, first exercise);
-# 4. count what each stage costs on the wire, 1.5× plain data parallelism for ZeRO-3 (§4), see on a timeline what prefetching the next layer's gather hides (§3), and pick the smallest stage that fits a model (last exercise);
-# 5. run PyTorch's FSDP2 (`fully_shard`) on the same model and name which of its steps does what our ZeRO-3 does (§8), and checkpoint its shards so that training survives a killed rank (§9).
+# 4. count what each stage costs on the wire, 1.5× plain data parallelism for ZeRO-3 (§4), see on a timeline what prefetching the next layer's gather hides in the forward and when FSDP2 issues it in the backward (§3), and pick the smallest stage that fits a model (last exercise);
+# 5. run PyTorch's FSDP2 (`fully_shard`) on the same model and name which of its steps does what our ZeRO-3 does, count hybrid sharding's bytes per group and the bytes a bf16 reduction saves (§8), and checkpoint its shards so that training survives a killed rank (§9).
 #
 # **Before it:** chapters 0 and 2 (all-reduce, reduce-scatter, all-gather).
 # **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
@@ -63,13 +78,20 @@ from lesson_lib.peakmem import PeakMemory
 #
 # Each rank keeps every layer's parameters, gradients and Adam state in flat buffers, padded to a
 # multiple of N; rank r owns slice r of each. The bars are an inventory of what rank 0 holds between
-# steps (the bytes of the storages it knows it keeps); the black marks are
-# the paper's formulas for fp32 Adam (16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N). The purple part is the
-# peak of the *transient* buffers: the full gradient a stage-2 rank builds during backward before
-# scattering it (section 3 scatters it in buckets during the backward instead), one layer's full
-# parameters and gradient that a stage-3 rank fetches just before using them and frees right after, and the ring's receive
-# buffer. On a model this small the transients are a visible share; the model states — the part
-# that grows with Ψ — are what the formulas count.
+# steps (the bytes of the storages it knows it keeps). The black marks are the paper's formulas for
+# fp32 Adam: 16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N.
+#
+# The purple part is the peak of the **transient** buffers, those that live only during part of a
+# step:
+#
+# * the full gradient a stage-2 rank builds during the backward before scattering it (§3 scatters it
+#   in buckets during the backward instead);
+# * one layer's full parameters and gradient, which a stage-3 rank fetches just before using them
+#   and frees right after;
+# * the ring's receive buffer.
+#
+# On a model this small the transients are a visible share; the model states — the part that grows
+# with Ψ — are what the formulas count.
 
 # %%
 results = ch04.stages(world_size=4, precision="fp32")
@@ -83,10 +105,11 @@ assert all(abs(v - 1) <= 0.05 for per_stage in ratios.values() for v in per_stag
 #
 # The inventory shows the shards are 1/N, but it agrees with the formulas nearly by construction: it
 # adds up what the code lists, and a temporary the code never lists is invisible to it. So we also
-# **measure**. Torch's allocator reports every allocation and free, with its size, to an active
-# profiler (`profile_memory`); `PeakMemory` keeps the running total of the bytes allocated since it
-# opened and its peak — on CPU what `torch.cuda.max_memory_allocated` is on a GPU (where we use that).
-# First on something we can check by hand, one Adam step on one tensor of a million numbers:
+# **measure**. Torch's *allocator*, which hands out every tensor's memory, reports each allocation and
+# free, with its size, to an active profiler (`profile_memory`). `PeakMemory` keeps the running total
+# of the bytes allocated since it opened, and its peak: on CPU what `torch.cuda.max_memory_allocated`
+# is on a GPU (where we use that). First on something we can check by hand, one Adam step on one
+# tensor of a million numbers:
 
 # %%
 show_source(PeakMemory._replay)  # the running total of the allocator's events, and its peak
@@ -104,13 +127,12 @@ print(f"one Adam step on a {p.nbytes / 1e6:.1f} MB tensor allocates {meter.peak 
 assert 2 * p.nbytes <= meter.peak < 3 * p.nbytes, meter.as_dict()
 
 # %% [markdown]
-# Now the four stages on a model large enough that its model states dominate: the `memory`
-# preset (its size, its layers and every figure are printed by the run), on 2 ranks, with stage 2
-# run twice — scattering the whole gradient after the backward, and in buckets during it. Each
-# rank's meter opens before its model is built and keeps the peak of the training steps; every
-# run is a fresh count, whatever the warm worker ran before (the process's resident memory cannot
-# say that: the C allocator keeps freed memory, so a later, smaller run starts from the pages of an
-# earlier one).
+# Now the four stages on a model large enough that its model states dominate: the `memory` preset
+# (the run prints its size and layers), on 2 ranks. Stage 2 runs twice: scattering the whole gradient
+# after the backward, and in buckets during it. Each rank's meter opens before its model is built and
+# keeps the peak of the training steps. Every run is a fresh count, whatever the warm worker ran
+# before; the process's resident memory could not say that, since the C allocator keeps freed pages
+# for the next run.
 
 # %%
 measured = ch04.measured_memory()
@@ -178,7 +200,8 @@ assert same["max_gap_vs_single_process"] <= same["tolerance"], same
 #
 # Here is ZeRO stage 1 in about twenty lines, run on the 4 ranks. Each rank holds all parameters
 # as views of one flat buffer padded to a multiple of N (`zero.Flat`) and owns slice `rank` of it.
-# After its backward pass it has the gradient of its own share of the batch; then:
+# After its backward pass it has the gradient of its own share of the batch. Then two collectives
+# (chapter 2 builds both), with a step between them:
 #
 # 1. **reduce-scatter** the gradient: rank r receives the sum over all ranks of slice r only,
 #    (N−1)/N·Ψ elements sent per rank;
@@ -244,11 +267,12 @@ show_source(zero.fetch_layer_by_layer)
 
 # %% [markdown]
 # Fetching a layer only when it is needed leaves the network idle while a layer computes, and the
-# layer waits for its own gather. ZeRO-3 prefetches (Rajbhandari et al., 2020): with `prefetch=d`
-# the forward launches the gathers of the next d layers on a communication thread and goes on
-# computing; a layer's forward waits only for what has not arrived. The room for a prefetched layer
-# is allocated when its gather is launched, so the depth bounds the memory: at most d + 1 layers'
-# full parameters at once. It changes when the bytes move, not which bytes or what is computed.
+# layer waits for its own gather. ZeRO-3 **prefetches** — fetches ahead of need (Rajbhandari et al.,
+# 2020). With `prefetch=d` the forward launches the gathers of the next d layers on a communication
+# thread and goes on computing; a layer's forward waits only for what has not arrived. The room for a
+# prefetched layer is allocated when its gather is launched, so the depth bounds the memory: at most
+# d + 1 layers' full parameters at once. Prefetching changes when the bytes move, not which bytes or
+# what is computed.
 
 # %%
 show_source(zero.Prefetch.fetch)
@@ -261,12 +285,12 @@ assert ahead[0]["peak"] < ahead[1]["peak"] < ahead[2]["peak"], ahead
 
 # %% [markdown]
 # That is the memory side of the trade. The time side, on a timeline: rank 0's last forward, layer
-# by layer, without prefetching and with one layer ahead. On this machine a gather is a memory copy
-# that takes far less than a layer's compute, so the timeline uses chapter 6's **emulated** link
-# (`link_gbps`: each transfer takes at least bytes/bandwidth; the rank sleeps out the rest, its core
-# free) at 1 Gbit/s, with a batch large enough for a layer's compute to hide most of the next one's
-# gather. One forward is at the mercy of what else the two cores run, so each depth runs five times,
-# taking turns: the figure draws the last forward, the printout gives the medians the assert compares.
+# by layer, without prefetching and with one layer ahead. Here a gather is a memory copy that takes
+# far less than a layer's compute, so the timeline uses chapter 6's **emulated** link at 1 Gbit/s:
+# with `link_gbps`, each transfer takes at least bytes/bandwidth, the rank sleeping out the rest with
+# its core free. The batch is large enough for a layer's compute to hide most of the next one's
+# gather. One forward's timing depends on what else runs on the cores, so each depth runs five times,
+# taking turns: the figure draws the last forward, the table gives the medians the assert compares.
 
 # %%
 timeline = ch04.prefetch_timeline()
@@ -281,11 +305,41 @@ assert timeline[1]["hidden_gather_ms"] > 0 and timeline[0]["hidden_gather_ms"] =
 
 # %% [markdown]
 # Whether the whole forward gets shorter here varies from run to run: the communication thread's
-# copies and the compute share two cores, so a layer that computes while the next one is gathered can
-# itself take longer. On a GPU the gather runs on the interconnect and the compute on the device's own
-# cores; FSDP's `forward_prefetch` and `backward_prefetch` (and DeepSpeed's prefetch bucket) make the
-# same trade there, memory of d more layers for the waits they hide. Our prefetching covers the
-# forward; the backward gathers each layer just before its backward, as before.
+# copies and the compute share the same cores, so a layer that computes while the next one is
+# gathered can itself take longer. On a GPU the gather runs on the interconnect and the compute on
+# the device's own cores. FSDP's `forward_prefetch` and `backward_prefetch` (and DeepSpeed's prefetch
+# bucket) make the same trade there: memory of d more layers for the waits they hide. Our prefetching
+# covers the forward; our backward gathers each layer just before its backward.
+#
+# **The backward prefetch** is the one FSDP does by default, and the more useful one. A layer's
+# backward needs its parameters gathered *again* (ZeRO-3 freed them after the forward), and it takes
+# about twice its forward's compute, so there is more to hide behind. In a layer's `pre_backward`,
+# FSDP2 issues the all-gather of the layer that comes next in the backward — the previous one in the
+# model (`_backward_prefetch` in `_fsdp_param_group.py`). `set_modules_to_backward_prefetch`
+# overrides the choice, and naming a module itself (already gathered) turns it off.
+#
+# Below, PyTorch's FSDP2 (§8 introduces it) on 2 ranks: rank 0's last backward with and without the
+# prefetch, drawn from the collectives' own events. Our ring does FSDP2's all-gathers and
+# reduce-scatters and notes each one's layer, start and end; "compute" is the time between a layer's
+# last collective and its reduce-scatter. The count says, for each layer, whether its gather was
+# issued before the layer after it in the model had finished its backward (its reduce-scatter
+# began): an order of events, the same in every run, not a time.
+
+# %%
+back = ch04.backward_prefetch(world_size=2)
+
+# %%
+# FSDP2's default issues every layer's backward gather (but the last layer's, gathered first) before
+# the layer after it has finished its backward; turned off, none; the same training either way
+assert back[True]["prefetched"] == back[True]["layers"] - 1 and back[False]["prefetched"] == 0, back
+assert back[True]["losses"] == back[False]["losses"] and back[True]["sent"] == back[False]["sent"], back
+
+# %% [markdown]
+# On this CPU the gather still costs the time it costs: FSDP2 on Gloo runs its collectives on the
+# rank's own thread, so the prefetched gather runs *before* the layer's compute rather than beside it.
+# On a GPU it runs on a stream of its own (FSDP2's all-gather stream) while the compute stream computes
+# the layer's gradients; issuing it early is what lets it overlap. Its memory price: one more layer's
+# full parameters held while a layer computes.
 
 # %% [markdown]
 # Our stage 2 above still builds the whole gradient before scattering it, so for a moment it holds as
@@ -325,8 +379,12 @@ assert wire[3]["counted"] / wire[0]["counted"] == 1.5
 # ## 5. Mixed precision
 #
 # The paper's numbers assume fp16 parameters and gradients with an fp32 master copy and Adam
-# moments (K = 12). A CPU has no fast fp16, so here the low precision is **bfloat16**; the byte
-# counts are the same (§10: why fp16 also needs a loss scale, and bf16 does not). Measured against 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N:
+# moments (K = 12). A CPU has no fast fp16, so here the low precision is **bfloat16** (bf16: 16 bits
+# with fp32's exponent range). The byte counts are the same; §10 shows why fp16 also needs a loss
+# scale and bf16 does not. The bytes are the paper's convention — bf16 gradients, 16 bytes per
+# parameter — not Megatron-LM's fp32 main gradients (18; see the introduction's note); §8 measures
+# what reducing the gradients in bf16 rather than fp32 changes. Measured against 16Ψ, 4Ψ + 12Ψ/N,
+# 2Ψ + 14Ψ/N, 16Ψ/N:
 
 # %%
 mixed = ch04.stages(world_size=4, precision="mixed")
@@ -380,21 +438,29 @@ table = ch04.fits(world_size=64)
 # %% [markdown]
 # ## 8. What PyTorch ships: FSDP2
 #
-# ZeRO-3's idea is in PyTorch as Fully Sharded Data Parallel (Zhao et al., "PyTorch FSDP", VLDB 2023);
-# its second version, `torch.distributed.fsdp.fully_shard` (FSDP2), keeps each parameter as a
-# DTensor (PyTorch's distributed tensor: one logical tensor whose pieces live on different ranks,
-# with a *placement* saying how they are cut) sharded on dim 0. We call it on every `Linear` — a unit, like our `Flat` — and on the whole
-# model, then train the same model on the same batches with Adam, on 2 ranks. Our stage 3's steps
-# and where FSDP2 does each (`torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`):
+# ZeRO-3's idea is in PyTorch as Fully Sharded Data Parallel (Zhao et al., "PyTorch FSDP", VLDB 2023).
+# Its second version, `torch.distributed.fsdp.fully_shard` (FSDP2), keeps each parameter as a
+# **DTensor** sharded on dim 0. A DTensor is PyTorch's distributed tensor: one logical tensor whose
+# pieces live on different ranks, with a *placement* saying how they are cut. We call `fully_shard`
+# on every `Linear` — a unit, like our `Flat` — and on the whole model, then train the same model on
+# the same batches with Adam, on 2 ranks.
+#
+# Our stage 3's steps, and where FSDP2 does each (in
+# `torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`; → means "calls"):
 #
 # | step | ours (`zero.fetch_layer_by_layer`) | FSDP2 |
 # |---|---|---|
-# | shard, keep my part | `Flat`: one flat buffer per layer, contiguous slice r | `FSDPParam`: each tensor on dim 0 (`torch.chunk`) |
-# | all-gather before a layer's forward | forward pre-hook → `Flat.gather` | `pre_forward` → `unshard` → `foreach_all_gather` |
-# | free it after the forward | forward hook → `Flat.free` | `post_forward` → `reshard` (skipped if `reshard_after_forward=False`) |
-# | gather again before its backward | backward pre-hook | `pre_backward` → `unshard`, and it prefetches the next layer (`_backward_prefetch`) |
-# | reduce-scatter the gradient, free both | gradient hook → `ring_reduce_scatter`, `drop_grad`, `free` | `post_backward` → `reshard` + `foreach_reduce` (`ReduceOp.AVG`) |
+# | shard, keep my part | `Flat`: slice r of a layer's flat buffer | `FSDPParam`: dim 0 of each tensor |
+# | all-gather before a forward | forward pre-hook → `Flat.gather` | `pre_forward` → `unshard` |
+# | free it after the forward | forward hook → `Flat.free` | `post_forward` → `reshard` ¹ |
+# | gather again before its backward | backward pre-hook | `pre_backward` → `unshard` ² |
+# | reduce-scatter the gradient | gradient hook → `ring_reduce_scatter` | `post_backward` → `foreach_reduce` |
 # | Adam on my shard | one flat tensor per layer | `torch.optim.Adam` on the DTensor shards |
+#
+# ¹ skipped if `reshard_after_forward=False`. ² and it prefetches the next layer (`_backward_prefetch`).
+# `unshard` calls `foreach_all_gather`; FSDP2's shards come from `torch.chunk`; after the
+# reduce-scatter both free the gathered layer and its full gradient (ours: `drop_grad`, `free`;
+# FSDP2's `post_backward`: `reshard`), and `foreach_reduce` averages (`ReduceOp.AVG`).
 
 # %%
 show_source(zero.fsdp2_worker)
@@ -412,11 +478,13 @@ assert vs_fsdp2["same_shards"], vs_fsdp2
 # %% [markdown]
 # Now memory, on §1's `memory` preset: each rank's peak **measured** by the same allocator meter as
 # our stages, beside the **inventory** of the model states it keeps (its shards of parameters,
-# gradients and Adam's moments). One change: Gloo runs its collectives on threads of its own, and
-# what is allocated or freed there (a buffer whose last reference Gloo's thread drops) is out of the
-# meter's sight — it listens on the rank's thread — so its count would depend on timing. FSDP2 lets us
-# replace its two collectives (`set_custom_all_gather`, `set_custom_reduce_scatter`): for this figure
-# our ring does them, on the rank's thread — and counts their bytes. Everything else is FSDP2's.
+# gradients and Adam's moments).
+#
+# One change. The meter listens on the rank's own thread, but Gloo runs its collectives on threads of
+# its own, so what Gloo's threads allocate or free would be counted or not depending on timing. FSDP2
+# lets us replace its two collectives (`set_custom_all_gather`, `set_custom_reduce_scatter`): for this
+# figure our ring does them, on the rank's thread, and counts their bytes. Everything else is FSDP2's.
+#
 # With `reshard_after_forward=False` FSDP2 keeps each layer's gathered parameters from its forward
 # to its backward: one all-gather per step instead of two, at the price of every layer's full
 # parameters held at once when the backward starts — between ZeRO-2 and ZeRO-3.
@@ -456,12 +524,112 @@ assert fsdp_mem["sent"][True] == fsdp_mem["formula"][3] and fsdp_mem["sent"][Fal
 # FSDP: Zhao et al., 2023; DeepSpeed sets the stage as `"zero_optimization": {"stage": k}` in its
 # configuration):
 #
-# | ZeRO stage | sharded over N | DeepSpeed | PyTorch | in this chapter |
-# |---|---|---|---|---|
-# | 0 | nothing | `"stage": 0` | `DistributedDataParallel` | stage 0 |
-# | 1 | optimizer state | `"stage": 1` | `ZeroRedundancyOptimizer` | stage 1, compared in §6 |
-# | 2 | + gradients | `"stage": 2` | FSDP1 `ShardingStrategy.SHARD_GRAD_OP`; FSDP2 `reshard_after_forward=False` is ZeRO-2-like (parameters also sharded between steps) | stage 2, buckets in §3 |
-# | 3 | + parameters | `"stage": 3` | FSDP1 `FULL_SHARD`; FSDP2 `fully_shard` (its default) | stage 3, compared here |
+# | stage | sharded | PyTorch | here |
+# |---|---|---|---|
+# | 0 | nothing | `DistributedDataParallel` | stage 0 |
+# | 1 | optimizer state | `ZeroRedundancyOptimizer` | §6 |
+# | 2 | + gradients | FSDP1 `SHARD_GRAD_OP`; FSDP2 `reshard_after_forward=False` ¹ | §3's buckets |
+# | 3 | + parameters | FSDP1 `FULL_SHARD`; FSDP2 `fully_shard` (its default) | §8 |
+#
+# ¹ ZeRO-2-like: FSDP2 also shards the parameters between steps. FSDP1's full name for stage 2 is
+# `ShardingStrategy.SHARD_GRAD_OP`. In DeepSpeed, stage k is `"stage": k`.
+
+# %% [markdown]
+# ### Hybrid sharding: shard inside a group, replicate across groups
+#
+# ZeRO-3 over all N devices of a cluster makes every all-gather and reduce-scatter span all of them,
+# across the slow links between *nodes* (machines of several devices each). **Hybrid sharding**
+# shards over a *shard group* of S devices and keeps R = N/S replicas of those shards. All-gathers and
+# reduce-scatters stay inside the shard group; only one all-reduce of each rank's gradient shard (Ψ/S)
+# crosses the *replicate group*, the R ranks that hold the same shard. MiCS (Zhang et al., VLDB 2022)
+# scales this way on cloud networks.
+#
+# <details><summary>MiCS and ZeRO++ in more detail</summary>
+#
+# MiCS is Zhang et al., "MiCS: Near-linear Scaling for Training Gigantic Model on Public Cloud", VLDB
+# 2022. ZeRO++ (Wang et al., "ZeRO++: Extremely Efficient Collective Communication for Giant Model
+# Training", 2023) adds to hybrid sharding **hpZ** (a secondary copy of the parameters partitioned
+# inside each node, so the backward's all-gather stays in the node), **qwZ** (the forward's all-gather
+# in quantized int8 weights) and **qgZ** (gradients reduced in quantized int4 by a hierarchical
+# all-to-all), and reports up to 4× less communication volume than ZeRO-3.
+#
+# </details>
+#
+# In FSDP2, hybrid sharding (HSDP) is a 2-D `DeviceMesh`:
+# `init_device_mesh("cpu", (R, S), mesh_dim_names=("replicate", "shard"))`, then
+# `fully_shard(module, mesh=mesh)`. Per rank and step, for Ψ parameters of e bytes, with rings:
+#
+# | group | collective | bytes each rank sends |
+# |---|---|---|
+# | shard (S ranks) | all-gather the parameters, forward and backward | 2·(S−1)/S·Ψe |
+# | shard (S ranks) | reduce-scatter the gradients | (S−1)/S·Ψe |
+# | replicate (R ranks) | all-reduce my gradient shard (Ψ/S in) | 2·(R−1)/R·Ψe/S |
+#
+# Below: FSDP2 on 4 real ranks, once as plain FSDP (one shard group of 4) and once as HSDP with
+# R = S = 2. Our ring does the shard group's collectives (counted, as in §8's memory figure); FSDP2's
+# own all-reduce across the replicate group goes through Gloo and is **observed** (the course's
+# `observe`, which the exercises' checkers use): its calls and the bytes handed to it. Memory is the
+# allocator meter's peak over the first step (`zero.hsdp`'s docstring says why the first), beside the
+# inventory of the model states.
+
+# %%
+show_source(zero.hsdp.mesh_worker, zero.hsdp.traffic_formula)  # the mesh, fully_shard; the formula
+hybrid = ch04.hsdp(world_size=4, replicas=2)
+
+# %%
+for k in ("FSDP", "HSDP"):  # every group's bytes, counted, are the formula's
+    h = hybrid[k]
+    assert all(h["counted"][op] == h["formula"][op] for op in h["formula"] if op != "all_reduce_ring_sent"), h
+    assert h["loss_gap"] <= hybrid["loss_tolerance"], h  # single-process Adam, to rounding
+fsdp, hsdp = hybrid["FSDP"], hybrid["HSDP"]
+# HSDP keeps twice FSDP's shards (1/2 instead of 1/4; FSDP pads its last layer's 10 rows to 12), and
+# its measured peak is above FSDP's by at least the difference
+assert 2 * min(fsdp["states"]) <= min(hsdp["states"]) <= max(hsdp["states"]) < 2 * max(fsdp["states"]), hybrid
+assert min(hsdp["measured"]) - max(fsdp["measured"]) >= max(hsdp["states"]) - min(fsdp["states"]), hybrid
+# in exchange fewer bytes per rank, of which only a quarter (2·(1/2)·Ψ/2 of 2Ψ) leaves the shard group
+total = lambda h: sum(h[k] for k in ("param_all_gather", "grad_reduce_scatter", "all_reduce_ring_sent"))
+assert total(hsdp) < total(fsdp) and 4 * hsdp["all_reduce_ring_sent"] == total(hsdp), hybrid
+
+# %% [markdown]
+# What to read in it. Per rank, HSDP sends 3·(1/2)·Ψ in its shard group and 2·(1/2)·Ψ/2 across the
+# replicate group, 2Ψ in all; FSDP over 4 ranks sends 3·(3/4)·Ψ = 2.25Ψ — all of it across every link
+# between the 4. HSDP pays in memory: each rank keeps 1/S of the model states, not 1/N.
+#
+# **At cluster scale** the shard group is the devices of one node, on NVLink (hundreds of GB/s per
+# GPU), and the replicate groups cross the nodes on InfiniBand or Ethernet (tens of GB/s per GPU):
+# the 1.5Ψ of all-gathers and reduce-scatter stay on the fast links and only Ψ/S·2(R−1)/R per rank
+# crosses the slow ones, while plain FSDP over all the nodes sends its 1.5Ψ·(N−1)/N through them.
+# That is why large runs shard inside a node (or a few) and replicate across. We show no times: here
+# Gloo's memory copies are no network, and 4 ranks may outnumber the cores.
+
+# %% [markdown]
+# ### In which precision the gradients are reduced
+#
+# FSDP2's `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=...)` runs the forward, the
+# backward and the all-gathers in bf16 and the reduce-scatter in `reduce_dtype`: bf16 halves its
+# bytes; fp32 sums the bf16 gradients without rounding each partial sum to 8 bits (Megatron-LM's
+# choice, its 18 bytes per parameter). On 2 ranks, the `laptop` run, each run's loss beside
+# single-process fp32 Adam:
+
+# %%
+reduced = ch04.reduce_precision(world_size=2)
+
+# %%
+fp32, bf, bf_fp32 = reduced["fp32"], reduced["bf16, reduce in bf16"], reduced["bf16, reduce in fp32"]
+# the bytes: bf16 parameters halve the all-gathers; reducing in bf16 halves the reduce-scatter too
+gathered = [r["sent"]["param_all_gather"] for r in (bf, bf_fp32, fp32)]
+assert gathered[0] * 2 == gathered[1] * 2 == gathered[2], reduced
+assert bf["sent"]["grad_reduce_scatter"] * 2 == bf_fp32["sent"]["grad_reduce_scatter"], reduced
+assert fp32["max_gap"] <= reduced["fp32_tolerance"], reduced  # fp32: rounding only
+for run in (bf, bf_fp32):  # bf16: within bf16's rounding of fp32, whichever precision reduces
+    assert run["max_gap"] <= reduced["tolerance"], reduced
+
+# %% [markdown]
+# Both bf16 runs stay within bf16's rounding of fp32; which of the two lands closer varies from step to
+# step, and from one CPU's kernels to another's, so the chapter asserts only what holds everywhere.
+# On 2 ranks the bf16 reduction rounds one sum of two bf16 values, a small error beside the bf16
+# forward and backward. It grows with the number of ranks whose gradients are summed, which is why
+# large runs often reduce in fp32 and pay the reduce-scatter's double bytes.
 
 # %% [markdown]
 # ## 9. Surviving a failure: sharded checkpoints
@@ -517,8 +685,8 @@ assert set(ckpt["shards"]["keys"]) == {"__0_0.distcp", "__1_0.distcp"}, ckpt["sh
 # (a parallel file system or an object store) that every node reaches, and all ranks write their
 # shards at once, so the write time δ is roughly one rank's shard over one node's share of the
 # storage bandwidth. A checkpoint interval trades time spent writing against work redone after a
-# failure: Young's (1974) first-order optimum is an interval of sqrt(2·δ·MTBF), the printout above
-# puts this run's measured δ into it. On thousands of devices failures come often, so the interval
+# failure: Young's (1974) first-order optimum is an interval of sqrt(2·δ·MTBF), where MTBF is the
+# mean time between failures. The printout above puts this run's measured δ into it. On thousands of devices failures come often, so the interval
 # shrinks and writing has to get cheap — `dcp.async_save` copies the shards to host memory and writes
 # them while training goes on; and the restart itself (finding a healthy node, starting processes,
 # loading) becomes a real share of the time lost.
@@ -571,8 +739,8 @@ for p in ("fp16+scaling", "bf16"):
 # %% [markdown]
 # ## 11. Try it yourself
 #
-# Run all four stages with 1, 2 or 4 ranks (the batch of 64 must split evenly) and either precision
-# (real processes).
+# Run all four stages on real processes, with 1, 2 or 4 ranks (the batch of 64 must split evenly)
+# and either precision.
 
 # %%
 ch04.explorer()
@@ -631,8 +799,8 @@ exercises["fit"].submit(...)  # replace ... with a stage number
 # 1. **memory per rank** — §1's inventory against the paper's formulas, the measured peak beside it (never below it, asserted), §7's table at the scale of real models, and §10's precisions: unscaled fp16 flushing most gradient values to zero at the start, fp16 with loss scaling and bf16 flushing almost none and tracking fp32 within their rounding (asserted).
 # 2. **the same training** — §2's identical results across stages, and §6's agreement with PyTorch's ZeroRedundancyOptimizer.
 # 3. **ZeRO-1 by hand** — §3's sharded step, and your `my_zero1_step`, judged on the collectives it ran and on its result.
-# 4. **the wire** — §4's counted bytes, equal to the formulas (asserted), and §3's prefetch timeline: the same bytes, moved while the previous layer computes, so the forward waits less for parameters (asserted, on an emulated link).
-# 5. **what PyTorch ships** — §8's FSDP2 (`fully_shard`) beside our stage 3: equal training, equal shards, measured memory, the stage table; §9's sharded checkpoints (DCP), a rank SIGKILLed mid-step and fresh processes resuming bit for bit.
+# 4. **the wire** — §4's counted bytes, equal to the formulas (asserted), and §3's prefetch timeline: the same bytes, moved while the previous layer computes, so the forward waits less for parameters (asserted, on an emulated link); FSDP2's backward prefetch issuing each layer's gather before the next layer's backward has finished (asserted, from events).
+# 5. **what PyTorch ships** — §8's FSDP2 (`fully_shard`) beside our stage 3: equal training, equal shards, measured memory, the stage table; hybrid sharding (HSDP) on a 2 × 2 mesh, its bytes per group equal to the formulas and its training to one process's (asserted), and bf16 reduction halving the reduce-scatter's bytes within bf16's rounding of fp32 (asserted); §9's sharded checkpoints (DCP), a rank SIGKILLed mid-step and fresh processes resuming bit for bit.
 #
 # **On a real cluster:** ZeRO trades memory for traffic: stage 3 moves 1.5× data parallelism's bytes, so on a slow network the stage that just fits is the one to use.
 

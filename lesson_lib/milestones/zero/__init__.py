@@ -28,10 +28,12 @@ has no fast fp16) and an fp32 master copy with Adam's moments: K = 12 bytes per 
 :mod:`.fsdp` runs PyTorch's FSDP2 (``fully_shard``, Zhao et al., VLDB 2023) on the same model and
 batches as stage 3, and maps our steps to its own; :mod:`.checkpoint` saves its sharded state with
 ``torch.distributed.checkpoint``, kills a rank, and resumes on fresh processes (section 9);
-:mod:`.loss_scaling` shows why fp16 needs a loss scale and bf16 does not (section 10).
+:mod:`.hsdp` runs FSDP2 on a device mesh: hybrid sharding (HSDP), the precision gradients are
+reduced in, and its backward prefetch (section 8); :mod:`.loss_scaling` shows why fp16 needs a loss
+scale and bf16 does not (section 10).
 """
 
-from . import checkpoint, fsdp
+from . import checkpoint, fsdp, hsdp
 from .fsdp import fsdp2_worker
 from .milestone import NAME, Config, param_count, summarize, worker
 from .references import layerwise_reference, reference, torch_zero_reference
@@ -39,6 +41,6 @@ from .shards import Flat, Prefetch, Transients, fetch_layer_by_layer, scatter_du
 
 __all__ = [
     "NAME", "Config", "Flat", "Transients", "checkpoint", "fetch_layer_by_layer", "fsdp", "fsdp2_worker",
-    "layerwise_reference", "param_count", "Prefetch",
+    "hsdp", "layerwise_reference", "param_count", "Prefetch",
     "reference", "scatter_during_backward", "sharded_step", "summarize", "torch_zero_reference", "worker",
 ]
