@@ -83,9 +83,11 @@ def comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size: int = 2, result
         shares.append({"label": f"{n} rank(s)", "share": comm / wall if wall else 0.0,
                        # counted: gradient bytes a rank sends per sample it computes
                        "bytes_per_sample": sent / (r.config["global_batch"] // n)})
+    if shares:
+        print(f"{'ranks':<10} {'bytes sent per sample (counted)':>32} "
+              f"{'step in communication (measured)':>33}")
     for s in shares:
-        print(f"{s['label']}: {s['bytes_per_sample']:,.0f} bytes sent per sample computed (counted), "
-              f"{s['share']:.0%} of the step in communication (measured)")
+        print(f"{s['label']:<10} {s['bytes_per_sample']:>32,.0f} {s['share']:>33.0%}")
     if shares:
         display(plots.training.comm_share(
             shares, "Share of the step spent communicating (same global batch)"))
@@ -128,10 +130,11 @@ def overlap(bucket_mb: float = 2.0, world_size: int = 2, hidden: int = 1024, glo
               "hidden_share": hidden_share,
               "step_ms": {k: 1e3 * r.median_step_time() for k, r in runs.items()},
               "exposed_comm_ms": {k: 1e3 * max(r.median_step("comm_s")) for k, r in runs.items()}}
+    print(f"median step, and the slowest rank's wait for communication{link}:")
     for k in runs:
-        print(f"{k}{link}: median step {claims['step_ms'][k]:.1f} ms, of which waiting for communication "
-              f"{claims['exposed_comm_ms'][k]:.1f} ms (slowest rank)")
-    print("share of the buckets' communication that ran while the backward computed, per rank: "
+        print(f"  {k:<40} step {claims['step_ms'][k]:7.1f} ms, "
+              f"waiting {claims['exposed_comm_ms'][k]:6.1f} ms")
+    print("buckets' communication that ran while the backward computed, per rank: "
           + ", ".join(f"{h:.0%}" for h in hidden_share))
     return claims
 
@@ -167,11 +170,10 @@ def straggler(factor: float = 3.0, rank: int = 1, world_size: int = 2, hidden: i
               "fast_busy_ms": 1e3 * max(busys[i] for i in fast),
               "straggler_busy_ms": 1e3 * busys[rank]}
     print(f"{label}, median per step: rank {rank} worked {claims['straggler_busy_ms']:.1f} ms (CPU time), "
-          f"the other rank(s) {claims['fast_busy_ms']:.1f} ms; every rank's step lasted ≥ "
-          f"{claims['fast_rank_step_ms']:.1f} ms (wall), so the fast rank(s) spent the difference waiting "
-          f"inside the all-reduce.\nWall-clock step time without / with the straggler: "
-          f"{claims['step_ms']['baseline']:.1f} / {claims['step_ms']['straggler']:.1f} ms — two separate "
-          "runs, so this pair also moves with whatever else the machine is doing.")
+          f"the other rank(s) {claims['fast_busy_ms']:.1f} ms;\nevery rank's step lasted ≥ "
+          f"{claims['fast_rank_step_ms']:.1f} ms (wall): the fast rank(s) waited out the difference.\n"
+          f"Wall-clock step without / with the straggler (two separate runs): "
+          f"{claims['step_ms']['baseline']:.1f} / {claims['step_ms']['straggler']:.1f} ms")
     return claims
 
 
@@ -197,11 +199,13 @@ def idle_resources(results: dict[int, Result]) -> dict[int, dict]:
         core = None if any(s["core"] is None for s in split) else sum(s["core"] for s in split) / wall
         shares[k] = {"busy": sum(s["busy"] for s in split) / wall, "core": core,
                      "peers": sum(s["peers"] for s in split) / wall}
+    print(f"shares of the ranks' wall time\n{'ranks':>5} {'busy':>5} {'waiting for a core':>19} "
+          f"{'waiting for peers':>18}")
     for k, s in shares.items():
-        core = (f"{s['core']:.0%}" if s["core"] is not None
-                else "not measured (only Linux reports it; here it counts as waiting for peers)")
-        print(f"{k} rank(s): busy {s['busy']:.0%}, waiting for a core {core}, "
-              f"waiting for peers {s['peers']:.0%} of the ranks' wall time")
+        core = f"{s['core']:.0%}" if s["core"] is not None else "—"
+        print(f"{k:>5} {s['busy']:>5.0%} {core:>19} {s['peers']:>18.0%}")
+    if any(s["core"] is None for s in shares.values()):
+        print("—: not measured (only Linux reports it); here it counts as waiting for peers")
     return shares
 
 

@@ -148,14 +148,12 @@ def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:
                            " / ".join(f"{s['off_core']:.0%}" for s in per),
                            f"{statistics.median(d):.2f} / {d[int(0.9 * (len(d) - 1))]:.2f} / {d[-1]:.2f}",
                            f"{1e3 * fwd:.1f}"])
-    print("The bubble, one cause at a time (shares of the step; pace: the slowest forward + the slowest "
-          "backward over the mean stage's):")
-    print_table(["run", "formula", "+ unequal stages", "+ variation (its range)", "wall clock", "pace"],
-                table)
-    print("\nWhat the stages did (stage 0 / stage 1), and the messages, from the neighbour finishing to "
-          "the message landing:")
-    print_table(["run", "F + B busy (ms)", "off its core", "message ms: median / p90 / max", "one F (ms)"],
-                detail)
+    print("The bubble, one cause at a time, as a share of the step.\n"
+          "pace = (slowest F + slowest B) ÷ (the mean stage's F + B)")
+    print_table(["run", "formula", "+ unequal", "+ variation (range)", "wall", "pace"], table)
+    print("\nPer stage (0 / 1): busy ms of a forward + a backward, and the share off its core.\n"
+          "Messages: ms from the neighbour finishing to the message landing (median / p90 / max).")
+    print_table(["run", "F + B busy ms", "off its core", "message ms", "one F ms"], detail)
     display(plots.pipeline.bubble_causes(
         rows, f"{schedule}, 2 stages: the bubble rebuilt one cause at a time",
         plots.common.oversubscription_note(runs)))
@@ -180,9 +178,10 @@ def interleaving(stages: int = 4, microbatches: int = 8, chunks=(1, 2, 4), shown
         if v in (1, shown):
             name = "1F1B" if v == 1 else f"interleaved 1F1B, v = {v} chunks per rank"
             panels[f"{name}: replayed, bubble {float(rows[-1]['replayed']):.1%}"] = il.replayed_events(spans)
-    print_table(["chunks v", "replayed bubble", "formula (P−1)/(vM+P−1)", "step (one F = 1)",
-                 "messages per micro-batch, each way", "chunks held per rank (rank 0 … P−1)",
-                 "rank 0 holds, in whole stages"],
+    print("v: chunks per rank. bubble: replayed, and the formula (P−1)/(vM+P−1). step: in units of one\n"
+          "whole stage's F. messages: per micro-batch, each way. held: chunks in flight, ranks 0 … P−1;\n"
+          "rank 0's, in whole stages.")
+    print_table(["v", "replayed", "formula", "step", "messages", "held", "rank 0, stages"],
                 [[str(r["chunks"]), f"{float(r['replayed']):.2%}", f"{r['formula']:.2%}",
                   f"{float(r['makespan']):.3g}", str(r["per_microbatch"]["activations"]),
                   " ".join(map(str, r["in_flight"])), f"{r['in_flight'][0] / r['chunks']:.3g}"]
@@ -204,7 +203,7 @@ def against_torch(stages: int = 4, microbatches: int = 4) -> dict:
             continue
         g, t = c["ours_vs_torch"], c["torch_vs_reference"]
         print(f"{schedule:>5}: ours vs torch — losses {g['losses']:.1e}, gradients {g['grads']:.1e}, "
-              f"parameters {g['params']:.1e}; torch vs one process — parameters {t['params']:.1e}")
+              f"parameters {g['params']:.1e};\n       torch vs one process — parameters {t['params']:.1e}")
     return out
 
 
@@ -215,8 +214,8 @@ def explorer():
         r = run_warm(_cfg(stages, microbatches, schedule, balance=balance))
         display(timeline(r, f"{schedule}: {stages} stages, {r['microbatches_run']} micro-batch(es)"))
         print(f"bubble: formula {r['bubble_formula']:.0%}; median over the steps after the first "
-              f"{r['bubble_wall']:.0%} (wall clock), {r['bubble_busy']:.0%} (busy time) — the figure "
-              f"draws one step, its own bubble in its title; peak activations per stage "
+              f"{r['bubble_wall']:.0%} (wall clock), {r['bubble_busy']:.0%} (busy time)\n(the figure "
+              f"draws one step, its own bubble in its title); peak activations per stage "
               f"{[round(s['activation_peak'] / 1e6, 2) for s in r['stage_memory']]} MB")
 
     return widgets.run_button("Run", {

@@ -43,7 +43,7 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
 
 def _print_rows(rows: list[dict]) -> None:
     mb = lambda b: f"{b / 1e6:.2f}"
-    print_table(["run", "stage", "in flight", "inventory MB", "measured MB", "measured − inventory MB"],
+    print_table(["run", "stage", "in flight", "inventory MB", "measured MB", "difference MB"],
                 [[r["label"], str(r["stage"]), str(r["in_flight"]), mb(r["inventory"]), mb(r["measured"]),
                   mb(r["measured"] - r["inventory"])] for r in rows])
 
@@ -66,8 +66,8 @@ def activation_memory(stages: int = 4, microbatches=(1, 2, 4, 8), rows_per_micro
     display(plots.pipeline.measured_activations(
         top, f"M = {max(microbatches)}: what a stage's step allocated at its peak (measured) and the saved "
              f"tensors it held at once (inventory) — {shape}"))
-    print(f"M = {max(microbatches)}; measured: the allocator's peak in the last step above what was alive "
-          "at its start (parameters, gradients, momentum); inventory: autograd's saved tensors held at once")
+    print(f"M = {max(microbatches)}. measured: the allocator's peak in the last step above what was alive\n"
+          "at its start (parameters, gradients, momentum). inventory: autograd's saved tensors held at once.")
     _print_rows(top)
     return rows
 
@@ -115,11 +115,10 @@ def recomputation(stages: int = 4, microbatches: int = 8, rows_per_microbatch: i
     busy = {r: min(per_step, key=lambda x: x["forward"] + x["backward"]) for r, per_step in steps.items()}
     f, b = busy[False]["forward"], busy[False]["backward"]
     ratio = sum(busy[True].values()) / (f + b)
-    print(f"busy time of one step's forwards + backwards (the least busy of {rounds * timed_steps}), all "
-          "stages, "
-          f"1F1B on the laptop preset ({timed_rows} samples per micro-batch): {1e3 * (f + b):.0f} ms stored, "
-          f"{1e3 * sum(busy[True].values()):.0f} ms recomputed — {ratio:.2f}×; one extra forward, "
-          f"(2F + B)/(F + B) with this run's F = {1e3 * f:.0f} ms and B = {1e3 * b:.0f} ms, "
-          f"predicts {(2 * f + b) / (f + b):.2f}×")
+    print(f"busy time of one step's forwards + backwards, all stages (the least busy of "
+          f"{rounds * timed_steps}),\n1F1B on the laptop preset, {timed_rows} samples per micro-batch: "
+          f"{1e3 * (f + b):.0f} ms stored, {1e3 * sum(busy[True].values()):.0f} ms recomputed — "
+          f"{ratio:.2f}×\none extra forward, (2F + B)/(F + B) with this run's F = {1e3 * f:.0f} ms and "
+          f"B = {1e3 * b:.0f} ms, predicts {(2 * f + b) / (f + b):.2f}×")
     return {"rows": rows, "equal": equal, "busy": busy, "busy_ratio": ratio, "forward_share": f / (f + b),
             "rows_per_microbatch": rows_per_microbatch}

@@ -46,9 +46,10 @@ def zero_bubble(stages: int = 4, microbatches=(2, 4, 8), shown: int = 8) -> dict
                                 (zb.SCHEDULE, "ZB-H1: B sent at once, W held back to fill the tail")):
                 panels[f"{label} — each stage idle {got[name]['idle'][0]} of {got[name]['makespan']}"] = \
                     zb.replayed_events(spans[name])
-    print(f"P = {P} stages, F = B = W = 1 (one whole backward = 2); idle: per stage, in units of F")
-    print_table(["M", "1F1B idle", "B sent first", "ZB-H1 idle", "ZB-H1 / 1F1B", "step 1F1B → ZB-H1",
-                 "bubble rate (idle/work) 1F1B → ZB-H1", "held per stage (F to W): 1F1B / ZB-H1"],
+    print(f"P = {P} stages, F = B = W = 1 (one whole backward = 2). Idle: per stage, in units of F, for\n"
+          "1F1B, 1F1B with B's gradient sent first, and ZB-H1. step and bubble rate (idle ÷ work):\n"
+          "1F1B → ZB-H1. held: micro-batches each stage keeps from F to W, 1F1B / ZB-H1.")
+    print_table(["M", "1F1B", "B first", "ZB-H1", "ZB-H1/1F1B", "step", "bubble rate", "held"],
                 [[str(r["microbatches"]), str(r["1f1b"]["idle"][0]), str(r["1f1b, B sent first"]["idle"][0]),
                   str(r[zb.SCHEDULE]["idle"][0]), str(r["third"]),
                   f"{r['1f1b']['makespan']} → {r[zb.SCHEDULE]['makespan']}",
@@ -99,7 +100,7 @@ def zero_bubble_run(stages: int = 4, microbatches: int = 4, against: Result | No
     same = {key: pp.gaps(ours, one)[key] == 0 for key in ("losses", "params", "grads")}
     tol = numerics.pipeline_tolerance(microbatches=M, steps=cfg.steps, depth=cfg.depth)
     print(f"zb-h1, {P} ranks, M = {M}: largest difference from one process — losses {gaps['losses']:.1e}, "
-          f"gradients {gaps['grads']:.1e}, parameters {gaps['params']:.1e} (tolerance {tol:.1e}); "
+          f"gradients {gaps['grads']:.1e},\nparameters {gaps['params']:.1e} (tolerance {tol:.1e}); "
           f"bit for bit 1F1B's: {all(same.values())}")
     # three steps: step 0 pays one-off costs, the bubble is the median of steps 1 and 2
     r = run_warm(pp.Config.from_preset("laptop", stages=P, microbatches=M, schedule=zb.SCHEDULE, steps=3))
@@ -107,7 +108,7 @@ def zero_bubble_run(stages: int = 4, microbatches: int = 4, against: Result | No
     for name, m in msgs.items():
         print(f"{name:>5}: messages per micro-batch, all ranks — activations {m['send_activation']:g}, "
               f"gradients {m['send_grad']:g}")
-    one_line = (f"; 1F1B (§4's run): {against['bubble_wall']:.0%} wall, {against['bubble_busy']:.0%} busy"
+    one_line = (f"\n1F1B (§4's run): {against['bubble_wall']:.0%} wall, {against['bubble_busy']:.0%} busy"
                 if against is not None else "")
     busy = {x: 1e3 * statistics.median(e["busy"] for e in r["events"] if e["kind"] == kind and e["step"])
             for x, kind in (("F", "forward"), ("B", "backward"), ("W", "weight"))}

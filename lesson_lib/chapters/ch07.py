@@ -110,11 +110,12 @@ def ps_sharding(servers=(1, 8, 64, 256, 1024), **overrides) -> list[dict]:
     args = job["params"], job["tokens"], job["devices"]
     rows = [costmodel.estimate(costmodel.plan_for("parameter-server", *args, **options, servers=k))
             for k in servers] + [costmodel.estimate(costmodel.plan_for("ring", *args, **options))]
-    print(f"{'':<24} {'machines':>9} {'GB/server':>10} {'GB/worker':>10} {'latency s':>10} "
+    print("K: the parameter server's machines (ring: none); latency, bandwidth: the step's terms\n"
+          f"{'K':>6} {'machines':>9} {'GB/server':>10} {'GB/worker':>10} {'latency s':>10} "
           f"{'bandwidth s':>12} {'step s':>9} {'days':>9}")
     for r in rows:
-        name = f"parameter server K={r['servers']:,}" if r["servers"] else "ring"
-        print(f"{name:<24} {r['machines']:>9,} "
+        name = f"{r['servers']:,}" if r["servers"] else "ring"
+        print(f"{name:>6} {r['machines']:>9,} "
               f"{format(r['memory']['server'] / 1e9, ',.1f') if r['servers'] else '-':>10} "
               f"{r['memory']['total'] / 1e9:>10,.1f} {r['terms']['latency']:>10.3g} "
               f"{r['terms']['bandwidth']:>12.4g} {r['step_s']:>9.4g} {r['days']:>9,.1f}")
@@ -160,15 +161,17 @@ def published_check() -> list[dict]:
                      "modelled_rate": model, "rate_error": model / paper - 1, "time_unit": time_unit,
                      "published_time": published, "modelled_time": modelled,
                      "time_error": modelled / published - 1})
-    print(f"{'case':<12} {'use':<14} {'per GPU: paper':>16} {'model':>7} {'error':>6} "
-          f"{'time: paper':>19} {'model':>6} {'error':>6}  layout, dominant term")
+    print(f"{'case':<12} {'use':<14} {'per GPU: paper':>16} {'model':>7} {'error':>6}  layout, dominant term")
     for r in rows:
         e = r["estimate"]
         print(f"{r['case']:<12} {r['use']:<14} {r['published_rate']:>7g} {r['unit']:<8} "
-              f"{r['modelled_rate']:>7.0f} {r['rate_error']:>+6.0%} {r['published_time']:>12g} "
-              f"{r['time_unit']:<6} {r['modelled_time']:>6.1f} {r['time_error']:>+6.0%}  "
-              f"t={e['plan'].tensor} p={e['plan'].pipeline}"
-              + (" sp" if e["plan"].sequence_parallel else "") + f", {e['dominant']}")
+              f"{r['modelled_rate']:>7.0f} {r['rate_error']:>+6.0%}  "
+              f"t={e['plan'].tensor} p={e['plan'].pipeline}{' sp' if e['plan'].sequence_parallel else ''}, "
+              f"{e['dominant']}")
+    print(f"\n{'case':<12} {'time: paper':>19} {'model':>6} {'error':>6}")
+    for r in rows:
+        print(f"{r['case']:<12} {r['published_time']:>12g} {r['time_unit']:<6} {r['modelled_time']:>6.1f} "
+              f"{r['time_error']:>+6.0%}")
     return rows
 
 
@@ -260,15 +263,16 @@ def measured(preset: str = "quick", **options) -> Result:
 
 
 def table(records: list[dict]) -> str:
-    lines = [f"{'milestone':<24} {'optimizer':>9} {'batch':>6} {'reached':>8} {'steps':>6} "
-             f"{'s to target':>12} {'bytes/step':>11} {'KB, fullest rank':>17}  link"]
+    lines = ["reached: the target loss; s: to reach it; bytes/step: busiest rank; KB: fullest rank's peak",
+             f"{'milestone':<24} {'optimizer':>9} {'batch':>6} {'reached':>8} {'steps':>6} "
+             f"{'s':>7} {'bytes/step':>11} {'KB':>7}  link"]
     for r in records:
         mem = max(sum(m.values()) for m in r["peak_memory_per_rank"]) / 1e3
         t = f"{r['time_to_target_s']:.2f}" if r["reached_target"] else "-"
-        link = f"  emulated, {r['link_gbps']:g} Gb/s" if r.get("link_gbps") else "  real"
+        link = f"  {r['link_gbps']:g} Gb/s, emulated" if r.get("link_gbps") else "  real"
         lines.append(f"{r['label']:<24} {r['optimizer']:>9} {r['global_batch']:>6} "
-                     f"{'yes' if r['reached_target'] else 'NO':>8} {r['steps']:>6} {t:>12} "
-                     f"{r['bytes_per_step_busiest']:>11,.0f} {mem:>17,.1f}{link}")
+                     f"{'yes' if r['reached_target'] else 'NO':>8} {r['steps']:>6} {t:>7} "
+                     f"{r['bytes_per_step_busiest']:>11,.0f} {mem:>7,.1f}{link}")
     return "\n".join(lines)
 
 
@@ -276,15 +280,14 @@ def validation_table(result: Result) -> str:
     """Predicted beside measured median step time (and its communication part), with the error."""
     p = result["probe"]
     lines = [f"measured here: α = {p['alpha_s'] * 1e6:.0f} µs, 1/β = {p['bandwidth_GBps']:.2f} GB/s "
-             f"(fitted to our ring all-reduce, all ranks), {p['flops'] / 1e9:.1f} GFLOP/s per rank "
-             "(slowest rank)",
-             f"{'milestone':<36} {'measured ms':>12} {'predicted ms':>13} {'error':>7} "
-             f"{'comm measured':>14} {'comm predicted':>15}"]
+             f"(fitted to our ring all-reduce, all ranks),\n{p['flops'] / 1e9:.1f} GFLOP/s per rank "
+             "(slowest rank). Step and its communication, ms: measured, predicted",
+             f"{'milestone':<37} {'step':>8} {'predicted':>9} {'error':>6} {'comm':>7} {'predicted':>9}"]
     for r in result["milestones"]:
         err = r["predicted_step_s"] / r["median_step_s"] - 1
-        lines.append(f"{plots.impact.label(r):<36} {1e3 * r['median_step_s']:>12.2f} "
-                     f"{1e3 * r['predicted_step_s']:>13.2f} {err:>+7.0%} "
-                     f"{1e3 * r['median_comm_s']:>14.2f} {1e3 * r['predicted_comm_s']:>15.2f}")
+        lines.append(f"{plots.impact.label(r):<37} {1e3 * r['median_step_s']:>8.2f} "
+                     f"{1e3 * r['predicted_step_s']:>9.2f} {err:>+6.0%} "
+                     f"{1e3 * r['median_comm_s']:>7.2f} {1e3 * r['predicted_comm_s']:>9.2f}")
     ratio = lambda a, b: [r[a] / r[b] for r in result["milestones"] if r[b] > 0]
     for what, got in (("whole step", ratio("median_step_s", "predicted_step_s")),
                       ("communication", ratio("median_comm_s", "predicted_comm_s"))):

@@ -17,14 +17,14 @@
 # # Chapter 0 — Why distributed?
 #
 # Deep-learning models outgrew the devices that train them. This chapter measures why, on your own
-# machine: the memory bill of training, then **real data-parallel training in 1, 2 and 4 worker
-# processes** (PyTorch `torch.distributed`: NCCL with one GPU per rank, Gloo on CPU otherwise), and
-# the three problems that data parallelism brings — communication overhead, stragglers, and idle
-# resources. Every number and figure below comes from a run made when you execute the cell.
+# machine: first the memory bill of training; then **real data-parallel training in 1, 2 and 4 worker
+# processes**, written with PyTorch's `torch.distributed`; then the three problems that data
+# parallelism brings — communication overhead, stragglers and idle resources. Every number and
+# figure below comes from a run made when you execute the cell.
 #
 # *Run the cells top to bottom (Run → Run All Cells). The distributed code is in the cells; the figures
-# come from `lesson_lib.chapters.ch00` — after the first cell, `ch00.straggler??` (or any other
-# function of it) shows how a figure is made.*
+# come from `lesson_lib.chapters.ch00`: after the first cell, `ch00.straggler??` (or any other of its
+# functions) shows how a figure is made.*
 
 # %% [markdown]
 # **After this chapter you can:**
@@ -46,8 +46,8 @@ from lesson_lib.chapters import ch00
 #
 # In nine years the largest models grew by more than four orders of magnitude: AlexNet had 61 million
 # parameters (Krizhevsky et al., 2012), GPT-2 1.5 billion (Radford et al., 2019), GPT-3 175 billion
-# (Brown et al., 2020) and Switch-C 1.6 trillion (Fedus et al., 2021). Sources for every point are in
-# `data/model_sizes.csv` (its checksum is verified when it is read). Hover over a point for its source.
+# (Brown et al., 2020) and Switch-C 1.6 trillion (Fedus et al., 2021). Hover over a point for its
+# source; all of them are in `data/model_sizes.csv`, whose checksum is verified when it is read.
 
 # %%
 ch00.model_growth()
@@ -55,11 +55,14 @@ ch00.model_growth()
 # %% [markdown]
 # ## 2. The memory bill of training
 #
-# Training keeps much more than the parameters: their gradients, and the optimizer's state. With
-# mixed-precision Adam that is 2 bytes of fp16 parameters + 2 bytes of fp16 gradients + 12 bytes of
-# fp32 master weights, momentum and variance — **16 bytes per parameter** (Rajbhandari et al., ZeRO,
-# 2020), before any activation. Move the slider: which devices can hold the model state of a
-# 1.5-billion-parameter GPT-2? Of GPT-3?
+# Training keeps much more than the parameters: their gradients, and the optimizer's state. Together
+# they are the **model state**. *Mixed precision* computes the forward and backward in 16-bit floats
+# (fp16) and keeps an fp32 *master copy* of the weights for the update. With mixed-precision Adam
+# that is 2 bytes of fp16 parameters + 2 bytes of fp16 gradients + 12 bytes of fp32 master weights and
+# Adam's two running averages (momentum and variance): **16 bytes per parameter** (Rajbhandari et
+# al., ZeRO, 2020), before any activation.
+#
+# Move the slider: which devices can hold the model state of a 1.5-billion-parameter GPT-2? Of GPT-3?
 
 # %%
 ch00.memory_calculator(params=1.5e9)
@@ -75,19 +78,21 @@ assert not any(ch00.fits(gpt3).values()), "a device in the table holds GPT-3's t
 # %% [markdown]
 # ### The bill, measured
 #
-# The bill is a formula. Is it what training really allocates? Below, 2 worker processes (§3
-# explains them) each build the same MLP — 12 hidden layers of width 1024, its parameter count Ψ is
-# printed — and train it for two steps of **fp32 Adam** (no communication yet: §3 adds it): 4 bytes of parameter + 4 of
-# gradient + 8 of Adam's two moments = 16 bytes per parameter (the calculator's "fp32 Adam" row), on
-# a batch of 16 samples, so that the model states dominate. `PeakMemory` counts every allocation and
-# free that torch's allocator makes while it is open and keeps the peak of the live bytes — a
-# measurement (on a GPU, `torch.cuda.max_memory_allocated`; chapter 4 opens it). Beside it: the bill
-# from the formula, and the *inventory* of what the rank knows it holds at the end — the storages
-# of its parameters, gradients and Adam state.
+# The bill is a formula. Is it what training really allocates? Below, 2 **ranks** — worker processes,
+# numbered 0 and 1, which §3 introduces properly — each build the same MLP (12 hidden layers of width
+# 1024; its parameter count Ψ is printed). Each trains it alone for two steps of **fp32 Adam**: 4 bytes
+# of parameter + 4 of gradient + 8 of Adam's two moments = 16 bytes per parameter (the calculator's
+# "fp32 Adam" row). The batch is 16 samples, so that the model state dominates. The ranks do not talk
+# to each other yet; §3 adds that.
+#
+# Three numbers per rank. The **measured peak**: `PeakMemory` counts every allocation and free that
+# torch's allocator makes while it is open and keeps the peak of the live bytes (on a GPU,
+# `torch.cuda.max_memory_allocated`; chapter 4 opens it). The **bill**, from the formula. The
+# **inventory**: what the rank knows it holds at the end — the storages of its parameters, gradients
+# and Adam state.
 
 # %%
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from lesson_lib import warm_cluster
@@ -115,23 +120,26 @@ def train_and_measure(hidden=1024, depth=12, batch=16, steps=2):  # runs on ever
 per_rank = warm_cluster(2).run(train_and_measure)
 psi, largest = per_rank[0]["params"], per_rank[0]["largest"]
 bill = ch00.memory_bill(psi, "fp32 Adam")
-print(f"Ψ = {psi:,} parameters; the bill, {bill['bytes_per_param']} bytes × Ψ: {bill['total'] / 1e6:.1f} MB")
+print(f"Ψ = {psi:,} parameters; the bill, {bill['bytes_per_param']} bytes × Ψ: {bill['total'] / 1e6:.1f} MB; "
+      f"the largest tensor: {largest / 1e6:.1f} MB")
+print(f"{'rank':>4} {'measured peak MB':>17} {'inventory MB':>13} {'measured − inventory':>21}")
 for rank, r in enumerate(per_rank):
     excess = r["measured"] - r["inventory"]
-    print(f"rank {rank}: measured peak {r['measured'] / 1e6:.1f} MB; "
-          f"inventory {r['inventory'] / 1e6:.1f} MB; measured − inventory = {excess / 1e6:.2f} MB = "
-          f"{excess / largest:.3f} × the largest tensor ({largest / 1e6:.1f} MB)")
+    print(f"{rank:>4} {r['measured'] / 1e6:>17.1f} {r['inventory'] / 1e6:>13.1f} "
+          f"{excess / largest:>10.3f} × largest")
 
 # %% [markdown]
-# The inventory is the bill, to a few bytes: Adam also keeps a step count per tensor, a scalar. The
-# measured peak is above both, by about twice the largest parameter tensor. The peak falls inside
-# Adam's step: every parameter, gradient and moment is alive, and Adam, updating one tensor at a
-# time, computes √v and then √v divided by its bias correction — two temporaries the size of the
-# tensor it updates (chapter 4 measures one such step). The activations are not in the peak here:
-# with 16 samples they are small and the backward has freed them before the step. With a large
-# batch the peak moves into the backward, where activations and gradients are alive together, and
-# the bill — "before any activation" — says less. What the meter cannot see: memory outside
-# torch's allocator (Python objects, Gloo's buffers for the all-reduce).
+# The inventory is the bill, to a few bytes: Adam also keeps a step count per tensor, a scalar.
+#
+# The measured peak is above both, by about twice the largest parameter tensor. It falls inside
+# Adam's step, when every parameter, gradient and moment is alive. Adam updates one tensor at a time
+# and computes √v and then √v divided by its bias correction: two temporaries the size of the tensor
+# it updates (chapter 4 measures one such step).
+#
+# The activations are not in the peak here: with 16 samples they are small, and the backward has
+# freed them before the step. With a large batch the peak moves into the backward, where activations
+# and gradients are alive together, and the bill ("before any activation") says less. The meter
+# cannot see memory outside torch's allocator: Python objects, Gloo's own buffers.
 
 # %%
 for r in per_rank:
@@ -145,17 +153,20 @@ for r in per_rank:
 # %% [markdown]
 # ## 3. Data parallelism, for real
 #
-# The simplest way to use many devices: **every rank (process) holds a full copy of the model**, each
-# trains on its own slice of the batch, and before every update the ranks **sum their gradients**
-# (an *all-reduce*), so all copies take the same step.
-#
 # First the vocabulary of `torch.distributed`. A **rank** is one worker process, numbered 0…N−1; the
 # **world size** is N; the **process group** is the set of ranks that talk to each other (here all of
-# them, the default group). `lesson_lib` starts the processes, calls `init_process_group` in each (Gloo on
-# CPU, NCCL on GPUs) and keeps them warm between cells. `cluster.run(fn)` calls `fn()` on every rank and
-# returns the results as a list indexed by rank — and `fn` may be a function you write in a cell.
+# them, the default group). The **backend** moves the bytes: Gloo on CPUs, NCCL on NVIDIA GPUs (one GPU
+# per rank). `lesson_lib` starts the processes, calls `init_process_group` in each and keeps them warm
+# between cells. `cluster.run(fn)` calls `fn()` on every rank and returns the results as a list indexed
+# by rank; `fn` may be a function you write in a cell.
+#
+# **Data parallelism** is the simplest way to use many devices: **every rank holds a full copy of the
+# model** and trains on its own slice of the batch. Before every update the ranks **sum their
+# gradients** (an *all-reduce*, below), so all copies take the same step.
 
 # %%
+import torch.distributed as dist
+
 from lesson_lib import numerics, show_source
 
 cluster = warm_cluster(4)  # 4 worker processes, started once and kept warm
@@ -187,8 +198,8 @@ received = cluster.run(pass_a_tensor)
 print(received)
 
 # %% [markdown]
-# **A collective**: `dist.all_reduce(t)` must be called by every rank of the group; afterwards every
-# rank's `t` holds the element-wise **sum** over all ranks (in place).
+# **A collective** is a call that every rank of the group makes together. After `dist.all_reduce(t)`,
+# every rank's `t` holds the element-wise **sum** over all ranks (in place).
 
 
 # %%
@@ -206,10 +217,11 @@ assert torch.equal(received[1], torch.tensor([1.0, 2.0, 3.0])) and not received[
 assert all(torch.equal(t, torch.tensor([0.0 + 1 + 2 + 3, 4.0])) for t in summed)  # 0+1+2+3, and N
 
 # %% [markdown]
-# That is all data parallelism needs. Here is one training run written out: every rank starts from the
-# same model (built here once and sent to each rank), takes *its* slice of each global batch, computes its gradients, all-reduces every
-# gradient and divides by the number of ranks, then steps. The model and data are the chapter's small
-# problem (a 38k-parameter MLP on a generated classification task, a global batch of 64 samples).
+# That is all data parallelism needs. Here is one training run written out. Every rank starts from
+# the same model (built here once and sent to each rank) and takes *its* slice of each **global
+# batch** (the batch all ranks share). It computes its gradients, all-reduces every gradient, divides
+# by the number of ranks, then steps. The model and data are the chapter's small problem: a
+# 38k-parameter MLP on a generated classification task, with a global batch of 64 samples.
 
 # %%
 from lesson_lib.data import batch_indices, shard, teacher_classification
@@ -244,11 +256,11 @@ mine = {n: warm_cluster(n).run(train_data_parallel, model, data, cfg)[0] for n i
 reference = dp.reference(cfg)  # one process, the whole global batch, no torch.distributed at all
 
 # %% [markdown]
-# The mean over N equal slices of each slice's mean gradient is the mean over the whole batch, so the
-# ranks must train exactly like one process on the whole batch — up to float rounding, because the
-# sums happen in another order. The tolerance below follows from that: a few float32 roundings
-# (ε ≈ 1.2·10⁻⁷, relative to the loss) per step, compounded over the steps (`numerics.sum_order_tolerance??`
-# shows it; every chapter takes its tolerances from `lesson_lib.numerics`).
+# The mean over N equal slices of each slice's mean gradient is the mean over the whole batch. So the
+# ranks must train exactly like one process on the whole batch, up to float rounding, because the sums
+# happen in another order. The tolerance below follows from that: a few float32 roundings
+# (ε ≈ 1.2·10⁻⁷, relative to the loss) per step, compounded over the steps. `numerics.sum_order_tolerance??`
+# shows it; every chapter takes its tolerances from `lesson_lib.numerics`.
 
 # %%
 tol = numerics.sum_order_tolerance(reference)
@@ -259,20 +271,21 @@ for n, losses in mine.items():
 
 # %% [markdown]
 # The library's version, which the figures below run, is the same loop plus counters and timers. It
-# keeps all gradients in **one flat bucket** (`dp.build`), so a single all-reduce per step moves them
-# (`comm.all_reduce`: our ring by default, counted byte by byte — chapter 2 opens it), then divides:
+# keeps all gradients in **one flat bucket** — a *bucket* is one contiguous buffer that holds several
+# gradients (`dp.build`) — so a single all-reduce per step moves them all, then divides. The
+# all-reduce is `comm.all_reduce`: our own ring, counted byte by byte, which chapter 2 opens.
 
 # %%
 show_source(dp.train)
 
 # %% [markdown]
 # Now the library's version with the same **global batch of 64 samples** split over 1, 2 and 4
-# ranks. The loss and step time are drawn live
-# while the workers train; then the step time is split into compute and communication, and the memory
-# of one rank is broken down by category — measured from the tensors the rank holds, not computed.
-# The three loss curves should lie exactly on top of each other: watch for it.
-# On a 2-core laptop, 4 ranks share 2 cores: the figures say so, and show each rank's *busy* time
-# (CPU time) beside the wall clock.
+# ranks. The loss and step time are drawn live while the workers train. Then the step time is split
+# into compute and communication, and one rank's memory is broken down by category, measured from the
+# tensors it holds. The three loss curves should lie exactly on top of each other: watch for it.
+#
+# Where ranks outnumber the cores they take turns on them (they are *oversubscribed*); the figures
+# say so, and show each rank's **busy** time (its CPU time) beside the wall clock.
 
 # %%
 runs = ch00.data_parallel(world_sizes=(1, 2, 4))
@@ -287,27 +300,30 @@ assert ch00.max_loss_gap(runs) < 1e-5
 # %% [markdown]
 # ## 4. Problem 1 — communication overhead
 #
-# Every step, each rank sends about 2(N−1)/N × the model's size to the others (a ring all-reduce,
-# Patarasuk & Yuan, 2009). Below, the bytes `lesson_lib` **counted** on the wire, set against that
-# formula, as the model grows; and the share of the step spent communicating as the same global batch
+# Every step, each rank sends about 2(N−1)/N × the model's size to the others. That is the cost of a
+# **ring all-reduce** (Patarasuk & Yuan, 2009), where the ranks pass pieces of the gradient round a
+# ring; chapter 2 builds it. Below, the bytes `lesson_lib` **counted** on the wire, set against that
+# formula, as the model grows. Then the share of the step spent communicating as the same global batch
 # is split over more ranks: each rank computes less, but sends nearly as much.
 
 # %%
 overhead = ch00.comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size=2, results=runs)
 
 # %% [markdown]
-# Look at the right-hand panel before you conclude that bigger models communicate *relatively* more:
-# per step, the bytes grow like the parameter count Ψ, but so does the compute (about 6·B·Ψ
-# floating-point operations for a batch of B samples: 2Ψ per sample forward and 4Ψ backward, the
-# C ≈ 6·N per token of Kaplan et al., 2020, "Scaling Laws for Neural Language Models"), and tiny
-# messages pay a fixed latency. Whether
-# the communication share grows with the model depends on the machine: it does when the devices
-# compute much faster than the network carries bytes (GPUs on a shared network), and when a bigger
-# model forces a smaller batch per device to fit in memory. On one laptop, where the "network" is a
-# memory copy, it may well not — read the measured lines. What does grow, exactly, when the same
-# global batch is split over more ranks is the traffic per sample: each rank computes fewer samples
-# but sends almost as many bytes (2(N−1)/N·S), as the counters show below. The time share in the bar
-# chart usually follows; with more ranks than cores and a browser on the same 2 cores, it is noisy.
+# Bigger models do not necessarily communicate *relatively* more. Per step the bytes grow like the
+# parameter count Ψ, but so does the compute: about 6·B·Ψ floating-point operations for a batch of B
+# samples, 2Ψ per sample forward and 4Ψ backward (the C ≈ 6·N per token of Kaplan et al., 2020,
+# "Scaling Laws for Neural Language Models"). And tiny messages pay a fixed **latency**, a cost per
+# message whatever its size.
+#
+# The communication share grows with the model when the devices compute much faster than the
+# network carries bytes (GPUs on a shared network), or when a bigger model forces a smaller batch per
+# device. Here the "network" is a memory copy, so read the measured lines in the right-hand panel.
+#
+# What grows exactly, when the same global batch is split over more ranks, is the traffic per
+# sample: each rank computes fewer samples but sends almost as many bytes, 2(N−1)/N·S for S bytes of
+# gradients. The counters below show it; the time share in the bar chart usually follows, noisily
+# where ranks outnumber the cores.
 
 # %%
 # Counted bytes equal the exact ring formula; the traffic per computed sample grows with the ranks.
@@ -322,10 +338,12 @@ assert all(s["share"] > 0 for s in overhead["by_world_size"][1:])  # time spent 
 # Our loop above waits for the whole backward before it sends a byte, and then computes nothing while
 # the bytes travel. But the backward produces the gradients **last layer first**: the last layer's
 # gradient is final long before the first layer's is computed. PyTorch's `DistributedDataParallel`
-# (Li et al., 2020, "PyTorch Distributed", VLDB) starts all-reducing a gradient as soon as autograd has
-# written it, while the backward goes on with earlier layers. Autograd calls a hook of yours at that
-# moment (`register_post_accumulate_grad_hook`); a collective started with `async_op=True` returns at
-# once, with a handle to wait on later. That is all it takes:
+# (DDP; Li et al., 2020, "PyTorch Distributed", VLDB) starts all-reducing a gradient as soon as
+# autograd has written it, while the backward goes on with earlier layers.
+#
+# Two tools do it. A **hook** is a function of yours that autograd calls at that moment
+# (`register_post_accumulate_grad_hook`). A collective started with `async_op=True` returns at once,
+# with a handle to wait on later. That is all it takes:
 
 
 # %%
@@ -366,10 +384,10 @@ assert gap <= tol, (gap, tol)
 # %% [markdown]
 # Every rank's autograd finishes the gradients in the same order, so the ranks start the same
 # all-reduces in the same order, as collectives require. One all-reduce per parameter tensor sends many
-# small messages, each paying a fixed latency; DDP groups the gradients into **buckets** (25 MB by
+# small messages, each paying the fixed latency. DDP groups the gradients into **buckets** (25 MB by
 # default) and all-reduces a bucket once its last gradient is written. The library does the same with
-# `bucket_mb=`; because our ring is Python code that blocks until it is done, it runs on a
-# **communication thread** while the main thread goes on with the backward:
+# `bucket_mb=`. Our ring is Python code that blocks until it is done, so it runs on a **communication
+# thread** while the main thread goes on with the backward:
 
 # %%
 from lesson_lib import buckets
@@ -380,17 +398,17 @@ show_source(dp.overlapped)
 # %% [markdown]
 # `overlapped` follows DDP in two details. A bucket closes once it *reaches* `bucket_mb`, so a
 # layer's small bias travels with the weight beside it instead of paying a collective's fixed cost
-# alone (ZeRO-2 in chapter 4 closes a bucket *before* it would pass the cap, as DeepSpeed does: there
-# the cap bounds memory). And each gradient is divided by the number of ranks on its way into its
-# bucket: after `zero_grad(set_to_none=True)` autograd writes a fresh gradient, and one pass moves and
-# divides it, where zeroing the bucket, adding into it and dividing afterwards would take three.
+# alone. (Chapter 4's ZeRO-2 closes a bucket *before* it would pass the cap, as DeepSpeed does,
+# because there the cap bounds memory.) And each gradient is divided by the number of ranks on its
+# way into its bucket: one pass moves and divides it, where zeroing the bucket, adding into it and
+# dividing afterwards would take three.
 #
-# Below, one step of a wider model (hidden width 1024, about two million parameters) on 2 ranks, first
-# with one all-reduce after the backward, then with buckets of 2 MiB all-reduced during it (our ring,
-# counted). Each rank's bars start at its own backward. The bucketed all-reduces begin while the
-# backward is still computing. On this laptop that saves little or nothing: the "network" is a memory
-# copy done by the same cores that compute the backward, and the two ranks already use both cores. How
-# it comes out varies from run to run; `python -m lesson_lib bench ddp` times our step against DDP's.
+# Below, one step of a wider model (hidden width 1024, about two million parameters) on 2 ranks:
+# first with one all-reduce after the backward, then with buckets of 2 MiB all-reduced during it (our
+# ring, counted). Each rank's bars start at its own backward. The bucketed all-reduces begin while the
+# backward is still computing. Here that saves little or nothing, and varies from run to run: the
+# "network" is a memory copy made by the same cores that compute the backward.
+# `python -m lesson_lib bench ddp` times our step against DDP's.
 
 # %%
 ov = ch00.overlap(bucket_mb=2.0)
@@ -402,35 +420,44 @@ assert ov["loss_gap"] <= tol, ov
 
 # %% [markdown]
 # On a cluster the bytes cross a network card while the cores compute. To see that case here, the
-# next run **emulates** a 2 Gbit/s link (chapter 6's `comm.set_link`: after each real transfer the
-# rank sleeps out the rest of bytes ÷ bandwidth, leaving its core free, as waiting on a network card
-# would) and gives the backward more work (a global batch of 1024). Without buckets, every byte waits
-# for the whole backward; with buckets, part of every rank's transfer runs during it (measured from
-# the buckets' timeline, and asserted). Whether that shortens the time a rank waits after its backward
-# varies here: the transfers' real memory copies and Gloo's threads compete with the backward for the
-# same 2 cores, so in a busy run (a browser beside it) the backward slows by what the overlap saved. On
-# a cluster a network card moves the bytes while the cores compute. Both waits are printed.
+# next run **emulates** a 2 Gbit/s link and gives the backward more work (a global batch of 1024).
+# *Emulated* means that after each real transfer the rank sleeps out the rest of bytes ÷ bandwidth,
+# leaving its core free, as waiting on a network card would (chapter 6's `comm.set_link`).
+#
+# Without buckets, every byte waits for the whole backward. With buckets, part of every rank's
+# transfer runs during it: measured from the buckets' timeline, and asserted. Both waits after the
+# backward are printed; whether buckets shorten it varies from run to run.
+#
+# <details><summary>Why the wait after the backward varies here</summary>
+#
+# The transfers' real memory copies and Gloo's threads compete with the backward for the same cores.
+# In a busy run (a browser beside it) the backward slows by what the overlap saved. On a cluster a
+# network card moves the bytes while the cores compute.
+#
+# </details>
 
 # %%
 ov_link = ch00.overlap(bucket_mb=2.0, global_batch=1024, link_gbps=2.0)
 
 # %%
 flat_wait, bucketed_wait = ov_link["exposed_comm_ms"].values()
-print(f"waiting for communication after the backward: {flat_wait:.1f} ms with one all-reduce, "
-      f"{bucketed_wait:.1f} ms with buckets (measured, this run)")
+print(f"waiting after the backward (this run): {flat_wait:.1f} ms with one all-reduce, "
+      f"{bucketed_wait:.1f} ms with buckets")
 assert min(ov_link["hidden_share"]) > 0.1, ov_link  # every rank's backward hid part of its transfer
 assert ov_link["loss_gap"] <= tol, ov_link
 
 # %% [markdown]
 # ## 5. Problem 2 — stragglers
 #
-# A synchronous step ends only when the *slowest* rank has sent its gradients. Here rank 1 is made a
-# straggler: it really does 3× the forward/backward work of the others (no `sleep`). The figure shows,
-# per step of that run, the wall time of the step and each rank's *work* (CPU time): the fast rank works
-# far less than the straggler, yet its step lasts as long — it spends the difference waiting inside the
-# all-reduce. Those claims compare ranks within one run, so they hold in every run. The wall clock of a
-# second run without a straggler is only printed: on a laptop each run shares the cores with whatever
-# else runs at that moment, so two runs' wall clocks can come out in either order step by step.
+# A **straggler** is a rank slower than the others. A synchronous step ends only when the *slowest*
+# rank has sent its gradients. Here rank 1 is made a straggler: it really does 3× the forward and
+# backward work of the others (no `sleep`). The figure shows, per step, the wall time of the step and
+# each rank's *work* (CPU time). The fast rank works far less than the straggler, yet its step lasts
+# as long: it spends the difference waiting inside the all-reduce.
+#
+# These claims compare ranks within one run, so they hold in every run. A second run without a
+# straggler is only printed, not compared: two runs share the cores with whatever else runs at the
+# time, so their wall clocks can come out in either order.
 
 # %%
 slow = ch00.straggler(factor=3.0, rank=1)
@@ -454,13 +481,17 @@ ch00.straggler_explorer()
 # ## 6. Problem 3 — idle resources
 #
 # While a rank waits for its peers — for the all-reduce, for a straggler — its processor does nothing
-# useful. Each rank's wall time splits into three parts: **busy** (its CPU time), **waiting for a core**
-# (it was ready to run but the operating system gave the core to something else: another rank, this
-# notebook, a browser — Linux reports this run-queue wait in `/proc/<pid>/task/<tid>/schedstat`) and
-# **waiting for peers** (blocked in communication, for the bytes and for slower ranks: the rest). Only
-# the last is the idle hardware of a real cluster, where each rank has its own device; the second comes
-# from more ranks (and programs) than cores, and its share varies with whatever else the machine runs.
-# With more ranks on the same global batch, the time spent waiting for peers grows:
+# useful. Each rank's wall time splits into three parts:
+#
+# * **busy**: its CPU time;
+# * **waiting for a core**: ready to run, but the operating system gave the core to something else
+#   (another rank, this notebook, a browser);
+# * **waiting for peers**: the rest, blocked in communication, for the bytes and for slower ranks.
+#
+# Only the last is the idle hardware of a real cluster, where each rank has its own device. The second
+# comes from more ranks (and programs) than cores, and varies with whatever else the machine runs
+# (Linux reports it in `/proc/<pid>/task/<tid>/schedstat`). With more ranks on the same global batch,
+# the time spent waiting for peers grows:
 
 # %%
 idle = ch00.idle_resources(runs)
@@ -472,8 +503,8 @@ assert idle[4]["peers"] > idle[1]["peers"], idle  # one rank has no peer to wait
 # ## 7. When a rank fails
 #
 # A real cluster loses workers. `lesson_lib` never hangs on a failure: each collective has a timeout,
-# and a rank that raises surfaces here as a `WorkerError` naming the rank, with its traceback; its
-# workers are stopped.
+# and a rank that raises surfaces here as a `WorkerError` naming the rank, with its traceback. The
+# other workers are stopped.
 
 # %%
 error_text = ch00.failure_demo()
@@ -526,7 +557,7 @@ exercises["start_overlap"].submit(start_overlap)
 # 3. **the three problems** — §4's counted bytes and communication share, §5's straggler timeline, §6's time waiting for peers, which grows with the ranks (asserted).
 # 4. **overlap** — §4's bucketed backward on a timeline, and your `start_overlap`, judged on whether an all-reduce was still running while autograd went on.
 #
-# **On a real cluster:** On a real cluster the all-reduce of every gradient, every step, is data parallelism's price: every later chapter cuts it, hides it, or removes the memory that forces it.
+# **On a real cluster:** the all-reduce of every gradient, every step, is data parallelism's price: every later chapter cuts it, hides it, or removes the memory that forces it.
 
 # %% [markdown]
 # ## What comes next

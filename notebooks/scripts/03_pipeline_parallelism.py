@@ -18,21 +18,24 @@
 #
 # Data parallelism (chapters 0–2) copies the whole model onto every device. When the model itself
 # no longer fits, cut it instead: put layers 1–10 on device 1, layers 11–20 on device 2, and so on,
-# like stations on an **assembly line**. Activations flow forward from station to station, gradients
-# flow back, and each device holds only its share of the parameters.
+# like stations on an **assembly line**. Each device's share of consecutive layers is a **stage**.
+# Activations (the layers' outputs) flow forward from stage to stage, gradients flow back, and each
+# device holds only its share of the parameters.
 #
-# Cut naively, the line has a problem: while station 2 works, station 1 waits for its gradients — one
-# station busy at a time. The fix is to cut the batch too, into **micro-batches**, so that station 1
-# starts on micro-batch 2 while station 2 works on micro-batch 1. Two schedules made this practical:
+# Cut naively, the line has a problem: while stage 2 works, stage 1 waits for its gradients — one
+# stage busy at a time. The fix is to cut the batch too, into M **micro-batches**, so that stage 1
+# starts on micro-batch 2 while stage 2 works on micro-batch 1. A **schedule** says in which order each
+# stage runs its forwards and backwards. Two schedules made this practical:
 #
 # * **GPipe** (Huang et al., 2019): all M forwards, then all M backwards.
-# * **1F1B**, or PipeDream-Flush (Narayanan et al., 2021; from PipeDream, Narayanan et al., 2019, and
-#   used by Megatron-LM, Narayanan et al., 2021): after a short warm-up each stage alternates one
-#   forward and one backward, so it holds far fewer micro-batches' activations at once.
+# * **1F1B**, or PipeDream-Flush (Narayanan et al., 2021), which grew out of PipeDream (Narayanan et
+#   al., 2019) and is what Megatron-LM uses (Narayanan et al., 2021): after a short *warm-up* of
+#   forwards, each stage alternates one forward and one backward, so it holds far fewer
+#   micro-batches' activations at once.
 #
 # Everything below is measured from real processes: one rank per stage, activations and gradients
-# sent point-to-point with `torch.distributed`. The model is a 10-layer MLP (a *layer* here is one
-# `Linear` with the `ReLU` after it); stages get consecutive layers, balanced by parameter count.
+# sent point-to-point with `torch.distributed`. The model is a 10-layer MLP, where a *layer* is one
+# `Linear` with the `ReLU` after it; stages get consecutive layers, balanced by parameter count.
 
 # %% [markdown]
 # **After this chapter you can:**
@@ -110,9 +113,10 @@ for schedule, g in gaps.items():
 # * **B i**: `recv` the gradient of the output from stage k+1 (the last stage starts from its loss),
 #   backpropagate through the stage, and send the gradient of the input back to stage k−1.
 #
-# Sends are posted with `dist.isend` and waited for at the end of the step. With a blocking
-# `dist.send`, 1F1B would deadlock: a stage sending micro-batch i+1's activation waits until its
-# neighbour receives it, while the neighbour is itself blocked sending micro-batch i's gradient back.
+# Sends are *posted* with `dist.isend` (started, not waited for) and waited for at the end of the
+# step. With a blocking `dist.send`, 1F1B would **deadlock**, every rank waiting on another: a stage
+# sending micro-batch i+1's activation waits until its neighbour receives it, while the neighbour is
+# itself blocked sending micro-batch i's gradient back.
 
 # %%
 def my_pipeline(cfg):
@@ -172,10 +176,10 @@ for schedule in mine:
 
 # %% [markdown]
 # The library's stage, which every figure of this chapter runs, is the same loop plus what the
-# figures need: it times every action, measures the activations it holds, sends and receives on
-# threads of its own so that the stage never stalls handing a message to Gloo, with receives
-# posted ahead — all of a step's for GPipe, two for 1F1B — so that a neighbour's message can leave
-# the moment it is computed (`stage_comm.StageLink`), and it can balance the stages by measured time.
+# figures need. It times every action, measures the activations it holds, and can balance the stages
+# by measured time. It sends and receives on threads of its own (`stage_comm.StageLink`), so that the
+# stage never stalls handing a message to Gloo. Its receives are posted ahead — all of a step's for
+# GPipe, two for 1F1B — so that a neighbour's message can leave the moment it is computed.
 
 # %%
 show_source(pp.train_stage, stage_actions)
@@ -187,10 +191,11 @@ show_source(pp.train_stage, stage_actions)
 # send (orange, above) and receive (grey, below — mostly *waiting* for a neighbour) with its real start
 # and end; the chart fills in as the stages report each step. Then one step up close.
 #
-# This laptop has fewer cores than stages, so the stages take turns on the cores and the wall clock
-# stretches. Each action's *busy* time (CPU time of the stage) is recorded as well; replaying the
-# schedule with those times shows the timeline a machine with one core per stage would have. The
-# two panels are labelled: measured on the wall clock, and replayed from busy time.
+# Where stages outnumber the cores, they take turns on them and the wall clock stretches. So each
+# action's **busy time** (the stage's CPU time) is recorded too. **Replaying** the schedule with those
+# times — each action starts when its stage and its input are ready — gives the timeline of a machine
+# with one core per stage. The two panels are labelled: measured on the wall clock, and replayed
+# from busy time.
 
 # %%
 r = ch03.live(stages=4, microbatches=4, schedule="gpipe")
@@ -211,10 +216,10 @@ assert runs["gpipe"]["bubble_busy"] < 0.6 and runs["1f1b"]["bubble_busy"] < 0.6
 # %% [markdown]
 # ## 5. The bubble
 #
-# With equal stages, a step takes M+P−1 slots of one forward+backward, and each stage works in M of
-# them: the idle share of every stage, the **bubble**, is (P−1)/(M+P−1). More micro-batches, smaller
-# bubble. Below, the measured bubble for P = 2 and 4 stages as M grows: on the wall clock (crosses)
-# and replayed from busy time (dots), beside the formula (dotted).
+# With P equal stages, a step takes M+P−1 *slots*, each one forward and one backward long, and each
+# stage works in M of them. The idle share of every stage, the **bubble**, is (P−1)/(M+P−1). More
+# micro-batches, smaller bubble. Below, the measured bubble for P = 2 and 4 stages as M grows: on the
+# wall clock (crosses) and replayed from busy time (dots), beside the formula (dotted).
 
 # %%
 sweep = ch03.bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8))
@@ -244,10 +249,10 @@ for p in (2, 4):
 #    **between actions**, and **cores shared** with other threads and processes (a stage that is
 #    off its core for a while makes its neighbour wait).
 #
-# Below: GPipe on 2 stages (as many ranks as this laptop has cores, or fewer), on a model whose
-# stages do equal work, with 128–256 samples per micro-batch so that a forward takes several
-# milliseconds and a message a small fraction of one: 16 hidden layers, 8 per stage. Then the same
-# model with one hidden layer fewer: 15 do not split evenly, so stage 0 gets 7 and stage 1 gets 8.
+# Below: GPipe on 2 stages, on a model whose stages do equal work: 16 hidden layers, 8 per stage.
+# Micro-batches of 128–256 samples make a forward take several milliseconds and a message a small
+# fraction of one. Then the same model with one hidden layer fewer: 15 do not split evenly, so stage 0
+# gets 7 and stage 1 gets 8.
 
 # %%
 causes = ch03.bubble_causes(microbatches=(4, 8), schedule="gpipe")
@@ -267,41 +272,50 @@ for m in (4, 8):  # at each M, the model whose stages are more unequal in time p
     assert b["stages"] >= a["stages"], (a, b)
 
 # %% [markdown]
-# What the bars say, and what varies. **The slowest stage sets the pace.** In GPipe each phase is
-# a *flow shop* (scheduling's name for jobs that visit the same machines in the same order;
-# here micro-batches visiting stages): its length is the sum of the stage times plus M − 1 times the slowest one, so with
-# *pace* = (slowest forward + slowest backward) ÷ (the mean stage's forward + backward), the bubble
-# replayed from the stages' mean times is exactly 1 − M/(P + (M − 1)·pace) — the formula at pace 1,
-# more at any other (the cell above checks it on every run, and prints each run's pace). The faster
-# stage waits for the slower one every micro-batch.
+# **The slowest stage sets the pace.** In GPipe each phase is a *flow shop* (scheduling's name for
+# jobs that visit the same machines in the same order; here micro-batches visiting stages). Its length
+# is the sum of the stage times plus M − 1 times the slowest one. Define the **pace** as (slowest
+# forward + slowest backward) ÷ (the mean stage's forward + backward). Then the bubble replayed from
+# the stages' mean times is exactly 1 − M/(P + (M − 1)·pace): the formula at pace 1, more at any
+# other. The cell above checks it on every run, and the table prints each run's pace. The faster stage
+# waits for the slower one every micro-batch.
 #
-# Which model is the more unequal *in time* depends on the machine. With 7 + 8 layers, one stage
+# **Which model is the more unequal *in time* depends on the machine.** With 7 + 8 layers, one stage
 # does 8/7 of the other's arithmetic; but the "balanced" 8 + 8 cut is equal only in parameters, and
-# the CPU's kernels do not treat every layer alike. In one run with the portable kernels
-# (`ATEN_CPU_CAPABILITY=default`) at M = 8, the 8 + 8 model's pace came out at 1.036 and the 7 + 8
-# model's at 1.028: there the 7 + 8 cut was the *better* balanced of the two. In a CI run on a
-# loaded 2-core machine (the notebook in a browser), the 8 + 8 model at M = 8 had a pace of 1.073:
-# 15.9 % idle from unequal stages and 17.8 % with the variation, against the formula's 11.1 %. Whichever
-# it is, the one with the larger pace pays more idle time, which is what the cell checks. How much
-# the variation adds varies from run to run; the range in brackets in the first table is where it
-# can land: the run's work on the timelines where every action is as fast, or as slow, as its
-# stage's fastest, or slowest, of its kind. Balancing
-# stages by *time*, not by parameter count, is what `balance="time"` and real systems do, but a cut
-# between whole layers can only be so even — with 15 equal layers on 2 stages, one stage always
-# gets 8. Messages cost more than their
-# bytes suggest: most land within a fraction of a millisecond, but each needs a few moments of a
-# core (for Gloo's I/O thread and the link's threads) while both stages are computing, and now and
-# then that takes milliseconds. In GPipe, messages matter mostly where the line fills and turns
-# around; in 1F1B's steady state with 2 stages, each stage's next action depends on a message that
-# went there and back, so the delays add up every micro-batch. On a laptop the stages also share
-# their cores with this notebook, the browser and anything else running — the printed *off its
-# core* shares show how much, run by run. What the wall clock adds depends on the machine and its
-# load, not on the schedule alone, which is why the cell above checks only the replayed bubble;
-# `python -m lesson_lib bench bubble` repeats these runs for GPipe and 1F1B and prints each one.
+# the CPU's kernels do not treat every layer alike. Whichever it is, the one with the larger pace pays
+# more idle time, which is what the cell checks.
 #
-# The sweep above shows one more cost: micro-batches are not free. Each one re-reads the stage's weights and adds into its gradients,
-# so the work per sample grows as micro-batches shrink (compare the step times printed by the
-# sweep). That is why real systems do not simply take M = 1000.
+# <details><summary>Two runs where the balance came out differently</summary>
+#
+# In one run with the portable kernels (`ATEN_CPU_CAPABILITY=default`) at M = 8, the 8 + 8 model's
+# pace came out at 1.036 and the 7 + 8 model's at 1.028: there the 7 + 8 cut was the *better*
+# balanced of the two. In a CI run on a loaded 2-core machine (the notebook in a browser), the 8 + 8
+# model at M = 8 had a pace of 1.073: 15.9 % idle from unequal stages and 17.8 % with the variation,
+# against the formula's 11.1 %.
+#
+# </details>
+#
+# **Variation between micro-batches** adds a different amount in every run. The range in brackets in
+# the first table is where it can land: the run's work replayed with every action as fast, or as
+# slow, as its stage's fastest, or slowest, of its kind.
+#
+# **Balancing stages by time**, not by parameter count, is what `balance="time"` and real systems do.
+# But a cut between whole layers can only be so even: with 15 equal layers on 2 stages, one stage
+# always gets 8.
+#
+# **Messages cost more than their bytes suggest.** Most land within a fraction of a millisecond, but
+# each needs a few moments of a core (for Gloo's I/O thread and the link's threads) while both stages
+# are computing, and now and then that takes milliseconds. In GPipe, messages matter mostly where the
+# line fills and turns around. In 1F1B's steady state with 2 stages, each stage's next action depends
+# on a message that went there and back, so the delays add up every micro-batch. The stages also share
+# their cores with this notebook and anything else running: the *off its core* column shows how much.
+# So the wall clock depends on the machine and its load, not on the schedule alone, and the cell above
+# checks only the replayed bubble. `python -m lesson_lib bench bubble` repeats these runs for GPipe
+# and 1F1B and prints each one.
+#
+# **Micro-batches are not free.** The sweep above shows one more cost: each micro-batch re-reads the
+# stage's weights and adds into its gradients, so the work per sample grows as micro-batches shrink
+# (compare the step times printed by the sweep). That is why real systems do not simply take M = 1000.
 #
 # ### Interleaving: shorter steps instead of more micro-batches
 #
@@ -376,8 +390,8 @@ assert max(g.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.
 # with the batch. So it needs a fast interconnect between pipeline ranks (they also split each
 # message over the tensor-parallel ranks' links, their scatter/gather optimization), a few chunks
 # per rank rather than many, and M a multiple of P (Megatron's current code lets the last group of
-# micro-batches absorb a remainder). On this laptop's shared cores a message costs more than its
-# bytes (see above), so the ideal machine is where this section shows the schedule's gain.
+# micro-batches absorb a remainder). Here, on shared cores, a message costs more than its bytes (see
+# above), so this section shows the schedule's gain on the ideal machine.
 #
 # ### Zero bubble: split the backward
 #
@@ -427,14 +441,19 @@ for r in zbr["rows"]:
 # At M ≥ P the replay gives exactly what the paper states: 1F1B leaves each stage idle for
 # (P − 1)(F + B + W) = 9 units, ZB-H1 for (P − 1)(F + B − W) = 3 — a third. Against the M·(F + B + W)
 # of work, the bubble rate falls from (P − 1)/M to (P − 1)/(3M); as the idle share of the step, from
-# (P − 1)/(M + P − 1) to (P − 1)/(3M + P − 1). The middle column shows the two halves of the gain:
-# sending the gradient after B alone saves (P − 1)·W, since stage k − 1 no longer waits for stage k's
-# W; moving the W's into the tail saves another (P − 1)·W. With fewer micro-batches than stages
-# (M = 2) there are too few W's to hold back and ZB-H1 saves less. The third needs W no longer than F
-# or B: the replay gives (P − 1)(F + B − W) exactly then (the tests check a grid of durations). And
-# the order needs the early gradient: with the gradient sent only after W, ZB-H1 deadlocks (a test
-# shows where). Memory: every stage keeps up to P micro-batches from F to W, where 1F1B's stage k
-# keeps P − k; the peak, stage 0's, is the same. The paper counts a micro-batch waiting only for its
+# (P − 1)/(M + P − 1) to (P − 1)/(3M + P − 1).
+#
+# The *B first* column shows the two halves of the gain: sending the gradient after B alone saves
+# (P − 1)·W, since stage k − 1 no longer waits for stage k's W; moving the W's into the tail saves
+# another (P − 1)·W. With fewer micro-batches than stages (M = 2) there are too few W's to hold back
+# and ZB-H1 saves less.
+#
+# Two conditions. The third needs W no longer than F or B: the replay gives (P − 1)(F + B − W)
+# exactly then (the tests check a grid of durations). And the order needs the early gradient: with
+# the gradient sent only after W, ZB-H1 deadlocks (a test shows where).
+#
+# Memory: every stage keeps up to P micro-batches from F to W, where 1F1B's stage k keeps P − k; the
+# peak, stage 0's, is the same (the *held* column). The paper counts a micro-batch waiting only for its
 # W as holding less than a whole one (W needs each layer's input and output gradient, not every
 # activation); our stages keep its whole graph until W.
 #
@@ -451,9 +470,9 @@ show_source(zbs.forward_keeping, zbs.backward_input, zbs.backward_weight)
 # %% [markdown]
 # Run on 4 ranks: the `tiny` model against one process (the check of §2, with its tolerance) and
 # against 1F1B; then the chapter's `laptop` model timed, with the messages counted beside §4's 1F1B
-# run of the same shape (4 stages, 4 micro-batches). Four ranks share this laptop's cores, so the
-# wall clock is stretched: the timeline shows the wall clock and, below it, the step replayed from
-# each action's busy (CPU) time.
+# run of the same shape (4 stages, 4 micro-batches). Where the four ranks outnumber the cores the wall
+# clock stretches, so the timeline shows the wall clock and, below it, the step replayed from each
+# action's busy time.
 
 # %%
 zrun = ch03.zero_bubble_run(stages=4, microbatches=4, against=runs["1f1b"])
@@ -467,11 +486,12 @@ assert zrun["max_in_flight"] == [4, 4, 4, 4]              # F to W: P on every s
 # %% [markdown]
 # The same training as 1F1B, bit for bit, with the same messages: P − 1 = 3 each way per
 # micro-batch, since W sends nothing. What the real run's clocks say varies with the machine and its
-# load, which is why the cell asserts only the equality and the counts. The busy times printed
-# above test the paper's assumption F = B = W: in our runs a W has cost more than an F or a B (it
-# calls autograd once per layer and adds into `.grad`), and where W is the longest the third no
-# longer holds even on the ideal machine — compare the replayed bubble with ZB-H1's ideal and with
-# §4's 1F1B run, both printed above.
+# load, which is why the cell asserts only the equality and the counts.
+#
+# The busy times printed above test the paper's assumption F = B = W. In our runs a W has cost more
+# than an F or a B (it calls autograd once per layer and adds into `.grad`), and where W is the
+# longest the third no longer holds even on the ideal machine. Compare the replayed bubble with
+# ZB-H1's ideal and with §4's 1F1B run, both printed above.
 #
 # **At cluster scale.** The paper goes further: ZB-H2 lets each stage hold up to 2P − 1 micro-batches
 # and reaches a zero bubble; an automatic scheduler places F, B and W from their measured times and
@@ -487,16 +507,19 @@ assert zrun["max_in_flight"] == [4, 4, 4, 4]              # F to W: P on every s
 # before its first backward, so it holds all M micro-batches' activations. Under 1F1B stage k holds at
 # most P−k of them: after its warm-up, every new forward is matched by a backward that frees one.
 #
-# We count them two ways. The **inventory**: autograd's saved-tensor hooks report each tensor a
-# micro-batch's forward keeps for its backward, and the stage adds up those alive at once, over the
-# whole schedule. The **measurement**: `PeakMemory` (chapter 4 opens it) counts every allocation and
-# free that torch's allocator makes during the stage's last step and keeps the peak above what was
-# alive at the step's start (parameters, gradients, momentum) — it knows nothing of what the code
-# holds. The stage's receive buffers are allocated on the link's own threads
-# (`stage_comm.StageLink`), which the stage's count does not see: each of those threads opens a
-# count of its own (`PeakMemory.thread`), and the counts are merged in time order. The model is the
-# `memory` preset (its shape is in the titles), on which a micro-batch's activations outweigh what
-# the backward builds on the side; 128 samples per micro-batch.
+# We count them two ways.
+#
+# * The **inventory**: autograd's *saved-tensor hooks* report each tensor a micro-batch's forward
+#   keeps for its backward, and the stage adds up those alive at once, over the whole schedule.
+# * The **measurement**: `PeakMemory` (chapter 4 opens it) counts every allocation and free that
+#   torch's allocator makes during the stage's last step, and keeps the peak above what was alive at
+#   the step's start (parameters, gradients, momentum). It knows nothing of what the code holds.
+#   The stage's receive buffers are allocated on the link's own threads (`stage_comm.StageLink`),
+#   which the stage's count does not see: each of those threads opens a count of its own
+#   (`PeakMemory.thread`), and the counts are merged in time order.
+#
+# The model is the `memory` preset (its shape is in the titles), on which a micro-batch's activations
+# outweigh what the backward builds on the side; 128 samples per micro-batch.
 
 # %%
 mem = ch03.activation_memory(stages=4, microbatches=(1, 2, 4, 8))
@@ -517,10 +540,16 @@ assert at["1f1b", 0]["measured"] < 0.6 * at["gpipe", 0]["measured"]  # and the a
 # what saved-tensor hooks never see: the receive buffers posted ahead (GPipe posts all M of a
 # step's at its start, 1F1B two at a time) and what one backward builds while it runs — the
 # gradients of a micro-batch's activations and a weight gradient, before it is added into the
-# stage's gradient. The measurement also found what the inventory could not: the link's send thread
-# used to keep every activation it had sent until the end of the step, so a 1F1B stage held all M
-# of its outputs after all. It now lets each go once sent (`tests/test_pipeline_memory.py` bounds
-# what stage 0 allocates beyond its saved tensors, and fails with the old thread).
+# stage's gradient.
+#
+# <details><summary>A leak the measurement found and the inventory could not</summary>
+#
+# The link's send thread used to keep every activation it had sent until the end of the step, so a
+# 1F1B stage held all M of its outputs after all. It now lets each go once sent
+# (`tests/test_pipeline_memory.py` bounds what stage 0 allocates beyond its saved tensors, and fails
+# with the old thread).
+#
+# </details>
 #
 # Same bubble, a fraction of the activation memory: that is the case Narayanan et al. make for 1F1B
 # ("PipeDream-Flush", Memory-Efficient Pipeline-Parallel DNN Training, ICML 2021), and the schedule
@@ -543,10 +572,10 @@ assert at["1f1b", 0]["measured"] < 0.6 * at["gpipe", 0]["measured"]  # and the a
 show_source(pp.stage_forward)
 
 # %% [markdown]
-# GPipe and 1F1B at M = 8 again, each with and without recomputation, on the same `memory`
-# preset; then the busy time of one step's forwards and backwards on the chapter's `laptop` model (128
-# samples per micro-batch; of three steps, the one the other processes on these cores disturbed
-# least), with the meter off (its profiler costs every small operation time).
+# GPipe and 1F1B at M = 8 again, each with and without recomputation, on the same `memory` preset.
+# Then the busy time of one step's forwards and backwards on the chapter's `laptop` model, 128 samples
+# per micro-batch, with the meter off (its profiler costs every small operation time). Of its timed
+# steps, each variant keeps the one that other processes on the cores disturbed least.
 
 # %%
 rc = ch03.recomputation(stages=4, microbatches=8)
@@ -600,7 +629,7 @@ for schedule, c in lib.items():
 # %% [markdown]
 # ## 8. Try it yourself
 #
-# Each click starts real processes (4 stages on a laptop take a second or two).
+# Each click starts real processes; 4 stages take a second or two.
 
 # %%
 ch03.explorer()

@@ -17,19 +17,25 @@
 # # Chapter 6 — Communication compression: less talk, more work
 #
 # Even with the ring (chapter 2) and larger batches (chapter 5), every step still ships the whole
-# gradient. **Compression** ships less: *sparsification* sends only some coordinates — the largest
-# (those above a threshold, Strom, 2015; a fixed fraction, Aji & Heafield, 2017; Deep Gradient
-# Compression, Lin et al., 2018, added momentum correction, local gradient clipping and a warm-up
-# to keep the accuracy while sending far fewer) or random ones; *quantization* sends fewer bits per
-# number — 16-bit floats, a few levels (QSGD, Alistarh et al., 2017) or just the sign (1-bit SGD,
-# Seide et al., 2014; signSGD, Bernstein et al., 2018; with a scale and error feedback, EF-SignSGD,
-# Karimireddy et al., 2019); *low rank* sends two thin matrices instead of each weight gradient
-# (PowerSGD, Vogels et al., 2019). What a compressor drops is not lost if each rank keeps it and adds
-# it to its next gradient: **error feedback**, which 1-bit SGD introduced (Seide et al., 2014).
+# gradient. **Compression** ships less, in three ways:
 #
-# This chapter runs every one of them in real data-parallel training on your machine, counts the
-# bytes that cross, and asks the question users of real systems ask: *I turned compression on — why
-# is it not faster?*
+# * **Sparsification** sends only some coordinates. **Top-k** sends the k largest: those above a
+#   threshold (Strom, 2015) or a fixed fraction (Aji & Heafield, 2017). Deep Gradient Compression
+#   (Lin et al., 2018) added momentum correction, local gradient clipping and a warm-up, to keep the
+#   accuracy while sending far fewer. **Random-k** sends k random coordinates.
+# * **Quantization** sends fewer bits per number: 16-bit floats, a few levels (QSGD, Alistarh et al.,
+#   2017) or just the sign (1-bit SGD, Seide et al., 2014; signSGD, Bernstein et al., 2018). EF-SignSGD
+#   (Karimireddy et al., 2019) adds a scale and error feedback.
+# * **Low rank** sends two thin matrices instead of each weight gradient (PowerSGD, Vogels et al.,
+#   2019).
+#
+# What a compressor drops is not lost if each rank keeps it and adds it to its next gradient. That is
+# **error feedback**, which 1-bit SGD introduced (Seide et al., 2014); what a rank keeps is its
+# **residual**.
+#
+# This chapter runs each of them in real data-parallel training on your machine, counts the bytes
+# that cross, and asks the question users of real systems ask: *I turned compression on — why is it
+# not faster?*
 
 # %% [markdown]
 # **After this chapter you can:**
@@ -62,9 +68,10 @@ from lesson_lib.models import mlp
 #
 # Each rank adds its residual (what it did not send before) to its gradient, keeps the k largest
 # magnitudes and sends them with their indices. Ranks keep **different** coordinates, so their
-# messages cannot be added in place on the way like a ring all-reduce does: every rank gathers
-# everyone's (index, value) pairs and adds them where they land. Written in this cell, run on 2 real
-# ranks, and compared with `lesson_lib.milestones.compression.TopK` on the same gradients:
+# messages cannot be added in place on the way, as a ring all-reduce does. Instead every rank gathers
+# everyone's (index, value) pairs — an **all-gather**: every rank receives every rank's message — and
+# adds them where they land. Written in this cell, run on 2 real ranks, and compared with
+# `lesson_lib.milestones.compression.TopK` on the same gradients:
 
 # %%
 def topk_error_feedback(steps: int = 4, numel: int = 1000, k: int = 20):
@@ -115,16 +122,19 @@ show_source(TopK._reduce, compression.Compressor.reduce)
 # PowerSGD treats each weight gradient M (n × m) as a matrix and sends P = MQ (n × r) and then
 # Q = MᵀP (m × r) — both **add in place**, because (Σᵢ Mᵢ)Q = Σᵢ MᵢQ — one power iteration per step,
 # warm-started from the last step's Q. The ranks end with P Qᵀ ≈ the average of M. Biases (1-D)
-# travel uncompressed, in the same all-reduce as P: two all-reduces per step. (Torch's hook and the
-# paper's code post a third for the biases and overlap it with computing P; our ring blocks, so the
-# biases ride with P instead — the same bytes, one all-reduce's latency fewer.) Our step:
+# travel uncompressed, in the same all-reduce as P: two all-reduces per step.
+#
+# Torch's hook and the paper's code post a third all-reduce for the biases and overlap it with
+# computing P. Our ring blocks, so the biases ride with P instead: the same bytes, one all-reduce's
+# latency fewer. Our step:
 
 # %%
 show_source(PowerSGD._reduce)
 
 # %% [markdown]
-# Every compressor is also a **DDP communication hook** (`ddp_hook(compressor)`): a bucket in, a
-# future of the averaged bucket out. Here our PowerSGD hook and torch's own `powerSGD_hook` train
+# Every compressor is also a **DDP communication hook** (`ddp_hook(compressor)`): DDP hands it a
+# bucket of gradients, and it returns a *future* (a handle that completes with a result) of the
+# averaged bucket. Here our PowerSGD hook and torch's own `powerSGD_hook` train
 # the same model under `torch.nn.parallel.DistributedDataParallel` on 2 real ranks with the same
 # settings (rank 2, compression from step 2, torch's seed):
 
@@ -175,10 +185,12 @@ final = {label: ch06.final_loss(r) for label, r in runs.items()}
 # sign **with** error feedback stay close to it; **without** error feedback they fall behind — the
 # coordinates top-k drops are never sent, and sign's rounding errors pile up in one direction. The
 # exact losses vary a little with the CPU; the cell checks the margins that hold on every run.
+#
 # Random-k sends the fewest bytes but learns slowest here: it picks coordinates blind to their size,
 # so most of what it sends is small (error feedback keeps the rest for later). The last run, *sign,
-# compressed all-reduce* (dashed), sends the same scaled signs another way, which §5 explains; its
-# ranks end every run with the same parameters, bit for bit (`ranks_agree`, a hash of each rank's).
+# compressed all-reduce* (dashed), sends the same scaled signs another way, which §5 explains. In
+# every run all ranks end with the same parameters, bit for bit (`ranks_agree` compares a hash of
+# each rank's).
 
 # %%
 assert abs(final["fp16"] - final["none"]) < 0.02, final
@@ -229,10 +241,10 @@ assert by["none"]["bf16_ring_bytes_per_step"] == ring / 2  # the bf16 ring: half
 # same coordinates everywhere) and PowerSGD add in place, so they ride a **ring all-reduce**:
 # 2(N−1)/N·P, below 2P whatever N. At N = 2 both are one payload exactly. The *compressed all-reduce*
 # (diamonds, dashed) is the third way, explained below the figure. Here every compressor runs a few
-# steps of the same model on 2, 4 and 8 real ranks (where ranks outnumber the cores they time-share
-# them, too slowly to time, but every byte is still counted exactly; the figure says so when it
-# happens). Stars mark where an all-gathered scheme stops saving: filled against the fp32 ring, open
-# against the bf16 ring.
+# steps of the same model on 2, 4 and 8 real ranks. Where ranks outnumber the cores they run too
+# slowly to time, but every byte is still counted exactly; the figure says when that happens. Stars
+# mark where an all-gathered scheme stops saving: filled against the fp32 ring, open against the bf16
+# ring.
 
 # %%
 scale = ch06.scaling()
@@ -280,9 +292,11 @@ print("break-even N against the bf16 ring:", scale["break_even_bf16"])
 # codes of its chunk, averages them, compresses the average (plus its *server* residual), and the
 # compressed averages are **all-gathered**. Error feedback on both sides keeps what each of the two
 # codes did not say. Each rank sends its N−1 foreign chunks once and its own compressed average N−1
-# times: about 2(N−1)/N·P, flat in N like a ring. (signSGD with majority vote, Bernstein et al., 2019,
+# times: about 2(N−1)/N·P, flat in N like a ring. signSGD with majority vote (Bernstein et al., 2019)
 # is another way to reduce quantized messages: the server sums the ranks' signs and sends back the
-# sign of the sum.) Here it is with §4's scaled sign, in our counted point-to-point calls (an
+# sign of the sum.
+#
+# Here is the compressed all-reduce with §4's scaled sign, in our counted point-to-point calls (an
 # all-gather is an all-to-all that sends the same message to every rank):
 
 # %%
@@ -317,14 +331,16 @@ assert all(torch.equal(a, w) for out in outs for a, w in zip(out, want))  # ever
 # ## 6. When does it pay? An emulated link
 #
 # On one machine every "link" is a memory copy at several GB/s: compression mostly costs time. To see
-# a network, `lesson_lib.comm.set_link` makes every transfer take at least α + bytes/B — the real copy
-# first, then a sleep for the rest. It is an **emulation**, labelled so on the figure; α is 100 µs per
-# message here. Each compressor's time per step is measured at bandwidths from 0.03 to 30 Gbit/s,
-# beside chapter 2's α-β model fed with what was measured on the real link: compute time per step,
-# messages per step and counted bytes. It runs on 2 ranks and again on 4 (fewer bandwidths and steps);
-# 4 ranks on this machine's cores are **oversubscribed**: they time-share the cores, which stretches
-# the wall clock, so each measurement has its busy time (the slowest rank's CPU time per step, open
-# markers) beside it, and the figure says so.
+# a network, `lesson_lib.comm.set_link` makes every transfer take at least α + bytes/B, where α is
+# the fixed cost of a message (100 µs here) and B the bandwidth: the real copy first, then a sleep for
+# the rest. It is an **emulation**, labelled so on the figure.
+#
+# Each compressor's time per step is measured at bandwidths from 0.03 to 30 Gbit/s, beside chapter
+# 2's α-β model fed with what was measured on the real link: compute time per step, messages per step
+# and counted bytes. It runs on 2 ranks and again on 4 (fewer bandwidths and steps). Where 4 ranks
+# outnumber the cores they are **oversubscribed**: they time-share the cores, which stretches the
+# wall clock. So each measurement has its busy time (the slowest rank's CPU time per step, open
+# markers) beside it, and the figure says when that happens.
 
 # %%
 show_source(comm.set_link)
@@ -334,18 +350,22 @@ sweep = ch06.bandwidth_sweep()
 t = {(r["compressor"], r["gbps"]): r for r in sweep["rows"]}
 
 # %% [markdown]
-# On a slow link the bytes decide: every compressor's step is shorter by about the time its saved
+# **On a slow link the bytes decide.** Every compressor's step is shorter by about the time its saved
 # bytes would take on the link — on 4 ranks too, where top-k's all-gather already sends 3 payloads.
-# The busy times stay far below the wall clock on the slow links: there a step is mostly sleeping
-# on the emulated wire, so time-sharing the cores costs little; on the fast links the oversubscribed
-# 4 ranks' wall times stretch well past their busy times. On a fast one the bytes cost little, and what is left is each
-# compressor's own work and messages: PowerSGD posts two all-reduces per step instead of one, each
-# paying α twice per rank, so there the uncompressed ring is as fast or faster. Where the lines cross
-# depends on this machine's compute speed and on what else runs on its cores, so it moves from run to
-# run (compare the predicted and measured crossovers in the table); the slow end does not. The check
-# below asks each compressor to save at least half of its saved bytes' link time (the other half is
-# room for its compute and its extra messages' sleeps, which a busy machine stretches — with other
-# jobs on the cores, PowerSGD's measured step can be a few times its prediction):
+# There a step is mostly sleeping on the emulated wire, so the busy times stay far below the wall
+# clock and time-sharing the cores costs little.
+#
+# **On a fast link the bytes cost little**, and what is left is each compressor's own work and
+# messages. PowerSGD posts two all-reduces per step instead of one, each paying α twice per rank, so
+# there the uncompressed ring is as fast or faster. The oversubscribed 4 ranks' wall times stretch
+# well past their busy times.
+#
+# Where the lines cross (the **crossover**) depends on the machine's compute speed and on what else
+# runs on its cores, so it moves from run to run: compare the predicted and measured crossovers in
+# the table. The slow end does not move. The check below asks each compressor to save at least half
+# of its saved bytes' link time. The other half is room for its compute and its extra messages'
+# sleeps, which a busy machine stretches: with other jobs on the cores, PowerSGD's measured step can
+# be a few times its prediction.
 
 # %%
 slow = ch06.GBPS[0]

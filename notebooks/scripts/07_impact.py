@@ -52,16 +52,22 @@ from lesson_lib.chapters import ch07
 # %% [markdown]
 # ## 1. One training step, as code
 #
-# A step costs **compute** (FLOPs over the rate the devices deliver: 6·Ψ per token for forward and
-# backward, Kaplan et al. 2020, 8·Ψ when the forward is recomputed, Narayanan et al. 2021), the
-# pipeline's **bubble** ((P−1)/(M+P−1) of its time, chapter 3), and the **bandwidth** and **latency**
-# of its messages — the α-β formulas: for a parameter server with K shards (chapter 1) the busiest
-# endpoint's 2·max(N/K, 1)·S·β + 2·max(N, K)·α (a server takes 2N messages, a worker sends 2K:
-# `costmodel.ps_terms`), 2(N−1)/N·S·β + 2(N−1)α for a ring (chapter 2), 1.5× the ring's bytes for
-# ZeRO-3 (chapter 4), and the **tensor** term: Megatron's two all-reduces of one activation per
-# block forward and two backward (chapter 8), on the node's NVLink, never hidden. How much of the
-# data-parallel communication hides behind compute is an explicit input (`overlap`); the chart below
-# is drawn at both of its bounds. This is the whole step model the chart uses:
+# A training step of a model with Ψ parameters costs four **terms**:
+#
+# * **compute**: FLOPs over the rate the devices deliver; 6·Ψ per token for forward and backward
+#   (Kaplan et al., 2020), 8·Ψ when the forward is recomputed (Narayanan et al., 2021);
+# * the pipeline's **bubble**: (P−1)/(M+P−1) of its time (chapter 3);
+# * the **bandwidth** and **latency** of its messages, from the α-β formulas (α: the fixed cost of a
+#   message; β: seconds per byte; S: the gradient's bytes). For a parameter server with K shards
+#   (chapter 1), the busiest endpoint's 2·max(N/K, 1)·S·β + 2·max(N, K)·α: a server takes 2N
+#   messages, a worker sends 2K (`costmodel.ps_terms`). For a ring (chapter 2), 2(N−1)/N·S·β +
+#   2(N−1)α. For ZeRO-3 (chapter 4), 1.5× the ring's bytes;
+# * the **tensor** term: Megatron's two all-reduces of one activation per block forward and two
+#   backward (chapter 8), on the node's NVLink, never hidden.
+#
+# How much of the data-parallel communication hides behind compute is an explicit input, the
+# **overlap** (0: nothing hidden; 1: all that the compute can cover). The chart below is drawn at both
+# bounds. This is the whole step model the chart uses:
 
 # %%
 show_source(costmodel.step_time)
@@ -110,12 +116,12 @@ for case, p in ((c, p) for c, p in published.items() if p["use"] == "calibration
 # The paper does not say whether it recomputed the forward; 126 TFLOP/s at 60.1 s is what 8·Ψ FLOPs
 # per token give (6·Ψ would give about 93), so the row says recompute, inferred.
 #
-# **LLaMA-65B** (Touvron et al., 2023) is only a **sanity check**: 2,048 A100-80GB, about 380
-# tokens/s per GPU, 1.4T tokens, about 21 days, its shape, its batch of 4M tokens, its saved linear
-# outputs (6·Ψ FLOPs per token) and its sequence parallelism (Korthikanti et al., 2022) are the
-# paper's, but its tensor and pipeline layout is not reported, so t = 8 and p = 4 are the model's own
-# choice (the fewest stages at which it fits) — a model that picks its own layout checks itself. The
-# calibrated efficiency then gives:
+# **LLaMA-65B** (Touvron et al., 2023) is only a **sanity check**. From the paper: 2,048 A100-80GB,
+# about 380 tokens/s per GPU, 1.4T tokens, about 21 days, its shape, its batch of 4M tokens, its saved
+# linear outputs (6·Ψ FLOPs per token) and its sequence parallelism (Korthikanti et al., 2022). Its
+# tensor and pipeline layout is not reported, so t = 8 and p = 4 are the model's own choice (the
+# fewest stages at which it fits): a model that picks its own layout checks itself. The calibrated
+# efficiency then gives:
 
 # %%
 checks = ch07.published_check()
@@ -245,10 +251,12 @@ assert all(r["terms"]["latency"] >= sweep[-1]["terms"]["latency"] * (N - 1) / N 
 #
 # The compression bar divides the gradient bytes by 4 and assumes **no extra steps** — the chart
 # labels it "bound: no extra steps". Chapter 6 measured otherwise on its small model: compressed
-# runs needed more steps to reach the same loss (how many depends on the compressor, the model and
-# the run, and no figure measured there transfers to GPT-3, so none is taken as a default). The
-# plan's `extra_steps` says how many more, as a share; its days grow as (1 + extra_steps), and the
-# break-even share against LAMB, the bar it builds on, is LAMB's days over compression's, minus one.
+# runs needed more steps to reach the same loss. How many depends on the compressor, the model and
+# the run, and no figure measured there transfers to GPT-3, so none is taken as a default.
+#
+# The plan's `extra_steps` says how many more, as a share; its days grow as (1 + extra_steps). The
+# **break-even** share against LAMB, the bar it builds on, is LAMB's days over compression's, minus
+# one.
 # Chapter 6 also showed that compressors whose payloads are **all-gathered** (top-k, QSGD, sign)
 # stop saving bytes at a break-even N, long before the chart's 1,024 data-parallel ranks; only schemes
 # that all-reduce (PowerSGD, random-k with shared indices, casts) keep the 4×:
@@ -298,12 +306,12 @@ print(f"GPT-3's real run (Narayanan et al., SC21): {gpt3_paper:g} days")
 # ### Offload: the host's memory as a fourth ZeRO stage?
 #
 # ZeRO-Offload (Ren et al., USENIX ATC 2021) builds on ZeRO-2: each device's shard of the gradients
-# and of Adam's fp32 state (2 + 12 bytes per parameter, over d) moves to the host's memory, where
-# the CPU takes Adam's step; the device keeps the bf16 parameters and the activations, and per step
-# sends its gradient shard down and gets its parameter shard back over PCIe. Ren et al. report 13
-# billion parameters trained on a single 32 GB V100 this way. The cost model with offload (its new
-# assumptions are printed below), first that case, then a trillion parameters on 1,024 A100s at
-# several pipeline depths:
+# and of Adam's fp32 state (2 + 12 bytes per parameter, over d data-parallel ranks) moves to the
+# host's memory, where the CPU takes Adam's step. The device keeps the bf16 parameters and the
+# activations, and per step sends its gradient shard down and gets its parameter shard back over
+# PCIe. Ren et al. report 13 billion parameters trained on a single 32 GB V100 this way. The cost
+# model with offload (its new assumptions are printed below), first that case, then a trillion
+# parameters on 1,024 A100s at several pipeline depths:
 
 # %%
 v100 = costmodel.estimate(costmodel.Plan(13e9, 1e9, 1, device="v100-32gb", zero=2, offload=True,
@@ -376,30 +384,39 @@ ch07.what_if()
 # batch on ZeRO's data-parallel path, and chapter 6's PowerSGD (rank 2, error feedback; Vogels et al.,
 # NeurIPS 2019) twice: on the real link and on an **emulated** 10 Mbit/s link with 100 µs per message
 # (`comm.set_link`: each transfer is held until latency + bytes/bandwidth have passed — a sleep, not a
-# network; the record's `link_gbps` says so and its bar is hatched). PowerSGD is the compressor here
-# because on this model it reached the target at 19× fewer gradient bytes, where chapter 6's other
-# strong candidate, top-k at 1 %, did not reach it within the budget in our runs (the choice is
-# explained beside `COMPRESSOR` in `lesson_lib/milestones/impact/milestone.py`). Each trains until the
-# end of its budget; we record when the loss, averaged over 5 steps, first reaches 1.0. The optimizers
-# differ because the milestones do:
-# the parameter server, the pipeline and PowerSGD train with SGD (momentum 0.9), ZeRO with Adam, the
-# large batch with LAMB; within each family the steps are the same computation (chapters 1, 3 and 4
-# check that), so they need the same number of steps — except PowerSGD, which sends an approximation
-# of the gradient and needs a few more.
+# network; the record's `link_gbps` says so and its bar is hatched).
+#
+# <details><summary>Why PowerSGD is this chapter's compressor</summary>
+#
+# On this model PowerSGD reached the target at 19× fewer gradient bytes, where chapter 6's other
+# strong candidate, top-k at 1 %, did not reach it within the budget in our runs. The choice is
+# explained beside `COMPRESSOR` in `lesson_lib/milestones/impact/milestone.py`.
+#
+# </details>
+#
+# Each trains until the end of its budget; we record when the loss, averaged over 5 steps, first
+# reaches 1.0 (the **target**). The optimizers differ because the milestones do: the parameter
+# server, the pipeline and PowerSGD train with SGD (momentum 0.9), ZeRO with Adam, the large batch
+# with LAMB. Within each family the steps are the same computation (chapters 1, 3 and 4 check that),
+# so they need the same number of steps — except PowerSGD, which sends an approximation of the
+# gradient and needs a few more.
 
 # %%
 result = ch07.measured("quick")
 records = {r["milestone"]: r for r in result["milestones"]}
 
 # %% [markdown]
-# Times on this machine vary from run to run, and with 3 ranks on 2 cores they are stretched by
-# time-sharing (the note above the figure says so when it happens); which bar is shortest can change
-# between runs. What holds in every run is checked here: every milestone reaches the target; the
-# same computation needs the same steps; the large batch needs the fewest steps; the parameter
-# server's link carries 2·N·S per step and the ring's 2·2(N−1)/N·S (sent and received); ZeRO-3 moves
-# 1.5× ZeRO-1's bytes; each ZeRO stage holds less model state than the one before it. (PowerSGD's
-# memory includes its error-feedback residual — one more gradient-sized buffer — and its Q matrices,
-# under "buffers": compression saves bytes on the wire, not in memory.)
+# Times vary from run to run, and where the 3 ranks outnumber the cores they are stretched by
+# time-sharing (the note above the figure says so); which bar is shortest can change between runs.
+# What holds in every run is checked here:
+#
+# * every milestone reaches the target;
+# * the same computation needs the same steps, and the large batch the fewest;
+# * the parameter server's link carries 2·N·S per step, the ring's 2·2(N−1)/N·S (sent and received);
+# * ZeRO-3 moves 1.5× ZeRO-1's bytes, and each ZeRO stage holds less model state than the one before.
+#
+# PowerSGD's memory includes its error-feedback residual (one more gradient-sized buffer) and its Q
+# matrices, under "buffers": compression saves bytes on the wire, not in memory.
 
 # %%
 n, psi = 3, records["ring"]["param_count"]
@@ -474,15 +491,19 @@ print(ch07.validation_table(result))
 
 # %% [markdown]
 # How far off it is changes from run to run and from machine to machine (the last two lines print
-# the range of measured ÷ predicted), and we do not assert it. On a 2-core laptop a 38k-parameter
-# step lasts milliseconds, and what the model leaves out is then large: Python and autograd
-# overheads per layer and per message, and above all 3 ranks time-sharing 2 cores — a 4-byte ring
-# all-reduce costs milliseconds here, not microseconds, because each of its steps may wait for the
-# next rank to be scheduled. Fitting α on all ranks at once puts part of that wait into α, not all
-# of it: a pipeline's or ZeRO-3's many small messages each wait again, which the model has no term
-# for. That is a property of this laptop, not of a link. At cluster scale those overheads are small
-# next to seconds of matrix work and gigabytes of traffic; that is where such a model earns its
-# keep (section 1).
+# the range of measured ÷ predicted), and we do not assert it. A 38k-parameter step lasts
+# milliseconds, so what the model leaves out is large here: Python and autograd overheads per layer
+# and per message, and ranks time-sharing the cores. At cluster scale those overheads are small next
+# to seconds of matrix work and gigabytes of traffic; that is where such a model earns its keep (§1).
+#
+# <details><summary>Why a small message costs milliseconds here</summary>
+#
+# With 3 ranks on 2 cores, a 4-byte ring all-reduce costs milliseconds, not microseconds, because
+# each of its steps may wait for the next rank to be scheduled. Fitting α on all ranks at once puts
+# part of that wait into α, not all of it: a pipeline's or ZeRO-3's many small messages each wait
+# again, which the model has no term for. That is a property of this machine, not of a link.
+#
+# </details>
 
 # %%
 for r in result["milestones"]:
@@ -543,15 +564,21 @@ exercises["pingpong"].submit(ping_pong)
 # %% [markdown]
 # ## Which chapter moved which bar
 #
-# | chapter | milestone | what it moved, in the chart and in the dashboard |
+# What each moved, in the chart and in the dashboard:
+#
+# | ch. | milestone | what it moved |
 # |---|---|---|
-# | [0](00_why_distributed.ipynb) | data parallelism | compute shared by n devices; the memory bill (16 bytes per parameter) that does not fit |
-# | [1](01_parameter_server.ipynb) | parameter server | the first bars: one server's link carries 2·N·S per step, the **bandwidth** term that grows with N; K shards divide it by K, for K more machines |
-# | [2](02_ring_allreduce.ipynb) | ring all-reduce | bytes per rank fall to 2(N−1)/N·S, independent of N: the **bandwidth** bar; α adds a **latency** term |
-# | [3](03_pipeline_parallelism.ipynb) | pipeline (1F1B) | **memory per device** divided by the stages; the **bubble** (P−1)/(M+P−1) added |
-# | [4](04_zero.ipynb) | ZeRO-1/2/3 | **memory per device** from 16Ψ to 16Ψ/N; ZeRO-3 pays 1.5× the **bandwidth** |
-# | [5](05_large_batch.ipynb) | LAMB, large batch | fewer **steps** for the same tokens: communication per token falls, the bubble shrinks |
-# | [6](06_compression.ipynb) | compression | fewer **bytes** per gradient exchange (PowerSGD's bar in the dashboard), for a few more steps; on a slow (emulated) link that buys time; in the chart a bound (no extra steps) |
-# | [8](08_beyond_data_parallel.ipynb) | tensor and sequence parallelism | the **tensor** term: two all-reduces per block each way on NVLink; sequence parallelism divides the activations between the blocks by t |
+# | [0](00_why_distributed.ipynb) | data parallelism | compute shared by n devices; a bill of 16 bytes per parameter that does not fit |
+# | [1](01_parameter_server.ipynb) | parameter server | **bandwidth**: 2·N·S per step on one server's link; K shards divide it, for K more machines |
+# | [2](02_ring_allreduce.ipynb) | ring all-reduce | **bandwidth**: 2(N−1)/N·S per rank, flat in N; α adds **latency** |
+# | [3](03_pipeline_parallelism.ipynb) | pipeline (1F1B) | **memory** per device ÷ the stages; adds the **bubble** (P−1)/(M+P−1) |
+# | [4](04_zero.ipynb) | ZeRO-1/2/3 | **memory** per device 16Ψ → 16Ψ/N; ZeRO-3 pays 1.5× the **bandwidth** |
+# | [5](05_large_batch.ipynb) | LAMB, large batch | fewer **steps** per token: less communication, a smaller bubble |
+# | [6](06_compression.ipynb) | compression | fewer **bytes** for a few more steps ¹ |
+# | [8](08_beyond_data_parallel.ipynb) | tensor, sequence parallel | the **tensor** term ² |
+#
+# ¹ PowerSGD's bar in the dashboard; on a slow (emulated) link that buys time; in the chart, a bound
+# (no extra steps). ² Two all-reduces per block each way, on NVLink; sequence parallelism divides the
+# activations between the blocks by t.
 #
 # Back to the [table of contents](README.md).
