@@ -210,20 +210,19 @@ def assumptions(plan: Plan) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    """The estimates as text: one line per milestone."""
-    lines = [f"{'milestone':<17} {'t':>3} {'P':>4} {'d':>5} {'K':>5} {'fits':>5} {'GB/device':>10} "
-             f"{'GB/server':>10} {'tensor s':>9} {'step s':>9} {'days':>9} {'machines':>9} {'TFLOP/s':>8}"
-             "  dominant"]
+    """The estimates as text: one line per milestone, about 100 characters (t, P, d: tensor,
+    pipeline and data-parallel ways; K: servers; GB: per device, and per server; tp s: the
+    tensor-parallel term; mach.: machines in all)."""
+    lines = [f"{'milestone':<16} {'t':>2} {'P':>3} {'d':>5} {'K':>5} {'fits':>4} {'GB':>6} {'GB/srv':>6} "
+             f"{'tp s':>6} {'step s':>8} {'days':>8} {'mach.':>6} {'TFLOP/s':>7} dominant"]
     for r in rows:
         ps = r["servers"] > 0
-        lines.append(f"{r.get('milestone', '-'):<17} {r['plan'].tensor:>3} {r['plan'].pipeline:>4} "
-                     f"{r['data_parallel']:>5} "
-                     f"{r['servers'] if ps else '-':>5} {'yes' if r['fits'] else 'NO':>5} "
-                     f"{r['memory']['total'] / 1e9:>10.1f} "
-                     f"{format(r['memory']['server'] / 1e9, '.1f') if ps else '-':>10} "
-                     f"{r['terms']['tensor']:>9.3g} {r['step_s']:>9.3g} {r['days']:>9.3g} "
-                     f"{r['machines']:>9,} "
-                     f"{r['tflops_per_device']:>8.1f}  {r['dominant']}")
+        lines.append(f"{r.get('milestone', '-'):<16} {r['plan'].tensor:>2} {r['plan'].pipeline:>3} "
+                     f"{r['data_parallel']:>5} {r['servers'] if ps else '-':>5} "
+                     f"{'yes' if r['fits'] else 'NO':>4} {r['memory']['total'] / 1e9:>6.1f} "
+                     f"{format(r['memory']['server'] / 1e9, '.1f') if ps else '-':>6} "
+                     f"{r['terms']['tensor']:>6.2g} {r['step_s']:>8.3g} {r['days']:>8.3g} "
+                     f"{r['machines']:>6,} {r['tflops_per_device']:>7.1f} {r['dominant']}")
     return "\n".join(lines)
 
 
