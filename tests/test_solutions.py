@@ -97,6 +97,7 @@ def _submit(chapter: str, key: str):
     return exercise.submit(answer)
 
 
+@pytest.mark.slow  # each checker's reference runs in the quick loop (test_exercises_*); this pastes the text
 @pytest.mark.parametrize("chapter, key", [c for c in CASES if _is_code(CHAPTERS[c[0]]()[c[1]].solution)])
 def test_a_code_solution_pasted_into_its_notebook_is_accepted(chapter, key):
     verdict = _submit(chapter, key)

@@ -26,7 +26,9 @@ def ref():
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("dp, pp, tp, sp", [(1, 2, 1, False), (1, 2, 2, True), (2, 2, 2, False)])
+@pytest.mark.parametrize("dp, pp, tp, sp", [pytest.param(1, 2, 1, False, marks=pytest.mark.slow),
+                                             pytest.param(1, 2, 2, True, marks=pytest.mark.slow),
+                                             (2, 2, 2, False)])
 def test_3d_equals_one_process_and_each_group_sends_its_cost_model_term(dp, pp, tp, sp, ref):
     row = ch08_grid.run_layout(CFG, Layout(dp=dp, pp=pp, tp=tp, sequence_parallel=sp), 2, ref)
     assert row["equal"], row
