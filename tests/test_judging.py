@@ -125,6 +125,7 @@ def _observed_job():
 
 def _every_call_style_job():
     """The same messages written every way a learner might: each must be seen and counted."""
+    import torch.distributed._functional_collectives as funcol
     from torch.distributed import all_reduce  # bound before observe: the old checker missed it
     from torch.distributed.distributed_c10d import all_gather_into_tensor
 
@@ -138,20 +139,25 @@ def _every_call_style_job():
         for work in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):
             work.wait()
         dist.send(x, other) if rank == 0 else dist.recv(got, other)
+        funcol.wait_tensor(funcol.all_reduce(x, "sum", dist.group.WORLD))  # reaches Gloo from C++
+        funcol.all_gather_tensor(x, 0, dist.group.WORLD).sum()
     return [(c["api"], c["op"], c["bytes"], c["peer"], c["async"]) for c in log.as_data()["calls"]]
 
 
 def test_every_way_of_calling_torch_distributed_is_seen_and_counted():
     # catches: `from torch.distributed import all_reduce` unseen ("your code ran no communication"),
-    # and `P2POp(dist.isend, ...)` refused ("Invalid op") because the module's function was replaced
+    # `P2POp(dist.isend, ...)` refused ("Invalid op") because the module's function was replaced, and
+    # functional collectives, which pass no Python method of the process group, unseen
     zero, one = warm_cluster(2).run(_every_call_style_job, timeout_s=20)
     head = [("dist.all_reduce", "all_reduce", 16, None, False)] * 2 + \
         [("dist.all_gather_into_tensor", "all_gather", 48, None, False)]
     batch = "dist.batch_isend_irecv"
+    functional = [("funcol.all_reduce", "all_reduce", 16, None, False),
+                  ("funcol.all_gather_into_tensor", "all_gather", 16, None, False)]
     assert zero == head + [(batch, "send", 16, 1, True), (batch, "recv", 16, 1, True),
-                           ("dist.send", "send", 16, 1, False)]
+                           ("dist.send", "send", 16, 1, False)] + functional
     assert one == head + [(batch, "recv", 16, 0, True), (batch, "send", 16, 0, True),
-                          ("dist.recv", "recv", 16, 0, False)]
+                          ("dist.recv", "recv", 16, 0, False)] + functional
 
 
 @pytest.mark.slow
