@@ -189,3 +189,15 @@ def test_a_labelled_level_on_a_log_axis_puts_its_label_where_its_line_is():
     (line,), (label,) = fig.layout.shapes, fig.layout.annotations
     assert (line.y0, line.yref) == (80.0, "y2")  # shapes: the data value
     assert label.y == math.log10(80.0) and label.yref == "y2" and label.xref == "x2 domain"
+
+
+def test_a_table_figure_is_tall_and_wide_enough_for_every_row_on_one_line():
+    # caught: chapter 2's α-β table cut off in the browser (28 px per row, cells wrapping to two lines)
+    from lesson_lib import plots
+
+    rows = [{"ranks": n, "algorithm": "Gloo's dist.all_reduce", "α (µs per step)": "123"} for n in range(9)]
+    fig = plots.memory.fits_table(rows, ["ranks", "algorithm", "α (µs per step)"], "t")
+    table = fig.data[0]
+    assert fig.layout.height >= fig.layout.margin.t + table.header.height + table.cells.height * len(rows)
+    widths = list(table.columnwidth)
+    assert widths[1] / sum(widths) >= len("Gloo's dist.all_reduce") / (len("Gloo's dist.all_reduce") + 30)

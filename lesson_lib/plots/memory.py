@@ -36,9 +36,13 @@ def stage_traffic(rows: list[dict], title: str = "Bytes each rank sends per step
 
 def fits_table(rows: list[dict], columns: list[str], title: str) -> go.Figure:
     """A plain table figure: rows of dicts, the given columns."""
-    fig = go.Figure(go.Table(header={"values": columns, "align": "left"},
-                             cells={"values": [[r[c] for r in rows] for c in columns], "align": "left"}))
-    fig.update_layout(title=title, height=80 + 28 * len(rows), margin={"t": 40, "b": 10})
+    values = [[r[c] for r in rows] for c in columns]
+    # each column as wide as its longest entry, so no cell wraps onto a second line, and the figure
+    # tall enough for every row (a wrapped cell or a fixed height cut the last rows off in the browser)
+    widths = [max(7, *(len(str(v)) for v in [c, *col])) + 2 for c, col in zip(columns, values)]
+    fig = go.Figure(go.Table(columnwidth=widths, header={"values": columns, "align": "left", "height": 30},
+                             cells={"values": values, "align": "left", "height": 28}))
+    fig.update_layout(title=title, height=110 + 30 + 28 * len(rows), margin={"t": 60, "b": 10})
     return fig
 
 
