@@ -1,16 +1,9 @@
-"""Gradient buckets reduced *during* the backward, as soon as they are ready (chapters 0 and 4).
+"""Gradient buckets reduced during the backward, as soon as they are ready (chapters 0 and 4).
 
-The backward computes gradients from the last layer to the first. Waiting for all of them before
-communicating leaves the network idle during the backward and the cores idle during the
-all-reduce. PyTorch's DDP (Li et al., VLDB 2020) groups gradients into buckets (25 MB by default,
-in reverse order of the parameters: :func:`plan_ddp`) and all-reduces a bucket as soon as autograd
-has written its last gradient, while the backward goes on with earlier layers; ZeRO-2 (Rajbhandari
-et al., SC 2020) reduce-scatters buckets the same way and frees each one once scattered (:func:`plan`).
-
-:class:`Overlap` does that with two standard pieces: a hook autograd calls after it has written a
-parameter's gradient (``register_post_accumulate_grad_hook``), and one communication thread that
-runs the buckets' collectives in order while the main thread computes. Every rank launches the
-buckets in the same order (bucket ``i`` only after bucket ``i-1``), so the collectives match.
+As in PyTorch's DDP (Li et al., VLDB 2020; :func:`plan_ddp`) and ZeRO-2 (Rajbhandari et al., SC 2020;
+:func:`plan`), a bucket's collective runs once autograd has written its last gradient, while the
+backward goes on. :class:`Overlap` uses ``register_post_accumulate_grad_hook`` and one communication
+thread that runs the buckets in the same order on every rank, so the collectives match.
 """
 
 from __future__ import annotations
@@ -25,13 +18,9 @@ from .metrics import counters, in_background
 
 
 def plan(sizes: list[int], cap: int) -> list[list[int]]:
-    """Indices of ``sizes`` grouped into buckets in backward order (last item first): a bucket
-    takes items until adding the next would pass ``cap`` (bytes); an item larger than ``cap``
-    gets a bucket of its own. ``cap <= 0`` puts everything in one bucket.
-
-    DeepSpeed's ZeRO rule (``reduce_bucket_size``: a bucket is reduced before an item would make it
-    overflow), so the gradients waiting for their reduce-scatter never pass ``cap`` — ZeRO-2's
-    memory bound. DDP closes its buckets the other way: :func:`plan_ddp`.
+    """Indices of ``sizes`` grouped into buckets in backward order (last item first); a bucket is
+    closed before the next item would pass ``cap`` bytes (DeepSpeed ZeRO's ``reduce_bucket_size``),
+    so pending gradients never exceed it; a larger item goes alone. ``cap <= 0``: one bucket.
     """
     if cap <= 0:
         return [list(reversed(range(len(sizes))))]
@@ -47,11 +36,9 @@ def plan(sizes: list[int], cap: int) -> list[list[int]]:
 
 
 def plan_ddp(sizes: list[int], cap: int) -> list[list[int]]:
-    """DDP's buckets for ``sizes`` (bytes) in backward order (last item first): an item joins the
-    open bucket, and the bucket closes once it holds ``cap`` bytes or more, so it may pass ``cap``
-    by its last item, and a small item never sits alone between two large ones (torch's
-    ``compute_bucket_assignment_by_size``, with an explicit ``bucket_cap_mb``; the tests compare
-    the two). ``cap <= 0`` puts everything in one bucket.
+    """DDP's buckets (torch's ``compute_bucket_assignment_by_size``) in backward order: a bucket
+    closes once it holds ``cap`` bytes or more, so it may pass ``cap`` by its last item.
+    ``cap <= 0``: one bucket.
     """
     if cap <= 0:
         return [list(reversed(range(len(sizes))))]
@@ -67,12 +54,11 @@ def plan_ddp(sizes: list[int], cap: int) -> list[list[int]]:
 
 
 class Overlap:
-    """Run ``reduce(i)`` for bucket ``i`` on a communication thread once all of its parameters'
-    gradients are written, in bucket order; :meth:`wait` blocks until every bucket is reduced.
+    """Run ``reduce(i)`` on a communication thread once all of bucket ``i``'s gradients are written,
+    in bucket order; :meth:`wait` blocks until every bucket is reduced.
 
-    ``groups[i]`` is the list of parameters of bucket ``i``. Call :meth:`start` before each
-    backward. ``events`` holds, per bucket, when it was launched and when its collective ran
-    (``time.perf_counter`` seconds), for the timeline figure.
+    ``groups[i]``: bucket ``i``'s parameters. Call :meth:`start` before each backward. ``events``:
+    per bucket, launch and collective times (``time.perf_counter``), for the timeline figure.
     """
 
     def __init__(self, groups: list[list[torch.Tensor]], reduce: Callable[[int], None]):
@@ -128,6 +114,6 @@ class Overlap:
         counters().record("grad_wait", 0, 0, time.perf_counter() - t0)
 
     def close(self) -> None:
-        """Stop the thread once its current collective ends (after a failure it may be blocked in
-        one until the peers' connection closes or the collective times out: it is not waited for)."""
+        """Stop the thread once its current collective ends (not waited for: after a failure it
+        may be blocked until the collective times out)."""
         self.thread.shutdown(wait=False, cancel_futures=True)

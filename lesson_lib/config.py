@@ -1,10 +1,8 @@
 """Typed configs shared by every experiment: one dataclass field per option, each with its help.
 
-A milestone's ``Config`` subclasses :class:`CommonConfig`; the CLI turns the fields into flags
-(``global_batch`` → ``--global-batch``) and the notebook passes them as keyword arguments.
-The sizes the course runs live on the configs as named presets (``PRESETS``):
-``Config.laptop()`` is what a chapter's figures run, ``Config.tiny()`` the smallest size that still
-shows the result (tests, quick checks); ``Config.from_preset(name, **changes)`` reaches any of them.
+A milestone's ``Config`` subclasses :class:`CommonConfig`; the CLI turns fields into flags
+(``global_batch`` → ``--global-batch``). Named presets (``PRESETS``): ``Config.laptop()`` for the
+chapters' figures, ``Config.tiny()`` for tests, ``Config.from_preset(name, **changes)``.
 """
 
 from __future__ import annotations

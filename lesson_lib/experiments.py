@@ -1,12 +1,11 @@
 """The experiment registry and the one path every run takes:
 
-notebook cell or CLI → milestone ``Config`` → ``Cluster.run(milestone.worker, cfg)`` →
-workers emit events → per-rank dicts → ``milestone.summarize`` → :class:`Result` → plots.
+notebook cell or CLI → milestone ``Config`` → ``Cluster.run(milestone.worker, cfg)`` → events →
+per-rank dicts → ``milestone.summarize`` → :class:`Result` → plots.
 
-A milestone module has the same shape in every chapter: ``NAME``, a ``Config`` dataclass
-(subclass of :class:`~lesson_lib.config.CommonConfig`), ``worker(cfg) -> dict`` run on every
-rank (returning at least ``losses`` and ``per_rank``), and ``summarize(cfg, outs) -> dict`` of
-the chapter's own JSON keys. Most also have ``reference(cfg)``: the single-process answer.
+A milestone module has ``NAME``, a ``Config`` (a :class:`~lesson_lib.config.CommonConfig`),
+``worker(cfg) -> dict`` (at least ``losses`` and ``per_rank``), ``summarize(cfg, outs) -> dict``
+and usually ``reference(cfg)``, the single-process answer.
 """
 
 from __future__ import annotations
@@ -152,13 +151,10 @@ def experiment_of(cfg) -> str:
 
 def run_warm(cfg, live=None, label: str | None = None, ranks: int | None = None,
              loss_rank: int = 0, on_event: Callable[[dict], None] | None = None) -> Result:
-    """Run ``cfg``'s experiment on the warm cluster of ``cfg.world_size`` ranks (kept for the kernel).
+    """Run ``cfg``'s experiment on the kernel's warm cluster of ``cfg.world_size`` ranks.
 
-    With ``live`` (a ``plots.common.LiveRuns``) the steps stream into that figure as ``label``;
-    ``ranks`` ranks report steps (default all) and ``loss_rank`` carries the loss (a parameter
-    server's first worker rather than a server); ``on_event`` takes the events instead (another
-    live figure, such as the pipeline's Gantt chart). Every chapter's runs go through here.
-    """
+    ``live`` (a ``plots.common.LiveRuns``) streams the steps as ``label``; ``ranks`` report steps
+    (default all) and ``loss_rank`` carries the loss; ``on_event`` takes the events instead."""
     name = experiment_of(cfg)
     cfg.validate()
     if live is not None:

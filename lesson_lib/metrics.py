@@ -1,13 +1,9 @@
-"""Counters of bytes and time, per-step timing, and memory accounting — one place for all chapters.
+"""Counters of bytes and time, per-step timing, and memory accounting, for all chapters.
 
-Memory here is an *inventory*: we walk the tensors a rank knows it holds and add up the bytes of
-their distinct storages (a view or a shared tensor is counted once). Activations are the tensors
-autograd saves for backward, caught with ``torch.autograd.graph.saved_tensors_hooks`` during the
-forward pass. Communication buffers are the scratch tensors ``lesson_lib.comm`` allocates (peak)
-plus whatever flat buckets the milestone passes in. On GPU we add the CUDA caching allocator's
-current and peak bytes; on CPU, the process RSS for context (it also holds torch itself). An
-inventory cannot see a temporary the code does not list: the *measurement* that does, the peak of
-the bytes torch's allocator handed out, is :class:`lesson_lib.peakmem.PeakMemory` (chapter 4).
+Memory here is an *inventory*: the distinct storages of the tensors a rank knows it holds, the
+activations autograd saves (``saved_tensors_hooks``), and communication buffers; plus the CUDA
+allocator's bytes on GPU or the process RSS on CPU. The measurement that also sees temporaries is
+:class:`lesson_lib.peakmem.PeakMemory`.
 """
 
 from __future__ import annotations
@@ -49,9 +45,8 @@ _THREAD = threading.local()
 
 @contextmanager
 def in_background() -> Iterator[None]:
-    """Calls recorded inside run beside the rank's computation (a communication thread): their
-    seconds are kept per op but left out of the step's communication time, which counts only what
-    the rank's main thread waited for (chapter 0's overlapped buckets)."""
+    """Calls recorded inside run beside the computation (a communication thread): kept per op but
+    left out of the step's communication time, which counts only what the main thread waited for."""
     _THREAD.background = True
     try:
         yield
@@ -112,12 +107,8 @@ def counters() -> CommCounters:
 
 
 class StepRecorder:
-    """Per step: wall time, time inside communication, compute (the rest) and busy time.
-
-    *Busy* is the CPU time of the rank's main thread (``time.thread_time``): it excludes time the
-    rank spent blocked waiting for peers and time the OS gave its core to another rank, so when
-    ranks outnumber cores it shows what the wall clock hides.
-    """
+    """Per step: wall time, time inside communication, compute (the rest) and busy time (the main
+    thread's CPU time, which excludes waiting for peers or for a core)."""
 
     def __init__(self, device: torch.device, emit=None):
         self.device = device
@@ -140,7 +131,7 @@ class StepRecorder:
                    bytes_sent=c.bytes_sent - sent0, bytes_recv=c.bytes_recv - recv0)
         self.steps.append(rec)
         if self._emit is not None:
-            self._emit("step", batched=True, **rec)  # with the next ones, within 0.1 s (WorkerContext.emit)
+            self._emit("step", batched=True, **rec)  # batched with the next ones (WorkerContext.emit)
 
     def totals(self, skip_first: bool = False) -> dict:
         steps = self.steps[1:] if skip_first and len(self.steps) > 1 else self.steps
@@ -170,10 +161,8 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Ten
 
 
 class ActivationMeter:
-    """Bytes of the activations autograd keeps for backward, measured during forward.
-
-    Tensors that share storage with a parameter are excluded (they are counted as params).
-    """
+    """Bytes of the activations autograd keeps for backward, measured during forward; tensors sharing
+    storage with a parameter count as params."""
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()):
         self._exclude_tensors = list(exclude)

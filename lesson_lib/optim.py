@@ -1,25 +1,14 @@
-"""Layer-wise adaptive optimizers for large batches (chapter 5): LARS and LAMB.
+"""LARS and LAMB (chapter 5), as ordinary ``torch.optim.Optimizer`` subclasses.
 
-Both are ordinary ``torch.optim.Optimizer`` subclasses (param groups, ``state_dict``, closures,
-float32 and bfloat16 parameters), written from the papers' algorithms:
+* LARS — You, Gitman & Ginsburg, 2017, Alg. 1: λ = η·‖w‖ / (‖g‖ + β‖w‖ + ε),
+  v ← m·v + γ·λ·(g + βw), w ← w − v.
+* LAMB — You et al., ICLR 2020, Alg. 2: Adam's moments with bias correction, r = m̂ / (√v̂ + ε),
+  u = r + λw, w ← w − γ · φ(‖w‖)/‖u‖ · u.
 
-* LARS — You, Gitman & Ginsburg, "Large Batch Training of Convolutional Networks", 2017, Alg. 1:
-  local lr  λ = η·‖w‖ / (‖g‖ + β‖w‖ + ε),  v ← m·v + γ·λ·(g + βw),  w ← w − v.
-* LAMB — You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes",
-  ICLR 2020, Alg. 2: Adam's moments with bias correction, r = m̂ / (√v̂ + ε), u = r + λw (the weight
-  decay *inside* the trust ratio), w ← w − γ · φ(‖w‖)/‖u‖ · u, φ the identity or a clamp.
-
-Options that users of other implementations expect: a param group with ``adapt=False`` skips the
-trust ratio (ratio 1: plain momentum SGD / Adam-with-decoupled-decay for that group) — see
-:func:`param_groups`, which puts biases and normalization weights there with no weight decay, as
-the papers' large-batch recipes do; ``trust_clip`` caps the ratio; LAMB's ``eps_inside_sqrt`` and
-``bias_correction`` choose between the variants found in the wild.
-
-Each step records, per parameter, ‖w‖, ‖update‖ and the trust ratio in ``last_stats`` (a list of
-``(w_norm, update_norm, ratio)`` in param-group order), for the chapter's heat map.
-
-Under ZeRO (chapter 4) a rank holds only a slice of each layer: ``norm`` is then replaced by a
-function that all-reduces the partial sums of squares (:mod:`lesson_lib.milestones.zero`).
+A param group with ``adapt=False`` skips the trust ratio (:func:`param_groups`); ``trust_clip``
+caps it; LAMB's ``eps_inside_sqrt`` and ``bias_correction`` select other implementations'
+variants. ``last_stats`` holds (‖w‖, ‖update‖, ratio) per parameter after each step. Under ZeRO,
+``norm`` is replaced by one that all-reduces partial sums of squares.
 """
 
 from __future__ import annotations
@@ -35,13 +24,11 @@ def _norm(t: torch.Tensor) -> torch.Tensor:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float = 0.0, adapt_biases: bool = False) -> list[dict]:
-    """Two groups: weights (adapted, decayed) and biases/normalization weights (not decayed).
+    """Two groups: weights (adapted, decayed) and 1-D biases/normalization scales (not decayed).
 
-    One-dimensional parameters are biases and the scales of normalization layers: their norms are
-    tiny or meaningless as a "layer size", so LARS/LAMB recipes exclude them from the trust ratio
-    (You et al., 2017; Goyal et al., 2017 exclude them from weight decay) — they then move by the
-    global rate itself. ``adapt_biases=True`` gives them a trust ratio of their own instead (still
-    without decay): chapter 5's LARS needs it, its global rate being far too large for a bias.
+    The recipes exclude 1-D parameters from the trust ratio (You et al., 2017) and from weight decay
+    (Goyal et al., 2017); ``adapt_biases=True`` gives them a ratio of their own, which chapter 5's
+    LARS needs (its global rate is far too large for a bias).
     """
     weights = [p for p in model.parameters() if p.ndim > 1]
     others = [p for p in model.parameters() if p.ndim <= 1]
@@ -106,12 +93,8 @@ class _LayerWise(torch.optim.Optimizer):
 
 
 class LARS(_LayerWise):
-    """LARS (You, Gitman & Ginsburg, 2017, Algorithm 1), as a ``torch.optim.Optimizer``.
-
-    ``lr`` is the global rate γ (schedules change it per step), ``trust_coefficient`` is η,
-    ``weight_decay`` is β. The momentum buffer holds γ·λ·(g + βw) sums, as in the paper, so a
-    schedule's change of γ only affects new contributions.
-    """
+    """LARS (You, Gitman & Ginsburg, 2017, Algorithm 1). ``lr`` is γ, ``trust_coefficient`` η,
+    ``weight_decay`` β; the momentum buffer sums γ·λ·(g + βw), as in the paper."""
 
     def __init__(self, params: Iterable, lr: float = 0.1, momentum: float = 0.9,
                  weight_decay: float = 0.0, trust_coefficient: float = 0.001, eps: float = 0.0,
@@ -138,12 +121,9 @@ class LARS(_LayerWise):
 
 
 class LAMB(_LayerWise):
-    """LAMB (You et al., ICLR 2020, Algorithm 2), as a ``torch.optim.Optimizer``.
-
-    ``phi_clamp=(lo, hi)`` makes φ(‖w‖) = clamp(‖w‖, lo, hi) (the paper allows it; φ is the
-    identity by default). ``bias_correction=False`` and ``eps_inside_sqrt=True`` give the variants
-    of other implementations (see the tests for which one matches whom).
-    """
+    """LAMB (You et al., ICLR 2020, Algorithm 2). ``phi_clamp=(lo, hi)``: φ(‖w‖) = clamp(‖w‖, lo, hi)
+    (identity by default); ``bias_correction=False`` / ``eps_inside_sqrt=True``: other
+    implementations' variants (the tests say which matches whom)."""
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0, trust_clip: float | None = None,

@@ -1,30 +1,13 @@
-"""The peak of the bytes a rank allocated, counted by torch's allocator (chapter 4) — a measurement.
+"""The peak of the bytes a rank allocated, counted by torch's allocator (chapter 4): a measurement,
+unlike :mod:`lesson_lib.metrics`' inventory, and the CPU counterpart of
+``torch.cuda.max_memory_allocated``.
 
-:mod:`lesson_lib.metrics`' per-category memory is an *inventory*: it adds up the storages the code
-knows it holds, so it agrees with the ZeRO formulas nearly by construction and never sees a
-temporary. :class:`PeakMemory` does not know what the code holds. It counts every allocation and
-free that torch's allocator makes while it is open, and keeps the peak of the live bytes — the CPU
-counterpart of ``torch.cuda.max_memory_allocated``:
+* CPU: the allocation and free events torch's allocator reports to a light (legacy) profiler
+  session on the rank's thread and on each helper thread (``thread()``), merged in time order. A
+  free counts only if a block of its size was allocated in the window and is still alive.
+* GPU: ``memory_allocated`` / ``max_memory_allocated``.
 
-* **CPU** — torch's CPU allocator reports each allocation and free, with its size, to an active
-  profiler (``profile_memory``). We open the profiler's light (legacy) mode on the rank's thread,
-  and a session of its own on any other thread that allocates for the step (``thread()``: ZeRO-2's
-  communication thread); the events of all sessions are merged in time order. The events carry
-  sizes, not addresses, so a free counts only if a block of that size was allocated in the window
-  and is still alive: a block of an earlier run freed now cannot lower the count — unless this
-  window holds one of the same size, which it would then cancel. Opening the window collects
-  garbage and drops the comm layer's kept buffers, so in ZeRO's runs no earlier block is left to
-  be freed (tests/test_peakmem.py checks that the peaks repeat in warm workers).
-* **GPU** — the CUDA caching allocator's ``memory_allocated`` and ``max_memory_allocated``
-  (``reset_peak_memory_stats`` at :meth:`reset_peak`). No CUDA call is made on the CPU path.
-
-Why not the resident set (``VmHWM``, ``ru_maxrss``)? It counts pages, not tensors: glibc keeps freed
-blocks and raises its mmap threshold after large frees, so in a warm worker a later, smaller run
-starts from an earlier run's pages — the failure that made us drop it. The allocator's count is in
-bytes, the same in every run and under any load, and sees every temporary torch allocates (Adam's
-``sqrt``, a collective's chunk, a gathered layer). It does not see memory outside torch's allocator
-(Python objects, Gloo's own buffers, the allocator's caching), and it counts a tensor's bytes when
-allocated, whether or not its pages were touched.
+Why not the resident set, and what this does not see: docs/design.md, "Peak memory".
 """
 
 from __future__ import annotations
@@ -50,11 +33,9 @@ def _profile_config() -> ProfilerConfig:  # CPU only, memory events on, no shape
 
 
 class PeakMemory:
-    """``with PeakMemory(device) as peak:`` around a run; :meth:`reset_peak` where the peak should
-    start (ZeRO: before the first step), :meth:`stop` where it should end (else the ``with``'s end);
-    afterwards :meth:`as_dict` — ``measured_peak``, the most
-    bytes allocated in the window and alive at once after the reset, and ``measured_at_reset``,
-    those alive at the reset (the model states built before the steps)."""
+    """``with PeakMemory(device) as peak:`` around a run; :meth:`reset_peak` where the peak starts,
+    :meth:`stop` where it ends (else the ``with``'s end). :meth:`as_dict`: ``measured_peak`` (most
+    bytes alive at once after the reset) and ``measured_at_reset``."""
 
     def __init__(self, device: torch.device | None = None):
         self.cuda = device is not None and device.type == "cuda"
@@ -70,8 +51,7 @@ class PeakMemory:
 
     # -- the window, on the rank's thread
     def __enter__(self) -> "PeakMemory":
-        # An earlier run's garbage and the comm layer's kept buffers go now, not in the middle of
-        # this run: the window starts as a fresh process would, whatever ran before in this worker.
+        # Collect garbage and drop the comm layer's buffers now: start as a fresh process would.
         release_buffers()
         forget_permutations()  # the data's cached shuffles, too
         gc.collect()

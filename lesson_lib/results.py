@@ -1,9 +1,5 @@
-"""A run's per-rank records, typed. A rank returns plain dicts (``metrics.per_rank_summary``: they
-cross the process boundary as they are); :class:`~lesson_lib.experiments.Result` turns each into a
-:class:`RankResult` once, and plots and chapters read its fields.
-
-Indexing by key (``r["bytes_sent"]``, ``step["wall_s"]``) still works, for notebooks written
-against the JSON files, which ``to_dict()`` writes with the same keys.
+"""A run's per-rank records, typed: :class:`~lesson_lib.experiments.Result` turns each rank's plain dict
+into a :class:`RankResult`. Indexing by key (``r["bytes_sent"]``) still works, as in the JSON files.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""The rendered course (``make site``): every chapter executed, as a static site to read before
-installing anything, its figures interactive and the table of contents as its home page.
+"""The rendered course (``make site``): every chapter executed with :mod:`nbclient` and exported with
+:mod:`nbconvert`'s JupyterLab template, as a static, offline site.
 
-Each notebook is executed with :mod:`nbclient` (the kernel runs the chapter's real ranks, as Run All
-does) and exported with :mod:`nbconvert`'s JupyterLab template. Two things a static page cannot run
-are turned into what they last showed:
-
-* a plotly figure (``application/vnd.plotly.v1+json``) becomes a ``Plotly.newPlot`` call on the
-  page — still zoomable and hoverable — with one copy of ``plotly.min.js`` beside the pages (from
-  the installed plotly package: nothing is downloaded, and the site works offline);
-* a widget becomes its last state, read from the widget state nbclient stores: a box its
-  children, an ``Output`` its outputs, an ``HTML`` its text; a control (slider, button) a line
-  saying it is interactive in JupyterLab. A live ``FigureWidget`` becomes its final figure, asked
-  of the kernel itself once the last cell has run (its stored state misses updates made in place).
+Plotly figures become ``Plotly.newPlot`` calls (one local ``plotly.min.js``); widgets become their
+last state (a control becomes a line saying it is interactive), and a live ``FigureWidget`` its
+final figure, asked of the kernel after the last cell (its stored state misses in-place updates).
 
 Usage: ``python -m lesson_lib.site [--out build/site] [--chapters 00 07]``.
 """
@@ -169,8 +161,7 @@ def page(nb, title: str) -> str:
 
     exporter = HTMLExporter(template_name="lab")
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
-    # The template's CDN scripts (require.js, MathJax: the chapters write no TeX) would make the page
-    # wait for the network; the site works offline without them.
+    # Drop the template's CDN scripts (require.js, MathJax): the site works offline without them.
     body = re.sub(r"<script[^>]*\ssrc=\"https?://[^\"]*\"[^>]*>\s*</script>", "", body)
     head = "<script src='plotly.min.js'></script><style>.site-plotly{width:100%;min-height:420px}</style>"
     return body.replace("</head>", head + "</head>", 1)

@@ -1,17 +1,11 @@
-"""Instrumented communication: point-to-point, collectives, and our own ring all-reduce.
+"""Instrumented communication: every call adds calls, bytes and seconds to the rank's counters
+(:func:`lesson_lib.metrics.counters`), by op name.
 
-Every call made through this package adds to the calling rank's counters
-(:func:`lesson_lib.metrics.counters`): calls, bytes sent, bytes received and seconds, by op name.
-
-* :mod:`.p2p` — point-to-point (exact bytes: those of the tensors handed to the wire), the link
-  emulator of chapter 6, and what the collectives built by hand share.
-* :mod:`.ring` — ``ring_all_reduce``, the pipelined ring and the ring's two phases alone.
-* :mod:`.rivals` — ``naive_all_reduce`` (reduce-to-one + broadcast) and
-  ``halving_doubling_all_reduce``, built from point-to-point calls like the ring: bytes exact too.
-* :mod:`.schedules` — who sends which chunk when, as pure functions: drives the code and the animation.
-* :mod:`.algorithms` — ``all_reduce`` by name, with the backend's own (``library``: bytes modelled).
-
-Used by chapter 0 (data parallel) and chapter 2 (ring all-reduce) onwards.
+* :mod:`.p2p` — point-to-point (exact bytes), the link emulator, shared helpers
+* :mod:`.ring` — our ring all-reduce, pipelined ring, reduce-scatter and all-gather
+* :mod:`.rivals` — naive and halving-doubling all-reduces (bytes exact too)
+* :mod:`.schedules` — who sends which chunk when, as pure functions
+* :mod:`.algorithms` — ``all_reduce`` by name, the backend's included (``library``: bytes modelled)
 """
 
 from .algorithms import ALGORITHMS, BYTES_SENT, all_reduce, formula_bytes_sent

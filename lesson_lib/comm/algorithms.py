@@ -1,9 +1,8 @@
-"""The all-reduce algorithms by name (chapter 2's experiment and bench): run one of ours or the
-backend's, and the bytes each sends — exact, from its schedule, and the textbook formula.
+"""The all-reduce algorithms by name (chapter 2's experiment and bench), and the bytes each sends —
+exact, from its schedule, and the textbook formula.
 
-For the library's own collectives (``algorithm="library"``) torch does not say what went over the
-wire, so we record the bandwidth-optimal ring volume, 2(N-1)/N·S for an all-reduce (Patarasuk &
-Yuan, 2009). The op name ends in ``[library]`` so a chart can tell counted from modelled traffic.
+For ``algorithm="library"`` torch does not report its traffic, so the ring's 2(N-1)/N·S is recorded
+(Patarasuk & Yuan, 2009), under an op name ending in ``[library]``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The counted layer under every collective: point-to-point, the link emulator and scratch buffers.
 
-Every call made through :mod:`lesson_lib.comm` adds to the calling rank's counters
-(:func:`lesson_lib.metrics.counters`): calls, bytes sent, bytes received and seconds, by op name.
-Point-to-point bytes are exact: the bytes of the tensors handed to the wire. The collectives built
-by hand (:mod:`.ring`, :mod:`.rivals`) go through :func:`exchange` and share the scratch buffer and
-the bookkeeping at the end of this module.
-
-Used by chapter 0 (data parallel) and chapter 2 (ring all-reduce) onwards.
+Every call through :mod:`lesson_lib.comm` adds calls, bytes sent and received, and seconds to the
+rank's :func:`lesson_lib.metrics.counters`, by op name; the hand-built collectives go through
+:func:`exchange`.
 """
 
 from __future__ import annotations
@@ -53,14 +49,11 @@ _LINK: tuple[float, float] | None = None  # (bytes per second, latency in second
 
 
 def set_link(gbps: float | None, latency_s: float = 0.0) -> None:
-    """Emulate a slower link on this rank: every transfer through this module then takes at least
-    ``latency_s + bytes / (gbps · 10⁹ / 8)`` seconds. ``None`` turns it off (the default).
+    """Emulate a slower link on this rank: each transfer then takes at least
+    ``latency_s + bytes / (gbps · 10⁹ / 8)`` seconds; ``None`` turns it off.
 
-    An EMULATION, not a network: the real transfer (a memory copy between processes here) runs
-    first, then the rank sleeps for what is left of that time. A send and a receive posted together
-    (``exchange``) overlap, as on a full-duplex link: the larger of the two counts. Every rank must
-    set the same link; figures that use it say "emulated link". Chapter 6 (compression) uses it.
-    In a rank it lasts until the job ends: the next job on the same warm worker starts without it.
+    An emulation: the real transfer runs, then the rank sleeps for the rest. A send and a receive
+    posted together overlap (full duplex). Every rank must set the same link; it lasts until the job ends.
     """
     global _LINK
     if gbps is None:
@@ -120,10 +113,8 @@ class Pending:
             for w in self.works:
                 w.wait()
         if self.linger:
-            # Gloo: dropping a Work right after waiting for it (as a loop of exchange(...).wait()
-            # does) puts a hand-off with Gloo's I/O thread on the critical path of every step, which
-            # slows a ring whose ranks share cores (``python -m lesson_lib bench allreduce`` times
-            # it). So the last two exchanges' works linger, released one step later.
+            # Gloo: dropping a Work right after waiting puts a hand-off with Gloo's I/O thread on
+            # every step's critical path (``bench allreduce``), so the last two exchanges' works linger.
             _RECENT.append(self.works)
 
 
@@ -132,8 +123,8 @@ _RECENT: collections.deque = collections.deque(maxlen=2)
 
 def exchange(send_t: torch.Tensor | None, dst: int | None, recv_t: torch.Tensor | None,
              src: int | None, group=None, op: str = "exchange", tag: int = 0) -> Pending:
-    """Post a send to ``dst`` and a receive from ``src`` at once (either may be None). ``tag`` keeps
-    two streams between the same two ranks apart (a receive takes the oldest send of its tag)."""
+    """Post a send to ``dst`` and a receive from ``src`` at once (either may be None); ``tag`` keeps
+    two streams between the same ranks apart."""
     send_t = send_t if send_t is not None and send_t.numel() else None
     recv_t = recv_t if recv_t is not None and recv_t.numel() else None
     sent = _nbytes(send_t) if send_t is not None else 0
@@ -144,8 +135,7 @@ def exchange(send_t: torch.Tensor | None, dst: int | None, recv_t: torch.Tensor 
                for fn, t, peer in ((dist.isend, send_t, dst), (dist.irecv, recv_t, src)) if t is not None]
         works = dist.batch_isend_irecv(ops) if ops else []
     else:
-        # Gloo posts each op on its own, so call the process group directly (group-local ranks):
-        # it skips dist.isend's per-call checks, a measurable share of a small ring step.
+        # Gloo: call the process group directly (group-local ranks), skipping dist.isend's checks.
         pg = group if group is not None else dist.group.WORLD
         works = []
         if send_t is not None:
@@ -168,13 +158,8 @@ _SCRATCH: dict[str, torch.Tensor] = {}
 
 
 def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A receive buffer kept between calls (one per device, grown on demand).
-
-    Allocating a fresh buffer per call costs page faults comparable to the additions themselves
-    on large tensors (``python -m lesson_lib bench allreduce`` times the ring up to 64 MiB); reusing
-    one is what the library does too. ``counters().scratch`` still records the bytes while an
-    all-reduce uses them.
-    """
+    """A receive buffer kept between calls (one per device, grown on demand): a fresh one per call
+    costs page faults comparable to the additions (``bench allreduce``)."""
     nbytes = numel * dtype.itemsize
     buf = _SCRATCH.get(str(device))
     if buf is None or buf.numel() < nbytes:
@@ -183,9 +168,8 @@ def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tens
 
 
 def release_buffers() -> None:
-    """Drop the kept receive buffers and lingering works, so that the next call allocates afresh
-    (:class:`lesson_lib.peakmem.PeakMemory` does this when it opens: each run then pays for its own
-    buffers, as in a fresh process, whatever ran before in a warm worker)."""
+    """Drop the kept receive buffers and lingering works, so each measured run (``PeakMemory``) pays
+    for its own buffers, as in a fresh process."""
     _SCRATCH.clear()
     _RECENT.clear()
 

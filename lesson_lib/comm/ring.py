@@ -1,9 +1,6 @@
-"""Our ring all-reduce (Patarasuk & Yuan, 2009) and its pieces: the plain ring, the pipelined ring
-(chunks sent in segments), and the ring's two phases alone (reduce-scatter, all-gather: ZeRO's).
-
-Built from the counted point-to-point calls of :mod:`.p2p`, so their bytes are exact; the steps come
-from :mod:`.schedules`, the same schedules the animations draw. Defined for chapter 0 (data-parallel
-gradients), studied in chapter 2, split into its phases in chapter 4.
+"""Our ring all-reduce (Patarasuk & Yuan, 2009): plain, pipelined (chunks sent in segments), and its
+two phases alone (reduce-scatter, all-gather; ZeRO's). Built on the counted calls of :mod:`.p2p`,
+with the steps of :mod:`.schedules`.
 """
 
 from __future__ import annotations
@@ -19,10 +16,8 @@ from .schedules import chunk_bounds, pipelined_ring_schedule, ring_schedule
 def ring_all_reduce(tensor: torch.Tensor, group=None, op: str = "ring_all_reduce") -> torch.Tensor:
     """In-place SUM over all ranks, like ``dist.all_reduce(tensor)``: reduce-scatter, then all-gather.
 
-    Each rank talks only to its ring neighbours and sends 2(N-1) chunks of about S/N bytes,
-    i.e. 2(N-1)/N·S in all — the bandwidth-optimal volume (Patarasuk & Yuan, 2009). The steps
-    come from :func:`lesson_lib.comm.schedules.ring_schedule`, the same schedule the animation draws.
-    Defined for chapter 0 (data-parallel gradients) and studied in chapter 2.
+    Each rank sends 2(N−1) chunks of about S/N bytes to its right neighbour: 2(N−1)/N·S in all, the
+    bandwidth-optimal volume. Steps from :func:`lesson_lib.comm.schedules.ring_schedule`.
     """
     if _rank_world(group)[1] == 1:
         return tensor
@@ -54,30 +49,18 @@ def _ring_steps(flat: torch.Tensor, phase: str | None, group, op: str, shift: in
     return _nbytes(scratch)
 
 
-# Chosen by measurement against Gloo's own all_reduce (``python -m lesson_lib bench allreduce`` times
-# the pipelined ring beside it): each message costs a round of notice in Gloo (a send leaves only once
-# the receiver has posted its receive), so fewer, larger segments win until the addition no longer hides.
+# Both tuned against Gloo's all_reduce with ``bench allreduce``; why: docs/design.md, "Ring all-reduce".
 SEGMENT_BYTES = 2 << 20
-# Receives posted a step early (on Gloo: see pipelined_ring_all_reduce), so that a neighbour that
-# finishes its addition first sends at once; ``bench allreduce`` compares it with Gloo's all_reduce.
-# It costs a second chunk of scratch beyond 2 ranks (on 2 each phase is one step).
 RECV_AHEAD = 1
 
 
 def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = SEGMENT_BYTES,
                                op: str = "pipelined_ring_all_reduce") -> torch.Tensor:
-    """The ring of :func:`ring_all_reduce` with each chunk sent in segments of ``segment_bytes``
-    at most (chapter 2): a chunk up to that size goes whole, as in the plain ring.
+    """:func:`ring_all_reduce` with each chunk sent in segments of at most ``segment_bytes``.
 
-    A segment does not wait for the rest of its step: as soon as segment k has landed (and, in
-    the reduce-scatter, been added), segment k of the next step leaves, while the other segments
-    are still on the wire — the addition of one overlaps the transfer of the others, the way the
-    library's own ring hides its additions. And on Gloo each receive is posted one step before its
-    data can come (``RECV_AHEAD``), into a second half of the scratch: there a send leaves only once
-    its receiver has posted the receive, so a neighbour that finishes its addition first sends at
-    once instead of waiting for ours. Same chunks and bytes (2(N−1)/N·S); only the messages are
-    smaller and more numerous. The order comes from
-    :func:`lesson_lib.comm.schedules.pipelined_ring_schedule`, the schedule the chapter animates.
+    Segment k of the next step leaves as soon as segment k of this step has landed (and been added),
+    so additions overlap transfers. On Gloo each receive is posted one step early (``RECV_AHEAD``).
+    Same bytes, 2(N−1)/N·S. Order from :func:`lesson_lib.comm.schedules.pipelined_ring_schedule`.
     """
     if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1:
         raise ValueError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
@@ -90,17 +73,14 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: i
     k = max(1, -(-_nbytes(chunk(0)) // segment_bytes))  # chunk 0 is the largest, on every rank
     mine = [x for x in pipelined_ring_schedule(n, k) if x.rank == rank]  # in the order they cross
     width = bounds[0][1] - bounds[0][0]
-    # Receives a step early on Gloo only: NCCL must see a step's send and receive posted together
-    # (or a ring deadlocks), and it matches them on the GPU anyway.
+    # Receives early on Gloo only: NCCL must see a step's send and receive posted together.
     early = RECV_AHEAD if context().backend == "gloo" else 0
     halves = min(early + 1, n - 1)  # reduce-scatter steps whose segments may land at once
     scratch = _scratch(halves * width, flat.dtype, flat.device)
     counters().scratch(_nbytes(scratch))
     pieces = [chunk(c).tensor_split(k) for c in range(n)]  # views, made once per call
-    # Segment j of a reduce-scatter step lands at the offset of segment j of the largest chunk, in
-    # the step's half of scratch: what may be in flight at once never shares memory. The
-    # all-gather's segments land in place, even when posted early: a chunk's sum can only arrive
-    # after our own contribution to it has been received.
+    # Segment j of a reduce-scatter step lands in the step's half of scratch, so what may be in
+    # flight at once never shares memory. All-gather segments land in place.
     at = [lo for lo, _ in chunk_bounds(width, k)]
 
     def into(x):
@@ -144,11 +124,7 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: i
 
 
 def _ring_phase(flat: torch.Tensor, phase: str, group, op: str) -> None:
-    """Run one phase of the ring schedule on ``flat`` with rank r owning chunk r (chapter 4).
-
-    The schedule's reduce-scatter leaves rank r with chunk r+1; we label chunks one lower, so
-    that rank r owns chunk r — a ZeRO rank owns shard r.
-    """
+    """One phase of the ring schedule on ``flat``, shifted so that rank r owns chunk r (ZeRO's shard r)."""
     _finish(flat, flat, op, _ring_steps(flat, phase, group, op, shift=1))
 
 

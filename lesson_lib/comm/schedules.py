@@ -1,17 +1,12 @@
-"""Who sends which chunk to whom, step by step: the schedules of the all-reduce algorithms.
+"""All-reduce schedules (chapter 2): who sends which chunk to whom, step by step.
 
-Pure functions of the world size — no process group, no tensors — so one schedule drives the
-real code in :mod:`lesson_lib.comm`, the animation in :mod:`lesson_lib.plots`, the exercises'
-in-kernel simulation and the exact byte counts. Chapter 2 (ring all-reduce) studies them.
+Pure functions of the world size, shared by :mod:`lesson_lib.comm`, the animations, the exercises
+and the byte counts.
 
-* Ring (Patarasuk & Yuan, 2009): the tensor is cut into N chunks; in N−1 *reduce-scatter* steps
-  each rank passes one chunk to its right neighbour, which adds it to its own copy, until every
-  rank owns one fully summed chunk; in N−1 *all-gather* steps the summed chunks go round once more.
-* Recursive halving-doubling (Rabenseifner, 2004; Thakur, Rabenseifner & Gropp, 2005): log₂N
-  pairwise steps, each exchanging half of what remains, then the same steps backwards.
-  With N not a power of two, the first 2·(N−p) ranks pair up and fold into p (a power of two).
-* Naive reduce-to-one + broadcast (the parameter-server pattern) needs no schedule: everyone
-  sends everything to the root and the root sends the sum back.
+* Ring (Patarasuk & Yuan, 2009): N−1 reduce-scatter steps, then N−1 all-gather steps.
+* Recursive halving-doubling (Rabenseifner, 2004; Thakur, Rabenseifner & Gropp, 2005); with N not
+  a power of two, the first 2·(N−p) ranks fold into p.
+* Naive reduce-to-one + broadcast needs no schedule.
 """
 
 from __future__ import annotations
@@ -52,9 +47,8 @@ class RingStep(NamedTuple):
 def ring_schedule(n: int) -> tuple[RingStep, ...]:
     """Every rank's steps of a ring all-reduce over ``n`` ranks, ordered by phase, step, rank.
 
-    Reduce-scatter step s: rank r sends chunk r−s and adds what arrives into chunk r−s−1, so after
-    N−1 steps rank r holds the full sum of chunk r+1. All-gather step s: rank r sends chunk r+1−s
-    (the one it completed or just received) and receives chunk r−s. Indices are mod N.
+    Reduce-scatter step s: rank r sends chunk r−s and adds the arriving chunk r−s−1. All-gather
+    step s: rank r sends chunk r+1−s and receives chunk r−s (indices mod N).
     """
     if n < 1:
         raise ValueError(f"world_size must be at least 1, got {n}")
@@ -68,12 +62,9 @@ def ring_schedule(n: int) -> tuple[RingStep, ...]:
 
 
 def ring_states(n: int) -> list[dict]:
-    """Replay :func:`ring_schedule` on sets of contributions: which ranks' values each chunk holds.
-
-    Returns one dict per step (plus the start): ``phase``, ``step``, ``moves`` (src, dst, chunk)
-    and ``state[rank][chunk]`` = sorted contributing ranks. Used by the animation and the tests;
-    it also checks that every receiver expects the chunk its sender sends.
-    """
+    """Replay :func:`ring_schedule` on sets of contributions, one frame per step (plus the start):
+    ``phase``, ``step``, ``moves`` (src, dst, chunk), ``state[rank][chunk]`` = contributing ranks.
+    Asserts that every receiver expects the chunk its sender sends."""
     state = [[{r} for _ in range(n)] for r in range(n)]
     frames = [{"phase": "start", "step": -1, "moves": [], "state": _freeze(state)}]
     sched = ring_schedule(n)
@@ -97,11 +88,7 @@ def _freeze(state):
 
 
 def ring_bytes_sent(numel: int, element_size: int, world_size: int, rank: int) -> int:
-    """Exact bytes rank ``rank`` sends in a ring all-reduce of ``numel`` elements.
-
-    Reduce-scatter sends every chunk but chunk rank+1, all-gather every chunk but chunk rank+2,
-    so the total is 2S minus two chunks: 2(N−1)/N·S up to the rounding of uneven chunks.
-    """
+    """Exact bytes ``rank`` sends in a ring all-reduce: 2S minus two chunks (≈ 2(N−1)/N·S)."""
     if world_size == 1:
         return 0
     bounds = chunk_bounds(numel, world_size)
@@ -113,10 +100,7 @@ def ring_bytes_sent(numel: int, element_size: int, world_size: int, rank: int) -
 
 
 class SegmentStep(NamedTuple):
-    """One segment of one :class:`RingStep`: the ring's chunk cut into ``segments`` pieces.
-
-    ``slot`` is when it crosses the link in the ideal pipeline (see :func:`pipelined_ring_schedule`).
-    """
+    """One segment of one :class:`RingStep`; ``slot``: when it crosses the link."""
 
     phase: str
     step: int
@@ -137,14 +121,11 @@ def check_segments(segments) -> int:
 
 @lru_cache(maxsize=64, typed=True)  # typed: True (== 1) must still be refused, not found in the cache
 def pipelined_ring_schedule(n: int, segments: int) -> tuple[SegmentStep, ...]:
-    """The ring's steps (:func:`ring_schedule`) with each chunk sent as ``segments`` pieces.
+    """The ring's steps with each chunk sent as ``segments`` pieces.
 
-    Same chunks, same neighbours, same bytes; only the messages are smaller, and a piece need not
-    wait for the rest of its step: segment k of the next step leaves as soon as segment k of this
-    step has landed — and, in the reduce-scatter, been added (one slot later). Meanwhile the link
-    carries the other segments, so every addition overlaps a transfer. Slots: each link carries one
-    segment per slot, in this order (phase, step, segment, rank), the order in which
-    :func:`lesson_lib.comm.pipelined_ring_all_reduce` posts them.
+    Segment k of the next step leaves once segment k of this step has landed (and, in the
+    reduce-scatter, been added, one slot later), so additions overlap transfers. Each link carries
+    one segment per slot, in the order :func:`lesson_lib.comm.pipelined_ring_all_reduce` posts them.
     """
     check_segments(segments)
     out, link = [], -1
@@ -163,11 +144,8 @@ def pipelined_ring_schedule(n: int, segments: int) -> tuple[SegmentStep, ...]:
 def pipelined_ring_slots(n: int, segments: int) -> list[dict]:
     """Replay :func:`pipelined_ring_schedule` slot by slot on sets of contributions.
 
-    One dict per slot (plus the start): ``phase``, ``step`` (of the latest transfer), ``slot``,
-    ``moves`` (src, dst, chunk, segment) on the wire in this slot, ``adding`` (rank, chunk, segment)
-    being added in this slot (a reduce-scatter segment that landed in the previous one), and
-    ``state[rank][chunk][segment]`` = sorted contributing ranks after the slot. The animation draws
-    these frames; the tests check that what is sent was complete, and that adds overlap transfers.
+    One frame per slot (plus the start): ``phase``, ``step``, ``slot``, ``moves`` (src, dst, chunk,
+    segment), ``adding`` (rank, chunk, segment) and ``state[rank][chunk][segment]``.
     """
     state = [[[{r} for _ in range(segments)] for _ in range(n)] for r in range(n)]
     frames = [{"phase": "start", "step": -1, "slot": -1, "moves": [], "adding": [], "state": _freeze2(state)}]
@@ -203,11 +181,8 @@ def _freeze2(state):
 
 
 class PairStep(NamedTuple):
-    """What ``rank`` does at one step: exchange chunk ranges [lo, hi) with ``peer``.
-
-    ``send``/``recv`` are ranges of chunk indices into ``chunk_bounds(numel, p)`` (p = the largest
-    power of two ≤ N) or None; ``reduce`` says whether the received range is added or copied.
-    """
+    """``rank`` exchanges chunk ranges [lo, hi) with ``peer``: ``send``/``recv`` index
+    ``chunk_bounds(numel, p)`` (p: largest power of two ≤ N) or are None; ``reduce``: add or copy."""
 
     phase: str  # "fold", "reduce-scatter", "all-gather", "unfold"
     step: int

@@ -1,14 +1,10 @@
 """The cost model: memory, traffic and time of training, from formulas (chapters 0, 2, 4 and 7).
 
-* :mod:`.terms` — one formula per quantity: the memory bill, ZeRO's memory and traffic, the terms
-  of a step at scale, and the device and link tables they read.
-* :mod:`.alphabeta` — the alpha-beta model: each all-reduce's latency and bandwidth terms (ring,
-  halving-doubling, naive, tree), their fits to measured times, crossovers, bus bandwidth.
-* :mod:`.plan` — :class:`Plan`, one training job, and what each milestone of the talk changes in it.
-* :mod:`.tensor` — the tensor-parallel term (chapter 8): Megatron's all-reduces per block, and with
-  sequence parallelism its reduce-scatters, all-gathers and re-gathers.
-* :mod:`.planner` — a Plan turned into memory, step time and days; its assumptions, its table and
-  ``python -m lesson_lib estimate``.
+* :mod:`.terms` — one formula per quantity, and the device and link tables
+* :mod:`.alphabeta` — the alpha-beta model of each all-reduce, fits, crossovers, bus bandwidth
+* :mod:`.plan` — :class:`Plan`, one training job, and each milestone's changes
+* :mod:`.tensor` — the tensor-parallel term (chapter 8)
+* :mod:`.planner` — memory, step time and days of a Plan; ``python -m lesson_lib estimate``
 """
 
 from .alphabeta import (

@@ -10,14 +10,9 @@ from __future__ import annotations
 def allreduce_terms(algorithm: str, world_size: int, nbytes: float) -> tuple[float, float]:
     """(a, b) such that an all-reduce of ``nbytes`` on ``world_size`` ranks takes a·α + b·β.
 
-    ring (and the library's): 2(N−1) steps of S/N → 2(N−1)α + 2(N−1)/N·S·β;
-    halving-doubling: 2·log₂N steps, same bytes; naive: the root's link carries N−1 messages in
-    and N−1 out, one after another → 2(N−1)α + 2(N−1)·S·β;
-    tree: NCCL's pipelined double binary tree (Sanders, Speck & Träff, 2009; NCCL 2.4, Jeaugey,
-    2019), a reduce up and a broadcast down trees of depth log₂N, each rank's link carrying S each
-    way → 2·log₂N·α + 2·S·β (the pipeline's per-chunk latencies left out: its best case).
-    log₂N is rounded down (a binary tree of N ranks is that deep).
-    """
+    ring (and library): 2(N−1)α + 2(N−1)/N·S·β; halving-doubling: 2·log₂N·α, same bytes; naive:
+    2(N−1)α + 2(N−1)·S·β; tree: NCCL's double binary tree (Sanders, Speck & Träff, 2009; Jeaugey,
+    2019), best case 2·log₂N·α + 2·S·β. log₂N is rounded down."""
     n = world_size
     if n < 1:
         raise ValueError(f"world_size must be at least 1, got {n}")

@@ -1,10 +1,6 @@
-"""The planner of chapter 7's cost model: one training step of a transformer on n devices under each
-milestone of the talk — memory per device, seconds per step term by term, days to train — its printed
-assumptions, its table, and ``python -m lesson_lib estimate``.
-
-The formulas it combines (the memory bill of chapter 0, alpha-beta of chapter 2, ZeRO of chapter 4,
-the device and link tables) are in :mod:`.terms`; the :class:`~.plan.Plan` it takes, and what each
-milestone changes in it, in :mod:`.plan`.
+"""Chapter 7's planner: one training step of a transformer on n devices under each milestone —
+memory per device, seconds per step term by term, days to train — and ``python -m lesson_lib estimate``.
+Formulas are in :mod:`.terms`; the :class:`~.plan.Plan` and each milestone's changes in :mod:`.plan`.
 """
 
 from __future__ import annotations
@@ -27,12 +23,8 @@ from .terms import (
 
 
 def plan_for(milestone: str, params: float, tokens: float, devices: int, **options) -> Plan:
-    """The Plan of one milestone of the talk (:data:`MILESTONE_PLANS`); ``options`` override it.
-
-    The pipeline milestone takes the fewest stages (a divisor of n, at most the layers) at which
-    the model fits, or the most stages allowed when it fits at none. The sharded parameter server
-    takes as many server machines as there are workers (``servers="workers"``: K = N).
-    """
+    """The Plan of one milestone (:data:`MILESTONE_PLANS`); ``options`` override it. The pipeline
+    takes the fewest stages at which the model fits; the sharded parameter server K = N servers."""
     if milestone not in MILESTONE_PLANS:
         raise ValueError(f"milestone must be one of {', '.join(MILESTONES)}, got {milestone!r}")
     chosen = {**MILESTONE_PLANS[milestone], **options}
@@ -51,10 +43,8 @@ def plan_for(milestone: str, params: float, tokens: float, devices: int, **optio
 
 
 def memory(plan: Plan) -> dict:
-    """Bytes per device: model states (chapter 4's formulas, 16-bit with fp32 Adam: 16 bytes per
-    parameter) split over P·t and sharded over the d data-parallel ranks, plus activations.
-    ``server``: bytes on each parameter-server machine (Adam's 12Ψ/K; 0 without one), not in
-    ``total``, which is a worker's."""
+    """Bytes per device: model states (16 bytes per parameter) split over P·t and sharded over d,
+    plus activations. ``server``: bytes per parameter-server machine (12Ψ/K), not in ``total``."""
     layers, hidden, heads = plan.shape()
     psi = plan.params / (plan.pipeline * plan.tensor)
     if plan.comm == "ps":  # workers keep parameters and gradients; the servers keep Adam
@@ -71,8 +61,7 @@ def memory(plan: Plan) -> dict:
         act = recompute_activation_bytes(plan.seq_len, plan.micro_batch, hidden, held, t, sp) + full
     else:
         act = held * full
-    # ZeRO-Offload (on ZeRO-2): my shard of the gradients and of Adam's fp32 state live on the host,
-    # where Adam steps; the device keeps the bf16 parameters and the activations (Ren et al. 2021)
+    # ZeRO-Offload (on ZeRO-2; Ren et al., 2021): gradient and Adam shards on the host
     host = states["grads"] + states["optimizer"] if plan.offload else 0.0
     if plan.offload:
         states["grads"] = states["optimizer"] = 0.0
@@ -210,9 +199,8 @@ def assumptions(plan: Plan) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    """The estimates as text: one line per milestone, about 100 characters (t, P, d: tensor,
-    pipeline and data-parallel ways; K: servers; GB: per device, and per server; tp s: the
-    tensor-parallel term; mach.: machines in all)."""
+    """The estimates as text, one line per milestone (t, P, d: tensor, pipeline, data-parallel ways;
+    K: servers; GB per device and per server; tp s: the tensor-parallel term; mach.: machines)."""
     lines = [f"{'milestone':<16} {'t':>2} {'P':>3} {'d':>5} {'K':>5} {'fits':>4} {'GB':>6} {'GB/srv':>6} "
              f"{'tp s':>6} {'step s':>8} {'days':>8} {'mach.':>6} {'TFLOP/s':>7} dominant"]
     for r in rows:

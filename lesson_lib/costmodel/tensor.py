@@ -1,13 +1,9 @@
-"""The tensor-parallel term of chapter 7's cost model, with chapter 8 as its source
-(notebooks/08_beyond_data_parallel.ipynb, :mod:`lesson_lib.milestones.tensor_parallel`).
+"""The tensor-parallel term of chapter 7's cost model, after chapter 8.
 
-Megatron's tensor parallelism (Shoeybi et al., 2019) puts two all-reduces of one activation in
-each transformer block forward (g, after attention and after the MLP) and two backward (f, before
-them), on the node's own link; they sit on the critical path, so none of it hides behind compute.
-Sequence parallelism (Korthikanti et al., 2022) turns each all-reduce into a reduce-scatter and an
-all-gather (the same bytes and ring steps) and keeps what lies between the blocks split along the
-sequence, so those activations are divided by t; the column layers' inputs are gathered once more
-in the backward (Korthikanti et al. §4.2.2; chapter 8 §3 counts these bytes).
+Megatron's tensor parallelism (Shoeybi et al., 2019): two all-reduces of one activation per block
+forward and two backward, on the node's link, never hidden. Sequence parallelism (Korthikanti et
+al., 2022) makes each a reduce-scatter plus all-gather (same bytes), splits the activations between
+blocks by t, and re-gathers the column layers' inputs in the backward (§4.2.2).
 """
 
 from __future__ import annotations

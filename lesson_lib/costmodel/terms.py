@@ -1,8 +1,5 @@
-"""The formulas of the cost model, one quantity each: the memory bill of training (chapter 0), the
-ring's time in the alpha-beta model (:mod:`.alphabeta` has the rest), ZeRO's memory and traffic
-(chapter 4), and the terms of one step at scale with the device and link tables they read
-(chapter 7). :mod:`.planner` combines them into a training plan. Formulas live here;
-measurements live in ``metrics``.
+"""The cost model's formulas, one quantity each: memory bill (chapter 0), ring time, ZeRO memory and
+traffic (chapter 4), and one step's terms at scale (chapter 7). :mod:`.planner` combines them.
 """
 
 from __future__ import annotations
@@ -10,9 +7,8 @@ from __future__ import annotations
 from ..data import read_csv
 from .alphabeta import allreduce_time
 
-# Bytes per parameter for each part of the model state (Rajbhandari et al., ZeRO, 2020, §3.1):
-# mixed-precision Adam keeps fp16 params and grads (2 + 2 bytes) plus an fp32 master copy,
-# momentum and variance (4 + 4 + 4 bytes): K = 12 bytes of optimizer state, 16 bytes in all.
+# Bytes per parameter (Rajbhandari et al., ZeRO, 2020, §3.1): mixed-precision Adam keeps fp16
+# params and grads plus fp32 master, momentum and variance (K = 12), 16 bytes in all.
 PRECISIONS = {
     "fp32 Adam": {"params": 4, "grads": 4, "optimizer": 8},
     "mixed-precision Adam": {"params": 2, "grads": 2, "optimizer": 12},
@@ -21,11 +17,8 @@ PRECISIONS = {
 
 
 def memory_bill(params: float, precision: str = "mixed-precision Adam") -> dict:
-    """Bytes of model state (params, grads, optimizer) to train ``params`` parameters on one device.
-
-    Activations come on top and depend on batch and sequence length, so they are not included.
-    Used by chapter 0 (the memory calculator) and chapter 4 (ZeRO divides these by N).
-    """
+    """Bytes of model state (params, grads, optimizer) to train ``params`` parameters on one device,
+    activations excluded."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if not params >= 0:
@@ -53,8 +46,7 @@ def devices_needed(total_bytes: float, device_bytes: float) -> int:
     return max(1, -(-int(total_bytes) // int(device_bytes)))
 
 
-# Bytes per parameter of model states by ZeRO stage (Rajbhandari et al., 2020, §5, Figure 1):
-# params / grads / optimizer, each either replicated (×1) or sharded over N ranks (×1/N).
+# ZeRO's bytes per parameter (Rajbhandari et al., 2020, §5): each part replicated or sharded over N.
 _ZERO_SHARDED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}
 _ZERO_BYTES = {"fp32": {"params": 4, "grads": 4, "optimizer": 8},     # Adam: momentum + variance
                "mixed": {"params": 2, "grads": 2, "optimizer": 12}}   # + fp32 master: K = 12
@@ -62,12 +54,10 @@ _ZERO_BYTES = {"fp32": {"params": 4, "grads": 4, "optimizer": 8},     # Adam: mo
 
 def zero_memory(params: float, world_size: int, stage: int, precision: str = "mixed",
                 grad_bytes: int | None = None) -> dict:
-    """Model-state bytes per rank under ZeRO ``stage`` (the paper's formulas; chapter 4).
+    """Model-state bytes per rank under ZeRO ``stage`` (Rajbhandari et al., 2020).
 
-    fp32 Adam: 16Ψ, 8Ψ+8Ψ/N, 4Ψ+12Ψ/N, 16Ψ/N. Mixed precision (K=12): 16Ψ, 4Ψ+12Ψ/N,
-    2Ψ+14Ψ/N, 16Ψ/N: the paper's convention, fp16/bf16 gradients. ``grad_bytes=4`` takes
-    Megatron-LM's instead, fp32 main gradients: 18Ψ, and 6Ψ+12Ψ/N at stage 1 (its distributed
-    optimizer). Activations and transient buffers come on top.
+    Mixed precision (K=12): 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N. ``grad_bytes=4``: Megatron-LM's fp32
+    main gradients instead (18Ψ; 6Ψ+12Ψ/N at stage 1). Activations and buffers excluded.
     """
     if stage not in _ZERO_SHARDED:
         raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
@@ -91,8 +81,6 @@ def zero_traffic(params: float, world_size: int, stage: int, element_size: int =
 
 
 # --------------------------------------------------------------------------- one step's terms (chapter 7)
-# What :mod:`lesson_lib.costmodel` adds up into one step at scale. Inputs come from data/devices.csv
-# and data/links.csv (a source per row).
 
 
 def devices() -> dict[str, dict]:
@@ -110,9 +98,8 @@ def links() -> dict[str, dict]:
 
 
 def published() -> dict[str, dict]:
-    """Training figures a paper reports (data/published.csv), to check the model against. ``use``
-    says whether a row calibrated the model's efficiency ("calibration"), tests it with the layout
-    its paper reports ("out-of-sample"), or only checks it with a layout the model chose ("sanity-check")."""
+    """Training figures papers report (data/published.csv). ``use``: "calibration",
+    "out-of-sample" (the paper's layout) or "sanity-check" (a layout the model chose)."""
     return {r["case"]: {k: (v if k in ("case", "device", "use", "source") or v == "" else float(v))
                         for k, v in r.items()} for r in read_csv("published.csv")}
 
@@ -124,9 +111,8 @@ def days_from_throughput(tokens: float, params: float, devices: int, flops_per_d
 
 
 def bubble_formula(stages: int, microbatches: int, chunks: int = 1) -> float:
-    """Idle share of a pipeline step with equal stages and free messages: (P−1)/(v·M+P−1), with v
-    chunks per rank (v = 1: GPipe and 1F1B, (P−1)/(M+P−1); interleaved 1F1B otherwise; chapter 3).
-    The one definition: the pipeline, its chapter and the cost model all use it."""
+    """Idle share of a pipeline step with equal stages and free messages: (P−1)/(v·M+P−1), v chunks
+    per rank (v = 1: GPipe and 1F1B). The one definition used everywhere."""
     return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
@@ -138,17 +124,10 @@ def ring_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
 def ps_terms(workers: int, servers: int, nbytes: float) -> tuple[float, float]:
     """(a, b) such that a synchronous parameter-server step takes a·α + b·β (chapters 1 and 7).
 
-    Each of N workers pushes its gradient of S bytes as K slices of S/K, one per server, then pulls
-    K slices of parameters back; each of K servers (Dean et al., 2012; Li et al., 2014) takes N
-    slices in and sends N out. As for the naive all-reduce, an endpoint handles its messages one
-    after another, each costing α + m·β, and push and pull are two phases, not overlapped:
-
-    * a server: 2·N messages, 2·N·S/K bytes — the hotspot while K < N;
-    * a worker: 2·K messages, 2·S bytes — its message count grows with K.
-
-    The step lasts as long as the busiest endpoint: 2·max(N, K)·α + 2·max(N/K, 1)·S·β. The
-    latency never falls below 2·N·α (each server still hears every worker) nor below 2·K·α;
-    at K = N it is the ring's 2(N−1)α and 2(N−1)/N·S·β up to a factor N/(N−1).
+    N workers push S bytes as K slices, one per server (Dean et al., 2012; Li et al., 2014), then
+    pull them back; endpoints handle messages one after another, push and pull not overlapped. A
+    server sends/receives 2N messages, 2N·S/K bytes; a worker 2K messages, 2S bytes; the busiest
+    sets the step: 2·max(N, K)·α + 2·max(N/K, 1)·S·β.
     """
     for name, v in (("workers", workers), ("servers", servers)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -165,10 +144,8 @@ def ps_time(nbytes: float, workers: int, servers: int, alpha: float, beta: float
 
 
 def server_memory(params: float, servers: int) -> float:
-    """Bytes each of K servers holds: mixed-precision Adam's 12 bytes per parameter (fp32 master
-    weights, momentum, variance; Rajbhandari et al., 2020) over K shards, 12·Ψ/K. The workers keep
-    the 16-bit weights and gradients; a server's buffer summing the N incoming gradient slices
-    (one more 4·Ψ/K in fp32) is left out, as the ring's transient buffers are."""
+    """Bytes per server: 12·Ψ/K (fp32 master, momentum, variance; Rajbhandari et al., 2020). The
+    server's summing buffer is left out, like the ring's transient buffers."""
     if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
         raise ValueError(f"servers must be a positive int, got {servers!r}")
     return 12 * params / servers
@@ -176,18 +153,14 @@ def server_memory(params: float, servers: int) -> float:
 
 def activation_bytes(seq: int, micro: int, hidden: int, heads: int, tensor: int = 1,
                      sequence_parallel: bool = False) -> float:
-    """One transformer layer's saved activations for one micro-batch, 16-bit: s·b·h·(10 + 24/t +
-    5·a·s/(h·t)) bytes; with sequence parallelism the 10 between the blocks is divided by t too,
-    s·b·h·(34/t + 5·a·s/(h·t)) (Korthikanti et al., 2022, Eqs. 2 and 4; chapter 8 §3)."""
+    """One transformer layer's 16-bit saved activations per micro-batch: s·b·h·(10 + 24/t +
+    5·a·s/(h·t)); with sequence parallelism the 10 becomes 10/t (Korthikanti et al., 2022, Eqs. 2, 4)."""
     between = 10 / tensor if sequence_parallel else 10
     return seq * micro * hidden * (between + 24 / tensor + 5 * heads * seq / (hidden * tensor))
 
 
 def recompute_activation_bytes(seq: int, micro: int, hidden: int, layers: float, tensor: int = 1,
                                sequence_parallel: bool = False) -> float:
-    """Activations kept under full recomputation: each of the L layers' inputs, s·b·h values in 16
-    bits, so 2·s·b·h·L bytes (Korthikanti et al., 2022, §4.1 and Table 2, "full recompute").
-    Without sequence parallelism the layer input is replicated on every tensor-parallel rank; with
-    it, each keeps its 1/t of the sequence: 2·s·b·h·L/t. The one layer being recomputed in the
-    backward pass comes on top (:func:`activation_bytes`)."""
+    """Activations kept under full recomputation: 2·s·b·h·L bytes, divided by t with sequence
+    parallelism (Korthikanti et al., 2022, §4.1); the layer being recomputed comes on top."""
     return 2 * seq * micro * hidden * layers / (tensor if sequence_parallel else 1)

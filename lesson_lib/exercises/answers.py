@@ -1,14 +1,9 @@
 """One reading of a learner's answer for every exercise: :func:`number` and :func:`whole_number`.
 
-The same forms are accepted everywhere: ``int``, ``float``, ``fractions.Fraction`` and
-``decimal.Decimal``; numpy scalars and 0-d arrays; torch tensors with one element; strings that
-read as a number (``"1.5e6"``, ``"1_000_000"``, ``"1,000,000"``, ``" 2 "``). A bool is not a number
-here (``True`` is almost always a slip). A whole number may be given as ``2.0`` or ``"2"`` (never
-``2.5``). What cannot be read raises :class:`AnswerError`, whose message says what was given and
-what is expected; :meth:`lesson_lib.exercises.Exercise.submit` prints it as the verdict.
-
-:func:`compare` is the one tolerance test and :func:`mismatch` the one message for a wrong
-number: it prints both values with as many digits as it takes to tell them apart.
+Accepted: ``int``, ``float``, ``Fraction``, ``Decimal``, numpy scalars, one-element tensors, and
+numeric strings (``"1.5e6"``, ``"1_000_000"``, ``"1,000,000"``); not bools. A whole number may be
+``2.0``. Anything else raises :class:`AnswerError` with a message saying what is expected.
+:func:`compare` is the one tolerance test, :func:`mismatch` the one message for a wrong number.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Auto-checked exercises with hints and solutions hidden by default (chapters 1 onwards).
 
-A chapter module defines its exercises as :class:`Exercise` objects; the notebook shows one
-(``ex`` alone in a cell), the learner writes an answer, and ``ex.submit(answer)`` checks it.
-Until the learner answers (``answer = ...``), ``submit`` says so and does not fail, so the
-notebook still runs top to bottom under nbval; ``tests/`` check every reference solution passes
-and a wrong answer fails.
+``ex.submit(answer)`` checks an answer; before the learner answers it says so without failing, so
+the notebook still runs under nbval. ``tests/`` check every reference solution passes.
 """
 
 from __future__ import annotations
@@ -32,12 +29,8 @@ class Exercise:
     passed: bool = field(default=False, repr=False)
 
     def submit(self, answer: Any) -> Verdict:
-        """Check ``answer``, print the verdict and return it (``self.passed`` keeps it).
-
-        An answer still holding the template's ``...`` (a bare ``...``, a list with one, a function
-        whose body is only ``...``, or one that trips over a ``...`` when run) is "not answered
-        yet", so that Run All goes through a notebook whose exercises are still open.
-        """
+        """Check ``answer``, print the verdict and return it (``self.passed`` keeps it). An answer still
+        holding the template's ``...`` is "not answered yet", so Run All goes through open exercises."""
         verdict = assess(self.check, answer)
         if verdict is None:
             return self._not_yet()

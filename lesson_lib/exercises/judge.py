@@ -1,12 +1,9 @@
 """The one way an exercise judges: the properties it teaches, each verified on what happened.
 
-A checker lists :class:`Property` objects — each says, in a sentence, what must be true
-("every rank ends with one different chunk, summed over all ranks") and tests it on what was
-observed (the ranks' results, the :mod:`~lesson_lib.exercises.observe` log of their communication,
-the tensors they were handed; :func:`on_ranks` runs a case on real ranks, :func:`locally` a formula
-or an optimizer step in this process). :func:`judge` runs the properties in order on each case (world
-sizes, lengths that do not divide evenly): the first that fails gives the verdict, naming the
-case and what was observed instead; when all hold on every case, the verdict lists them.
+A :class:`Property` states in a sentence what must be true and tests it on what was observed (the
+ranks' results, the :mod:`~lesson_lib.exercises.observe` log, the tensors handed in), from
+:func:`on_ranks` or :func:`locally`. :func:`judge` runs the properties on each case in order; the
+first failure gives the verdict, naming the case and what was observed.
 """
 
 from __future__ import annotations

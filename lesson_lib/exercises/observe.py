@@ -1,29 +1,14 @@
 """What a learner's code did on a rank, for the checkers: :func:`observe` records every
 communication call made through ``torch.distributed`` or :mod:`lesson_lib.comm`.
 
-``torch.distributed`` is observed where every call of it passes, its process groups' methods
-(``ProcessGroup.allreduce``, ``.send``...), so any way of writing the call is seen alike:
-``dist.all_reduce``, ``from torch.distributed import all_reduce``, ``dist.distributed_c10d.*``,
-``dist.batch_isend_irecv`` with ``dist.P2POp``. Functional collectives
-(``torch.distributed._functional_collectives``) reach the backend from C++, past those methods:
-they are seen as the operators they dispatch (``_c10d_functional.all_reduce``...), through a
-``TorchDispatchMode``. :mod:`lesson_lib.comm`'s functions are observed by name.
+``torch.distributed`` is observed at ``ProcessGroup``'s methods, where every spelling of a call
+passes; functional collectives bypass them from C++ and are seen through a ``TorchDispatchMode``;
+:mod:`lesson_lib.comm` is patched by name. Only the outermost call is recorded.
 
-Each call becomes a plain dict (it travels back to the notebook with the run's result):
-
-* ``op`` — what it is, whichever API made it: ``all_reduce``, ``reduce_scatter``, ``all_gather``,
-  ``broadcast``, ``reduce``, ``gather``, ``scatter``, ``all_to_all``, ``send``, ``recv`` (an
-  ``exchange`` is one ``send`` plus one ``recv``), ``barrier``;
-* ``api`` — the name the code called (``dist.reduce_scatter_tensor``, ``comm.ring_reduce_scatter``);
-* ``bytes`` — of the tensors handed in (for a send: sent; for a receive: the buffer);
-* ``peer`` — for a send, the rank it goes to; for a receive, the rank it comes from;
-* ``async`` — it returned a handle to wait for; ``start``/``done`` — when it was called and when
-  it had finished for the caller (returned, or, for a handle, when ``wait()`` returned; ``None``
-  if nobody waited); ``in_backward`` — autograd was running (a hook during ``backward()``).
-
-Only the outermost call counts: the point-to-point messages inside ``comm.ring_reduce_scatter``
-are its own business. :meth:`Log.mark` notes a moment (a gradient becoming ready) to compare with
-the calls' times: :meth:`Log.in_flight` says which calls were still outstanding then.
+Each call is a dict: ``op`` (``all_reduce``, ``send``...; an ``exchange`` is a send plus a recv),
+``api`` (the name called), ``bytes`` (tensors handed in), ``peer`` (p2p only), ``async``,
+``start``/``done`` (``done``: when it finished for the caller, ``None`` if never waited for) and
+``in_backward``. :meth:`Log.mark` notes a moment; :meth:`Log.in_flight` lists calls outstanding then.
 """
 
 from __future__ import annotations
@@ -73,8 +58,7 @@ def _nbytes(args: tuple, kwargs: dict) -> int:
 
 
 class Work:
-    """The handle an observed call returns (the backend's own ``Work`` inside), which notes when the
-    learner's wait returned."""
+    """The handle an observed call returns; notes when the learner's wait returned."""
 
     def __init__(self, inner: Any, calls: list[dict]):
         self._inner, self._calls, self._future = inner, calls, False
@@ -84,9 +68,8 @@ class Work:
         return self._inner.get_future()
 
     def settle(self, at: float) -> None:
-        """Waited for through its future (``torch.futures.wait_all``, ``fut.wait()``), and complete:
-        done by ``at``. A handle nobody waited for stays undone, even if its work happens to have
-        completed (Gloo's small messages often have; a GPU's would not be)."""
+        """Done by ``at`` if waited for through its future and complete. A handle nobody waited for
+        stays undone even if its work completed (Gloo's small messages often have)."""
         if self._future and any(c["done"] is None for c in self._calls) and self._inner.get_future().done():
             for c in self._calls:
                 c["done"] = c["done"] or at
@@ -111,9 +94,8 @@ class Log(list):
         self.handles: list[Work] = []
 
     def mark(self, label: str, settle: bool = False) -> None:
-        """Note this moment; with ``settle``, a handle waited for through its future counts as done
-        by now if its work has completed. Otherwise a call is done when ``wait()`` returned: work the
-        code has not waited for is still in flight as far as the code is concerned."""
+        """Note this moment; with ``settle``, future-awaited handles whose work completed count as
+        done by now. Otherwise a call is done only when ``wait()`` returned."""
         at = time.perf_counter()
         if settle:
             for h in self.handles:
@@ -189,8 +171,7 @@ def _wrap(fn, api: str, op: str, log: Log):
 
 
 def unobserved(fn):
-    """``fn`` for the checker's own calls inside :func:`observe` (a loop's sum of its losses, a
-    barrier between timings): left out of the log, whichever API it goes through."""
+    """``fn`` for the checker's own calls inside :func:`observe`, left out of the log."""
     @functools.wraps(fn)
     def quiet(*args, **kwargs):
         _STATE.depth = getattr(_STATE, "depth", 0) + 1
@@ -204,8 +185,7 @@ def unobserved(fn):
 
 def _caller(method: str) -> tuple[str, bool]:
     """The ``torch.distributed`` function the learner called that led to ``method`` (the outermost
-    frame of torch.distributed's own modules: ``dist.batch_isend_irecv`` for a ``P2POp``'s send),
-    and whether it hands the learner a handle to wait for (``async_op=True``, ``isend``...)."""
+    torch.distributed frame), and whether it hands back a handle (``async_op=True``, ``isend``...)."""
     frame, outer = sys._getframe(2), None
     while frame is not None and frame.f_globals.get("__name__", "").startswith("torch.distributed"):
         if frame.f_code.co_name not in ("wrapper", "inner") and not frame.f_code.co_name.startswith("_"):
@@ -253,8 +233,7 @@ def _wrap_group(method, name: str, log: Log):
 
 
 class _Functional(TorchDispatchMode):
-    """Records the functional collectives' operators; every other operator passes untouched. Their
-    result is a tensor that waits when first used: the call counts as done when it returned."""
+    """Records the functional collectives' operators; done when the call returned."""
 
     def __init__(self, log: Log):
         super().__init__()
@@ -285,8 +264,7 @@ def observe() -> Iterator[Log]:
 
     log = Log()
     group = dist.ProcessGroup
-    # the class's own entries (pybind's method descriptors), to put back as they were: getattr would
-    # give the unbound function, which set back on the class no longer binds its group
+    # put back the class's own entries (pybind descriptors): getattr's unbound function would not bind
     patched = [(group, name, vars(group)[name]) for name in PG_OPS if name in vars(group)]
     patched += [(comm, name, getattr(comm, name)) for name in COMM_OPS if hasattr(comm, name)]
     try:

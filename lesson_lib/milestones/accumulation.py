@@ -1,17 +1,9 @@
-"""Gradient accumulation (chapter 5, §7): a large batch in the memory of a small one.
+"""Gradient accumulation (chapter 5 §7): a large batch in the memory of a small one.
 
-When a rank's share of the global batch does not fit in memory, it runs its share as ``k``
-micro-batches, one forward and backward each, and lets autograd add their gradients into
-``p.grad``; only then do the ranks all-reduce, once. Each micro-batch's mean loss is scaled by
-1/k, so the sum of the k gradients is the gradient of the mean over the rank's whole share — the
-same step as the large batch, to float rounding. Activations are alive for one micro-batch at a
-time (their peak falls k-fold), the bytes on the wire per step do not change (one all-reduce per
-step, where all-reducing each micro-batch would send k times as much).
-
-:func:`accumulate` is the micro-batch loop that ``large_batch.train`` runs with ``accumulate=k``
-before its one all-reduce; :func:`ddp_worker` is the same training with PyTorch's
-``DistributedDataParallel`` and its ``no_sync()`` context (the library reference), its
-all-reduces counted by a communication hook.
+A rank runs its share as ``k`` micro-batches with losses scaled by 1/k, autograd summing their
+gradients, then all-reduces once: the same step to rounding, activations k-fold smaller, the same
+bytes. :func:`accumulate` is the loop ``large_batch.train`` runs; :func:`ddp_worker` does it with
+DDP's ``no_sync()``, counted by a communication hook.
 """
 
 from __future__ import annotations
@@ -50,13 +42,9 @@ def validate_accumulate(k, per_rank_batch: int) -> None:
 
 
 def ddp_worker(cfg, schedule: Callable, no_sync: bool = True) -> dict:
-    """On every rank: ``cfg``'s training (a ``large_batch.Config``: its model, data, batches, optimizer,
-    and the rate ``schedule(cfg, step)``) by torch's ``DistributedDataParallel``, each step in
-    ``cfg.accumulate`` micro-batches, the first k−1 under ``no_sync()`` when ``no_sync``.
-
-    Every all-reduce DDP launches passes through a communication hook that counts its bytes (one
-    bucket: the whole gradient, float32) and then all-reduces and averages as DDP's default does.
-    """
+    """On every rank: ``cfg``'s training (a ``large_batch.Config``) by ``DistributedDataParallel``, each
+    step in ``cfg.accumulate`` micro-batches, the first k−1 under ``no_sync()`` when ``no_sync``. A
+    communication hook counts each all-reduce's bytes, then averages as DDP's default does."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 

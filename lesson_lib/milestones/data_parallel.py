@@ -1,15 +1,8 @@
 """Data parallelism (chapter 0): replicate the model, split the batch, sum the gradients.
 
-Every rank holds the whole model, trains on its slice of the
-global batch, and the gradients are summed across ranks before every update.
-
-The gradients of all layers live in one flat buffer (``p.grad`` are views into it), so one
-all-reduce per step moves them, and the measured grads memory is exactly that buffer. With
-``bucket_mb > 0`` the buffer is cut into buckets of that size, each all-reduced on a communication
-thread as soon as the backward has written it, while the backward goes on (as DDP does;
-:mod:`lesson_lib.buckets`).
-With a fixed ``global_batch`` and ``seed`` the losses do not depend on the world size:
-the mean of the ranks' mean losses over equal slices is the mean over the whole batch.
+All gradients live in one flat buffer (``p.grad`` are views), so one all-reduce per step moves them;
+``bucket_mb > 0`` all-reduces buckets during the backward, as DDP does (:mod:`lesson_lib.buckets`).
+With a fixed ``global_batch`` and ``seed`` the losses do not depend on the world size.
 """
 
 from __future__ import annotations
@@ -78,11 +71,9 @@ def build(cfg: Config, device: torch.device):
 
 
 def overlapped(model, flat: torch.Tensor, bucket_mb: float, allreduce: str, n: int) -> buckets.Overlap:
-    """Cut the flat gradient buffer into buckets of ``bucket_mb`` MiB as DDP does (last layers first,
-    :func:`~lesson_lib.buckets.plan_ddp`) and all-reduce each on the communication thread as soon as
-    the backward has written it. Also as in DDP, each gradient is divided by ``n`` on its way into
-    the bucket, in one pass: after ``zero_grad(set_to_none=True)`` autograd writes a fresh gradient,
-    which moves into its slice of ``flat`` instead of being added to a zeroed one."""
+    """Cut the flat gradient buffer into DDP's buckets of ``bucket_mb`` MiB
+    (:func:`~lesson_lib.buckets.plan_ddp`), each all-reduced on the communication thread once written.
+    As in DDP, each gradient is divided by ``n`` as it moves into its bucket."""
     params = list(model.parameters())
     ends = torch.tensor([p.numel() for p in params]).cumsum(0).tolist()  # p's slice of flat ends here
     views = [flat[end - p.numel():end].view_as(p) for p, end in zip(params, ends)]
@@ -113,11 +104,8 @@ def extra_work(model, x, y, factor: float) -> None:
 
 
 def runqueue_s() -> float:
-    """Seconds the calling thread has spent runnable but waiting for a CPU core (NaN off Linux).
-
-    The second field of Linux's ``/proc/self/task/<tid>/schedstat`` (run-queue wait, ns). It tells
-    time spent waiting for a *core* (another rank or program had it) from time spent waiting for
-    *peers* (blocked in a receive), which ``wall - busy`` lumps together (chapter 0's idle figure).
+    """Seconds the calling thread waited runnable for a core (NaN off Linux), from
+    ``/proc/self/task/<tid>/schedstat``: tells waiting for a core from waiting for peers.
     """
     try:
         with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
@@ -190,11 +178,8 @@ def worker(cfg: Config) -> dict:
 
 
 def reference(cfg: TrainConfig, optimizer: str | None = None) -> list[float]:
-    """Single-process training on the whole global batch, in this process, no process group.
-
-    Any milestone's config will do: its training problem (``cfg.task()``) is rerun here with
-    ``optimizer`` ("adam" or "sgd" with momentum 0.9) — the answer every synchronous method
-    must reproduce.
+    """Single-process training on the whole global batch in this process, with ``optimizer``
+    ("adam" or "sgd" with momentum 0.9): what every synchronous method must reproduce.
     """
     if optimizer is not None or not isinstance(cfg, Config):
         cfg = Config(world_size=1, optimizer=optimizer or "adam", **cfg.task())

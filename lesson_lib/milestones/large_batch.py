@@ -1,15 +1,9 @@
 """Large-batch training (chapter 5): the same samples in fewer, larger steps — SGD, Adam, LARS, LAMB.
 
-Data parallelism as in chapter 0 (one flat gradient bucket, our counted ring all-reduce), with a
-budget of ``epochs`` passes over the data, so a bigger ``global_batch`` means fewer steps and fewer
-all-reduces. The learning rate follows a linear warm-up over ``warmup_steps`` (Goyal et al., 2017)
-and then a cosine decay to zero; how ``lr`` grows with the batch (linear or square-root rule) is
-the caller's choice. LARS and LAMB are :mod:`lesson_lib.optim`'s; rank 0 records their per-layer
-trust ratios every step. Every ``eval_every`` epochs each rank evaluates the held-out set and,
-with ``noise_scale``, the ranks measure McCandlish et al. (2018)'s simple noise scale
-B_simple = tr(Σ)/|G|² on the training set (:func:`noise_scale`). With ``accumulate`` = k each rank
-runs its share of the batch as k micro-batches before the one all-reduce (:mod:`.accumulation`);
-with ``peak_memory`` each rank measures its peak of allocated bytes over the steps (:mod:`..peakmem`).
+Data parallelism as in chapter 0 with a budget of ``epochs`` passes, so a bigger ``global_batch``
+means fewer steps. Linear warm-up over ``warmup_steps`` (Goyal et al., 2017), then cosine decay.
+Options: held-out evaluation every ``eval_every`` epochs, McCandlish et al. (2018)'s noise scale
+(:func:`noise_scale`), ``accumulate`` micro-batches (:mod:`.accumulation`), ``peak_memory``.
 """
 
 from __future__ import annotations
@@ -34,9 +28,8 @@ NAME = "large-batch"
 
 @dataclass
 class Config(TrainConfig):
-    # laptop: chapter 5's 6-layer, 91k-parameter MLP; 8 epochs of 8,192 samples on 2 ranks (quick
-    # runs: the explorer, the exercise). long: the chapter's main experiment, 48 epochs, a budget
-    # on which LAMB at 32·B₀ (192 steps) matches B₀ (6,144 steps); the chapter asserts it on every run.
+    # laptop: a 6-layer, 91k-parameter MLP, 8 epochs on 2 ranks (quick runs). long: the chapter's
+    # 48-epoch experiment, where LAMB at 32·B₀ (192 steps) matches B₀ (6,144 steps).
     PRESETS = {"laptop": {"world_size": 2, "samples": 8192, "eval_samples": 2048, "epochs": 8,
                           "hidden": 128, "depth": 6},
                "long": {"world_size": 2, "samples": 8192, "eval_samples": 2048, "epochs": 48,
@@ -106,17 +99,14 @@ class Config(TrainConfig):
         return self.samples // self.global_batch
 
 
-# The course's rule for growing the batch (chapter 5): rates tuned once at B₀ = 64 on the laptop
-# task (a short sweep), then only scaled by the rule, never retuned. SGD and LARS: the linear rule
-# (Goyal et al., 2017; You, Gitman & Ginsburg, 2017); Adam and LAMB: the square-root rule
-# (You et al., ICLR 2020 use it for LAMB). LARS adapts its biases too (ADAPT_BIASES): excluded
-# (ratio 1), they move by the scaled global rate itself, and at 32·B₀ the run collapsed. Its base
-# rate was tuned at B₀ like the others'.
+# Rates tuned once at B₀ = 64, then only scaled: linear rule for SGD and LARS (Goyal et al., 2017;
+# You, Gitman & Ginsburg, 2017), square root for Adam and LAMB (You et al., 2020). LARS adapts its
+# biases too: excluded, they moved by the scaled global rate and the run collapsed at 32·B₀.
 BASE_BATCH = 64
 BASE_LR = {"sgd": 0.1, "adam": 2e-3, "lars": 1.0, "lamb": 5e-3}
 RULE = {"sgd": "linear", "adam": "sqrt", "lars": "linear", "lamb": "sqrt"}
 WEIGHT_DECAY = {"sgd": 0.0, "adam": 0.0, "lars": 5e-4, "lamb": 5e-4}
-ADAPT_BIASES = {"lars": True}  # LAMB keeps the papers' exclusion: its rate is small enough for a bias
+ADAPT_BIASES = {"lars": True}  # LAMB keeps the papers' bias exclusion
 
 
 def scaled_lr(optimizer: str, batch: int, base_batch: int = BASE_BATCH) -> float:
@@ -154,11 +144,9 @@ def evaluate(model, x, y) -> tuple[float, float]:
 def noise_scale(model, x, y, rank: int = 0, world_size: int = 1, chunk: int = 2048) -> dict:
     """The simple noise scale B_simple = tr(Σ)/|G|² of McCandlish et al. (2018, eq. 2.8) on ``x, y``.
 
-    G is the mean of the per-example gradients g_i over the set and Σ their covariance, so on a
-    finite set tr(Σ) = mean |g_i|² − |G|² exactly. For a linear layer z = Wa + b, example i's
-    gradient is δ_i a_iᵀ (and δ_i for b), δ_i = ∂loss_i/∂z_i, so |g_i|² adds (|a_i|² + 1)·|δ_i|² per
-    layer (Goodfellow, 2015) — no per-example copy of the weights. Each rank takes its shard of the
-    examples; one all-reduce adds up the ranks' Σ g_i and Σ |g_i|². Chapter 5 compares it with B.
+    On a finite set tr(Σ) = mean |g_i|² − |G|²; per-example gradient norms come from each linear
+    layer's (|a_i|² + 1)·|δ_i|² (Goodfellow, 2015), without per-example weight copies. Each rank
+    takes its shard; one all-reduce adds the sums.
     """
     linears = [m for m in model if isinstance(m, torch.nn.Linear)]
     if sum(p.numel() for m in linears for p in m.parameters()) != sum(p.numel() for p in model.parameters()):
@@ -203,7 +191,7 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
     adapted = [i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"]) if p.ndim > 1]
     rec = StepRecorder(device, emit)
     losses, evals, trust = [], [], []
-    if peak is not None:  # the peak is the steps': what is alive now (data, model, bucket) counts in it
+    if peak is not None:  # what is alive now counts in the steps' peak
         peak.reset_peak()
     for step in range(cfg.steps):
         idx = shard(batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed), rank, world_size)
@@ -213,8 +201,8 @@ def train(cfg: Config, rank: int, world_size: int, device: torch.device, emit=No
             optimizer.zero_grad(set_to_none=False)
             loss = accumulate(model, x_all, y_all, idx, cfg.accumulate).reshape(1)  # no communication
             if world_size > 1:  # chapter 0's step: sum the gradients, divide by the ranks
-                message[:-1].copy_(bucket)  # the loss rides in the same all-reduce: one per step,
-                message[-1:].copy_(loss)  # not two (B₀'s 6,144 small steps are latency-bound)
+                message[:-1].copy_(bucket)  # the loss rides in the same all-reduce:
+                message[-1:].copy_(loss)  # one per step (B₀'s small steps are latency-bound)
                 comm.all_reduce(message, "ring", op="grad_all_reduce")
                 message.div_(world_size)
                 bucket.copy_(message[:-1])

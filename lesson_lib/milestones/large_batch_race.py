@@ -1,14 +1,9 @@
-"""Chapter 5's fair race at 32·B₀: every optimizer gets the same tuning budget.
+"""Chapter 5's fair race at 32·B₀: every optimizer gets the same tuning budget (after Nado et al.,
+2021; Shallue et al., 2019).
 
-Nado et al. (2021, "A Large Batch Optimizer Reality Check") and Shallue et al. (JMLR 2019) showed
-that comparisons of large-batch optimizers turn on how much each was tuned. Here each optimizer
-gets the same sweep: its base rate (tuned at B₀ = 64) times ½ and 1, grown to the large batch by
-the linear and by the square-root rule (four rates), the same warm-up (a tenth of the steps) and
-cosine decay, and the same weight decay (5·10⁻⁴ on the weight matrices: decoupled for Adam and
-LAMB, L2 for SGD and LARS, as each is deployed). The best of each sweep is what we compare.
-
-The runs are independent single-process trainings on the whole batch (what the data-parallel run
-equals, chapter 0): each rank of a warm cluster takes every other one, so two run at once.
+Each optimizer sweeps four rates (base × ½ and 1, linear and square-root rule) with the same
+warm-up, cosine decay and weight decay; the best of each is compared. Runs are independent
+single-process trainings, two at once on a warm cluster.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
-"""The parameter server (chapter 1): servers hold the model, workers push gradients and pull
-parameters (Li et al., OSDI 2014; Dean et al., DistBelief, 2012).
+"""The parameter server (chapter 1; Li et al., OSDI 2014; Dean et al., 2012): servers hold the model,
+workers push gradients and pull parameters.
 
-Ranks 0..K-1 are server shards, each owning a contiguous slice of the flat parameter vector and
-the optimizer state for it; ranks K..K+N-1 are workers. Every message is point-to-point through
-``lesson_lib.comm``, so the server's traffic is counted exactly.
+Ranks 0..K-1 are server shards of the flat parameters and their optimizer state; ranks K..K+N-1 are
+workers; all messages are counted point-to-point.
 
-* ``sync``: each step every worker pushes its gradient slices and waits; each server averages the
-  N slices, steps and sends the new slice back: single-process SGD on the combined batch.
-* ``async``: each server applies every gradient the moment it arrives and replies to that worker
-  alone; nobody waits, but gradients are *stale* (computed on parameters since changed by others).
-  ``staleness_bound`` caps that (stale synchronous parallel, Ho et al., 2013; :mod:`.ps_staleness`):
-  a worker more than that many pushes ahead of the slowest live worker is held until it catches up.
+* ``sync``: servers average the N slices and step (single-process SGD on the combined batch).
+* ``async``: servers apply each gradient on arrival; ``staleness_bound`` caps the staleness
+  (stale synchronous parallel, Ho et al., 2013; :mod:`.ps_staleness`).
 
-A server declares a worker lost after ``lost_after_s`` of silence (a heartbeat timeout): sync
-training then fails naming it, async goes on. ``server_gbps`` gives each server an EMULATED link
-(:func:`comm.set_link`): the one door every byte of the model passes, twice per worker per step.
+A worker silent for ``lost_after_s`` is declared lost (sync fails naming it, async goes on).
+``server_gbps`` gives each server an emulated link (:func:`comm.set_link`).
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
-"""A replicated parameter-server shard that survives its primary's death (chapter 1, §5).
+"""A replicated parameter-server shard that survives its primary's death (chapter 1 §5).
 
-Li et al. (OSDI 2014, §4) placed server shards on a ring by consistent hashing and kept
-each key range on more than one server: the master copies every modification, with its
-timestamp, to the replicas before the push counts as done, and copies it once per round, after
-aggregating the workers' pushes. That is chain replication (van Renesse & Schneider, OSDI 2004)
-with a chain of two: the head applies an update, passes it on, and only the tail's acknowledgement
-completes the request.
+Li et al. (OSDI 2014, §4) replicate each key range: the master copies every aggregated
+modification to its replicas before the push counts as done — chain replication (van Renesse &
+Schneider, OSDI 2004) with a chain of two. Here rank 0 is the primary, rank 1 its backup, ranks
+2…N+1 synchronous workers. The primary steps, forwards the averaged gradient and step number, and
+replies only after the backup's ack, so the backup matches it bit for bit.
 
-Here the whole model is one shard, held twice: rank 0 the **primary**, rank 1 its **backup**;
-ranks 2…N+1 are workers, training synchronously (single-process SGD on the combined batch).
-
-* a worker pushes its gradient to the server it knows and waits for the parameters;
-* the primary sums the N gradients in worker order, steps, forwards the averaged gradient and
-  its step number to the backup, waits for the backup's acknowledgement, and only then replies;
-* the backup applies each forwarded gradient with the same optimizer, so it holds the primary's
-  state after every acknowledged step, bit for bit.
-
-At step ``fail_at`` the primary receives the pushes and leaves the protocol: its function returns
-(a real exit would tear down the process group of every rank). Its last act stands for what a
-peer would notice — a closed connection at once, or heartbeats that stop (a timeout): a 4-byte
-farewell to the backup, step number −1. The backup takes over: it tells each worker (the same
-message size as a pull, so a worker waiting for parameters from any server takes it), and the
-workers push that step's gradient again, to the backup. No message waits for a rank that is gone:
-nothing can hang, and nothing depends on timing.
+At step ``fail_at`` the primary leaves after receiving the pushes, sending the backup a farewell
+(step −1) in place of a closed connection; the backup tells the workers, who push that step again
+to it. No message waits for a rank that is gone, so nothing hangs or depends on timing.
 """
 
 from __future__ import annotations
@@ -179,8 +165,8 @@ def worker(cfg: Config) -> dict:
 
 
 def replication_bytes(cfg: Config) -> int:
-    """Bytes replication adds to a run: each acknowledged step's averaged gradient (S), its step
-    number and the backup's acknowledgement (4 bytes each) — one copy of each update per replica."""
+    """Bytes replication adds: per acknowledged step, the averaged gradient (S), its step number and
+    the ack (4 bytes each)."""
     acknowledged = cfg.fail_at if cfg.fail_at >= 0 else cfg.steps
     return acknowledged * (4 * param_count(cfg) + 2 * HEADER_BYTES)
 

@@ -1,13 +1,9 @@
-"""Stale synchronous parallel (Ho et al., NeurIPS 2013): when an asynchronous parameter server lets a
-worker go on (chapter 1, §4).
+"""Stale synchronous parallel (Ho et al., NeurIPS 2013) for the asynchronous parameter server
+(chapter 1 §4); Li et al. (OSDI 2014) call it bounded delay.
 
-A worker's *clock* is the number of gradients it has pushed. With a staleness bound s the server
-applies every gradient the moment it arrives, as asynchronous training does, but it sends a worker
-its parameters back only while that worker's clock is at most s ahead of the slowest live worker's;
-otherwise the worker waits until the slowest catches up. So no worker ever computes more than s
-steps ahead of the slowest: s = 0 goes round by round, as synchronous training does (each gradient
-is still applied on its own), and an unbounded s (−1 here) is plain asynchronous training. Li et
-al. (OSDI 2014, §3) offered the same choice as "bounded delay" consistency.
+A worker's *clock* counts its pushes. The server applies every gradient on arrival but replies to
+a worker only while its clock is at most s ahead of the slowest live worker's: s = 0 goes round by
+round, s = −1 is plain asynchronous training.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Ring all-reduce (chapter 2): no central server; every rank talks to its two ring neighbours.
 
-The gradients are cut into N chunks that are summed on their way round the ring (reduce-scatter)
-and then passed round once more (all-gather). Every rank sends 2(N−1)/N·S bytes for S bytes of
-gradients, the bandwidth-optimal volume (Patarasuk & Yuan, 2009), and all ranks do equal work.
-One run times ``steps`` all-reduces of ``size_mb`` with one algorithm and checks every result.
+Every rank sends 2(N−1)/N·S bytes, the bandwidth-optimal volume (Patarasuk & Yuan, 2009). One run
+times ``steps`` all-reduces of ``size_mb`` with one algorithm and checks every result; the module
+also compares and times our all-reduces against the backend's.
 """
 
 from __future__ import annotations
@@ -58,8 +57,7 @@ class Config(CommonConfig):
 
 
 def rank_values(numel: int, rank: int, dtype: torch.dtype, device=None) -> torch.Tensor:
-    """Each rank's input: values in {−1, 0, 1}, so every partial sum is a small integer and exact
-    in any order of summation, even in bfloat16 (8 bits of mantissa)."""
+    """Each rank's input: values in {−1, 0, 1}, so every partial sum is exact, even in bfloat16."""
     i = torch.arange(numel, device=device)
     return ((i + rank) % 3 - 1).to(dtype)
 
@@ -90,8 +88,8 @@ def worker(cfg: Config) -> dict:
 
 
 def summarize(cfg: Config, outs: list[dict]) -> dict:
-    """Per rank: counted bytes per call against the exact count and the textbook formula; the
-    time of a call (slowest rank, median over steps) and the algorithm bandwidth S / time."""
+    """Per rank: counted bytes per call against the exact count and the formula; the slowest rank's
+    median time per call and the algorithm bandwidth S / time."""
     n, alg = cfg.world_size, cfg.algorithm
     numel = outs[0]["numel"]
     es = getattr(torch, cfg.dtype).itemsize
@@ -122,11 +120,9 @@ TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 0.0}
 
 
 def compare_with_library(cases: list[tuple[int, str, int]], algorithms: list[str]) -> list[dict]:
-    """On every rank, per case (length, dtype, seed): each algorithm against ``dist.all_reduce`` on
-    the same inputs — the largest difference, and the counted bytes against the exact count.
-
-    float32/float64 inputs are random normals (sums may differ in the last bits: another order of
-    summation); bfloat16 inputs are small integers, whose sums are exact, so they must match exactly.
+    """On every rank, per case (length, dtype, seed): each algorithm against ``dist.all_reduce`` —
+    the largest difference, and counted against exact bytes. bfloat16 inputs are small integers
+    and must match exactly; float sums may differ in the last bits.
     """
     ctx = context()
     rows = []
@@ -157,11 +153,9 @@ def compare_with_library(cases: list[tuple[int, str, int]], algorithms: list[str
 def interleaved(calls: dict, repeats: int, k: int = 1) -> dict:
     """On every rank: seconds of each call, {name: [[per call] per repeat]}.
 
-    The calls take turns within each repeat (in a rotating order), so load from elsewhere on a
-    shared machine falls on all of them alike; each turn starts at a barrier and runs its call ``k``
-    times back to back, each one timed: the caller takes medians, so a call that lost its core to
-    another process for a scheduler tick does not skew the result. The first round is a warm-up
-    and is dropped.
+    The calls take turns in a rotating order, each turn from a barrier, ``k`` timed calls back to
+    back, so shared-machine load falls on all alike and medians skip a lost scheduler tick. The first
+    round is a dropped warm-up.
     """
     device = context().device
     names = list(calls)
@@ -182,10 +176,8 @@ def interleaved(calls: dict, repeats: int, k: int = 1) -> dict:
 
 def time_algorithms(sizes: list[int], algorithms: list[str], repeats: int = 5,
                     dtype: str = "float32", batch_bytes: int = 2**23) -> dict:
-    """On every rank: seconds of each all-reduce call, {size: {algorithm: [[per call] per repeat]}},
-    the algorithms :func:`interleaved`. A small message is run as a batch of calls back to back
-    (moving about ``batch_bytes``).
-    """
+    """On every rank: seconds of each all-reduce, {size: {algorithm: [[per call] per repeat]}}, via
+    :func:`interleaved`; small messages run as batches moving about ``batch_bytes``."""
     dt = getattr(torch, dtype)
     out: dict = {}
     for nbytes in sizes:
@@ -207,12 +199,9 @@ def bandwidth(sizes=ALLREDUCE_SIZES, world_sizes=(2, 4), algorithms=ALLREDUCE_AL
               repeats: int = 15, cluster_for=None) -> list[dict]:
     """Algorithm bandwidth (S / time) of our all-reduces and the backend's, in the same run.
 
-    One row per (world size, size, algorithm): ``time_s`` is the median over calls of the
-    slowest rank's time; ``vs_library`` the median over repeats of library time / our time,
-    measured back to back (a paired ratio, robust to load that comes and goes).
-    ``cluster_for(n)`` supplies warm clusters (the notebook's); by default each world size gets
-    a fresh one, closed after. Used by chapter 2 and ``benchmarks/allreduce.py``; few repeats leave
-    the paired ratios noisy (the benchmark takes 15).
+    One row per (world size, size, algorithm): ``time_s``, the median of the slowest rank's time;
+    ``vs_library``, the median paired ratio library time / ours. ``cluster_for(n)`` supplies warm
+    clusters (default: a fresh one per world size). Few repeats leave the ratios noisy.
     """
 
     algorithms = list(algorithms)
@@ -244,9 +233,8 @@ def size_label(nbytes: float) -> str:
 
 
 def bandwidth_fits(rows: list[dict]) -> dict[tuple[int, str], dict]:
-    """The ring's α-β model fitted to each (world size, algorithm) of :func:`bandwidth`'s rows, the
-    library's too (it is a ring as well): α and β side by side say whether a gap is per-step
-    latency or bandwidth."""
+    """The ring's α-β model fitted to each (world size, algorithm) of :func:`bandwidth`'s rows,
+    the library's too: α vs β says whether a gap is latency or bandwidth."""
     from ..costmodel import fit_alpha_beta
 
     fits = {}
@@ -259,8 +247,8 @@ def bandwidth_fits(rows: list[dict]) -> dict[tuple[int, str], dict]:
 
 
 def bandwidth_table(rows: list[dict]) -> tuple[list[dict], list[str]]:
-    """:func:`bandwidth`'s rows as one table (rows, columns): per world size and fitted algorithm,
-    its α-β fit and, for ours, the library's time ÷ ours at each size (> 1: ours is faster)."""
+    """:func:`bandwidth`'s rows as one table (rows, columns): per world size and algorithm, its α-β
+    fit and library time ÷ ours at each size (> 1: ours is faster)."""
     by = {(r["algorithm"], r["world_size"], r["size_bytes"]): r for r in rows}
     sizes = list(dict.fromkeys(r["size_bytes"] for r in rows))
     table = []

@@ -19,9 +19,7 @@ COLORS = {"compute": "#4C78A8", "comm": "#F58518", "busy": "#54A24B", "idle": "#
 def oversubscription_note(results, busy_shown: bool = True) -> str | None:
     """The CPU-fallback note for a figure of ``results``, or None when no run had ranks outnumber cores.
 
-    ``busy_shown``: the figure draws each rank's busy (CPU) time beside the wall clock; a figure
-    that does not (a timeline, a bandwidth chart, loss curves) passes False, and the note says
-    only that its wall-clock times are stretched.
+    ``busy_shown``: whether the figure draws busy (CPU) time beside the wall clock.
     """
     worst = max((r for r in results if r.oversubscribed), key=lambda r: r.world_size, default=None)
     if worst is None:
@@ -53,8 +51,7 @@ class LiveRuns:
 
         base = make_subplots(rows=1, cols=2, subplot_titles=(
             "global training loss", "slowest rank's step (ms), from step 1"))
-        # No fixed width: the figure takes the notebook's width. The legend sits at the foot of the
-        # figure (container coordinates) in a margin of its own, below the x-axis titles "step".
+        # Full notebook width; the legend sits in its own bottom margin, below the "step" titles.
         base.update_layout(title=title, height=400, autosize=True, margin={"b": 110, "t": 80},
                            legend={"orientation": "h", "yref": "container", "y": 0.01, "yanchor": "bottom",
                                    "x": 0, "xanchor": "left"})
@@ -76,10 +73,7 @@ class LiveRuns:
 
     def track(self, label: str, steps: int, world_size: int, loss_rank: int = 0):
         """Add traces for one run and return the ``on_event`` callback that feeds them.
-
-        ``world_size`` ranks report steps; ``loss_rank`` is the rank whose events carry the
-        global loss (a parameter server's first worker, say, rather than the server).
-        """
+        ``loss_rank``: the rank whose events carry the global loss."""
         i = len(self._runs)
         color = RUN_COLORS[i % len(RUN_COLORS)]  # chapter 5 draws 8 runs in one figure: all distinct
         self.fig.add_scatter(x=[], y=[], name=label, line={"color": color}, row=1, col=1)
@@ -110,8 +104,7 @@ class LiveRuns:
         return on_event
 
     def finish(self, label: str) -> None:
-        """Draw ``label``'s run in full, as it ended: also a run that stopped early (a loss that
-        diverged) or whose last events never came. ``run_warm`` calls it after each run."""
+        """Draw ``label``'s run in full as it ended, also one that stopped early."""
         self._final(self._runs[label])
 
     def _complete(self, run: dict) -> bool:
@@ -128,10 +121,7 @@ class LiveRuns:
         self._redraw(run)
         self.progress.value = len(run["loss"])
 
-    # While a run trains, each redraw sends at most this many points a curve (every k-th step and the
-    # latest) to the browser, which re-renders them all; its last redraw sends every step, once.
-    # Chapter 5's runs of 6,144 steps would otherwise ship ever longer curves every 2 s to a browser on
-    # the ranks' cores.
+    # Points per curve in a live redraw (every k-th step and the latest); the last redraw sends all.
     LIVE_POINTS = 500
 
     def _redraw(self, run: dict) -> None:
@@ -157,10 +147,8 @@ class LiveRuns:
         return steps if finished or k <= 1 else steps[::k] + ([steps[-1]] if (len(steps) - 1) % k else [])
 
     def coinciding(self) -> list[tuple[list[str], float]]:
-        """Finished runs whose loss curves cannot be told apart on the figure: (labels, largest gap).
-
-        Two curves coincide when they differ nowhere by more than 0.2 % of the loss axis' span.
-        """
+        """Finished runs whose loss curves differ nowhere by more than 0.2 % of the axis' span:
+        (labels, largest gap)."""
         done = {k: [r["loss"][s] for s in sorted(r["loss"])] for k, r in self._runs.items()
                 if len(r["loss"]) == r["steps"]}
         values = [v for ys in done.values() for v in ys]
@@ -210,12 +198,8 @@ def wrap(text: str, width: int = 80) -> str:
 
 
 def _with_note(title: str, note: str | None) -> dict:
-    """The oversubscription note as a subtitle, where it cannot collide with the axis titles.
-
-    Lines already broken (``<br>``) are kept and long ones wrapped once. The title block then sits
-    above the plot area (``yref="paper"``, anchored at its bottom) with room for subplot titles
-    under it (``pad``), and pushes the top margin as far as its lines need (``automargin``).
-    """
+    """The oversubscription note as a subtitle above the plot area, clear of the axis titles;
+    lines are wrapped and the top margin grows to fit (``automargin``)."""
     lines = [line for part in (note or "").split("<br>") for line in textwrap.wrap(part, 110)]
     text = title + "".join(f"<br><sup style='color:#a33'>{line}</sup>" for line in lines)
     if not lines:
@@ -226,11 +210,8 @@ def _with_note(title: str, note: str | None) -> dict:
 
 def level(fig, value: float, text: str, axis: str = "y", log: bool = False, row: int | None = None,
           col: int | None = None, **line) -> None:
-    """A dotted line at ``value`` across the plot (``axis="y"``: horizontal), labelled ``text``; in
-    the subplot at ``row``, ``col`` when given.
-
-    plotly.js places a shape on a log axis at the data value but an annotation at its log10: drawn
-    with ``add_hline``'s label, a line at 2,048 on a log axis stretched the axis to 10^2048."""
+    """A dotted line at ``value`` (``axis="y"``: horizontal) labelled ``text``, in subplot ``row``,
+    ``col`` if given. ``log``: the axis is logarithmic (plotly places annotations at log10 there)."""
     style = {"dash": "dot", "color": "grey", **line}
     where = math.log10(value) if log else value
     x, y = "x", "y"

@@ -37,11 +37,9 @@ def bar_text(r: dict) -> str:
 
 
 def talk_chart(by_overlap: dict, title: str, assumptions: list[str]) -> go.Figure:
-    """Modelled days to train, one pair of bars per milestone in the talk's order — one bar per
-    overlap (the share of data-parallel communication hidden behind compute) — and memory per
-    device, which overlap does not change; grey bars with "does not fit" where the model's states and
-    activations exceed the device. A parameter server's bars name its K and its server machines;
-    beside its workers' memory, a hatched bar gives each server's (Adam's state over K)."""
+    """Modelled days to train per milestone in the talk's order (one bar per ``overlap``) and memory per
+    device; grey "does not fit" bars where the model exceeds the device. Parameter-server bars name K
+    and add a hatched bar for each server's memory."""
     overlaps = list(by_overlap)
     rows = by_overlap[overlaps[0]]
     names = [bar_text(r) for r in rows]

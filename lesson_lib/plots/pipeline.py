@@ -36,9 +36,8 @@ def _pipe_times(e: dict, unit: str) -> str:
 
 def _pipe_bars(events: list[dict], t0: float, kinds=tuple(PIPE_COLORS), legend: bool = True,
                unit: str = "ms") -> list:
-    """One horizontal bar trace per event kind (and per model chunk, where events carry a
-    ``chunk``): x = duration, base = start (ms since ``t0``; in ``unit`` as given, other than ms);
-    waits that began before ``t0`` are drawn from ``t0``."""
+    """One horizontal bar trace per event kind (and model chunk): x = duration, base = start (ms
+    since ``t0``, or ``unit``); waits begun before ``t0`` start at ``t0``."""
     scale = 1e3 if unit == "ms" else 1.0
     traces = []
     for kind in kinds:
@@ -69,11 +68,8 @@ def _pipe_axes(fig, stages: int, **where) -> None:
 
 
 class LiveGantt:
-    """Chapter 3: a pipeline's measured timeline, drawn while the stages train.
-
-    Each stage reports its forward / backward / send / recv events at the end of every step;
-    ``track()`` returns the ``on_event`` callback that appends them as bars.
-    """
+    """Chapter 3: a pipeline's measured timeline, drawn while the stages train; ``track()`` returns
+    the ``on_event`` callback that appends each step's events as bars."""
 
     def __init__(self, stages: int, title: str = "", min_interval_s: float = 0.25):
         fig = go.Figure(_pipe_bars([], 0.0, _LIVE_KINDS))
@@ -114,13 +110,9 @@ class LiveGantt:
 
 def pipeline_gantt(panels: dict, stages: int, title: str, note: str | None = None,
                    unit: str = "ms") -> go.Figure:
-    """Timelines of one step stacked: ``panels`` maps a label (say what the times are: measured
-    wall clock, or replayed from busy time) to its events ``{rank, kind, microbatch, start, end}``
-    (with a ``chunk``, one shade per model chunk: interleaved 1F1B). Times are seconds, drawn in ms;
-    with another ``unit`` (say, the forward time of a whole stage) they are drawn as they are.
-
-    Labels and the note are wrapped, and only the bottom panel carries the x-axis title (the
-    others say "ms" on their ticks): a title under the top panel ran into the next panel's label.
+    """Timelines of one step stacked: ``panels`` maps a label to its events ``{rank, kind,
+    microbatch, start, end[, chunk]}``. Times in seconds, drawn in ms, or as given with another
+    ``unit``. Only the bottom panel has an x-axis title (others collided with panel labels).
     """
     fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[wrap(t, 75) for t in panels],
                         vertical_spacing=0.16)
@@ -180,9 +172,8 @@ def bubble_causes(rows: list[dict], title: str, note: str | None = None) -> go.F
 
 
 def activation_peaks(rows: list[dict], title: str) -> go.Figure:
-    """rows: {schedule, microbatches, stage, peak, per_microbatch} — the peak of the activations each
-    stage held (autograd's saved tensors: an inventory) against M, one line per schedule and stage
-    (chapter 3)."""
+    """rows: {schedule, microbatches, stage, peak, per_microbatch} — each stage's peak saved
+    activations against M, one line per schedule and stage."""
     fig = go.Figure()
     colors = {"gpipe": "#E45756", "1f1b": "#4C78A8", "naive": "#BAB0AC"}
     dashes = ["solid", "dash", "dot", "dashdot"]
@@ -212,9 +203,8 @@ def stage_params(rows: list[dict], unsplit_bytes: int, title: str) -> go.Figure:
 
 
 def measured_activations(rows: list[dict], title: str) -> go.Figure:
-    """rows: {label, stage, measured, inventory} (bytes) — per stage, a bar for the allocator's peak of
-    one step above its start (measured) and a mark for the saved tensors held at once (inventory),
-    one bar group per run: a schedule, with or without recomputation (chapter 3, §6)."""
+    """rows: {label, stage, measured, inventory} (bytes) — per stage, the allocator's step peak (bar)
+    and the saved tensors held at once (mark), one bar group per run."""
     fig = go.Figure()
     colors = ["#E45756", "#4C78A8", "#F2A2A3", "#9ECAE9"]
     labels = list(dict.fromkeys(r["label"] for r in rows))

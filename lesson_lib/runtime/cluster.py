@@ -1,15 +1,8 @@
 """``Cluster``: warm worker processes with a process group ready, and the one ``run`` contract.
 
-* workers come from a fork server that imported torch once (CPU ranks on Linux) or are spawned
-  (:mod:`.start`), never forked from the kernel: a forked child that runs a matmul after the parent
-  used intra-op threads can hang (the thread pool's state is copied, its threads are not). Jobs
-  travel as :func:`~.pickling.pack_job` bytes.
-* rendezvous through a ``file://`` store in a fresh temporary folder: no port is ever fixed, so
-  any number of clusters in any number of kernels can start at once.
-* workers start once and stay warm; ``run`` ships the pickled function and arguments to them.
-* every wait is bounded: the process group gets ``timeout_s``; the parent polls results with a
-  short timeout and checks worker liveness in between, so a dead worker is reported at once; a
-  job that outlives ``run(..., timeout_s=...)`` is reported with where each rank waited.
+Workers come from a fork server or are spawned (:mod:`.start`), never forked from the kernel;
+rendezvous is a ``file://`` store in a fresh folder (no fixed port); every wait is bounded. The
+design is described in docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -102,9 +95,8 @@ class Cluster:
         if self.running:  # a warm worker died between jobs: replace the whole world
             self.close()
         if getattr(mp.current_process(), "_inheriting", False):
-            # We are a worker being started, re-importing a script that starts workers at import
-            # time. Leave a note for the parent, which turns it into one clear error, and leave
-            # quietly (SystemExit prints no traceback): the advice is printed once, by the parent.
+            # A worker re-importing a script that starts workers at import time: leave a note for
+            # the parent (which raises one clear error) and exit quietly.
             mark = os.environ.get(start.SPAWN_MARK)
             if mark:
                 with open(mark, "w") as f:
@@ -195,12 +187,9 @@ class Cluster:
             timeout_s: float | None = None, **kwargs: Any) -> list:
         """Run ``fn(*args, **kwargs)`` on every rank; return the values as a list by rank.
 
-        ``fn`` may be defined anywhere, a notebook cell included: importable functions are sent
-        by reference, others (cell functions, lambdas, closures) by value.
-        ``on_event`` receives each event a rank emits (``context().emit``) while the job runs.
-        ``timeout_s`` bounds the whole job (default: none beyond the collective timeout); a job
-        that overruns it raises :class:`WorkerTimeout` saying where each rank was waiting.
-        Raises :class:`WorkerError` naming the failing rank, with its traceback.
+        ``fn`` may be defined anywhere, a notebook cell included. ``on_event`` receives each event a
+        rank emits (``context().emit``). ``timeout_s`` bounds the whole job: overrunning it raises
+        :class:`WorkerTimeout` saying where each rank waited. A failed rank raises :class:`WorkerError`.
         """
         if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")

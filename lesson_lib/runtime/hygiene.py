@@ -1,10 +1,8 @@
 """Whatever a learner's function does to its worker, the next job starts from a clean one.
 
-After each job a worker compares its state with the one it started with. What can be put back
-is put back (default dtype and device, grad mode, thread count, environment variables, working
-folder, and what the library registered with :func:`undo_after_job`, such as the emulated link of
-``comm.set_link``); what cannot (the process group destroyed or replaced, threads left running) makes the
-worker ask to be replaced, with the reason, which the notebook is told in one line.
+After each job a worker puts back what it can (default dtype and device, grad mode, threads,
+environment, working folder, :func:`undo_after_job` registrations such as ``comm.set_link``); what
+it cannot (a replaced process group, threads left running) makes it ask to be replaced, with a reason.
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ _UNDO: dict[str, Callable[[], None]] = {}  # what the running job set that the n
 
 def undo_after_job(key: str, undo: Callable[[], None]) -> None:
     """Have ``undo()`` run once after the job that calls this (once per ``key``), so the next job on
-    this warm worker starts as a fresh worker would. For the library's module-level settings: a
-    link that ``comm.set_link`` slowed stayed slow for every later run (16× a step's time, silently).
-    Outside a worker nothing runs it: a kernel's setting stays until changed."""
+    this warm worker starts fresh (e.g. a link ``comm.set_link`` slowed). Outside a worker, nothing
+    runs it."""
     _UNDO[key] = undo
 
 

@@ -1,12 +1,9 @@
 """What a rank prints reaches the notebook through the parent, each line marked with its rank.
 
-A spawned worker's own stdout is the kernel's file descriptor: Jupyter forwards it late (after
-the cell's result) and unmarked. Instead a worker's ``sys.stdout``/``sys.stderr`` send whole lines
-to the parent as messages, in order with the job's result, and the parent prints
-``[rank 1] ...`` into the cell before the run returns. Output below Python (C++ libraries writing
-to the file descriptor, ``std::terminate``'s last words) goes to a file per rank in the cluster's
-folder (:func:`redirect_native`): the parent relays new lines after each job the same way, and a
-rank that dies has its last words quoted in the error, not spilled unmarked into the cell.
+A worker's ``sys.stdout``/``sys.stderr`` send whole lines to the parent, which prints
+``[rank 1] ...`` before the run returns (the raw file descriptor would arrive late and unmarked).
+Output below Python goes to a file per rank (:func:`redirect_native`), relayed after each job and
+quoted in the error when a rank dies.
 """
 
 from __future__ import annotations

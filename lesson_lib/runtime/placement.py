@@ -117,13 +117,9 @@ def validate_backend(backend: Any) -> str:
 
 
 def choose_placement(world_size: int, backend: str = "auto") -> Placement:
-    """NCCL with one GPU per rank when enough GPUs exist, else Gloo on CPU.
-
-    With ``auto`` and fewer GPUs than ranks we fall back to Gloo on CPU for the whole world
-    rather than sharing GPUs between ranks: NCCL does not allow two ranks on one device, and a
-    mixed world would make the timings meaningless. Under torchrun ``world_size`` is the number
-    of ranks on this machine (``LOCAL_WORLD_SIZE``): each machine needs a GPU per local rank.
-    """
+    """NCCL with one GPU per rank when enough GPUs exist, else Gloo on CPU for the whole world (NCCL
+    forbids two ranks on one device, and a mixed world would skew timings). Under torchrun
+    ``world_size`` is the ranks on this machine (``LOCAL_WORLD_SIZE``)."""
     validate_world_size(world_size)
     validate_backend(backend)
     gpus = gpu_count()

@@ -1,10 +1,8 @@
 """A job that has said nothing for a while: one line saying which ranks are busy, and where.
 
-A learner's loop that never communicates, prints or emits an event runs on with nothing in the
-cell; a deadlock with a long collective timeout looks the same. Past :data:`SILENCE_S` without a
-message from any rank, the parent asks the ranks still running for their stacks (the thread of
-:func:`~.worker._report_stacks`) and prints, once per job, where each one is and how to stop it.
-The parent does not wait for the answer: it keeps reading the job's messages meanwhile.
+Past :data:`SILENCE_S` without a message, the parent asks the running ranks for their stacks
+(:func:`~.worker._report_stacks`) and prints, once per job, where each is and how to stop it,
+while it goes on reading the job's messages.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """How worker processes start: from a fork server on Linux (CPU ranks), by spawn elsewhere.
 
-Spawn starts a fresh interpreter per rank, and each one imports torch (and, at its first optimizer
-step, torch._dynamo): seconds of CPU a rank. A fork server (Python's ``forkserver``) is one clean
-process, started once per kernel, that imports them once (:data:`PRELOAD`) and forks a worker per
-rank from then on. ``python -m lesson_lib bench startup`` times a fresh world and its first
-training step both ways.
-
-Fork alone is not safe here (a forked child that runs a matmul after the parent used intra-op
-threads can hang, see ``Cluster``); the server never runs a tensor operation, so its children start
-as clean as spawned ones. Only CPU ranks use it: the CUDA/NCCL path keeps spawn until it has run on a
-GPU. ``LESSON_LIB_START_METHOD=spawn`` turns the server off (a fallback, should it ever misbehave).
-
-The server is started with the settings every rank needs at import time (SIGINT ignored, one
-OpenMP thread, the main-guard mark below); the per-cluster ones (threads, Gloo's interface) travel
-to each worker as arguments instead, since a forked worker inherits the server's environment, not
-the kernel's of the moment.
+The fork server imports torch once (:data:`PRELOAD`) and forks a clean worker per rank; it never
+runs a tensor operation, so its children are as clean as spawned ones. Per-cluster settings travel
+as arguments, since a forked worker inherits the server's environment. ``LESSON_LIB_START_METHOD=spawn``
+turns it off. Why: docs/runtime.md, "Starting workers"; ``bench startup`` times both.
 """
 
 from __future__ import annotations

@@ -18,13 +18,9 @@ def launched_by_torchrun() -> bool:
 
 
 class TorchrunCluster:
-    """This process as one rank of a world that ``torchrun`` started.
-
-    Each process runs ``fn`` as its own rank; the values are exchanged with ``all_gather_object``
-    so every rank gets the list by rank (rank 0 prints and writes files). Placement and threads
-    follow the rule of :class:`~.cluster.Cluster`, applied to the ranks on this machine
-    (``LOCAL_WORLD_SIZE``), except that no core is kept free: no notebook kernel shares it.
-    """
+    """This process as one rank of a world that ``torchrun`` started: ``fn`` runs as this rank and the
+    values are exchanged with ``all_gather_object`` (rank 0 prints and writes files). Placement follows
+    :class:`~.cluster.Cluster` on the local ranks, with no core kept free."""
 
     def __init__(self, backend: str = "auto", timeout_s: float = 30.0):
         world_size = int(os.environ["WORLD_SIZE"])

@@ -46,19 +46,16 @@ class WorkerContext:
     _sent_at: float = 0.0
 
     def request_restart(self) -> None:
-        """Ask for fresh workers after this job (e.g. a fault demo left the process group unusable).
-
-        The job still returns normally; the cluster then replaces its workers before the next job.
-        """
+        """Ask for fresh workers after this job (e.g. a fault demo left the process group unusable);
+        the job still returns normally."""
         self.restart_requested = True
 
     def emit(self, kind: str, batched: bool = False, **data: Any) -> None:
         """Send a small event (floats, ints, strings) to the notebook while the job runs.
 
-        ``batched``: it may wait up to :data:`BATCH_S` and travel with the others emitted meanwhile, in
-        order. Every step's record does: one message per event costs the ranks and the kernel a
-        pickling and an unpickling each, a sizeable share of a short step's CPU. An event not
-        ``batched`` goes at once, after those waiting; so do they all when the job ends or raises.
+        ``batched``: it may wait up to :data:`BATCH_S` and travel with others, in order (one message
+        per step's record would cost a sizeable share of a short step's CPU). Unbatched events, the
+        job's end or an exception send everything waiting.
         """
         if self.events is None:
             return
@@ -96,8 +93,7 @@ def context() -> WorkerContext:
 
 
 def refuse_inside_a_rank() -> None:
-    """Raise a clear error in a :class:`~.cluster.Cluster`'s worker, which is daemonic: starting a
-    cluster there ended in multiprocessing's "daemonic processes are not allowed to have children"."""
+    """Raise a clear error in a :class:`~.cluster.Cluster`'s (daemonic) worker, which cannot have children."""
     if _CTX is not None and _CTX.events is not None:  # under torchrun (no events) a process may
         raise RuntimeError(
             f"a Cluster cannot be started from inside a rank: this code runs on rank {_CTX.rank}, a "
@@ -113,12 +109,9 @@ def set_context(ctx: WorkerContext | None) -> None:
 
 
 def _watch_parent(alive: Any, parent_pid: int, folder: str) -> None:
-    """Exit when the kernel dies. ``alive``: the read end of a pipe whose write end only the kernel
-    holds, which reads end-of-file the moment it dies, however it dies, even while its own parent
-    has not reaped it: a dead, unreaped kernel (a zombie) still has its pid, and workers that took
-    it for alive held the pipes of a caller that captures its output (``subprocess.run(...,
-    capture_output=True)``) open forever. The pid check stays for a kernel that forked a child
-    holding the write end too."""
+    """Exit when the kernel dies. ``alive``: the read end of a pipe only the kernel can write, which
+    reads EOF the moment it dies, even as an unreaped zombie; the pid check covers a forked child
+    holding the write end."""
     while not alive.poll(0.5) and folders.alive(parent_pid):
         pass
     shutil.rmtree(folder, ignore_errors=True)  # never outlive the kernel, nor leave its folders behind:
@@ -127,14 +120,11 @@ def _watch_parent(alive: Any, parent_pid: int, folder: str) -> None:
 
 
 def _report_stacks(rank: int, report: Any, out_q: Any, state: dict) -> None:
-    """On request, send where the main thread is (the parent asks when a job overruns, fails at a
-    collective's timeout or stays silent).
+    """On request, send where the main thread is (a job that overran, timed out or stayed silent).
 
-    ``report`` is a shared counter the parent increments to ask: read without a lock, it can never
-    block the parent, whichever worker died (waiters on a multiprocessing Event that died left the
-    parent's ``set()`` waiting for them forever). The main thread may be blocked inside a
-    collective (Gloo releases the GIL while it waits), so this thread can read its stack with
-    ``sys._current_frames``.
+    ``report``: a shared counter the parent increments, read without a lock so it can never block
+    the parent. The main thread may be blocked in a collective (Gloo releases the GIL), so its stack
+    is read with ``sys._current_frames``.
     """
     main, seen = threading.main_thread().ident, report.value
     while True:

@@ -1,13 +1,9 @@
-"""Gradient compression (chapter 6): data parallelism whose gradient exchange is compressed.
+"""Gradient compression (chapter 6): chapter 0's data parallelism with a compressed gradient exchange.
 
-Chapter 0's loop (one flat gradient bucket, SGD with momentum) with the all-reduce replaced by a
-compressor (:mod:`.compressors`: fp16, bf16, top-k, random-k, QSGD, sign; :mod:`.allreduce`: sign
-through a compressed all-reduce; :mod:`.powersgd`), error feedback on or off. Every byte crosses
-through :mod:`lesson_lib.comm` and is counted, so the compression ratio is measured against the
-uncompressed ring's 2(N−1)/N·S; the all-gathered compressors (:data:`ALL_GATHERED`) send (N−1)
-payloads instead, so they stop saving at a break-even N (:func:`all_gather_break_even`). With
-``link_gbps`` each transfer takes at least latency + bytes / bandwidth — an EMULATED link
-(:func:`comm.set_link`).
+Compressors: :mod:`.compressors` (fp16, bf16, top-k, random-k, QSGD, sign), :mod:`.allreduce`
+(sign through a compressed all-reduce), :mod:`.powersgd`; error feedback on or off. Every byte is
+counted; all-gathered compressors (:data:`ALL_GATHERED`) stop saving past
+:func:`all_gather_break_even`. ``link_gbps`` emulates a slow link (:func:`comm.set_link`).
 """
 
 from .allreduce import SignAllReduce, block_chunks, busiest_bytes, simulate

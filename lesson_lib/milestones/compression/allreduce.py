@@ -1,20 +1,11 @@
-"""A compressed all-reduce (chapter 6): scaled signs that are reduced on the way, not all-gathered.
+"""A compressed all-reduce (chapter 6): 1-bit Adam's (Tang et al., 2021), with the scaled sign code
+(:func:`~.compressors.sign_encode`).
 
-1-bit Adam's compressed all-reduce (Tang et al., 2021), with chapter 6's scaled sign
-(:func:`~.compressors.sign_encode`) as the code. The gradient is cut into N chunks of whole blocks.
-
-1. **Worker**: each rank adds its worker residual to its gradient and compresses every chunk; chunk j
-   goes to rank j (an all-to-all). The worker residual keeps what its code did not say.
-2. **Server**: rank j decodes the N codes of its chunk, averages them, adds its server residual and
-   compresses the result; the server residual keeps what that second code did not say.
-3. The compressed averages are all-gathered, and every rank decodes the same N chunks.
-
-Each rank sends its N−1 foreign chunks once and its own compressed average N−1 times: P + (N−2)·p_r
-bytes for a payload P whose chunk r is p_r bytes, about 2(N−1)/N·P (:func:`busiest_bytes`, exact),
-where the all-gathered ``sign`` sends (N−1)·P. Both exchanges are point-to-point through
-:func:`lesson_lib.comm.exchange`, so every byte is counted; an all-gather is an all-to-all that sends
-one message to everyone. :func:`simulate` is the same algorithm for N ranks in one process, the
-reference the multi-rank runs are checked against.
+The gradient is cut into N chunks of whole blocks. Each rank compresses every chunk (worker
+residual) and sends chunk j to rank j; rank j averages the N codes, adds its server residual and
+re-compresses; the compressed averages are all-gathered. The busiest rank sends about 2(N−1)/N·P
+(:func:`busiest_bytes`), against (N−1)·P for the all-gathered ``sign``. :func:`simulate` is the
+one-process reference.
 """
 
 from __future__ import annotations
@@ -27,8 +18,8 @@ from .compressors import BLOCK, Compressor, _world, sign_bytes, sign_decode, sig
 
 
 def block_chunks(numel: int, n: int) -> list[tuple[int, int]]:
-    """Rank j's chunk of ``numel`` elements: whole blocks (a chunk's scales are then the whole
-    vector's, and its bits whole bytes), as even as :func:`lesson_lib.comm.chunk_bounds` makes them."""
+    """Rank j's chunk of ``numel`` elements, in whole blocks, as even as
+    :func:`lesson_lib.comm.chunk_bounds` makes them."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a number of ranks >= 1, got {n!r}")
     blocks = -(-numel // BLOCK)
@@ -36,9 +27,8 @@ def block_chunks(numel: int, n: int) -> list[tuple[int, int]]:
 
 
 def all_to_all(sends: list[torch.Tensor], recvs: list[torch.Tensor], op: str) -> None:
-    """``sends[j]`` goes to rank j, ``recvs[i]`` comes from rank i: N−1 rounds of pairwise exchanges
-    (round s: to rank r+s, from rank r−s), every byte counted under ``op``. With the same tensor in
-    every ``sends[j]`` it is an all-gather."""
+    """``sends[j]`` goes to rank j, ``recvs[i]`` comes from rank i, in N−1 rounds of pairwise
+    exchanges (round s: to r+s, from r−s), counted under ``op``."""
     rank, n = _world()
     recvs[rank].copy_(sends[rank])
     for s in range(1, n):

@@ -1,56 +1,24 @@
-"""Gradient compressors (chapter 6): fewer bytes per all-reduce, and what each one costs.
+"""Gradient compressors (chapter 6).
 
-Every compressor has one shape: ``reduce(flat, shapes, key)`` replaces this rank's flat gradient by
-the AVERAGE over the ranks of what the ranks sent, in place. All traffic goes through
-:mod:`lesson_lib.comm`, so the bytes are counted as they cross: payload, indices and scales.
+``Compressor.reduce(flat, shapes, key)`` replaces this rank's flat gradient, in place, by the
+average over the ranks of what they sent; traffic goes through :mod:`lesson_lib.comm`, so payload,
+indices and scales are counted.
 
-* ``none`` — chapter 0's ring all-reduce of float32.
-* ``fp16`` / ``bf16`` — cast, ring all-reduce in 16 bits, cast back (like torch's
-  ``fp16_compress_hook``; torch's ``bf16_compress_hook`` needs NCCL, this one runs on Gloo).
-* ``topk`` — the k largest magnitudes, with error feedback. Sending only the large entries and
-  keeping the rest is older than its best-known paper: Strom (2015) sent the entries above a
-  threshold, Aji & Heafield (2017) a fixed fraction (the top 1%); Deep Gradient Compression (Lin et
-  al., 2018) added momentum correction, local gradient clipping and a warm-up of the sparsity, none
-  of which is here. Each rank picks its own indices, so contributions do not add in place: indices
-  and values are ALL-GATHERED (int32 + float32 per kept element) and summed by each rank.
-* ``randomk`` — k random coordinates, the SAME on every rank (a shared seed), so the values add in
-  place: one ring all-reduce of k floats, no indices on the wire (Stich et al., NeurIPS 2018).
-* ``qsgd`` — stochastic quantization to s = 2^bits − 1 levels a side per 512-element block, unbiased
-  (Alistarh et al., QSGD, 2017). A code (sign and level: 2s + 1 values) is packed in bits + 1 bits
-  rounded up to 2, 4 or 8 (:func:`qsgd_width`: ``bits=2`` is s = 3 levels in 4-bit codes), with one
-  float32 norm per block; all-gathered.
-* ``sign`` — one bit per element and one float32 scale (mean |x|) per block, with error feedback;
-  all-gathered. One bit per value and error feedback both go back to 1-bit SGD (Seide et al., 2014);
-  signSGD (Bernstein et al., 2018) analysed the sign alone, and EF-SignSGD (Karimireddy et al., 2019)
-  the scaled sign with error feedback that this is. ``sign-allreduce`` (:mod:`.allreduce`) sends the
-  same code through a compressed all-reduce instead.
-* ``powersgd`` — rank-r approximation M ≈ P Qᵀ by one power iteration, warm-started from the last
-  step's Q, with error feedback (Vogels et al., PowerSGD, NeurIPS 2019); P and Q add in place (two
-  ring all-reduces). Laid out like torch's ``powerSGD_hook`` so the two can be compared.
+* ``none`` — ring all-reduce of float32.
+* ``fp16`` / ``bf16`` — cast, all-reduce in 16 bits, cast back (like torch's ``fp16_compress_hook``;
+  this bf16 one also runs on Gloo).
+* ``topk`` — k largest magnitudes with error feedback (Strom, 2015; Aji & Heafield, 2017; Lin et al.,
+  2018 without DGC's extras); per-rank indices, so (index, value) pairs are all-gathered.
+* ``randomk`` — k coordinates chosen by a shared seed, so values add in place (Stich et al., 2018).
+* ``qsgd`` — unbiased stochastic quantization per 512-element block (Alistarh et al., 2017),
+  bit-packed (:func:`qsgd_width`); all-gathered.
+* ``sign`` — scaled sign with error feedback (Seide et al., 2014; Bernstein et al., 2018;
+  Karimireddy et al., 2019); all-gathered. ``sign-allreduce`` (:mod:`.allreduce`) all-reduces it.
+* ``powersgd`` — in :mod:`.powersgd` (Vogels et al., 2019).
 
-The split matters as ranks are added. An all-gather sends (N−1) payloads from each rank; a ring
-all-reduce sends 2(N−1)/N of one, below two whatever N. At N = 2 both send one payload, so two ranks
-cannot tell them apart; at N ranks an all-gathered scheme pays N/2 times what an all-reduce of the
-same payload would, and past N = 2·(uncompressed bytes)/payload it sends more than no compression at
-all (:func:`~.milestone.all_gather_break_even`). That is why PowerSGD was designed to be all-reduce
-compatible (Vogels et al., 2019); fp16/bf16 and shared-seed random-k are too. All-gathering a quantized
-message is a choice, not a necessity: 1-bit Adam's compressed all-reduce (Tang et al., 2021) sends
-compressed chunk j to rank j (all-to-all), which averages and re-compresses it, and all-gathers the
-compressed averages — about 2(N−1)/N of the payload, with error feedback on both sides
-(:mod:`.allreduce`); signSGD with majority vote (Bernstein et al., 2019) sums the signs. Top-k's
-messages, each with its own indices, do not add in place without growing toward the union of N index
-sets; here they are all-gathered.
-
-Error feedback (Seide et al., 2014) keeps what a rank did not send (its residual) and adds it to
-the next gradient, so over the steps everything is sent eventually. :func:`.ddp.ddp_hook` turns
-any compressor into a DDP communication hook for ``DistributedDataParallel.register_comm_hook``.
-The all-reduces are our counted ring unless a compressor is built with ``algorithm="library"``
-(the backend's all_reduce, its bytes modelled): ``python -m lesson_lib bench compression`` times our
-PowerSGD both ways against torch's hook, which uses the backend's.
-
-This module holds :class:`Compressor` (the shape of them all) and the compressors that work element
-by element, with the counted collectives and the bit-packing they send through; PowerSGD (low rank)
-is in :mod:`.powersgd`. :func:`~.milestone.make` picks a compressor by name.
+Why all-gather vs all-reduce matters as N grows: see docs/design.md, "Gradient compression".
+Error feedback keeps what a rank did not send and adds it to the next gradient. ``algorithm="library"``
+uses the backend's all-reduce (bytes modelled). :func:`~.milestone.make` picks a compressor by name.
 """
 
 from __future__ import annotations

@@ -10,11 +10,8 @@ from .compressors import Compressor
 def ddp_hook(compressor: Compressor):
     """``hook(state, bucket) -> Future`` for ``DistributedDataParallel.register_comm_hook(None, hook)``.
 
-    The compressor averages the bucket in place (synchronously, through our counted layer) and the
-    future is already complete: DDP copies the bucket back into the parameters' ``.grad``. State
-    (residuals, PowerSGD's Q) is kept per bucket index; DDP rebuilds its buckets after the first
-    step, so a bucket whose size changed starts afresh — hence ``start_iter=2`` with DDP, as torch asks.
-    """
+    The compressor averages the bucket in place and returns a completed future. State is kept per
+    bucket index; DDP rebuilds its buckets after the first step, so use ``start_iter=2``, as torch asks."""
 
     def hook(state, bucket):  # no annotations: DDP rejects the string ones of __future__
         buf = bucket.buffer()

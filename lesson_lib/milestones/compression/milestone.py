@@ -25,10 +25,8 @@ from .powersgd import PowerSGD
 
 NAME = "compression"
 COMPRESSORS = ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "sign", "sign-allreduce", "powersgd")
-# These are all-gathered: each rank sends (N−1) payloads. Top-k's own indices do not add in place;
-# QSGD's and sign's codes could be reduced on the way, as ``sign-allreduce`` does (decoded, averaged,
-# re-compressed: 1-bit Adam's compressed all-reduce, Tang et al., 2021), but these two send them whole.
-# The others add in place (ring all-reduces) or are reduced in chunks (sign-allreduce): 2(N−1)/N.
+# All-gathered: each rank sends (N−1) payloads. The others add in place (ring all-reduces) or are
+# reduced in chunks (sign-allreduce, Tang et al., 2021): 2(N−1)/N.
 ALL_GATHERED = ("topk", "qsgd", "sign")
 
 
@@ -58,8 +56,7 @@ def make(name: str, ratio: float = 0.01, bits: int = 4, rank: int = 1, error_fee
 
 @dataclass
 class Config(TrainConfig):
-    # laptop: chapter 6's 2-layer MLP of 77k parameters (307 KB of float32 gradients), 2 ranks,
-    # plain SGD (the setting error feedback is analysed in), 150 steps.
+    # laptop: a 2-layer MLP of 77k parameters, 2 ranks, plain SGD, 150 steps.
     PRESETS = {"laptop": {"world_size": 2, "steps": 150, "lr": 0.2, "momentum": 0.0, "global_batch": 64,
                           "hidden": 256, "depth": 2},
                "tiny": {"world_size": 2, "steps": 8, "hidden": 32, "depth": 2, "samples": 512}}
@@ -158,8 +155,8 @@ def reference(cfg: Config) -> dict:
 
 
 def messages_per_step(cfg: Config, shapes: list) -> int:
-    """Messages each rank posts per step (each one pays the link's latency once): 2(N−1) per ring
-    all-reduce, N−1 per ring all-gather, plus the loss's all-reduce."""
+    """Messages each rank posts per step (each pays the latency once): 2(N−1) per ring all-reduce,
+    N−1 per all-gather, plus the loss's all-reduce."""
     n = cfg.world_size
     if n == 1:
         return 0
@@ -193,10 +190,8 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
 
 def predicted_step_s(compute_s: float, messages: int, wire_bytes: float, gbps: float,
                      latency_s: float) -> float:
-    """Chapter 2's α-β model on the emulated link: compute + messages·α + bytes·β, β = 1/bandwidth.
-
-    ``wire_bytes`` are the gradient bytes a rank sends per step (the loss's few bytes are left out).
-    """
+    """Chapter 2's α-β model on the emulated link: compute + messages·α + bytes·β, β = 1/bandwidth;
+    ``wire_bytes``: gradient bytes a rank sends per step."""
     return compute_s + messages * latency_s + wire_bytes * 8 / (gbps * 1e9)
 
 
@@ -218,10 +213,8 @@ def ring_busiest_bytes(numel: int, element_size: int, world_size: int) -> int:
 
 def all_gather_break_even(payload_bytes: int, numel: int, element_size: int = 4) -> int:
     """The smallest N at which an all-gather of ``payload_bytes`` per rank sends at least as much as
-    the uncompressed ring all-reduce of ``numel`` elements, busiest rank, chunks' rounding included.
-
-    The all-gather sends (N−1)·P, the ring 2(N−1)/N·eS: they meet at N = 2eS/P. At N = 2 the two
-    are one payload each; every further rank costs the all-gather a whole payload more.
+    the uncompressed ring all-reduce of ``numel`` elements (busiest rank, chunk rounding included):
+    (N−1)·P against 2(N−1)/N·eS, so N = 2eS/P.
     """
     n = max(2, int(2 * element_size * numel / payload_bytes) - 1)  # just below where they meet
     while (n - 1) * payload_bytes < ring_busiest_bytes(numel, element_size, n):

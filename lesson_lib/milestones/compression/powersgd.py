@@ -28,14 +28,10 @@ def orthogonalize(m: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
 class PowerSGD(Compressor):
     """Rank-r PowerSGD in the layout of torch's ``powerSGD_hook`` (same options, same defaults).
 
-    A tensor is compressed when it is a matrix (1-D tensors never are) and (n + m)·r·
-    ``min_compression_rate`` < n·m; the others travel uncompressed, in the same ring all-reduce as
-    P: two all-reduces per step. (Torch's hook posts a third for them and overlaps it with computing
-    P, as the paper's code does; our ring is synchronous, so they ride with P instead — the same
-    bytes, one all-reduce's latency fewer.) Before ``start_iter`` calls the whole bucket travels
-    uncompressed. Q starts from a normal draw seeded as torch seeds it. Error feedback covers the
-    whole bucket, as in torch.
-    """
+    Matrices with (n + m)·r·``min_compression_rate`` < n·m are compressed; the rest ride uncompressed
+    in P's all-reduce (torch posts a third, overlapped one; ours is synchronous, so same bytes, one
+    latency fewer). Before ``start_iter`` everything is uncompressed. Q's seed and the error feedback
+    over the whole bucket follow torch."""
 
     name, biased = "powersgd", True
 

@@ -48,10 +48,9 @@ def powersgd_sizes(sub) -> list[int]:
 
 
 def predict_compression(sub, probe: dict) -> dict:
-    """PowerSGD: compute as the ring's (its own matrix products are left out: r ≪ the layer widths);
-    communication one ring all-reduce per :func:`powersgd_sizes` entry plus the loss's. On the
-    emulated link every message takes at least latency + bytes/bandwidth (chapter 6's model,
-    :func:`compression.predicted_step_s`); the slower of that and the real link's α-β counts."""
+    """PowerSGD: the ring's compute (its own matmuls left out) and one ring all-reduce per
+    :func:`powersgd_sizes` entry plus the loss's; the slower of the emulated link's model
+    (:func:`compression.predicted_step_s`) and the real link's α-β."""
     from .. import compression
 
     a, b, x = probe["alpha_s"], probe["beta_s_per_byte"], probe["flops"]

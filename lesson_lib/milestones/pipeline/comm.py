@@ -1,28 +1,13 @@
 """Pipeline communication (chapter 3): activations forward, gradients backward, point-to-point.
 
-Every message goes through :mod:`lesson_lib.comm`, so its bytes are counted exactly under the op
-names ``send_activation`` / ``recv_activation`` / ``send_grad`` / ``recv_grad``.
+Messages go through :mod:`lesson_lib.comm`, counted as ``send_activation`` / ``recv_activation`` /
+``send_grad`` / ``recv_grad``. Each direction of each link has its own thread that posts messages
+and waits for them; receives are posted ahead (at most ``ahead`` untaken), so the stage waits only
+when its input really is not there: that wait is the bubble. Why: docs/design.md, "Pipeline links".
 
-Each direction of each link has a thread of its own that posts the messages and waits for them; the
-stage's main thread only hands a tensor over (send) or takes one that has arrived (recv). Posted from
-the main thread, a message could block the stage for milliseconds inside Gloo — most likely until
-Gloo's I/O thread got a core, which the stages were holding. A receive thread posts the step's
-receives ahead (all of them unless ``ahead`` bounds how many wait untaken), so each message can leave
-the moment its sender has it: Gloo writes a message only once the receiver has posted its receive,
-and posting each receive only after the previous one had arrived put that round of notice on the
-path of every message. Posting ahead lowers the wall-clock bubble of GPipe and 1F1B alike (``python
--m lesson_lib bench bubble`` measures it against the formula). The link thread, not the stage, waits
-on Gloo's work, so the landing time of a message that came before the stage asked is kept. The stage
-waits only when its input really is not there yet: the time it waits is the bubble. Sends complete
-on their own (Gloo's send completes once the receiver has posted its receive; two neighbours
-sending to each other with blocking sends would deadlock — the reason Megatron-LM pairs them into
-one batched exchange).
-
-:class:`Timeline` records every action of a rank: forward, backward, send, recv (the stage
-waiting for a message) and arrive_activation / arrive_grad (the message landing, waited for or
-not), with its micro-batch, wall-clock start and end (``time.time()``, comparable across
-processes on one machine) and busy time (the thread's CPU time, ``time.thread_time()``; on a GPU,
-the synchronized wall time, since there the device does the work).
+:class:`Timeline` records each action (forward, backward, send, recv, arrive_*) with its
+micro-batch, wall-clock start and end (``time.time()``) and busy time (``time.thread_time()``; on a
+GPU, the synchronized wall time).
 """
 
 from __future__ import annotations
@@ -80,9 +65,8 @@ def _post_and_wait(send_t, dst, recv_t, src, op: str, tag: int) -> comm.Pending:
 
 
 class _Channel:
-    """One direction of one link, served by its own thread, in order (each direction carries
-    micro-batches 0, 1, … in order): it posts each send and waits for it, or posts receives —
-    at most ``ahead`` that the stage has not taken yet — and waits for the oldest."""
+    """One direction of one link, served in order by its own thread: posts each send and waits for
+    it, or posts receives (at most ``ahead`` untaken) and waits for the oldest."""
 
     def __init__(self, timeline: Timeline, op: str, peer: int, shape=None, ahead: int | None = None,
                  meter=None):
@@ -97,8 +81,7 @@ class _Channel:
         self.thread.start()
 
     def _loop(self) -> None:
-        # A measured stage (lesson_lib.peakmem) counts this thread's allocations too: the receive
-        # buffers are allocated here, and a sent tensor may be freed here.
+        # a measured stage counts this thread's allocations too (receive buffers, freed sends)
         with self.meter.thread() if self.meter is not None else contextlib.nullcontext():
             self._serve()
 
@@ -111,8 +94,7 @@ class _Channel:
                     pending = _post_and_wait(tensor, self.peer, None, None, self.op, self.tag)
                     busy = time.thread_time() - b0
                     self.timeline.record("send", microbatch, start, time.time(), busy, step)
-                    # sent: let the tensor go (kept until the step's flush, every activation a stage
-                    # sent would stay alive to the step's end — the measured peak showed it)
+                    # sent: let the tensor go, or it would stay alive to the step's flush
                     item = tensor = None
                     self.done.put((microbatch, None, pending))
                 else:
@@ -161,8 +143,8 @@ class StageLink:
 
     def __init__(self, stage: int, stages: int, microbatches: int, act_shape, grad_shape, timeline: Timeline,
                  ahead: int | None = None, meter=None, wrap: dict | None = None):
-        """``wrap`` (interleaved 1F1B): the ranks are a ring — stage P−1 sends on to stage 0 — and
-        it maps each receiving op to how many messages it takes per step (``microbatches`` else)."""
+        """``wrap`` (interleaved 1F1B): the ranks form a ring; maps each receiving op to its
+        messages per step (default ``microbatches``)."""
         prev = stage - 1 if stage > 0 else (stages - 1 if wrap else None)
         nxt = stage + 1 if stage < stages - 1 else (0 if wrap else None)
         self.microbatches, self.timeline, self.wrap = microbatches, timeline, wrap or {}

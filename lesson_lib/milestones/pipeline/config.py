@@ -12,27 +12,15 @@ from .zero_bubble import SCHEDULE as ZB
 
 NAME = "pipeline"
 BALANCES = ("params", "time")
-# A compute-dominated model for measuring the bubble against its formula (chapter 3, ``python -m
-# lesson_lib bench bubble``): 16 hidden layers of width 1024, which 2 stages cut 8 + 8, between a
-# thin first layer and a thin head. With a full-width first layer (d_in = hidden) stage 0 would be
-# lighter in its backwards (its first layer computes no input gradient): unequal stages, which alone
-# put the replayed bubble above the formula. 128-256 samples per micro-batch make one forward take
-# several milliseconds and a message (0.5-1 MB) a small fraction of one. What each message costs beyond
-# its bytes (a core for Gloo's I/O thread and the link's threads while both stages compute) does not
-# grow with the work per micro-batch, so the more work per micro-batch, the closer the wall-clock
-# bubble comes to the formula (``bench bubble`` measures both).
+# A compute-dominated model for ``bench bubble``: 16 hidden layers of width 1024 between a thin first
+# layer and a thin head (a full-width first layer would make stage 0 lighter: unequal stages).
+# The more work per micro-batch, the closer the wall-clock bubble comes to the formula.
 
 @dataclass
 class Config(TrainConfig):
-    # laptop: chapter 3's 10-layer MLP; tiny: the smallest model that still has a layer per stage
-    # to spare (its equality checks and exercise); bubble: compute-dominated, so that the bubble's
-    # formula shows through what a message costs beyond its bytes (bench bubble measures it).
-    # memory: activations dominate what a step allocates (chapter 3 §6): 16 layers of width 256, 4
-    # per stage, and 128 samples per micro-batch at M = 8, so one layer's activation (128 KB) is
-    # half a weight matrix and a micro-batch's saved tensors (5 per stage) outweigh the backward's
-    # temporaries (a weight gradient and a few activation gradients).
-    # laptop and bubble are the timed presets: their stages (9.5M and 17M parameters in all) keep their
-    # parameters, rather than send them and the gradients back after every run for no check.
+    # laptop: chapter 3's 10-layer MLP; tiny: the smallest with a layer per stage to spare; bubble:
+    # compute-dominated (``bench bubble``); memory: activations dominate a step's allocations (§6).
+    # The timed presets (laptop, bubble) do not return their parameters.
     PRESETS = {"laptop": {"steps": 5, "global_batch": 128, "hidden": 1024, "d_in": 32, "depth": 9,
                           "samples": 1024, "return_params": False},
                "tiny": {"steps": 4, "global_batch": 24, "hidden": 32, "d_in": 16, "depth": 7, "samples": 512},

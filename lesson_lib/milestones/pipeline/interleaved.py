@@ -1,36 +1,10 @@
-"""The interleaved 1F1B schedule (Narayanan et al., 2021, SC21 — Megatron-LM's "virtual pipeline"),
-as pure functions beside :mod:`.schedules`' GPipe and 1F1B. Chapter 3 §5 draws and measures it.
+"""Interleaved 1F1B (Narayanan et al., 2021 — Megatron-LM's "virtual pipeline"), as pure functions.
 
-The model is cut into v·P pieces (*virtual stages*) instead of P; rank r holds v of them, its
-*chunks*: chunk c is virtual stage c·P + r, so a micro-batch goes round the ranks v times (rank
-P−1's chunk c hands it to rank 0's chunk c+1). An action is ``("F", c, i)`` or ``("B", c, i)``: the
-forward or backward of micro-batch i through rank r's chunk c. Virtual stage s's F(i) needs
-s−1's F(i); its B(i) needs its own F(i) and s+1's B(i).
-
-Why it helps: a chunk takes 1/v of a stage's time, and the pipeline fills and drains in P−1 chunk
-steps instead of P−1 stage steps, so the idle time of the ideal machine falls v-fold to
-(P−1)·(F+B)/v, against M·(F+B) of work per rank: the bubble, as a share of the ideal time, is
-(P−1)/(v·M), and as the idle share of each rank's step, (P−1)/(v·M + P − 1)
-(:func:`lesson_lib.costmodel.terms.bubble_formula` with v chunks). The price: each
-micro-batch crosses v·P − 1 boundaries each way instead of P − 1 (:func:`messages`), and the warm-up
-is longer, so a rank holds more chunks' activations at once (:func:`in_flight_bound`).
-
-Where this follows Megatron-LM (``forward_backward_pipelining_with_interleaving`` and
-``get_pp_rank_microbatches`` / ``get_schedule_table`` in ``megatron/core/pipeline_parallel/
-schedules.py``): the forward order runs the micro-batches in groups of P, each group through chunk
-0, then chunk 1, …; the backward order is the same with the chunks reversed; rank r does
-(P − r − 1)·2 + (v − 1)·P warm-up forwards (capped at v·M), then alternates one forward and one
-backward, then drains its backwards. (On the ideal machine, with free messages, the factor 2
-costs nothing and buys nothing: (P − r − 1) + (v − 1)·P warm-up forwards give the same bubble with
-fewer chunks in flight, as the tests check; the extra forwards are slack for messages that take
-time.) At v = 1 Megatron runs its non-interleaved 1F1B instead
-(P − r − 1 warm-up forwards), and so do we: v = 1 is :func:`.schedules.stage_actions`' 1F1B exactly.
-Where it differs: we require M to be a multiple of P (Megatron did so until it let the last group
-absorb a remainder, ``microbatch_group_size_per_vp_stage``); the group size is always P; and a
-schedule here is a list of actions, not a loop that also posts Megatron's batched send/receive
-pairs — on the ideal machine and on our ranks' link threads sends never block. torch's
-``ScheduleInterleaved1F1B`` computes the same warm-up ((v − 1)·P + 2·(P − 1 − r), capped) and
-relaxes M % P differently (rounds of M // (M // P) micro-batches).
+The model is cut into v·P virtual stages; rank r's chunk c is virtual stage c·P + r. An action is
+``("F", c, i)`` or ``("B", c, i)``. The bubble falls to (P−1)/(v·M + P − 1)
+(:func:`lesson_lib.costmodel.terms.bubble_formula`) at the price of v·P − 1 boundaries per
+micro-batch (:func:`messages`) and more activations in flight (:func:`in_flight_bound`).
+Follows Megatron-LM's orders and warm-up; how and where it differs: docs/design.md, "Interleaved 1F1B".
 """
 
 from __future__ import annotations
@@ -104,10 +78,7 @@ def max_in_flight(actions: list[Action]) -> int:
 
 
 def in_flight_bound(stages: int, microbatches: int, chunks: int, rank: int) -> int:
-    """The most chunk activations rank ``rank`` holds: its w warm-up forwards, plus the first
-    steady-state forward before the first backward frees one — min(w + 1, v·M). A chunk is 1/v of a
-    stage's layers, so in whole stages that is (w + 1)/v: rank 0 holds P + (P − 1)/v stages' worth
-    where plain 1F1B holds P."""
+    """Most chunk activations rank ``rank`` holds: min(w + 1, v·M) for w warm-up forwards."""
     return min(warmup_forwards(stages, microbatches, chunks, rank) + 1, chunks * microbatches)
 
 
@@ -125,12 +96,9 @@ def messages(actions: list[list[Action]], chunks: int) -> dict:
 
 
 def replay_interleaved(actions: list[list[Action]], durations: dict) -> dict:
-    """Run an interleaved schedule on an ideal machine: each rank one core, which its v chunks take
-    in turn in schedule order; communication free. ``durations[(rank, kind, chunk, i)]`` are
-    seconds (or slots). Returns ``{(rank, kind, chunk, i): (start, end)}``; raises ``ValueError`` if
-    the schedule deadlocks (some rank waits for an action that can never happen).
-
-    As :func:`.schedules.replay`, with virtual stage s = c·P + r in place of stage k."""
+    """As :func:`.schedules.replay`, with virtual stage s = c·P + r in place of stage k: each rank
+    one core, its chunks in schedule order, free messages. ``durations[(rank, kind, chunk, i)]``:
+    seconds (or slots). Returns ``{(rank, kind, chunk, i): (start, end)}``; ``ValueError`` on deadlock."""
     P = len(actions)
     S = P * (1 + max((c for a in actions for _, c, _ in a), default=0))
 
@@ -171,8 +139,8 @@ def replayed_events(spans: dict) -> list[dict]:
 
 
 def measured_bubbles(actions: list[list[Action]], events: list[dict], step: int) -> dict:
-    """One step of a run on real ranks: its idle share on the wall clock, and replayed from each
-    action's busy time (every rank its own core, messages free), as :func:`.schedules.step_bubbles`."""
+    """One step on real ranks: idle share on the wall clock and replayed from busy time, as
+    :func:`.schedules.step_bubbles`."""
     comp = [e for e in events if e["step"] == step and e["kind"] in ("forward", "backward")]
     key = lambda e: (e["rank"], e["kind"][0].upper(), e.get("chunk", 0), e["microbatch"])
     wall = {key(e): (e["start"], e["end"]) for e in comp}

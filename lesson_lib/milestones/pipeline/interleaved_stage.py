@@ -1,11 +1,9 @@
 """One rank of interleaved 1F1B (chapter 3 §5): v model chunks per rank, trained in the order of
 :func:`.interleaved.interleaved_actions`, equal to single-process training.
 
-The model is cut into v·P virtual stages; rank r holds pieces r, r + P, …, r + (v−1)·P. The ranks
-form a ring: rank P−1's chunk c sends its activation on to rank 0's chunk c+1, and gradients come
-back the same way (:class:`.comm.StageLink` with ``wrap``). Each direction of each link carries its
-messages in the order both ends run them — the (chunk, micro-batch) order of the schedule is the
-same on every rank — so the link's threads need no more than a count of messages per step.
+Rank r holds virtual stages r, r + P, …; the ranks form a ring (:class:`.comm.StageLink` with
+``wrap``). Every rank runs (chunk, micro-batch) in the same order, so each link needs only a count
+of messages per step.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
-"""Who computes what, in which order: the pipeline schedules, stage balancing and the bubble.
+"""Pipeline schedules, stage balancing and the bubble (chapter 3), as pure functions.
 
-Pure functions — no process group, no tensors — so one schedule drives the stages in
-:mod:`lesson_lib.milestones.pipeline`, the tests, the exercises and the replay that draws the
-ideal timeline. Chapter 3 (pipeline parallelism) studies them.
+A schedule is, per stage, a list of actions ``("F", i)`` / ``("B", i)`` (forward / backward of
+micro-batch i). Stage k's F(i) needs stage k−1's F(i); its B(i) needs stage k+1's B(i).
 
-A schedule is, per stage, a list of actions ``("F", i)`` (forward of micro-batch i) and
-``("B", i)`` (its backward). Stage k's F(i) needs stage k−1's F(i); its B(i) needs stage k+1's B(i).
+* naive: the whole batch is one micro-batch.
+* GPipe (Huang et al., 2019): all M forwards, then all M backwards.
+* 1F1B / PipeDream-Flush (Narayanan et al., 2021): P−k−1 warm-up forwards, then one forward one
+  backward; same bubble as GPipe, at most P−k micro-batches' activations held.
 
-* naive: the whole batch is one micro-batch; F then B, so one stage is busy at a time.
-* GPipe (Huang et al., 2019): all M forwards, then all M backwards. Every stage holds the
-  activations of all M micro-batches at the end of its forwards.
-* 1F1B, also called PipeDream-Flush (Narayanan et al., 2021): stage k does P−k−1 warm-up forwards,
-  then alternates one forward and one backward, then drains its remaining backwards. Same bubble
-  as GPipe, but stage k holds at most P−k micro-batches' activations at once.
-
-With equal stage times both take (M+P−1) slots of one forward+backward, of which P·M are work:
-the idle share ("bubble") of each stage is (P−1)/(M+P−1) (:func:`lesson_lib.costmodel.terms.bubble_formula`).
+With equal stages the bubble is (P−1)/(M+P−1) (:func:`lesson_lib.costmodel.terms.bubble_formula`).
 """
 
 from __future__ import annotations
@@ -59,12 +52,10 @@ def max_in_flight(actions: list[Action]) -> int:
 
 
 def paced_bubble(stages: int, microbatches: int, pace: float) -> float:
-    """GPipe's idle share when the stages' times differ: 1 − M/(P + (M−1)·pace).
+    """GPipe's idle share with unequal stages: 1 − M/(P + (M−1)·pace).
 
-    ``pace`` is the slowest forward plus the slowest backward over the mean stage's forward plus
-    backward (1 for equal stages). With identical micro-batches each phase is a flow shop, whose
-    makespan is the sum of the stage times plus M−1 times the slowest one: the slowest stage sets
-    the pace. At pace 1 this is :func:`lesson_lib.costmodel.terms.bubble_formula`."""
+    ``pace``: slowest forward + slowest backward over the mean stage's (1 for equal stages); the
+    slowest stage sets the pace of a flow shop."""
     return 1 - microbatches / (stages + (microbatches - 1) * pace)
 
 
@@ -108,14 +99,11 @@ def partition(costs: list[float], stages: int) -> list[tuple[int, int]]:
 
 
 def replay(actions: list[list[Action]], durations: dict, latency: dict | None = None) -> dict:
-    """Run a schedule on an ideal machine: each stage its own core, communication free. Stage k's
-    F(i) waits for stage k−1's F(i); its B(i) for its own F(i) and for stage k+1's B(i).
+    """Run a schedule on an ideal machine (a core per stage, free communication).
 
-    ``durations[(stage, kind, i)]`` are seconds (e.g. the busy time measured for each action);
-    ``latency[(stage, kind, i)]``, if given, the seconds the action's message from the neighbour
-    takes after the neighbour's action ends (missing: free).
-    Returns ``{(stage, kind, i): (start, end)}``; raises ``ValueError`` if the schedule deadlocks
-    (some stage waits for an action that can never happen).
+    ``durations[(stage, kind, i)]``: seconds; ``latency[(stage, kind, i)]``, optional: seconds the
+    action's input message takes after the neighbour's action ends. Returns
+    ``{(stage, kind, i): (start, end)}``; raises ``ValueError`` if the schedule deadlocks.
     """
     n = len(actions)
 
@@ -132,10 +120,9 @@ def replay(actions: list[list[Action]], durations: dict, latency: dict | None = 
 
 
 def run_in_order(queues: list[list[tuple]], deps, durations: dict, lag=None, who: str = "stages") -> dict:
-    """The one replay loop (GPipe, 1F1B and the interleaved schedule): queue k runs its actions in
-    order on a core of its own; an action starts when its queue is free and every action
-    ``deps(key)`` names has ended (plus ``lag(key, dep)``). An action's key is ``(queue, *action)``.
-    Returns ``{key: (start, end)}``; raises ``ValueError`` when no queue can go on (a deadlock)."""
+    """The one replay loop: queue k runs its actions in order on its own core; an action starts
+    when its queue is free and every ``deps(key)`` has ended (plus ``lag(key, dep)``).
+    Keys are ``(queue, *action)``. Returns ``{key: (start, end)}``; ``ValueError`` on deadlock."""
     pos, free, done = [0] * len(queues), [0] * len(queues), {}
     remaining = sum(len(q) for q in queues)
     while remaining:
@@ -187,8 +174,7 @@ def measured_spans(events: list[dict], step: int) -> dict:
 
 
 def replay_busy(actions: list[list[Action]], events: list[dict], step: int) -> dict:
-    """One step replayed with each action's measured busy (CPU) time: the timeline the schedule
-    would have if every stage had a core of its own and messages were free."""
+    """One step replayed with each action's measured busy (CPU) time."""
     return replay(actions, {span_key(e): e["busy"] for e in _compute(events, step)})
 
 
@@ -213,8 +199,8 @@ def _replay_with(actions: list[list[Action]], comp: list[dict], duration) -> flo
 
 
 def message_delays(events: list[dict], step: int) -> dict:
-    """Per action, how long its input message took: from the neighbour's action ending to the
-    message landing (the ``arrive_*`` events), keyed like :func:`replay`'s ``latency``."""
+    """Per action, seconds from the neighbour's action ending to its message landing
+    (``arrive_*`` events), keyed like :func:`replay`'s ``latency``."""
     ends = {span_key(e): e["end"] for e in _compute(events, step)}
     out = {}
     for e in events:
@@ -228,28 +214,16 @@ def message_delays(events: list[dict], step: int) -> dict:
 
 
 def bubble_breakdown(actions: list[list[Action]], events: list[dict], step: int) -> dict:
-    """One step's bubble rebuilt one cause at a time, each rung measured in the same step.
+    """One step's bubble rebuilt one cause at a time (idle shares):
 
-    * ``stages``: the schedule replayed with each stage's mean forward and mean backward (busy
-      time): what unequal stages cost over the formula, which assumes equal ones; ``pace`` (see
-      :func:`stage_pace`) says how unequal, and for GPipe this rung is :func:`paced_bubble`;
-    * ``busy``: replayed with each action's own busy time: adds the variation between
-      micro-batches (a stage that waits for a slower neighbour turns it into idle time);
-      ``busy_bounds`` is what that variation can do: the same work on the timelines with every
-      action as fast, and as slow, as its stage's fastest and slowest of its kind (a replay's
-      makespan only grows with any action's time, so ``busy`` lies between them in every run);
-    * ``messages``: replayed with each action's busy time and each message's measured delay
-      (:func:`message_delays`): adds what messages cost where a stage waits for them. The delays
-      are wall-clock times, so on a loaded machine (stages often off their cores) they include
-      waiting for a core and this rung can exceed the measured ``wall``;
-    * ``wall``: measured on the wall clock: adds the rest — the stage's own work between actions
-      and cores shared with other threads and processes.
+    * ``stages``: replayed with each stage's mean busy times (unequal stages; ``pace``:
+      :func:`stage_pace`); ``busy``: each action's own busy time (variation between micro-batches),
+      within ``busy_bounds`` (every action at its stage's fastest / slowest);
+    * ``messages``: plus measured message delays (wall-clock, so it may exceed ``wall`` on a
+      loaded machine); ``wall``: measured.
 
-    Beside them, per stage: its mean ``forward`` and ``backward`` busy time per micro-batch (s), and
-    as shares of the step's window (first forward to last backward):
-    ``off_core`` — wall minus busy time inside its forwards and backwards (its core ran something
-    else meanwhile); between its own first and last action, ``recv`` — waiting for a neighbour's
-    message, and ``between`` — neither computing nor waiting (handing messages over, bookkeeping).
+    ``per_stage``: mean ``forward``/``backward`` busy seconds, and shares of the step's window:
+    ``off_core`` (wall minus busy), ``recv`` (waiting for a message), ``between`` (neither).
     """
     comp = _compute(events, step)
     by: dict[tuple[int, str], list[float]] = {}

@@ -1,10 +1,7 @@
 """The library's pipeline beside ours (chapter 3): ``torch.distributed.pipelining``.
 
-The same stages (the same layers on the same ranks, the same initial weights), the same
-micro-batches, trained by ``ScheduleGPipe`` or ``Schedule1F1B`` over the cluster's process group
-(Gloo on CPU works), with a mean loss per micro-batch and ``scale_grads=True`` — which divides
-the summed gradients by M, as our 1/M loss scaling does. Its messages do not go through
-:mod:`lesson_lib.comm`, so they are not counted.
+The same stages, weights and micro-batches, trained by ``ScheduleGPipe`` or ``Schedule1F1B`` over
+the cluster's group, with ``scale_grads=True`` (as our 1/M loss scaling). Its messages are not counted.
 """
 
 from __future__ import annotations

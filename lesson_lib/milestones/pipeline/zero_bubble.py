@@ -1,26 +1,13 @@
-"""The zero-bubble schedule ZB-H1 (Qi et al., 2024, ICLR, "Zero Bubble Pipeline Parallelism"), as pure
-functions beside :mod:`.schedules`' 1F1B. Chapter 3 §5 replays it and runs it on real ranks
-(:mod:`.zero_bubble_stage`).
+"""ZB-H1 (Qi et al., 2024, "Zero Bubble Pipeline Parallelism"), as pure functions beside 1F1B.
 
-A backward is two jobs: **B**, the gradient of the loss w.r.t. the stage's *input* — what stage k−1
-waits for — and **W**, the gradients w.r.t. the stage's *weights*, which no other stage waits for
-(only the optimizer step, at the end). An action is ``("F", i)``, ``("B", i)`` or ``("W", i)``:
-stage k's F(i) needs stage k−1's F(i); its B(i) its own F(i) and stage k+1's B(i); its W(i) its own
-B(i). In 1F1B one action does both, so stage k−1 also waits for stage k's W.
+A backward splits into **B** (gradient w.r.t. the stage's input, which stage k−1 waits for) and
+**W** (weight gradients, which only the optimizer waits for). Actions: ``("F", i)``, ``("B", i)``,
+``("W", i)``. ZB-H1 (§2.1): 1F1B's P − k − 1 warm-up forwards, then F and B in turn; from its k-th B
+on, each B is followed by the oldest pending W, so stage k defers k W's into 1F1B's idle tail
+without raising the peak memory. Same order as torch's ``ScheduleInterleavedZeroBubble`` with one
+stage per rank (the tests compare them).
 
-ZB-H1, the paper's "memory efficient schedule" (§2.1): stage k runs 1F1B's P − k − 1 warm-up
-forwards, then one forward and one B in turn, then its remaining B's. Its j-th B (j = 0, 1, …) is
-followed by a W — the oldest one not yet done — from j = k on, so stage k keeps k W's back; those W's
-fill the tail of the step, where 1F1B idles. Every stage then has at most P micro-batches between
-their F and their W, the number stage 0 holds in 1F1B, so the peak over the stages does not grow.
-This is the order torch's ``ScheduleInterleavedZeroBubble`` builds with one stage per rank (its
-``_get_1f1b_rank_ops`` with ``enable_zero_bubble``; the tests compare the two).
-
-Under the paper's assumption F = B = W (a whole backward is 2 units) and M ≥ P, 1F1B — B and W one
-action of 2 — leaves each stage idle for (P − 1)(F + B + W) = 3(P − 1); ZB-H1 for
-(P − 1)(F + B − W) = P − 1: a third. Against the M·(F + B + W) of work, the paper's bubble rate
-falls from (P − 1)/M to (P − 1)/(3M); as the idle share of each stage's step, from (P − 1)/(M + P − 1)
-to (P − 1)/(3M + P − 1) (:func:`bubble`). :func:`replay` measures both on the ideal machine.
+With F = B = W and M ≥ P the idle time per stage falls from 3(P − 1) to P − 1 (:func:`bubble`).
 """
 
 from __future__ import annotations
@@ -63,11 +50,9 @@ def split_1f1b(stages: int, microbatches: int) -> list[list[Action]]:
 
 
 def replay(actions: list[list[Action]], durations: dict, whole_backward: bool = False) -> dict:
-    """Run a schedule of F, B and W on the ideal machine: each stage its own core, messages free.
-    ``durations[(stage, kind, i)]``; with ``whole_backward`` (1F1B as it is run: one backward call)
-    a stage sends its input's gradient only once its W is done too, so stage k's B(i) waits for stage
-    k+1's W(i). Returns ``{(stage, kind, i): (start, end)}``, or raises ``ValueError`` if the schedule
-    deadlocks."""
+    """Run a schedule of F, B and W on the ideal machine (a core per stage, free messages).
+    ``durations[(stage, kind, i)]``; ``whole_backward``: 1F1B as run, so stage k's B(i) waits for
+    stage k+1's W(i). Returns ``{(stage, kind, i): (start, end)}``; ``ValueError`` on deadlock."""
     n, sent_after = len(actions), "W" if whole_backward else "B"
 
     def deps(key):
@@ -85,9 +70,8 @@ def equal_durations(actions: list[list[Action]], f=1, b=1, w=1) -> dict:
 
 
 def idle(spans: dict) -> dict:
-    """What a replay measures, exactly (fractions where the durations are): the ``makespan``, each
-    stage's ``idle`` time (makespan − its work), the ``idle_share`` of the step (idle / makespan) and
-    the paper's ``bubble_rate`` (idle / work)."""
+    """A replay's ``makespan``, each stage's ``idle`` time, the step's ``idle_share`` and the paper's
+    ``bubble_rate`` (idle / work), exact where the durations are fractions."""
     start = min(s for s, _ in spans.values())
     makespan = max(e for _, e in spans.values()) - start
     work = {}
@@ -115,8 +99,7 @@ def max_in_flight(actions: list[Action]) -> int:
 
 
 def messages(actions: list[list[Action]]) -> dict:
-    """Messages of one step, from the schedule: an activation leaves every F but the last stage's, a
-    gradient every B but the first stage's; a W sends nothing."""
+    """Messages of one step: an activation per F but the last stage's, a gradient per B but the first's."""
     P = len(actions)
     return {"activations": sum(1 for k, a in enumerate(actions) for x, _ in a if x == "F" and k < P - 1),
             "grads": sum(1 for k, a in enumerate(actions) for x, _ in a if x == "B" and k > 0)}
@@ -130,8 +113,8 @@ def _key(e: dict) -> tuple[int, str, int]:
 
 
 def measured_bubbles(actions: list[list[Action]], events: list[dict], step: int) -> dict:
-    """One step on real ranks: its idle share on the wall clock, and replayed from each action's
-    busy time (every stage its own core, messages free), as :func:`.schedules.step_bubbles`."""
+    """One step on real ranks: wall-clock and busy-time replayed idle shares (as
+    :func:`.schedules.step_bubbles`)."""
     comp = [e for e in events if e["step"] == step and e["kind"] in ("forward", "backward", "weight")]
     wall = {_key(e): (e["start"], e["end"]) for e in comp}
     busy = replay(actions, {_key(e): e["busy"] for e in comp})

@@ -1,13 +1,10 @@
-"""One rank of ZB-H1 (chapter 3 §5; Qi et al., 2024): the backward split in two with
-``torch.autograd.grad``, trained in the order of :func:`.zero_bubble.zb_h1_actions`, equal to
-single-process training.
+"""One rank of ZB-H1 (chapter 3 §5; Qi et al., 2024), trained in the order of
+:func:`.zero_bubble.zb_h1_actions`, equal to single-process training.
 
-**F** runs the stage and keeps each ``Linear``'s output. **B** (:func:`backward_input`) asks autograd
-for the gradient w.r.t. the stage's input — sent to stage k−1 at once — and w.r.t. each ``Linear``'s
-output, and for nothing else: autograd runs only what leads to the tensors asked for, so no weight
-gradient is computed, and the graph is kept. **W** (:func:`backward_weight`), later, turns each
-``Linear``'s output gradient into its weight and bias gradients, added into ``.grad`` in micro-batch
-order, as 1F1B's backward adds them. The stage keeps each micro-batch's graph until its W.
+**F** keeps each ``Linear``'s output. **B** (:func:`backward_input`) asks ``torch.autograd.grad``
+only for the input's and those outputs' gradients, so no weight gradient is computed and the graph
+is kept. **W** (:func:`backward_weight`) later turns the output gradients into weight and bias
+gradients, added in micro-batch order as 1F1B does.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
-"""Chapter 8 — what the talk left out: tensor, sequence, context and expert parallelism, on one grid.
+"""Chapter 8: tensor, sequence, context and expert parallelism, on one rank grid.
 
-* :mod:`.mappings` — f and g, the conjugate operators (Shoeybi et al., 2019), and sequence
-  parallelism's all-gather / reduce-scatter pair (Korthikanti et al., 2022), as autograd Functions
-* :mod:`.layers` — column- and row-parallel linear layers, attention and MLP, the parallel transformer
-* :mod:`.model` — the unsharded transformer (the single-process reference), its data and Config
-* :mod:`.grid` — the rank grid ``arange(world).view(dp, pp, tp)`` and its groups; Layout checks
-* :mod:`.train` — training on a grid, and the single process it must equal; :mod:`.memory`
-* :mod:`.three_d` — data × pipeline × tensor on one grid: GPipe stages, each tensor-parallel
-* :mod:`.moe` — a top-1 or top-2 mixture of experts with experts on different ranks (GShard, Switch)
-* :mod:`.ring_attention` — context parallelism: key/value blocks round a ring (Liu et al., 2023)
-* :mod:`.dtensor` — the same model under ``parallelize_module`` and ``fully_shard`` (PyTorch's stack)
-* :mod:`.tolerances` — how far each comparison may sit from its reference, from float32 rounding
+* :mod:`.mappings` — f and g (Shoeybi et al., 2019) and sequence parallelism's pair (Korthikanti et al., 2022)
+* :mod:`.layers` — column- and row-parallel layers, the parallel transformer
+* :mod:`.model` — the unsharded reference transformer, its data and Config
+* :mod:`.grid` — the rank grid ``arange(world).view(dp, pp, tp)`` and its groups
+* :mod:`.train`, :mod:`.memory` — training on a grid; :mod:`.three_d` — data × pipeline × tensor
+* :mod:`.moe` — expert parallelism; :mod:`.ring_attention` — context parallelism (Liu et al., 2023)
+* :mod:`.dtensor` — PyTorch's ``parallelize_module`` and ``fully_shard``
+* :mod:`.tolerances` — comparison tolerances from float32 rounding
 """
 
 from . import formulas, three_d

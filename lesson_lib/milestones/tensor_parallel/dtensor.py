@@ -1,13 +1,9 @@
-"""PyTorch's own stack on chapter 8's transformer (torchtitan's ``parallelize.py`` does the same on
-a bigger model): a named ``DeviceMesh`` of dp × tp ranks, ``parallelize_module`` with
-``ColwiseParallel`` for q, k, v and fc1 and ``RowwiseParallel`` for o and fc2 (our column and row
-layers, f and g included), then ``fully_shard`` over the dp dimension (ZeRO-3, chapter 4). With
-sequence parallelism, ``SequenceParallel`` on the norms and ``PrepareModuleInput`` around attention
-and the MLP (all-gather the sequence in, reduce-scatter it out: our f̄ and ḡ), as torchtitan's
-Llama plan does; our sequence dimension is 0.
+"""PyTorch's own stack on chapter 8's transformer, as torchtitan's ``parallelize.py`` does it.
 
-:func:`dtensor_job` trains the unsharded :class:`~.model.Transformer` so wrapped, on the same data
-and SGD steps as :func:`~.train.train_job`, and returns the same record. Chapter 8.
+A dp × tp ``DeviceMesh``; ``parallelize_module`` with ``ColwiseParallel`` (q, k, v, fc1) and
+``RowwiseParallel`` (o, fc2), plus ``SequenceParallel`` / ``PrepareModuleInput`` with sequence
+parallelism (our sequence dimension is 0); then ``fully_shard`` over dp. :func:`dtensor_job`
+trains it like :func:`~.train.train_job` and returns the same record.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""One rank grid for every kind of parallelism, passed explicitly (no global singleton).
+"""One rank grid for every kind of parallelism, passed explicitly (no global singleton; chapter 8).
 
-As picotron's ``process_group_manager.py``: the world's ranks laid out as
-``torch.arange(world).view(dp, pp, tp)``; a rank's tensor-parallel group is its row (neighbouring
-ranks: on a real cluster, the GPUs of one node), its data-parallel group its column. A
-:class:`Layout` is checked in the notebook before any rank starts (:meth:`Layout.check`); a
-:class:`Grid` is built on every rank from it. Chapter 8.
+As picotron's ``process_group_manager.py``: ``torch.arange(world).view(dp, pp, tp)``; a rank's
+tensor-parallel group is its row (on a real cluster, one node's GPUs). A :class:`Layout` is
+checked in the notebook (:meth:`Layout.check`); a :class:`Grid` is built from it on every rank.
 """
 
 from __future__ import annotations

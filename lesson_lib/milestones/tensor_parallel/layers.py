@@ -1,12 +1,9 @@
-"""Tensor-parallel layers (Shoeybi et al., 2019), built from a whole layer's weights.
+"""Tensor-parallel layers (Shoeybi et al., 2019), built from a whole layer's weights (chapter 8).
 
-:class:`ColumnParallelLinear` keeps rank r's slice r of the output features (of one or several
-fused layers: q, k and v together, as Megatron-LM's fused QKV) and starts with ``f``;
-:class:`RowParallelLinear` keeps slice r of the input features and ends with ``g``. A column then a
-row layer is an MLP (or an attention with heads / t heads per rank) with one all-reduce forward and
-one backward. With ``sequence_parallel`` (Korthikanti et al., 2022) ``f`` becomes an all-gather of
-the sequence and ``g`` a reduce-scatter, and what lies between two blocks (norms, residual) keeps
-seq / t tokens per rank. Chapter 8.
+:class:`ColumnParallelLinear` keeps slice r of the output features (of one or several fused layers,
+like Megatron-LM's QKV) and starts with ``f``; :class:`RowParallelLinear` keeps slice r of the input
+features and ends with ``g``. With ``sequence_parallel`` (Korthikanti et al., 2022) ``f`` and ``g``
+become an all-gather and a reduce-scatter of the sequence.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The conjugate operators of tensor parallelism (Shoeybi et al., 2019), as autograd Functions.
 
-``f`` is the identity in the forward and an all-reduce in the backward; ``g`` is an all-reduce in
-the forward and the identity in the backward. A column-parallel layer starts with ``f`` (every
-rank needs the whole input, and each rank's input gradient is a partial sum); a row-parallel
-layer ends with ``g`` (each rank's output is a partial sum). picotron calls them
-``CopyToModelParallelRegion`` and ``ReduceFromModelParallelRegion``; Megatron-LM keeps them in
-``core/tensor_parallel/mappings.py``. Sequence parallelism (Korthikanti et al., 2022) splits each
-all-reduce into its two halves around the norm regions: :class:`LinearGatherSequence` (all-gather
-forward, reduce-scatter backward) and :class:`ReduceScatterToSequence` (the converse).
-
-Every collective here is our ring (:mod:`lesson_lib.comm`), so its bytes are counted exactly, by op
-name (``tp_all_reduce``, ``sp_all_gather``, ``sp_reduce_scatter``). Sequences come first
-(``[seq, batch, hidden]``), as in Megatron-LM: a slice of the sequence is then a contiguous chunk.
-Defined for chapter 8.
+``f``: identity forward, all-reduce backward (starts a column-parallel layer); ``g``: all-reduce
+forward, identity backward (ends a row-parallel layer). Megatron-LM's
+``core/tensor_parallel/mappings.py`` has the same. Sequence parallelism (Korthikanti et al., 2022)
+splits each all-reduce: :class:`LinearGatherSequence` and :class:`ReduceScatterToSequence`.
+Collectives are our counted ring (``tp_all_reduce``, ``sp_all_gather``, ``sp_reduce_scatter``);
+tensors are ``[seq, batch, hidden]``, so a sequence slice is contiguous.
 """
 
 from __future__ import annotations

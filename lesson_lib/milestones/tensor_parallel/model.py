@@ -1,9 +1,8 @@
-"""Chapter 8's small transformer, unsharded: the single-process reference every parallel layout is
-compared with, and the source of the weights they shard.
+"""Chapter 8's small transformer, unsharded: the single-process reference and the source of the
+weights the parallel layouts shard.
 
-Sequences come first (``[seq, batch, hidden]``, as in Megatron-LM). Attention counts its heads from
-the width it is handed (``view(s, b, -1, head_dim)``, as torchtitan does), so the same module runs
-whole, with a tensor-parallel shard of the heads, or under DTensor's ``ColwiseParallel``.
+Tensors are ``[seq, batch, hidden]`` (as in Megatron-LM); attention counts heads from the width it
+is handed (as torchtitan), so the same module runs whole, sharded, or under ``ColwiseParallel``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""A top-1 (Switch Transformer, Fedus et al., 2021) or top-2 (GShard, Lepikhin et al., 2020) mixture
-of experts with its experts on different ranks (expert parallelism), and the single process it must
-equal.
+"""Top-1 (Switch, Fedus et al., 2021) or top-2 (GShard, Lepikhin et al., 2020) mixture of experts
+with experts on different ranks (expert parallelism), and the single process it must equal (chapter 8).
 
-Every rank routes its own tokens (a GShard *group*): the router picks k experts per token, each
-expert takes at most ``capacity = ceil(capacity_factor · k · tokens / experts)`` of a group's
-assignments and the rest are dropped (their output is zero: the residual carries them). Each rank
-packs its tokens into a ``[experts, capacity, d]`` buffer and one ``all_to_all_single`` sends
-every expert's slots to the rank that holds it; a second one brings the outputs back (Megatron-LM's
-token dispatcher does the same, with variable splits). Chapter 8.
+Each rank routes its own tokens; an expert takes at most ``ceil(capacity_factor · k · tokens /
+experts)`` assignments per group, the rest are dropped. Tokens are packed into ``[experts, capacity,
+d]`` and one ``all_to_all_single`` sends each expert's slots to its rank; a second brings them back.
 """
 
 from __future__ import annotations
@@ -113,9 +109,8 @@ def experts_forward(slots: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> 
 
 
 class AllToAll(torch.autograd.Function):
-    """``all_to_all_single`` with equal splits: chunk j of dim 0 goes to rank j; the backward is the
-    same exchange (sending chunk j back where it came from). Counted under ``ep_all_to_all``:
-    the bytes addressed to other ranks, (N−1)/N of the buffer."""
+    """``all_to_all_single`` with equal splits (chunk j to rank j); the backward is the same
+    exchange. Counted under ``ep_all_to_all``: (N−1)/N of the buffer."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -164,8 +159,8 @@ def moe_reference(xs, router, w1, w2, cfg: MoEConfig) -> tuple[torch.Tensor, lis
 
 
 def loss_of(y: torch.Tensor, x: torch.Tensor, aux: torch.Tensor, cfg: MoEConfig, total: int) -> torch.Tensor:
-    """A task for the gradients: the residual stream's squared norm, summed over my tokens and
-    divided by all tokens, plus the load-balancing loss averaged over the groups."""
+    """A task for the gradients: the residual stream's squared norm over all tokens, plus the
+    groups' mean load-balancing loss."""
     return ((x + y) ** 2).sum() / total + cfg.aux_weight * aux / (total // x.shape[0])
 
 

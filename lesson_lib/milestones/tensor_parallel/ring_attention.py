@@ -1,12 +1,8 @@
-"""Context parallelism as ring attention (Liu et al., 2023): each rank keeps seq / c of the
-queries, and the key/value blocks travel round the ring, one step at a time, while each rank folds
-every block it sees into an online softmax (Milakov & Gimelshein, 2018; the running maximum and sum
-of FlashAttention). No rank ever holds the whole sequence's keys, values or scores.
+"""Context parallelism as ring attention (Liu et al., 2023), forward pass only (chapter 8).
 
-Each of the c − 1 steps posts the exchange (send my current block to the next rank, receive the
-previous rank's) before computing on the block in hand, so the transfer can hide behind the
-compute. Counted by :mod:`lesson_lib.comm` under ``cp_ring``: (c − 1) blocks of K and V per rank.
-The forward pass only: the backward is a second ring that also carries dK and dV. Chapter 8.
+Each rank keeps seq / c of the queries; key/value blocks travel round the ring and each is folded
+into an online softmax (Milakov & Gimelshein, 2018). Each step posts the exchange before computing,
+so the transfer can hide. Counted under ``cp_ring``: (c − 1) K and V blocks per rank.
 """
 
 from __future__ import annotations

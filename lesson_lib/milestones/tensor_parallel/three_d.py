@@ -1,15 +1,9 @@
-"""All three axes of the rank grid at once: data × pipeline × tensor parallelism (Narayanan et al.,
-SC21, "3D parallelism"), training chapter 8's transformer equal to one process.
+"""Data × pipeline × tensor parallelism on one grid (Narayanan et al., SC21), equal to one process.
 
-Each pipeline stage holds ``layers / pp`` consecutive blocks, tensor-parallel over its tp group (the
-first stage also the embeddings, the last the final norm and head). A replica's share of the batch
-is cut into ``micro`` micro-batches run as GPipe does (chapter 3): every forward, then every
-backward in reverse order; activations go to the next stage and their gradients come back with
-point-to-point messages over the pp group. Each tp rank sends its own copy of the activation to its
-counterpart in the next stage (Megatron-LM's scatter-gather optimisation sends 1/t of it each and
-all-gathers on arrival; with sequence parallelism the activation is already cut, and each rank
-sends its seq / t shard). Then each stage's gradients are averaged over its dp group.
-Chapter 8.
+Each stage holds ``layers / pp`` blocks, tensor-parallel over its tp group; micro-batches run as in
+GPipe with point-to-point messages over the pp group, each tp rank sending its own copy (its
+seq / t shard with sequence parallelism; Megatron-LM's scatter-gather optimisation is not used).
+Gradients are then averaged over the dp group.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """How far chapter 8's parallel results may sit from their single-process references: float32
-rounding only, derived from the sums each result goes through (Higham's bound for a dot product of
-length k: k·u relative, u = 2⁻²⁴), never from one machine's run.
-
-Splitting a matmul's inner dimension over t ranks and summing the parts (g, a reduce-scatter, an
-expert's batch) changes only the order of the same additions. A real error — a missing all-reduce,
-a gradient t times too large, a token sent to the wrong expert — changes results by their own size.
+rounding only (Higham's k·u bound for a dot product of length k, u = 2⁻²⁴), never one machine's run.
+A real error (a missing all-reduce, a gradient t times too large) changes results by their own size.
 """
 
 from __future__ import annotations

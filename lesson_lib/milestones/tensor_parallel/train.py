@@ -1,11 +1,9 @@
-"""Training the chapter's transformer on a rank grid, and the single process it must equal.
+"""Training chapter 8's transformer on a rank grid, and the single process it must equal.
 
-:func:`train_job` runs on every rank: data parallel over ``grid.dp_group`` (each replica its share
-of the batch, gradients averaged by our ring), tensor (and sequence) parallel over
-``grid.tp_group``. It returns the losses, the first step's logits and gradients and the final
-parameters reassembled whole, and the bytes each op sent in the first forward and backward
-(counted by :mod:`lesson_lib.comm`). :func:`reference` trains the unsharded model in this process.
-Chapter 8.
+:func:`train_job` (every rank): data parallel over ``grid.dp_group``, tensor (and sequence)
+parallel over ``grid.tp_group``; returns the losses, the first step's logits and gradients, the
+final parameters reassembled, and the first step's counted bytes per op. :func:`reference` trains
+the unsharded model in this process.
 """
 
 from __future__ import annotations

@@ -1,36 +1,15 @@
-"""ZeRO (chapter 4): stop storing everything everywhere (Rajbhandari et al., SC 2020).
+"""ZeRO (chapter 4; Rajbhandari et al., SC 2020): each of N ranks keeps 1/N of the model states —
+stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the parameters.
 
-Data-parallel Adam where each of N ranks keeps only its 1/N share of the model states:
-stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the parameters.
+Each layer's parameters live in one flat buffer padded to a multiple of N; rank r owns slice r.
+Every collective is our counted ring, summing in the same order at every stage, so the stages agree
+bit for bit. Traffic per step: 2Ψ for stages 0–2, 3Ψ for stage 3. Stage 3 gathers a layer's
+parameters before its forward and backward (``prefetch = d``: d layers ahead); stage 2 with
+``bucket_mb > 0`` reduce-scatters buckets during the backward (:func:`scatter_during_backward`).
+Mixed precision keeps bf16 parameters and gradients and fp32 master and Adam (K = 12).
 
-How we shard: each layer's parameters live in one flat buffer, padded to a multiple of N; rank r
-owns the contiguous slice r of every layer (``chunk_bounds``), like PyTorch's FSDP units. Every
-collective is our ring over point-to-point (``comm.ring_reduce_scatter`` / ``comm.ring_all_gather``),
-so traffic is counted exactly and the sums happen in the same order at every stage — the stages
-agree bit for bit.
-
-Per step, per rank (Ψ parameters):
-* stage 0: reduce-scatter + all-gather the gradients (an all-reduce), full Adam step   — 2Ψ
-* stage 1: reduce-scatter the gradients, Adam on my shard, all-gather the parameters   — 2Ψ
-* stage 2: as stage 1, but only my gradient shard outlives the step                    — 2Ψ
-* stage 3: before each layer's forward, all-gather its parameters and free them after;
-  gather them again before its backward; reduce-scatter its gradient as soon as it is
-  complete and free both; Adam on my shard                                              — 3Ψ
-So a stage-3 rank holds one layer's full parameters and gradient at a time (module hooks do it);
-with ``prefetch = d`` the forward gathers d layers ahead on a communication thread (d + 1 at once).
-Stage 2 builds the whole gradient before scattering it, unless ``bucket_mb > 0``: then, as in real
-ZeRO-2, layers' gradients are grouped into buckets reduce-scattered during the backward on a
-communication thread and freed, and a layer's gradient is allocated only once the gradients not yet
-scattered fit in one bucket — so at most one bucket plus one layer of full gradients exist at a
-time (:func:`scatter_during_backward`). Mixed precision keeps bf16 parameters and gradients (CPU
-has no fast fp16) and an fp32 master copy with Adam's moments: K = 12 bytes per parameter.
-
-:mod:`.fsdp` runs PyTorch's FSDP2 (``fully_shard``, Zhao et al., VLDB 2023) on the same model and
-batches as stage 3, and maps our steps to its own; :mod:`.checkpoint` saves its sharded state with
-``torch.distributed.checkpoint``, kills a rank, and resumes on fresh processes (section 9);
-:mod:`.hsdp` runs FSDP2 on a device mesh: hybrid sharding (HSDP), the precision gradients are
-reduced in, and its backward prefetch (section 8); :mod:`.loss_scaling` shows why fp16 needs a loss
-scale and bf16 does not (section 10).
+Also: :mod:`.fsdp` (PyTorch's FSDP2), :mod:`.checkpoint` (sharded checkpoints and a killed rank),
+:mod:`.hsdp` (FSDP2 on a device mesh), :mod:`.loss_scaling` (fp16 vs bf16).
 """
 
 from . import checkpoint, fsdp, hsdp

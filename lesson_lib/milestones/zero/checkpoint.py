@@ -1,21 +1,13 @@
-"""Surviving a failure (chapter 4, section 9): FSDP2 training that saves sharded checkpoints with
-``torch.distributed.checkpoint`` (DCP), a rank SIGKILLed mid-step, and a fresh world that loads the
-last checkpoint and goes on as if nothing had happened.
+"""Surviving a failure (chapter 4 §9): FSDP2 training with sharded ``torch.distributed.checkpoint``
+(DCP) checkpoints, a rank SIGKILLed mid-step, and a fresh world that resumes from the last one.
 
-* :func:`save` / :func:`load`: what a rank writes and reads — its DTensor shards of the parameters and
-  of Adam's moments (``get_state_dict`` / ``set_state_dict``), the step counter and the data position.
-  Each rank writes its own file (``__<rank>_0.distcp``); DCP's coordinator writes ``.metadata`` last,
-  so a folder without it is a checkpoint the failure interrupted, and is never loaded.
-* :func:`train`, on every rank: load the newest complete checkpoint (if any), train, save every
-  ``Plan.every`` steps, and (``Plan.kill_step``) SIGKILL rank ``Plan.kill_rank`` between its forward
-  and its backward, the way a lost machine disappears: no exception, no goodbye.
-* :func:`survive`, in the notebook: an uninterrupted run, the killed run (the runtime raises
-  ``WorkerError`` naming the dead rank), fresh processes, the resumed run; the losses of all three
-  and the time lost, measured.
+* :func:`save` / :func:`load`: each rank's DTensor shards of parameters and Adam's moments, the step
+  and the data position. DCP writes ``.metadata`` last, so a folder without it is never loaded.
+* :func:`train` (every rank): resume, train, save every ``Plan.every`` steps, optionally SIGKILL
+  rank ``Plan.kill_rank`` between forward and backward at ``Plan.kill_step``.
+* :func:`survive` (notebook): uninterrupted, killed and resumed runs, and the time lost.
 
-No random numbers are drawn while training: the batch of step s is a function of (seed, s)
-(:func:`~lesson_lib.data.batch_indices`), so the step counter is the data position, and the
-checkpoint stores the epoch and the offset in it that it stands for.
+The batch of step s is a function of (seed, s), so the step counter is the data position.
 """
 
 from __future__ import annotations
@@ -105,8 +97,8 @@ def _fsdp2(cfg: Config):
 
 def train(cfg: Config, plan: Plan, folder: str) -> dict:
     """On every rank: FSDP2 + Adam on ``cfg`` from the newest checkpoint in ``folder``, saving every
-    ``plan.every`` steps. Rank 0 emits ``step`` (loss, seconds) and ``saved`` events as it goes, since
-    a run that is killed returns nothing. Returns the steps run, their losses and the time to load."""
+    ``plan.every`` steps. Rank 0 emits ``step`` and ``saved`` events (a killed run returns nothing).
+    Returns the steps run, their losses and the time to load."""
     ctx = context()
     r, n = ctx.rank, ctx.world_size
     model, adam = _fsdp2(cfg)
@@ -139,8 +131,7 @@ def train(cfg: Config, plan: Plan, folder: str) -> dict:
 
 
 def shards(path: str) -> dict:
-    """What a checkpoint holds on disk: each file's bytes, and from DCP's metadata which file stores
-    which tensors (each rank's shards of every tensor sit in that rank's own file)."""
+    """A checkpoint on disk: each file's bytes and, from DCP's metadata, which file stores which tensors."""
     meta = dcp.FileSystemReader(path).read_metadata()
     files: dict[str, list] = {}
     elements: dict[str, int] = {}
@@ -160,11 +151,9 @@ def _scratch():
 
 
 def survive(cfg: Config, plan: Plan, cluster=None) -> dict:
-    """Train ``cfg`` with FSDP2 three ways on ``cluster`` (default: the kernel's warm one):
-    uninterrupted; killed (``plan``); then resumed on fresh processes from the killed run's last
-    checkpoint. Returns the losses by step of each, the error the kill raised, and the time lost,
-    measured. Every checkpoint lives in a temporary folder removed before this returns (``folders``
-    names them). Defined in chapter 4, section 9."""
+    """Train ``cfg`` with FSDP2 uninterrupted, killed (``plan``), then resumed on fresh processes.
+    Returns each run's losses by step, the kill's error and the measured time lost. Checkpoints live
+    in a temporary folder removed before returning."""
     plan.validate(cfg)
     if plan.kill_step < 0:
         raise ValueError("kill_step must name the step in which a rank dies (got -1: no kill)")
@@ -216,8 +205,8 @@ def survive(cfg: Config, plan: Plan, cluster=None) -> dict:
         redone_steps=plan.kill_step - restored,
         redone_s=sum(resumed["step"][s]["seconds"] for s in range(restored, plan.kill_step)),
     )
-    # Measured end to end: what the failure added to the uninterrupted run's wall time. Beside the
-    # parts above, the rest is the fresh processes' first job: importing FSDP2 and DCP, sharding.
+    # What the failure added to the uninterrupted wall time; beyond the parts above, the fresh
+    # processes' first job (importing FSDP2 and DCP, sharding).
     out["time_lost_s"] = (out["killed_run_s"] + out["restart_s"] + out["resumed_run_s"]
                           - out["uninterrupted_s"])
     return out
@@ -228,8 +217,7 @@ def _fsdp2_imported() -> None:
 
 
 def young_interval(write_s: float, mtbf_s: float) -> float:
-    """Young's (1974) first-order optimal time between checkpoints, sqrt(2·δ·MTBF): checkpointing more
-    often spends more time writing, less often redoes more work after a failure."""
+    """Young's (1974) optimal time between checkpoints, sqrt(2·δ·MTBF)."""
     if not (write_s > 0 and mtbf_s > 0):
         raise ValueError(f"write_s and mtbf_s must be positive seconds, got {write_s!r}, {mtbf_s!r}")
     return (2 * write_s * mtbf_s) ** 0.5

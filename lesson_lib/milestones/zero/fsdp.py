@@ -1,21 +1,5 @@
-"""What PyTorch ships for ZeRO-3 (chapter 4, section 8): FSDP2's ``fully_shard`` (Zhao et al., VLDB
-2023) on the same model, data and Adam as our stage 3, and the comparison of the two.
-
-:func:`fsdp2_worker` runs on every rank: one ``fully_shard`` per ``Linear`` (a unit, like our
-:class:`~lesson_lib.milestones.zero.shards.Flat`), then one on the whole model. Our steps and FSDP2's
-(``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``):
-
-* shard each layer, keep my shard — ours ``Flat`` (one flat buffer per layer, contiguous slice r);
-  FSDP2 ``FSDPParam`` shards *each tensor* on dim 0 (``torch.chunk``: even only where N divides it)
-* all-gather a layer before its forward — ours ``forward_pre_hook`` → ``Flat.gather``; FSDP2
-  ``pre_forward`` → ``unshard`` → ``foreach_all_gather``
-* free it after the forward — ours ``forward_hook`` → ``Flat.free``; FSDP2 ``post_forward`` →
-  ``reshard``, which with ``reshard_after_forward=False`` keeps it until the backward (ZeRO-2-like)
-* gather again before its backward — ours ``full_backward_pre_hook``; FSDP2 ``pre_backward`` →
-  ``unshard`` (a no-op when it was kept), which also prefetches the next layer's (``_backward_prefetch``)
-* reduce-scatter its gradient, free the full one — ours ``post_accumulate_grad_hook``; FSDP2
-  ``post_backward`` → ``reshard`` + ``foreach_reduce`` (averaged: ``ReduceOp.AVG``)
-* Adam on my shard — ours one flat tensor per layer; FSDP2 ``torch.optim.Adam`` on the DTensor shards
+"""FSDP2's ``fully_shard`` (Zhao et al., VLDB 2023) on the same model, data and Adam as our stage 3,
+and the comparison of the two (chapter 4 §8). How our steps map to FSDP2's: docs/design.md, "FSDP2".
 """
 
 from __future__ import annotations
@@ -41,9 +25,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class RingAllGather:
-    """FSDP2's all-gather (the ``AllGather`` interface of ``_fully_shard/_fsdp_api.py``) done by our ring
-    on this thread. Gloo's own collectives run on Gloo's threads, which free some buffers there, out
-    of :class:`PeakMemory`'s sight (chapter 4 measures it): FSDP2's memory is measured with these."""
+    """FSDP2's ``AllGather`` interface done by our ring on this thread, so :class:`PeakMemory` sees
+    its buffers (Gloo's own collectives free some on Gloo's threads)."""
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
@@ -66,12 +49,10 @@ class RingReduceScatter(RingAllGather):
 
 
 def fsdp2_worker(cfg: Config, reshard_after_forward: bool = True, collectives: str = "gloo") -> dict:
-    """On every rank: train ``cfg``'s model with FSDP2 and Adam (fp32) on our stage 3's batches;
-    ``collectives``: ``"gloo"`` (torch's own) or ``"ring"`` (ours, :class:`RingAllGather`).
-
-    Returns the global losses, each layer's parameter shard (elements on this rank), an inventory of
-    the model states this rank keeps (bytes of its shards), with ``cfg.peak_memory`` the allocator's
-    measured peak over the steps (as our ZeRO's), and (``cfg.return_params``) the trained parameters.
+    """On every rank: train ``cfg``'s model with FSDP2 and fp32 Adam on our stage 3's batches;
+    ``collectives``: ``"gloo"`` or ``"ring"`` (ours). Returns the global losses, each layer's shard
+    size, the model-state inventory, the measured peak (``cfg.peak_memory``) and the trained
+    parameters (``cfg.return_params``).
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -121,9 +102,9 @@ def fsdp2_worker(cfg: Config, reshard_after_forward: bool = True, collectives: s
 
 
 def compare(cfg: Config, ours, theirs: list[dict]) -> dict:
-    """Our stage 3 (a ``Result``, or a dict with ``losses``, ``final_params``, ``per_rank`` and
-    ``layer_bytes``) against FSDP2's per-rank outputs on ``cfg``: the gaps, the tolerances
-    (:func:`lesson_lib.numerics.adam_drift`: rounding only) and each rank's shard per layer."""
+    """Our stage 3 (a ``Result`` or a dict of ``losses``, ``final_params``, ``per_rank``,
+    ``layer_bytes``) against FSDP2's outputs: gaps, tolerances (:func:`lesson_lib.numerics.adam_drift`)
+    and each rank's shards."""
     n, esize = cfg.world_size, 4
     ours_shards = [[b // esize // n for b in ours["layer_bytes"]]] * n  # Flat: padded / N per layer
     tol = adam_drift(cfg)

@@ -1,27 +1,15 @@
-"""FSDP2 on a device mesh (chapter 4, section 8): hybrid sharding, the precision the gradients are
-reduced in, and the backward prefetch — on the same model, data and Adam as our stage 3.
+"""FSDP2 on a device mesh (chapter 4 §8): hybrid sharding (HSDP), the gradients' reduction precision
+and backward prefetch, on the same model, data and Adam as our stage 3.
 
-* **Hybrid sharding (HSDP)**: ``fully_shard(module, mesh=mesh)`` with a 2-D mesh
-  ``init_device_mesh("cpu", (R, S), mesh_dim_names=("replicate", "shard"))`` shards every layer over
-  the S ranks of its *shard group* (all-gathers and reduce-scatters stay there) and keeps R replicas
-  of those shards, whose gradient shards are averaged by one all-reduce across the *replicate
-  group* (FSDP2's ``foreach_reduce``: ``dist.all_reduce(..., group=all_reduce_group)``). MiCS
-  (Zhang et al., VLDB 2022) and ZeRO++'s hpZ (Wang et al., 2023) are the same idea.
-* **Reduction precision**: ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...)``: the forward
-  and backward run in ``param_dtype`` (so do the all-gathers), the reduce-scatter in ``reduce_dtype``.
-* **Backward prefetch**: FSDP2's default gathers the previous layer's parameters in a layer's
-  ``pre_backward``, before its backward runs (``_fsdp_param_group.py``, ``_backward_prefetch``);
-  ``set_modules_to_backward_prefetch([m])`` (prefetch only itself, already gathered) turns it off.
+* HSDP: a 2-D mesh ``("replicate", "shard")`` shards each layer over S ranks and all-reduces the
+  gradient shards across R replicas (MiCS, Zhang et al., 2022; ZeRO++'s hpZ, Wang et al., 2023).
+* ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``: compute and all-gathers in one, the
+  reduce-scatter in the other.
+* Backward prefetch is FSDP2's default; ``set_modules_to_backward_prefetch([m])`` turns it off.
 
-Counting: the shard group's collectives are our ring (:class:`.fsdp.RingAllGather`), whose bytes sent
-:func:`lesson_lib.metrics.counters` counts per op and which the allocator meter sees; the replicate
-group's all-reduce is FSDP2's own (Gloo), recorded by :func:`lesson_lib.exercises.observe.observe`
-with the bytes handed to it. :func:`traffic_formula` is what both must equal.
-
-Memory: the allocator meter (:class:`lesson_lib.peakmem.PeakMemory`) keeps the peak of the *first*
-step, when Adam's moments are created and every model state is alive. Over more steps its count
-of an HSDP run grows by one gradient shard per layer per step: FSDP2 hands that buffer to Gloo's
-all-reduce, and it is freed where the meter, listening on the rank's thread, does not see it.
+The shard group's collectives are our counted ring; the replicate group's all-reduce is FSDP2's own,
+seen by :func:`lesson_lib.exercises.observe.observe`. Why only the first step's memory peak is kept:
+docs/design.md, "HSDP".
 """
 
 from __future__ import annotations
@@ -46,8 +34,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class _Recorded:
-    """Our ring collective for one layer, which notes ``{lane, layer, start, end}`` of each call in
-    ``events`` (perf_counter seconds); ``lane`` says forward or backward (autograd running)."""
+    """Our ring collective for one layer, noting ``{lane, layer, start, end}`` (perf_counter seconds)
+    of each call in ``events``."""
 
     def __init__(self, events: list, layer: int):
         self.events, self.layer = events, layer
@@ -71,13 +59,12 @@ class RecordedReduceScatter(_Recorded, RingReduceScatter):
 
 def mesh_worker(cfg: Config, shape: tuple = (), param_dtype: str = "fp32", reduce_dtype: str = "fp32",
                 backward_prefetch: bool = True) -> dict:
-    """On every rank: FSDP2 on ``shape`` (``(S,)`` plain FSDP over S ranks, ``(R, S)`` HSDP; ``()``: all
-    ranks in one shard group) with Adam on ``cfg``'s model and batches, our ring in the shard group.
+    """On every rank: FSDP2 on ``shape`` (``(S,)`` FSDP, ``(R, S)`` HSDP, ``()``: one shard group) with
+    Adam on ``cfg``'s model, our ring in the shard group.
 
-    Returns the global losses; the bytes this rank sent per op in the shard group (counted) and the
-    replicate group's all-reduces (their number and the bytes handed in, observed); each layer's
-    shard (elements); an inventory of the model states it keeps and, with ``cfg.peak_memory``, the
-    allocator's measured peak; the last step's collectives per layer, in time (:class:`_Recorded`).
+    Returns the global losses, bytes sent per op (shard group), the replicate all-reduces (calls,
+    bytes), each layer's shard size, the model-state inventory (and measured peak with
+    ``cfg.peak_memory``), and the last step's collectives in time.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -142,13 +129,11 @@ def mesh_worker(cfg: Config, shape: tuple = (), param_dtype: str = "fp32", reduc
 
 def traffic_formula(shard_numel: list[int], shape: tuple, steps: int = 1, param_bytes: int = 4,
                     reduce_bytes: int = 4) -> dict:
-    """What each rank moves in ``steps`` steps, by group, for a model whose rank-0 shard per layer is
-    ``shard_numel`` (FSDP2 pads every rank's shard to rank 0's): Ψ = S·Σ shard_numel elements.
+    """Bytes each rank moves in ``steps`` steps, by group; ``shard_numel``: rank 0's shard per layer
+    (FSDP2 pads to it), so Ψ = S·Σ shard_numel.
 
-    shard group (S ranks, ring): all-gather of the parameters before the forward and again before the
-    backward, 2·(S−1)/S·Ψ·param_bytes sent; reduce-scatter of the gradients, (S−1)/S·Ψ·reduce_bytes.
-    replicate group (R ranks): one all-reduce of my gradient shard, Ψ/S·reduce_bytes handed in (a
-    ring all-reduce would send 2·(R−1)/R of that).
+    Shard group (ring): all-gathers before forward and backward, 2·(S−1)/S·Ψ·param_bytes; gradient
+    reduce-scatter, (S−1)/S·Ψ·reduce_bytes. Replicate group: one all-reduce of Ψ/S·reduce_bytes.
     """
     r, s = (1, *shape)[-2:]
     psi = s * sum(shard_numel)
@@ -159,19 +144,14 @@ def traffic_formula(shard_numel: list[int], shape: tuple, steps: int = 1, param_
 
 
 def prefetched_in_backward(events: list[dict]) -> int:
-    """Layers whose backward all-gather started before the next layer's reduce-scatter did — that is,
-    before the layer after it in the model had finished its backward: gathers issued ahead."""
+    """Layers whose backward all-gather started before the next layer's reduce-scatter: prefetched."""
     start = {(e["lane"], e["layer"]): e["start"] for e in events}
     layers = sorted({e["layer"] for e in events})
     return sum(start[("all-gather, backward", i)] < start[("reduce-scatter", i + 1)] for i in layers[:-1])
 
 
 def bf16_loss_tolerance(cfg: Config, reference: list[float]) -> float:
-    """Loss gap allowed between a run whose forward and backward run in bf16 and the fp32 run.
-
-    Every layer's output is rounded to bf16 (u = 2⁻⁸ relative), so the loss of a forward through
-    depth + 1 layers is off by up to about (depth + 1)·u relative; we allow that, relative to the
-    largest loss (as ``loss_scaling.loss_tolerance`` does for autocast). A wrong reduction (a missing
-    1/N, a dropped shard) moves the loss by its own step's change, well above it.
+    """Loss gap allowed between a bf16 run and the fp32 run: (depth + 1)·2⁻⁸ relative to the largest
+    loss, one bf16 rounding per layer; a wrong reduction moves the loss far more.
     """
     return (cfg.depth + 1) * 2.0**-8 * max(abs(v) for v in reference)

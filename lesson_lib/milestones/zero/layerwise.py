@@ -1,16 +1,9 @@
 """LARS and LAMB under ZeRO (chapters 4 and 5): layer norms from sharded layers.
 
-Adam updates each element from that element alone, so a ZeRO rank can step its shard without
-talking to anyone. LARS and LAMB scale each *layer* by a ratio of norms, ‖w‖/‖u‖ — sums over the
-whole layer, of which a rank holds only a slice. Each rank therefore adds up the squares of its
-slice and the ranks all-reduce those partial sums (our ring, so the bytes are counted under
-``norm_all_reduce``): two scalars per parameter tensor per step, a few bytes against the 2Ψ of
-the gradients. The result equals single-process LARS/LAMB to float rounding.
-
-ZeRO keeps each layer's weight and bias in one flat buffer and gives rank r a contiguous slice of
-it, so a rank's slice may hold part of a weight, part of a bias, or nothing of one. The optimizer
-runs on *pieces*: for every parameter tensor, the (possibly empty) part of it in this rank's slice.
-Every rank has a piece of every tensor, so all ranks call the norm all-reduces in the same order.
+A rank holds only a slice of each layer, so it sums the squares of its slice and the ranks
+all-reduce the partial sums (``norm_all_reduce``: a few bytes per tensor per step). The optimizer
+runs on *pieces* — the possibly empty part of each tensor in this rank's slice — so every rank
+calls the same all-reduces in the same order.
 """
 
 from __future__ import annotations

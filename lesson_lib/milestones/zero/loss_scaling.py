@@ -1,20 +1,10 @@
-"""fp16 needs loss scaling, bf16 does not (chapter 4, §10): one process, four precisions.
+"""fp16 needs loss scaling, bf16 does not (chapter 4 §10): one process, four precisions.
 
-ZeRO's 16 bytes per parameter (Rajbhandari et al., 2020) assume mixed precision as Micikevicius et
-al. (2018) define it: fp16 parameters and gradients for the forward and backward, fp32 master
-weights and Adam state. fp16 keeps 5 exponent bits: its smallest subnormal is 2⁻²⁴ ≈ 6·10⁻⁸, and a
-gradient below half of that rounds to zero — it *underflows*, and its parameter stops learning.
-Micikevicius et al. multiply the loss by a scale S before the backward (every gradient is then S
-times larger, clear of the underflow), divide the fp32 gradients by S before the step, and lower S
-whenever a gradient overflows to inf (dynamic loss scaling: ``torch.amp.GradScaler``, which runs
-on CPU too). bfloat16 keeps fp32's 8 exponent bits (Kalamkar et al., 2019): its range is fp32's,
-so it needs no scale, at the price of 8 bits of mantissa where fp16 has 11.
-
-The case: a deep, narrow tanh MLP initialised small, whose gradients shrink layer by layer on the
-way back (vanishing gradients), trained with Adam — which would turn even tiny gradients into
-full-size steps, if they survived. Each precision runs the forward and backward under
-``torch.autocast`` (fp32 master weights, low-precision matrix products), from the same start on the
-same batches; :func:`train` records the loss and the share of gradient values that are exactly zero.
+fp16 gradients below 2⁻²⁵ underflow to zero; dynamic loss scaling (Micikevicius et al., 2018;
+``torch.amp.GradScaler``) avoids it. bfloat16 has fp32's range (Kalamkar et al., 2019) and needs no
+scale. The case: a deep, narrow tanh MLP initialised small (vanishing gradients) trained with Adam
+under ``torch.autocast`` from the same start on the same batches; :func:`train` records the loss
+and the share of exactly-zero gradient values.
 """
 
 from __future__ import annotations
@@ -65,8 +55,7 @@ def zero_share(params) -> float:
 
 def train(precision: str, task: Task | None = None, init_scale: float = 2.0**16) -> dict:
     """``task``'s Adam run in ``precision``: losses, the zero share of the gradients per step (after
-    unscaling), the loss scale S of each step (1 without scaling; ``init_scale`` to start, GradScaler's
-    default) and whether each step was taken (GradScaler skips one whose gradients hold inf/nan)."""
+    unscaling), each step's loss scale S (1 without scaling) and whether the step was taken."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     task = task or Task()
@@ -96,11 +85,8 @@ def train(precision: str, task: Task | None = None, init_scale: float = 2.0**16)
 
 
 def loss_tolerance(precision: str, task: Task, reference: list[float]) -> float:
-    """Loss gap allowed between a run in ``precision`` and the fp32 run, by rounding alone.
-
-    Under autocast every layer's output is rounded to the low precision (u = 2⁻¹¹ relative in fp16,
-    2⁻⁸ in bf16), so the loss of a forward through depth + 1 layers is off by up to about
-    (depth + 1)·u relative; we allow that much, relative to the largest loss. Gradients lost to
-    underflow are no rounding: they stop parameters from learning, an error that grows with the steps.
+    """Loss gap allowed between a run in ``precision`` and the fp32 run by rounding alone:
+    (depth + 1)·u relative to the largest loss (u = 2⁻¹¹ fp16, 2⁻⁸ bf16). Underflow is not rounding:
+    it grows with the steps.
     """
     return (task.depth + 1) * UNIT_ROUNDOFF[precision] * max(abs(v) for v in reference)

@@ -87,9 +87,9 @@ class Transients:
 
 
 class Prefetch:
-    """Stage 3 with ``prefetch = d``: in the forward, gather the next d layers' parameters on a
-    communication thread while this one computes. Their storage is allocated on the rank's thread
-    when the gather is launched, so at most d + 1 layers are gathered at once (bounded depth)."""
+    """Stage 3 with ``prefetch = d``: gather the next d layers' parameters on a communication thread
+    during the forward. Storage is allocated on the rank's thread at launch, so at most d + 1 layers
+    are gathered at once."""
 
     def __init__(self, units: list[Flat], depth: int, transient: Transients, peak=None, timeline=None):
         self.units, self.depth, self.transient, self.peak = units, depth, transient, peak
@@ -135,11 +135,9 @@ def span(timeline: list | None, lane: str, layer: int):
 
 def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Transients,
                          prefetch: int = 0, peak=None, timeline: list | None = None) -> Prefetch | None:
-    """Stage 3: gather a layer's parameters just before its forward and again before its
-    backward, free them right after; reduce-scatter its gradient as soon as it is complete.
-    With ``prefetch`` > 0 the forward gathers that many layers ahead (:class:`Prefetch`).
-    ``timeline``, if given, receives the forward's spans: each layer's gather (on which thread),
-    its compute, and any wait for a prefetched gather (chapter 4's timeline)."""
+    """Stage 3: gather a layer's parameters just before its forward and its backward, free them
+    right after; reduce-scatter its gradient once complete. ``prefetch`` > 0: :class:`Prefetch`.
+    ``timeline``, if given, receives the forward's gather, compute and wait spans."""
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     ahead = Prefetch(units, prefetch, transient, peak, timeline) if prefetch else None
     started: dict[int, float] = {}
@@ -188,11 +186,9 @@ def fetch_layer_by_layer(units: list[Flat], modules: list, n: int, transient: Tr
 
 def scatter_during_backward(units: list[Flat], modules: list, n: int, bucket_bytes: int,
                             transient: Transients, peak=None) -> buckets.Overlap:
-    """Stage 2 with buckets: reduce-scatter the gradients during the backward, a bucket at a time.
-
-    Just before a layer's backward, wait until the gradients not yet scattered fit in one bucket,
-    then allocate the layer's full gradient. When a bucket's layers are all written, the
-    communication thread reduce-scatters them, keeps this rank's slice and frees the rest.
+    """Stage 2 with buckets: before a layer's backward, wait until the unscattered gradients fit in
+    one bucket; a complete bucket is reduce-scattered on the communication thread, and only this
+    rank's slice kept.
     """
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     plan = buckets.plan([u.padded * u.full.element_size() for u in units], bucket_bytes)
@@ -218,10 +214,9 @@ def sharded_step(units: list[Flat], masters: list, owned: list, optimizer, stage
                  mixed: bool, transient: Transients, scattered: bool = False) -> None:
     """One ZeRO step after backward (shown in chapter 4): average the gradients, update, share.
 
-    Stages 0-2: reduce-scatter each layer's gradient so rank r holds the sum of slice r; stage 0
-    all-gathers it back (an all-reduce) and updates everything, stages 1-2 update only slice r
-    and all-gather the parameters. Stage 3's gradients were scattered during backward, and so
-    were stage 2's when it uses buckets (``scattered``).
+    Stages 0-2 reduce-scatter each gradient (rank r: slice r); stage 0 all-gathers it back and
+    updates everything, stages 1-2 update slice r and all-gather the parameters. ``scattered``:
+    already reduce-scattered during backward (stage 3, or stage 2 with buckets).
     """
     grads = []
     for u in units if stage < 3 and not scattered else ():
