@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 
 from IPython.display import display
 
@@ -103,10 +104,11 @@ def stragglers(workers: int = 3, factor: float = 4.0) -> dict:
     shares = {m: waiting_share(r) for m, r in runs.items()}
     fast = {m: statistics.mean(s[1:]) for m, s in shares.items()}
     lead = {m: fast_lead(r) for m, r in runs.items()}
-    print("share of time the fast workers spent pushing and pulling, not computing (wall clock: it varies "
-          "with the load on the cores): " + ", ".join(f"{m} {v:.0%}" for m, v in fast.items()))
-    print("steps the fast workers got ahead of worker 0 (the most at any of its pushes): "
-          + ", ".join(f"{m} {v:.1f}" for m, v in lead.items()))
+    print(f"{'mode':<6} {'fast workers pushing and pulling':>33} {'steps ahead of worker 0':>24}")
+    for m in runs:
+        print(f"{m:<6} {fast[m]:>33.0%} {lead[m]:>24.1f}")
+    print("pushing and pulling: share of the wall clock, not computing (it moves with the load on the "
+          "cores);\nsteps ahead: the most the fast workers had pushed beyond worker 0, at any of its pushes")
     return {"fast_wait": fast, "lead": lead, "runs": runs}
 
 
@@ -127,9 +129,10 @@ def bottleneck(worker_counts=(1, 2, 4), server_gbps: float = SERVER_GBPS) -> lis
     display(plots.training.traffic_vs_formula(
         rows, "workers", "workers (N)", "Server bytes per sync step (2·N·S); step time on an emulated "
         f"{server_gbps:g} Gbit/s server link", EMULATED_NOTE))
-    print(f"server link EMULATED at {server_gbps:g} Gbit/s: "
-          + "; ".join(f"{r['workers']} worker(s): step {r['step_ms']:.1f} ms, of which the server's bytes "
-                      f"need {r['door_ms']:.1f} ms each way" for r in rows))
+    print(f"server link EMULATED at {server_gbps:g} Gbit/s\n"
+          f"{'workers':>7} {'step (ms)':>10} {'server bytes, each way (ms)':>28}")
+    for r in rows:
+        print(f"{r['workers']:>7} {r['step_ms']:>10.1f} {r['door_ms']:>28.1f}")
     return rows
 
 
@@ -172,8 +175,9 @@ def server_failure(workers: int = 2) -> str:
     try:
         _run("sync", workers, fail_server=3, steps=10)
     except WorkerError as e:
-        print(f"Training stopped. The runtime reports {str(e).splitlines()[0]}\n"
-              "Rank 0 was the parameter server: with it gone, no worker can pull parameters.")
+        print("Training stopped. The runtime reports:\n"
+              + textwrap.fill(str(e).splitlines()[0], 96, initial_indent="  ", subsequent_indent="  ")
+              + "\nRank 0 was the parameter server: with it gone, no worker can pull parameters.")
         return str(e)
     raise AssertionError("the run survived its server's death?")
 
@@ -188,12 +192,13 @@ def worker_failure(mode: str, workers: int = 3, steps: int = 30, lr: float = 0.0
     try:
         r = _run(mode, workers, fail_worker="1:4", lost_after_s=1.0, steps=steps, lr=lr, global_batch=96)
     except WorkerError as e:
-        print(f"{mode}: training failed: {str(e).splitlines()[0]}")
+        print(f"{mode}: training failed:\n" + textwrap.fill(str(e).splitlines()[0], 96, initial_indent="  ",
+                                                           subsequent_indent="  "))
         return {"finished": False, "error": str(e)}
     first = sum(r.losses[:4]) / 4
     last = tail_mean(r.losses)
-    print(f"{mode}: finished {len(r.losses)} rounds; lost workers {r['lost_workers']}; mean loss of the "
-          f"first 4 rounds {first:.3f} → of the last 5 rounds {last:.3f}")
+    print(f"{mode}: finished {len(r.losses)} rounds; lost workers {r['lost_workers']}\n"
+          f"mean loss: first 4 rounds {first:.3f} → last 5 rounds {last:.3f}")
     display(plots.training.loss_curves({f"{mode}, worker 1 lost at step 4": curve(r)},
                                        "The surviving workers go on training"))
     return {"finished": True, "lost": r["lost_workers"], "result": r, "first4": first, "last5": last}

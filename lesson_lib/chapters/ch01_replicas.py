@@ -28,10 +28,11 @@ def replicated_failover(workers: int = 2, fail_at: int = 5) -> dict:
     same = torch.equal(failed["params"], intact["params"])
     print(f"the backup took over at step {failed['took_over']}; every worker found there the parameters it "
           f"already had: {all(w['same_params'] for w in failed['switched'])}\n"
-          f"final parameters equal to the run without failure, bit for bit: {same}; largest loss gap from "
-          f"one process {numerics.max_gap(failed['losses'], ref):.1e}\n"
+          f"final parameters equal to the run without failure, bit for bit: {same}\n"
+          f"largest loss gap from one process: {numerics.max_gap(failed['losses'], ref):.1e}\n"
           f"replication: {failed['replication_bytes']:,} bytes counted = "
           f"{failed['acknowledged_by_primary']} acknowledged steps × (S + 8) = "
-          f"{failed['replication_formula']:,}; per step S + 8 = {s + 8:,} bytes "
-          f"beside the server's 2·N·S = {2 * workers * s:,} ({(s + 8) / (2 * workers * s):.0%} more)")
+          f"{failed['replication_formula']:,}\n"
+          f"per step: S + 8 = {s + 8:,} bytes beside the server's 2·N·S = {2 * workers * s:,} "
+          f"({(s + 8) / (2 * workers * s):.0%} more)")
     return {"failed": failed, "intact": intact, "reference": ref, "same_params": same}

@@ -73,11 +73,14 @@ def staleness_sweep(bounds=BOUNDS, workers: int = 3, factor: float = 3.0) -> lis
     rows = [ssp_row(b, ssp_run(b, workers, factor)) for b in bounds]
     display(plots.consistency.staleness_sweep(
         rows, f"Stale synchronous parallel: {workers} workers, worker 0 × {factor:g}, one run per bound"))
+    print(f"{'bound':<10} {'wait (ms/step)':>14} {'ahead: server':>14} {'ahead: clocks':>14} "
+          f"{'oldest':>7} {'loss':>6}")
     for row in rows:
-        print(f"bound {row['label']:>9}: fast workers wait {row['wait_ms']:5.1f} ms a step, "
-              f"ran up to {row['max_lead']} pushes ahead (server) / {row['worker_lead']:.1f} ahead of "
-              f"worker 0 (workers' clocks); gradients up to {row['max_staleness']} updates old; "
-              f"loss of the last 5 rounds {row['loss']:.3f}")
+        print(f"{row['label']:<10} {row['wait_ms']:>14.1f} {row['max_lead']:>14} {row['worker_lead']:>14.1f} "
+              f"{row['max_staleness']:>7} {row['loss']:>6.3f}")
+    print("wait: the fast workers pushing and pulling; ahead: the most pushes a worker ran ahead, by the\n"
+          "server's count and by the workers' clocks (of worker 0); oldest: a gradient's largest staleness,\n"
+          "in updates; loss: the mean of the last 5 rounds")
     return rows
 
 

@@ -46,7 +46,7 @@ def traffic_jam(world_size: int = 4, size_mb: float = 1.0) -> dict:
               "bytes through each rank (counted)"))
     root = rows[0]["sent"] + rows[0]["recv"]
     ring = [r["sent"] + r["recv"] for r in rows if r["algorithm"] == "ring"]
-    print(f"naive: the root moves {root / 1e6:.2f} MB = 2(N−1)·S; every other rank {2 * size / 1e6:.2f} MB. "
+    print(f"naive: the root moves {root / 1e6:.2f} MB = 2(N−1)·S; every other rank {2 * size / 1e6:.2f} MB\n"
           f"ring: every rank moves {min(ring) / 1e6:.2f}–{max(ring) / 1e6:.2f} MB ≈ 2 · 2(N−1)/N·S")
     return {"size_bytes": size, "rows": rows, "root_bytes": root, "ring_bytes": ring,
             "correct": all(r["correct"] for r in results.values())}
@@ -71,15 +71,16 @@ def check_against_library(world_sizes=(1, 2, 3, 4), lengths=(0, 1, 3, 5, 1000, 1
                           dtypes=("float32", "float64", "bfloat16"), algorithms=(*OURS, PIPELINED)) -> dict:
     """Each of our all-reduces against ``dist.all_reduce`` on the same random inputs."""
     out = {}
+    print(f"{'ranks':>5} {'inputs':>6} {'algorithms':>10} {'largest difference':>18} {'bytes = exact':>13}")
     for n in world_sizes:
         cases = [(le, dt, seed) for seed, (le, dt) in enumerate((le, d) for le in lengths for d in dtypes)]
         rows = [row for rank in warm_cluster(n).run(ra.compare_with_library, cases, list(algorithms))
                 for row in rank]
         out[n] = rows
         worst = max((r["max_error"] for r in rows), default=0.0)
-        print(f"{n} rank(s): {len(cases)} inputs × {len(algorithms)} algorithms; largest difference from "
-              f"dist.all_reduce {worst:.1e}; counted bytes = exact count: "
-              f"{all(r['bytes_sent'] == r['exact_bytes_sent'] for r in rows)}")
+        exact = all(r["bytes_sent"] == r["exact_bytes_sent"] for r in rows)
+        print(f"{n:>5} {len(cases):>6} {len(algorithms):>10} {worst:>18.1e} {str(exact):>13}")
+    print("largest difference: from dist.all_reduce; bytes = exact: counted bytes equal the exact count")
     return out
 
 
@@ -144,11 +145,11 @@ def pipelining_fit(bw: dict) -> dict:
                           "fit error (rms)": f"{100 * f['rms_rel_error']:.0f} %"})
     display(plots.memory.fits_table(table, list(table[0]), "α-β fitted to each ring, same run: "
                                                            "T = 2(N−1)·α + 2(N−1)/N·S·β"))
+    print("this run, plain ring → pipelined ring:")
     for n, o in out.items():
         (ar, br), (ap, bp) = ((f["alpha_s"], f["bandwidth_GBps"]) for f in (o["ring"], o["pipelined"]))
-        print(f"{n} ranks, this run: α {1e6 * ar:.0f} → {1e6 * ap:.0f} µs per step, "
-              f"1/β {br:.2f} → {bp:.2f} GB/s: the pipelined ring came out "
-              f"{'faster' if bp > br else 'no faster'} per byte than the plain ring.")
+        print(f"  {n} ranks: α {1e6 * ar:.0f} → {1e6 * ap:.0f} µs per step, 1/β {br:.2f} → {bp:.2f} GB/s: "
+              f"{'faster' if bp > br else 'no faster'} per byte")
     return out
 
 
@@ -182,8 +183,8 @@ def segment_sweep(world_size: int = 2, size_mb: float = 4.0, repeats: int = 5,
         f"Pipelined ring, one all-reduce of {size_mb:g} MiB on {world_size} ranks: "
         "time against the number of segments per chunk"))
     print(f"each extra segment per chunk costs {1e6 * slope:.0f} µs per all-reduce here, about "
-          f"{1e6 * per_message:.0f} µs per message ({2 * (world_size - 1)} steps); plain ring "
-          f"{1e3 * median['ring']:.2f} ms, Gloo {1e3 * median['library']:.2f} ms")
+          f"{1e6 * per_message:.0f} µs per message ({2 * (world_size - 1)} steps)\n"
+          f"plain ring {1e3 * median['ring']:.2f} ms, Gloo {1e3 * median['library']:.2f} ms")
     return {"rows": rows, "ring_s": median["ring"], "library_s": median["library"],
             "slope_s": float(slope), "base_s": float(base), "per_message_s": float(per_message)}
 

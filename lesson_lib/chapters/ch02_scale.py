@@ -5,6 +5,8 @@ and halving-doubling (notebooks/02_ring_allreduce.ipynb). ``ch02`` re-exports th
 
 from __future__ import annotations
 
+import textwrap
+
 from IPython.display import display
 
 from .. import costmodel, plots
@@ -58,12 +60,12 @@ def model_scaling(link: str = "ib-hdr", nbytes: float = 100e6, sizes=None, world
     n = max(world_sizes)
     print(f"{nbytes / 1e6:g} MB on {n:,} ranks: naive {t['naive', nbytes, n]:.1f} s, ring "
           f"{1e3 * t['ring', nbytes, n]:.1f} ms, tree {1e3 * t['tree', nbytes, n]:.1f} ms")
+    print(f"of the N drawn:\n{'S (MB)':>7} {'ring faster up to N':>20} {'tree faster from N':>19}")
     for s in sizes:
         ring = max(n for n in world_sizes if t["ring", s, n] <= t["tree", s, n])
         tree = min((n for n in world_sizes if t["tree", s, n] < t["ring", s, n]), default=None)
-        print(f"S = {s / 1e6:g} MB: of the N drawn, the ring is faster up to N = {ring:,}"
-              + (f", the tree from N = {tree:,}" if tree else "")
-              + "; halving-doubling is never slower than either")
+        print(f"{s / 1e6:>7g} {ring:>20,} {f'{tree:,}' if tree else '—':>19}")
+    print("halving-doubling is never slower than either")
     return {"rows": rows, "crossover": crossover, "link": net}
 
 
@@ -97,11 +99,12 @@ def at_scale(fit: dict, link: str = "ib-hdr", sizes=SIZES_AT_SCALE,
     display(plots.alpha_beta.at_scale(
         rows, net["name"], f"The α-β model at cluster scale: {net['name']} (α = {net['alpha'] * 1e6:g} µs "
         f"assumed, 1/β = {1 / net['beta'] / 1e9:g} GB/s) beside this laptop's fit"))
-    print(f"α fitted on this laptop: {fit['alpha_s'] * 1e6:.0f} µs per ring step, "
-          f"{fit['alpha_s'] / net['alpha']:.0f}× the {net['alpha'] * 1e6:g} µs assumed for {net['name']}; "
-          f"1/β {fit['bandwidth_GBps']:.2f} GB/s against {1 / net['beta'] / 1e9:g} GB/s.\n"
-          f"  {net['name']}: {net['source']}")
+    print(f"fitted here: α {fit['alpha_s'] * 1e6:.0f} µs per ring step, "
+          f"1/β {fit['bandwidth_GBps']:.2f} GB/s\n"
+          f"{net['name']}: α {net['alpha'] * 1e6:g} µs (assumed, {fit['alpha_s'] / net['alpha']:.0f}× less), "
+          f"1/β {1 / net['beta'] / 1e9:g} GB/s\n"
+          + textwrap.fill(f"source: {net['source']}", 96, initial_indent="  ", subsequent_indent="  "))
+    print("\nwhere the ring's latency term overtakes its bandwidth term, N* = S·β/α:")
     for s, n in crossover.items():
-        print(f"S = {s / 1e6:g} MB: the ring's latency term overtakes its bandwidth term at "
-              f"N* = S·β/α = {n:,.0f} ranks")
+        print(f"  S = {s / 1e6:>5g} MB: N* = {n:>7,.0f} ranks")
     return {"rows": rows, "crossover_n": crossover, "link": net}

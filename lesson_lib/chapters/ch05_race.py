@@ -50,12 +50,16 @@ def race(grid_runs: dict | None = None, batch: int = 2048, preset: str = "long")
     small = grid_runs.get(("lamb", lb.BASE_BATCH))
     small_acc = None if small is None or small["diverged"] else small["eval_accuracy"]
     display(plots.large_batch.race(rows, batch, small_acc))
+    print(f"\neach optimizer's best\n{'optimizer':<9} {'× base':>6} {'rule':>6} {'lr':>8} {'accuracy':>9}")
+    edges = False
     for name, b in best.items():
         edge = b["lr"] in (min(r["lr"] for r in rows if r["optimizer"] == name),
                            max(r["lr"] for r in rows if r["optimizer"] == name))
-        print(f"best {name:>5}: {b['multiplier']:g} × its base rate, {b['rule']} rule (lr {b['lr']:.3g}): "
-              f"held-out accuracy {b['eval_accuracy']:.3f}"
-              + (" — at the edge of its sweep: a larger budget might find better" if edge else ""))
-    print(f"The race cost {len(todo)} runs, {seconds:.0f} s on this machine.")
+        edges |= edge
+        print(f"{name:<9} {b['multiplier']:>6g} {b['rule']:>6} {b['lr']:>8.3g} {b['eval_accuracy']:>9.3f}"
+              + (" *" if edge else ""))
+    if edges:
+        print("*: at the edge of its sweep, where a larger budget might find better")
+    print(f"accuracy: held-out. The race cost {len(todo)} runs, {seconds:.0f} s.")
     return {"rows": rows, "best": best, "seconds": seconds, "runs": len(todo),
             "small_batch_accuracy": small_acc}

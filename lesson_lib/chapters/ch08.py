@@ -54,18 +54,29 @@ def tensor_parallel(world_sizes=(2, 4), cfg: Config | None = None) -> dict:
             traffic.append({"label": f"t = {n}, {phase}", "counted": ops["bytes_sent"],
                             "formula": want[phase]})
         rows.append(row)
-        g = row["gaps"]
-        print(f"t = {n}: {cfg.steps} SGD steps; largest gaps to one process: losses {g['losses']:.1e}, "
-              f"logits {g['logits']:.1e}, gradients {g['grads']:.1e}, parameters {g['params']:.1e} "
-              f"(rounding allows {row['tolerance']['params']:.1e} for parameters) — equal: {row['equal']}\n"
-              f"       all-reduces per step: {row['forward']['calls']} forward, {row['backward']['calls']} "
-              f"backward for {cfg.layers} blocks; bytes each rank sent: {row['forward']['counted']:,} + "
-              f"{row['backward']['counted']:,} (formula 2·{cfg.layers}·2(t−1)/t·S twice: "
-              f"{want['forward']:,.0f} + {want['backward']:,.0f})")
+    _print_gaps(rows, world_sizes, f"largest gaps to one process after {cfg.steps} SGD steps")
+    print(f"\nall-reduces per step for {cfg.layers} blocks, and the bytes each rank sent "
+          f"(formula: 2·{cfg.layers}·2(t−1)/t·S each way)\n"
+          f"{'t':>2} {'calls fwd':>9} {'calls bwd':>9} {'bytes fwd (formula)':>22} "
+          f"{'bytes bwd (formula)':>22}")
+    for n, row in zip(world_sizes, rows):
+        sent = {k: f"{row[k]['counted']:,} ({row[k]['formula']:,.0f})" for k in ("forward", "backward")}
+        print(f"{n:>2} {row['forward']['calls']:>9} {row['backward']['calls']:>9} {sent['forward']:>22} "
+              f"{sent['backward']:>22}")
     display(plots.parallelism.bytes_vs_formula(
         traffic, f"Tensor parallelism: bytes each rank sends per step, {cfg.layers} blocks, S = "
                  f"{formulas.activation_bytes(cfg):,} bytes per activation"))
     return {"rows": rows, "cfg": cfg}
+
+
+def _print_gaps(rows: list[dict], world_sizes, title: str) -> None:
+    """A small table of :func:`compare`'s largest gaps, one row per world size."""
+    print(f"{title}\n{'t':>2} {'losses':>8} {'logits':>8} {'grads':>8} {'params':>8} {'allowed':>8}  equal")
+    for n, row in zip(world_sizes, rows):
+        g = row["gaps"]
+        print(f"{n:>2} " + " ".join(f"{g[k]:>8.1e}" for k in ("losses", "logits", "grads", "params"))
+              + f" {row['tolerance']['params']:>8.1e}  {row['equal']}")
+    print("allowed: what float32 rounding allows the parameters")
 
 
 def memory(world_size: int = 4, cfg: Config | None = None) -> dict:
@@ -80,9 +91,11 @@ def memory(world_size: int = 4, cfg: Config | None = None) -> dict:
         label = f"t = {world_size}" + (" + sequence parallel" if sp else "")
         rows.append({"label": label, **outs[0]["parallel"],
                      "same_on_every_rank": len({o["parallel"]["measured_peak"] for o in outs}) == 1})
+    print(f"{'one rank (MB)':<27} {'parameters':>10} {'saved activations':>18} {'peak allocated':>15}")
     for r in rows:
-        print(f"{r['label']}: parameters {r['params'] / 1e6:.2f} MB, blocks' saved activations "
-              f"{r['block_activations'] / 1e6:.2f} MB, peak allocated {r['measured_peak'] / 1e6:.2f} MB")
+        print(f"{r['label']:<27} {r['params'] / 1e6:>10.2f} {r['block_activations'] / 1e6:>18.2f} "
+              f"{r['measured_peak'] / 1e6:>15.2f}")
+    print("saved activations: what the blocks keep for the backward")
     display(plots.parallelism.memory_per_rank(
         rows, f"One rank's memory: the unsharded model and t = {world_size} (d = {cfg.d_model}, "
               f"{cfg.seq} tokens × {cfg.batch} sequences)"))
@@ -106,11 +119,15 @@ def sequence_parallel(world_sizes=(2, 4), cfg: Config | None = None) -> dict:
         row["regather_formula"] = formulas.sequence_parallel(cfg, n)["regather"]
         row["ends"], row["norm_grads"] = b("sp_ends", 0), b("sp_norm_grads", 0)
         rows.append(row)
-        print(f"t = {n} with sequence parallelism: equal to one process: {row['equal']} (parameters "
-              f"{row['gaps']['params']:.1e}); reduce-scatters + all-gathers {row['halves']:,} bytes per rank "
-              f"per step, plain TP's all-reduces {row['tp_formula']:,.0f}; on top: the backward's re-gather "
-              f"{row['regather']:,}, entering/leaving the region {row['ends']:,}, norms' gradients "
-              f"{row['norm_grads']:,}")
+    _print_gaps(rows, world_sizes, "with sequence parallelism: largest gaps to one process")
+    print(f"\nbytes per rank per step\n{'t':>2} {'RS + AG':>9} {'TP all-reduces':>15} {'re-gather':>10} "
+          f"{'in/out':>7} {'norm grads':>11}")
+    for n, row in zip(world_sizes, rows):
+        print(f"{n:>2} {row['halves']:>9,} {row['tp_formula']:>15,.0f} {row['regather']:>10,} "
+              f"{row['ends']:>7,} {row['norm_grads']:>11,}")
+    print("RS + AG: the reduce-scatters and all-gathers; TP all-reduces: plain tensor parallelism's, by\n"
+          "formula; re-gather: the backward's; in/out: entering and leaving the region; norm grads: the\n"
+          "norms' gradients summed across the ranks")
     return {"rows": rows}
 
 
@@ -140,13 +157,18 @@ def experts(world_sizes=(2, 4), capacity_factors=(1.0, 1.25, 2.0), top_ks=(1, 2)
                      "formula": sent["calls"] * formulas.all_to_all(cfg.experts, cfg.capacity,
                                                                      cfg.d_model, n),
                      "tokens": n * cfg.tokens})
+    print(f"{'top':>3} {'ranks':>5} {'factor':>6} {'slots':>5} {'equal':>5} {'dropped':>10} {'one proc':>8} "
+          f"{'balance loss per rank':>22} {'bytes (formula)':>16}")
     for r in rows:
-        print(f"top-{r['top_k']}, {r['ranks']} ranks, capacity factor {r['capacity_factor']} "
-              f"({r['capacity']} slots per expert per rank): equal to one process {r['equal']}; dropped "
-              f"{sum(r['dropped'])} of {r['top_k'] * r['tokens']} assignments "
-              f"(one process: {sum(r['ref_dropped'])}); load-balancing loss per rank "
-              f"{', '.join(f'{a:.2f}' for a in r['aux'])} (1.00 when balanced); {r['calls']} all-to-alls, "
-              f"{r['counted']:,} bytes sent per rank (formula {r['formula']:,.0f})")
+        dropped = f"{sum(r['dropped'])}/{r['top_k'] * r['tokens']}"
+        sent = f"{r['counted']:,} ({r['formula']:,.0f})"
+        print(f"{r['top_k']:>3} {r['ranks']:>5} {r['capacity_factor']:>6} {r['capacity']:>5} "
+              f"{str(r['equal']):>5} {dropped:>10} {sum(r['ref_dropped']):>8} "
+              f"{', '.join(f'{a:.2f}' for a in r['aux']):>22} {sent:>16}")
+    calls = {r["calls"] for r in rows}
+    print("factor: the capacity factor; slots: per expert per rank; dropped: of the token-expert\n"
+          "assignments, and as one process drops them; balance loss: 1.00 when balanced; bytes: each rank\n"
+          f"sent, in {'/'.join(map(str, sorted(calls)))} all-to-alls")
     first = next(r for r in rows if r["ranks"] == max(world_sizes)
                  and r["capacity_factor"] == capacity_factors[0] and r["top_k"] == top_ks[0])
     display(plots.parallelism.expert_load(
@@ -169,10 +191,12 @@ def ring(world_sizes=(2, 4), batch: int = 2, heads: int = 2, seq: int = 32, dim:
                          "tolerance": tolerances.attention(seq, dim, ref),
                          "counted": [o["sent"] for o in outs],
                          "formula": formulas.ring_attention(batch, heads, seq, dim, c)})
+    print(f"{'c':>2} {'mask':>6} {'gap to one softmax':>19} {'allowed':>8} {'bytes sent (formula)':>21}")
     for r in rows:
-        print(f"c = {r['ranks']}, {'causal' if r['causal'] else 'full'}: largest gap to one softmax "
-              f"{r['gap']:.1e} (rounding allows {r['tolerance']:.1e}); bytes each rank sent "
-              f"{r['counted'][0]:,} (formula (c−1)·2·b·h·(s/c)·d·4 = {r['formula']:,.0f})")
+        sent = f"{r['counted'][0]:,} ({r['formula']:,.0f})"
+        print(f"{r['ranks']:>2} {'causal' if r['causal'] else 'full':>6} {r['gap']:>19.1e} "
+              f"{r['tolerance']:>8.1e} {sent:>21}")
+    print("bytes: what each rank sent; formula (c−1)·2·b·h·(s/c)·d·4")
     return {"rows": rows}
 
 
@@ -199,9 +223,9 @@ def composed(cfg: Config | None = None, dp: int = 2, tp: int = 2) -> dict:
           f"{row['gaps']['params']:.1e}, allowed {row['tolerance']['params']:.1e})")
     for op, b in row["bytes"].items():
         print(f"  {op}: {b:,} bytes per rank in the first step (formula {row['formula'][op]:,.0f})")
-    print(f"PyTorch's stack (init_device_mesh, parallelize_module, fully_shard over dp): parameters "
-          f"{row['dtensor_gap']:.1e} from ours, losses {row['dtensor_loss_gap']:.1e} from one process; "
-          f"with SequenceParallel, parameters {row['dtensor_sp_gap']:.1e} from ours; "
+    print("PyTorch's stack (init_device_mesh, parallelize_module, fully_shard over dp):\n"
+          f"  parameters {row['dtensor_gap']:.1e} from ours, losses {row['dtensor_loss_gap']:.1e} from one "
+          f"process\n  with SequenceParallel: parameters {row['dtensor_sp_gap']:.1e} from ours\n"
           f"parameters held per rank: ours {row['param_numel']['ours']:,}, FSDP2 + TP "
           f"{row['param_numel']['fsdp2+tp']:,}, unsharded {row['param_numel']['unsharded']:,}")
     return row

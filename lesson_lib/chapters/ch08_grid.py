@@ -62,16 +62,18 @@ def grid_3d(layouts=((2, 2, 2, False), (2, 2, 2, True)), cfg: Config | None = No
         name = f"dp {layout.dp} × pp {layout.pp} × tp {layout.tp}" + (" + SP" * layout.sequence_parallel)
         bars += [{"label": f"{name}: {g}", "counted": row["counted"][g], "formula": row["formula"][g]}
                  for g in GROUPS]
-        print(f"{name} on {layout.world_size} ranks, GPipe over {micro} micro-batches: equal to one process "
-              f"{row['equal']} (parameters {row['gap']:.1e}, allowed {row['tolerance']:.1e}); bytes per step "
-              "from the busiest rank of each group, counted (cost model): "
+        print(f"{name} on {layout.world_size} ranks, GPipe over {micro} micro-batches\n"
+              f"  equal to one process: {row['equal']} (parameters {row['gap']:.1e}, "
+              f"allowed {row['tolerance']:.1e})\n"
+              "  bytes per step from each group's busiest rank, counted (cost model):\n    "
               + ", ".join(f"{g} {row['counted'][g]:,.0f} ({row['formula'][g]:,.0f})" for g in GROUPS)
-              + (f"; not in the cost model: {row['counted']['unmodelled']:,.0f}"
+              + (f"\n  not in the cost model: {row['counted']['unmodelled']:,.0f}"
                  if row["counted"]["unmodelled"] else ""))
         whole = sum(t.numel() for t in ref["params"].values())
         print(f"  parameters per rank {sorted(set(row['params']))} (formula "
-              f"{sorted(set(row['param_formula']))}, one process {whole:,}); training's measured peak "
-              f"per rank {min(row['peak']) / 1e3:,.0f}–{max(row['peak']) / 1e3:,.0f} kB")
+              f"{sorted(set(row['param_formula']))}, one process {whole:,})\n"
+              f"  training's measured peak per rank "
+              f"{min(row['peak']) / 1e3:,.0f}–{max(row['peak']) / 1e3:,.0f} kB")
     display(plots.parallelism.bytes_vs_formula(
         bars, "Bytes per step from each group's busiest rank: counted (bars) and the cost model (markers)"))
     return {"rows": rows, "cfg": cfg}

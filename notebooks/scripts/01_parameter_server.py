@@ -16,30 +16,34 @@
 # %% [markdown]
 # # Chapter 1 — The parameter server
 #
-# The first systems that trained one model on many machines put the model on a **server** — from the
-# start a group of server machines, each owning a shard of the parameters (DistBelief, Dean et al.,
-# 2012; the parameter server, Li et al., OSDI 2014). Workers compute gradients on their share of the
-# data, **push** them to the servers, and **pull** fresh parameters. We begin with one server.
+# The first systems that trained one model on many machines put the model on a **server**. From the
+# start this was a group of server machines, each owning a **shard** (a slice) of the parameters
+# (DistBelief, Dean et al., 2012; the parameter server, Li et al., OSDI 2014). **Workers** compute
+# gradients on their share of the data, **push** them to the servers (send), and **pull** fresh
+# parameters (receive). We begin with one server.
 #
-# * **Synchronous**: everyone waits, the server averages, everyone moves together — simple, exact,
+# * **Synchronous**: everyone waits, the server averages, everyone moves together. Simple and exact,
 #   but held back by the slowest worker.
 # * **Asynchronous**: each worker moves at its own pace and the server applies each gradient as it
-#   arrives — no waiting, but the gradients are *stale*, computed on parameters that others have since
-#   changed; whether that costs more than the extra updates bring depends on the learning rate.
+#   arrives. No waiting, but the gradients are **stale**: computed on parameters that other workers'
+#   updates have since changed. Whether that costs more than the extra updates bring depends on the
+#   learning rate.
 #
-# As workers are added a single server becomes the choke point — a stadium emptying through one
-# door — and, with no copy of its state, a single point of failure (Li et al. kept copies: §6). Every figure
-# below is measured from real processes: rank 0 is the server, ranks 1…N the workers, talking
-# point-to-point through `torch.distributed`.
+# As workers are added, a single server becomes the choke point, a stadium emptying through one door.
+# With no copy of its state, it is also a **single point of failure**: if it dies, training stops
+# (Li et al. kept copies: §6).
+#
+# Every figure below is measured from real processes: rank 0 is the server, ranks 1…N the workers,
+# talking point-to-point through `torch.distributed`.
 
 # %% [markdown]
 # ## 1. A parameter server in one cell
 #
 # Rank 0 is the server: it holds the parameters and the optimizer. Ranks 1…N are workers: each computes
-# the gradient of its slice of the batch, **pushes** it to the server (`dist.send`) and **pulls** the
-# new parameters (`dist.recv`). The synchronous server waits for all N gradients, averages them and
-# takes one SGD step (momentum 0.9). Every worker starts from the same model, built here and sent to
-# each rank.
+# the gradient of its slice of the batch, pushes it to the server (`dist.send`) and pulls the new
+# parameters (`dist.recv`). The synchronous server waits for all N gradients, averages them and takes
+# one SGD step (momentum 0.9). One such exchange, every worker pushing once, is a **round**. Every
+# worker starts from the same model, built here and sent to each rank.
 
 # %% [markdown]
 # **After this chapter you can:**
@@ -108,8 +112,8 @@ reference = ps.reference(cfg)  # one process, SGD on the combined batch
 
 # %% [markdown]
 # The averaged gradient of N equal slices is the gradient of the combined batch, so a synchronous
-# parameter server must train exactly like one process — up to float rounding (a few float32 roundings,
-# ε ≈ 1.2·10⁻⁷ relative to the loss, per step, compounded over the steps):
+# parameter server must train exactly like one process, up to float rounding: a few float32 roundings
+# per step (ε ≈ 1.2·10⁻⁷ relative to the loss), compounded over the steps.
 
 # %%
 tol = numerics.sum_order_tolerance(reference)  # see numerics.sum_order_tolerance??
@@ -118,10 +122,14 @@ print(f"largest loss difference from one process: {gap:.1e} (tolerance {tol:.1e}
 assert gap <= tol
 
 # %% [markdown]
-# The library's version, which the rest of the chapter runs, adds what a real system needs: the server
-# sharded over K ranks (each owns a slice, as in section 5), asynchronous mode, a receiver thread that
-# takes pushes in arrival order, a heartbeat timeout for lost workers, timers and counted bytes. The
-# worker's loop, then the server's:
+# The library's version, which the rest of the chapter runs, adds what a real system needs:
+#
+# * the server sharded over K ranks, each owning a slice (§5);
+# * asynchronous mode, with a receiver thread that takes pushes in arrival order;
+# * a **heartbeat timeout**: a worker not heard from for a set time is declared lost (§6);
+# * timers and counted bytes.
+#
+# The worker's loop, then the server's:
 
 # %%
 show_source(ps.work)
@@ -141,12 +149,15 @@ show_source(ps.serve)
 runs = ch01.sync_vs_async(workers=3)
 
 # %% [markdown]
-# The library's synchronous run equals single-process training too (up to float rounding). Asynchronous
-# updates are stale: the histogram above shows how many other updates landed between a worker's pull
-# and its push. Compare the wall-clock axes too: whether async finishes first depends on the machine —
-# here one server process answers one message at a time, on cores it shares with the workers. And at
-# this small learning rate, whether async ends above or below sync varies from run to run: it applies N
-# updates per round, and staleness costs little when each step is small.
+# The library's synchronous run equals single-process training too, up to float rounding.
+#
+# Asynchronous updates are stale. A gradient's **staleness** is the number of other updates that
+# landed between its worker's pull and its push; the histogram above counts them.
+#
+# Whether async finishes first on the wall clock depends on the machine: one server process answers
+# one message at a time, on cores it shares with the workers. And at this small learning rate,
+# whether async ends above or below sync varies from run to run: it applies N updates per round, and
+# staleness costs little when each step is small.
 
 # %%
 assert ch01.max_loss_gap(runs["sync"]) < 1e-5
@@ -154,10 +165,10 @@ assert ch01.mean_staleness(runs["async"]) > 0 and runs["sync"]["staleness"] == {
 
 # %% [markdown]
 # Staleness bites when the steps are large. At a learning rate of 0.3, synchronous training learns
-# faster, while each asynchronous update is computed on parameters that several other updates have
-# moved since, and momentum carries those late steps on: async ends well above sync, or diverges. (Single
-# rounds are noisy — each is one small batch per worker — so the claim compares the mean of the last
-# five rounds.)
+# faster. Each asynchronous update is computed on parameters that several other updates have moved
+# since, and momentum carries those late steps on: async ends well above sync, or diverges. Single
+# rounds are noisy (each is one small batch per worker), so the claim compares the mean loss of the
+# last five rounds.
 
 # %%
 bites = ch01.staleness_bites(workers=3, lr=0.3)
@@ -168,62 +179,78 @@ assert bites["last5"]["sync"] < bites["last5"]["async"], bites["last5"]
 # %% [markdown]
 # ## 3. Stragglers
 #
-# Make worker 0 four times slower (it really does four times the work). In sync mode the fast
-# workers spend much of their time waiting on the server — their push waits while it takes the
-# straggler's gradient first, their pull for the round's update, which waits for the straggler;
-# in async mode the server answers each worker as soon as it has applied its gradient, so they wait
-# less. (On a 2-core laptop, four processes share two cores, so even async workers queue: the
-# server handles one message at a time, and the waiting shares move with whatever else runs on the
-# machine. What does not move is how far ahead the fast workers get, counted in steps — as long as
-# computing sets the pace: each worker takes 512 samples a step here, because with a tenth of that,
-# on a busy machine, the server's turnaround set everyone's pace and the async workers did not get
-# ahead at all.)
+# A **straggler** is a worker slower than the rest. Make worker 0 one: four times slower (it really
+# does four times the work).
+#
+# In sync mode the fast workers spend much of their time waiting on the server. Their push waits
+# while the server takes the straggler's gradient first, and their pull waits for the round's
+# update, which waits for the straggler. In async mode the server answers each worker as soon as it
+# has applied its gradient, so they wait less.
+#
+# The waiting shares move with the load on the machine; how far ahead the fast workers get, counted
+# in steps, does not. So the cell below asserts the steps.
+#
+# <details><summary>Why each worker takes 512 samples a step here</summary>
+#
+# Where the four processes share fewer cores, even async workers queue: the server handles one
+# message at a time. The step count is stable only while computing sets the pace. With a tenth of
+# these samples, on a busy 2-core machine, the server's turnaround set everyone's pace and the async
+# workers did not get ahead at all.
+#
+# </details>
 
 # %%
 slow = ch01.stragglers(workers=3, factor=4.0)
 
 # %%
 # What the straggler costs, in steps rather than seconds (seconds depend on what else shares the
-# cores): in sync the fast workers can never be more than one step ahead of worker 0; in async
-# they run ahead.
+# cores): in sync the fast workers can never be more than one step ahead of worker 0; in async they
+# run ahead.
 assert slow["lead"]["sync"] <= 1 < 1.5 < slow["lead"]["async"], slow["lead"]
 
 # %% [markdown]
 # ## 4. Between the two: bounded staleness
 #
-# Sync holds every worker to the slowest, round after round; async never waits, and its gradients can be
-# any number of updates old. **Stale synchronous parallel** (SSP; Ho et al., NeurIPS 2013) is a dial
-# between the two. Call the number of gradients a worker has pushed its **clock**. With a **staleness
-# bound** s, the server applies every gradient as it arrives, as async does, but it sends a worker its
-# parameters back only while that worker's clock is at most s ahead of the slowest live worker's; a
-# worker further ahead waits until the slowest catches up. So no worker computes more than s steps
-# ahead of the slowest.
+# Sync holds every worker to the slowest, round after round. Async never waits, and its gradients can
+# be any number of updates old. **Stale synchronous parallel** (SSP; Ho et al., NeurIPS 2013) is a
+# dial between the two.
 #
-# s = 0 goes round by round, like sync — though each gradient is still applied on its own, so a round
+# Call the number of gradients a worker has pushed its **clock**. With a **staleness bound** s, the
+# server applies every gradient as it arrives, as async does. But it sends a worker its parameters
+# back only while that worker's clock is at most s ahead of the slowest live worker's; a worker
+# further ahead waits until the slowest catches up. So no worker computes more than s steps ahead of
+# the slowest.
+#
+# s = 0 goes round by round, like sync, though each gradient is still applied on its own: a round
 # moves the weights N small steps rather than one averaged step. An unbounded s is async. Li et al.
-# (OSDI 2014) offered the same dial in their parameter server, as "bounded delay" consistency. The whole
-# rule, as the library's asynchronous server runs it after every push:
+# (OSDI 2014) offered the same dial in their parameter server, as "bounded delay" consistency. The
+# whole rule, as the library's asynchronous server runs it after every push:
 
 # %%
 show_source(ps_staleness.release)
 
 # %% [markdown]
-# Below, §3's straggler again — worker 0 three times slower — in asynchronous runs with bounds from 0 to
-# unbounded. Left, the fast workers' time per step, computing and waiting. Middle, the loss. Right, how
-# far ahead workers ran, measured twice: by the server (how many pushes ahead of the slowest a worker was
-# when the server let it go on) and by the workers' own clocks (§3's count of pushes ahead of worker 0).
+# Below, §3's straggler again (worker 0 three times slower) in asynchronous runs with bounds from 0 to
+# unbounded:
+#
+# * left, the fast workers' time per step, computing and waiting;
+# * middle, the loss;
+# * right, how far ahead workers ran, measured twice: by the server (how many pushes ahead of the
+#   slowest a worker was when the server let it go on) and by the workers' own clocks (§3's count of
+#   pushes ahead of worker 0).
 
 # %%
 ssp_rows = ch01.staleness_sweep(bounds=(0, 1, 2, 4, -1))
 
 # %% [markdown]
-# What holds in every run, however loaded the machine: the server never let a worker go on more than s
-# pushes ahead, and the workers' clocks agree to within one push (a push counts as done on the worker
-# when it has left, and the server may have applied it already). The fast workers' waiting tends to shrink
-# as s grows, by an amount that moves with the load on the shared cores. The loss moves too, but at this
-# learning rate staleness costs little, and which bound ends lowest changes from run to run (it depends on
-# the order in which gradients arrive; §2's larger rate is where staleness bites). So only the bound is
-# asserted.
+# What holds in every run, however loaded the machine: the server never let a worker go on more than
+# s pushes ahead, and the workers' clocks agree to within one push. (A push counts as done on the
+# worker when it has left, and the server may have applied it already.)
+#
+# The rest moves from run to run. The fast workers' waiting tends to shrink as s grows, by an amount
+# that depends on the load on the cores. At this learning rate staleness costs little, and which bound
+# ends with the lowest loss depends on the order in which gradients arrive (§2's larger rate is where
+# staleness bites). So only the bound is asserted.
 
 # %%
 for row in ssp_rows:
@@ -245,14 +272,15 @@ ch01.staleness_explorer()
 # parameters out, so the server moves **2·N·S** bytes while each worker moves 2·S. The counter below is
 # what `lesson_lib` saw on the wire, set against the formula.
 #
-# On this laptop the "network" is a memory copy between processes, far faster than any NIC, so the
-# bytes alone would not show in the step time. Here the server sits behind an **emulated** link
-# (`comm.set_link`: each of its transfers is held to the link's speed, as chapter 6 does for
-# compression), of 0.05 Gbit/s — slow, so that a model this small shows what a big model does on a
-# real link: every byte of every worker passes this one door. A link carries both directions at once
-# (full duplex), so N·S bytes in and N·S out take N·S / B: the step can take no less, and that grows
-# with every worker added. (The dotted line; how close the measured step comes to it says how little
-# else a step costs here.)
+# Here the "network" is a memory copy between processes, far faster than any network card, so the
+# bytes alone would not show in the step time. So the server sits behind an **emulated** link of
+# bandwidth B = 0.05 Gbit/s: `comm.set_link` holds each of its transfers to the link's speed, as
+# chapter 6 does for compression. The link is slow so that a model this small shows what a big model
+# does on a real link: every byte of every worker passes this one door.
+#
+# A **full-duplex** link carries both directions at once, so N·S bytes in and N·S out take N·S / B.
+# The step can take no less (the dotted line), and that floor grows with every worker added. How close
+# the measured step comes to it says how little else a step costs here.
 
 # %%
 traffic = ch01.bottleneck(worker_counts=(1, 2, 4))
@@ -265,11 +293,12 @@ assert traffic[-1]["step_ms"] > 1.5 * traffic[0]["step_ms"], traffic     # and i
 # %% [markdown]
 # Real parameter servers were never one machine: DistBelief (Dean et al., 2012) already **sharded**
 # its parameters over many server machines, and so did Li et al. (2014). K servers each own 1/K of
-# the parameters, so each carries 1/K of the traffic — at the price of K server machines besides the
-# workers. (The total is unchanged — the door got wider, the crowd did not get smaller.) With as many
-# shards as workers a server's link carries 2·S per step, as a worker's does, about what a ring
-# all-reduce moves per rank (chapter 2); chapter 7 prints what that means for GPT-3, server machines
-# and each server's share of Adam's state included.
+# the parameters, so each carries 1/K of the traffic, at the price of K server machines besides the
+# workers. The total is unchanged: the door got wider, the crowd did not get smaller.
+#
+# With as many shards as workers, a server's link carries 2·S per step, as a worker's does: about
+# what a ring all-reduce moves per rank (chapter 2). Chapter 7 prints what that means for GPT-3,
+# server machines and each server's share of Adam's state included.
 
 # %%
 shards = ch01.sharding(workers=2, server_counts=(1, 2, 4))
@@ -291,12 +320,15 @@ assert "rank 0" in error and "SIGKILL" in error
 
 # %% [markdown]
 # **One server with no copy of its state.** Li et al. (OSDI 2014, §4) did not run their servers that
-# way. Each server's key range sat on a ring of servers (consistent hashing) and was also kept by the next
-# servers on the ring. The master of a range copied every change, with its timestamp, to those
-# **replicas** before a push counted as done: chain replication (van Renesse & Schneider, OSDI 2004),
-# where the head applies an update and passes it down the chain, and only the tail's acknowledgement
-# completes the request. And it copied after aggregating: one copy of a round's summed update, not one per
-# worker. When a server was lost, a replica took over its range and the job went on.
+# way. Each server owned a **key range**, a range of parameter indices. Servers and keys sat on one
+# ring (**consistent hashing**: a key belongs to the next server round the ring), and each range was
+# also kept by the next servers on the ring, its **replicas**.
+#
+# The master of a range copied every change, with its timestamp, to those replicas before a push
+# counted as done. This is **chain replication** (van Renesse & Schneider, OSDI 2004): the head
+# applies an update and passes it down the chain, and only the tail's acknowledgement completes the
+# request. And it copied after aggregating: one copy of a round's summed update, not one per worker.
+# When a server was lost, a replica took over its range and the job went on.
 #
 # The smallest version, on real ranks: the whole model is one shard, held by rank 0 (the **primary**) and
 # rank 1 (its **backup**); ranks 2 and 3 are workers, training synchronously. Each step the primary sums
@@ -305,14 +337,16 @@ assert "rank 0" in error and "SIGKILL" in error
 # each update with the same optimizer, so after every acknowledged step it holds the primary's state,
 # momentum included, bit for bit.
 #
-# At step 5 the primary receives the pushes and **leaves**: its function returns. That is the rank leaving
-# the protocol, not a process dying — a real exit would tear down every rank's process group here, as the
-# `SIGKILL` above did. A real system notices a dead server because its connections close, or, when a whole
-# machine goes silent, because its heartbeats stop and a timeout expires (the lost worker below). Here the
-# primary's last act stands for that notice: a 4-byte farewell to the backup. The backup takes over and
-# tells the workers; each checks that the backup holds exactly the parameters it already has, pushes that
-# step's gradient again, and training goes on. Every message is one its receiver is sure to get, so
-# nothing can hang and nothing depends on timing. The primary, the backup and a worker:
+# At step 5 the primary receives the pushes and **leaves**: its function returns. That is the rank
+# leaving the protocol, not a process dying; a real exit would tear down every rank's process group
+# (the ranks' shared connections) here, as the `SIGKILL` above did.
+#
+# A real system notices a dead server because its connections close, or, when a whole machine goes
+# silent, because its heartbeats stop and a timeout expires (the lost worker below). Here the
+# primary's last act stands for that notice: a 4-byte farewell to the backup. The backup takes over
+# and tells the workers. Each checks that the backup holds exactly the parameters it already has,
+# pushes that step's gradient again, and training goes on. Every message is one its receiver is sure
+# to get, so nothing can hang and nothing depends on timing. The primary, the backup and a worker:
 
 # %%
 show_source(ps_replicas.primary, ps_replicas.backup, ps_replicas.work)
@@ -321,14 +355,16 @@ show_source(ps_replicas.primary, ps_replicas.backup, ps_replicas.work)
 failover = ch01.replicated_failover(workers=2, fail_at=5)
 
 # %% [markdown]
-# The backup had every acknowledged update, and the one update that was never acknowledged was pushed to
-# it again: the run ends with the very parameters of a run without failure, and trains like one process.
-# Replication costs one more copy of each round's update per replica — S bytes, plus 4 for its step number
-# and 4 for the acknowledgement (the middle bar) — beside the 2·N·S the server moves anyway: 1/(2N) more on
-# its link. It also costs a round trip to the backup before every reply, and a second machine holding the
-# shard and its optimizer state. Copying every push instead of the round's sum would cost N·S. After the
-# take-over the backup serves alone; a real system would copy the shard to a fresh server to restore the
-# replication.
+# The backup had every acknowledged update, and the one update that was never acknowledged was pushed
+# to it again. So the run ends with the very parameters of a run without failure, and trains like one
+# process.
+#
+# Replication costs one more copy of each round's update per replica: S bytes, plus 4 for its step
+# number and 4 for the acknowledgement (the middle bar). Beside the 2·N·S the server moves anyway,
+# that is 1/(2N) more on its link. Copying every push instead of the round's sum would cost N·S. It
+# also costs a round trip to the backup before every reply, and a second machine holding the shard and
+# its optimizer state. After the take-over the backup serves alone; a real system would copy the shard
+# to a fresh server to restore the replication.
 
 # %%
 failed = failover["failed"]
@@ -339,9 +375,9 @@ assert numerics.max_gap(failed["losses"], failover["reference"]) <= numerics.sum
 assert failed["replication_bytes"] == failed["replication_formula"] == 5 * (failed["param_bytes"] + 8)
 
 # %% [markdown]
-# A worker that stops responding is another matter. The server declares it lost when it has not
-# heard from it for a while (a heartbeat timeout). Asynchronous training carries on with the others —
-# and keeps learning: the mean loss of its last rounds is below that of its first; synchronous training
+# A worker that stops responding is another matter. The server declares it lost when it has not heard
+# from it for a while (the heartbeat timeout). Asynchronous training carries on with the others, and
+# keeps learning: the mean loss of its last rounds is below that of its first. Synchronous training
 # cannot take a step without every gradient, so it fails and says which worker it lost.
 
 # %%
@@ -358,7 +394,7 @@ assert not sync_case["finished"] and "worker 1" in sync_case["error"]
 # %% [markdown]
 # ## 7. Try it yourself
 #
-# Each click starts real processes (4 workers on a laptop take a few seconds).
+# Each click starts real processes; 4 workers take a few seconds.
 
 # %%
 ch01.explorer()
@@ -374,8 +410,8 @@ assert f"S = {runs['sync']['param_bytes']:,} bytes" in exercises["traffic"].prom
 
 # %% [markdown]
 # The first one runs on real ranks: your function is the push and pull of every worker, against server
-# shards written like the cell of section 1. If the ranks end up waiting for each other, the check stops
-# after 15 s and says where each rank was waiting.
+# shards written like the cell of §1. If the ranks end up waiting for each other, the check stops after
+# 15 s and says where each rank was waiting.
 
 # %%
 exercises["worker_step"]

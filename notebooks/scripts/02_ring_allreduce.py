@@ -17,18 +17,24 @@
 # # Chapter 2 — Ring all-reduce
 #
 # Chapter 1's parameter server sends every gradient through one door: with N workers the server's link
-# carries 2·N·S bytes per step while the workers' links idle. The fix that took over large-scale training
-# (Baidu's 2017 write-up brought it from HPC to deep learning; Horovod, Sergeev & Del Balso, 2018, made it
-# a library): **get rid of the central server.** Arrange the ranks in a ring, each talking only to its two
-# neighbours. Cut the gradient into N chunks; pass the chunks round the ring, **summing** them on the way
-# (reduce-scatter), then pass the finished sums round once more (all-gather). Every rank does the same
-# work and sends the same ≈ 2·S bytes, however many ranks there are — *a roundabout instead of a traffic
-# jam*. Patarasuk & Yuan (2009) proved that 2(N−1)/N·S per rank is the least any all-reduce can send
-# when the ranks themselves do the adding; a network whose switches add (section 8) lets each rank send less.
+# carries 2·N·S bytes per step (S: the gradient's bytes) while the workers' links idle. The fix that
+# took over large-scale training is to **get rid of the central server**. Baidu's 2017 write-up brought
+# it to deep learning from high-performance computing (HPC), and Horovod (Sergeev & Del Balso, 2018) made it
+# a library.
 #
-# Everything below runs in real worker processes (`torch.distributed`, Gloo on CPU here); bytes are
-# **counted** on the wire by `lesson_lib.comm`, not computed. After the first cell, read any function
-# with `??`: the library's ring with `comm.ring_all_reduce??`, a figure's code with `ch02.traffic_jam??`.
+# Arrange the ranks in a ring, each talking only to its two neighbours, and cut the gradient into N
+# **chunks**. First pass the chunks round the ring, **summing** them on the way, until each rank holds
+# one chunk summed over all ranks: a **reduce-scatter**. Then pass the finished sums round once more,
+# until every rank has all of them: an **all-gather**. Every rank does the same work and sends the same
+# ≈ 2·S bytes, however many ranks there are: *a roundabout instead of a traffic jam*.
+#
+# Patarasuk & Yuan (2009) proved that 2(N−1)/N·S per rank is the least any all-reduce can send when the
+# ranks themselves do the adding. A network whose switches add lets each rank send less (§8).
+#
+# Everything below runs in real worker processes (`torch.distributed`, with Gloo, its CPU backend);
+# bytes are **counted** on the wire by `lesson_lib.comm`, not computed. After the first cell, read any
+# function with `??`: the library's ring with `comm.ring_all_reduce??`, a figure's code with
+# `ch02.traffic_jam??`.
 
 # %% [markdown]
 # **After this chapter you can:**
@@ -70,14 +76,17 @@ assert abs(max(jam["ring_bytes"]) - 2 * 2 * (N - 1) / N * S) <= 16   # ... 2(N�
 # %% [markdown]
 # ## 2. Round the ring
 #
-# Press ▶. Each rank starts with its own gradient (the squares are its 4 chunks; a label lists the ranks
-# whose values a chunk holds). In each of the N−1 **reduce-scatter** steps every rank sends one chunk to
-# its right neighbour, which *adds* it to its own copy; after N−1 steps each rank owns one chunk summed
-# over everyone. In the N−1 **all-gather** steps the finished chunks travel round once more and are
-# *copied*. All links are busy at every step, each carrying S/N bytes.
+# Press ▶. Each rank starts with its own gradient: the squares are its 4 chunks, and a label lists the
+# ranks whose values a chunk holds.
 #
-# The animation is not drawn by hand: it replays `lesson_lib.comm.schedules.ring_schedule(4)`, the very list
-# of (phase, step, rank, chunk sent, chunk received) that `comm.ring_all_reduce` executes.
+# * In each of the N−1 **reduce-scatter** steps every rank sends one chunk to its right neighbour,
+#   which *adds* it to its own copy. After N−1 steps each rank owns one chunk summed over everyone.
+# * In the N−1 **all-gather** steps the finished chunks travel round once more and are *copied*.
+#
+# All links are busy at every step, each carrying S/N bytes.
+#
+# The animation is not drawn by hand: it replays `lesson_lib.comm.schedules.ring_schedule(4)`, the very
+# list of (phase, step, rank, chunk sent, chunk received) that `comm.ring_all_reduce` executes.
 
 # %%
 frames = ch02.ring_animation(world_size=4)
@@ -90,11 +99,13 @@ assert all(c == [0, 1, 2, 3] for rank in frames[-1]["state"] for c in rank)     
 # %% [markdown]
 # ## 3. The ring in code
 #
-# Here is the whole algorithm, written with `torch.distributed` and run on 4 real ranks. `t.tensor_split(n)`
-# cuts the tensor into N chunks that are *views* (writing into a chunk writes into `t`), and
-# `comm.exchange(send_t, right, recv_t, left).wait()` posts a send to the right neighbour and a receive
-# from the left one at the same time — both at once, or every rank would wait for its neighbour to
-# listen first — and counts the bytes.
+# Here is the whole algorithm, written with `torch.distributed` and run on 4 real ranks.
+#
+# * `t.tensor_split(n)` cuts the tensor into N chunks that are *views*: writing into a chunk writes
+#   into `t`.
+# * `comm.exchange(send_t, right, recv_t, left).wait()` *posts* (starts) a send to the right neighbour
+#   and a receive from the left one at the same time, waits for both, and counts the bytes. Both at
+#   once, or every rank would wait for its neighbour to listen first.
 
 
 # %%
@@ -123,7 +134,7 @@ def ours_and_the_library(length):
 
 lengths = (1, 3, 10, 1001)  # shorter than the ring, and not divisible by it
 same = {length: warm_cluster(4).run(ours_and_the_library, length, timeout_s=20) for length in lengths}
-print(same)  # per length: True on every rank when ours equals the library
+print("equal to dist.all_reduce on every rank, by length:", {k: all(v) for k, v in same.items()})
 
 # %%
 assert all(all(ranks) for ranks in same.values()), same  # equal to dist.all_reduce on every rank
@@ -138,12 +149,19 @@ show_source(comm.ring_all_reduce, comm.ring._ring_steps)
 # %% [markdown]
 # ## 4. Is it right?
 #
-# `comm.ring_all_reduce(t)` has the contract of `torch.distributed.all_reduce(t)` (in-place SUM). Below,
-# our ring, recursive halving-doubling (Thakur, Rabenseifner & Gropp, 2005: log₂N steps instead of N−1),
-# the naive pattern and the pipelined ring of section 7 are each compared with `dist.all_reduce` on the
-# same random inputs on 1–4 ranks: lengths 0, 1, 3, 5 (shorter than the ring, or not divisible by it),
-# 1000 and 1001, in float32,
-# float64 and bfloat16. Floats may differ in the last bits — the additions happen in another order.
+# `comm.ring_all_reduce(t)` has the contract of `torch.distributed.all_reduce(t)`: an in-place sum.
+# Four of our all-reduces are compared with `dist.all_reduce` on the same random inputs on 1–4 ranks:
+#
+# * our ring;
+# * **recursive halving-doubling** (Thakur, Rabenseifner & Gropp, 2005): each rank swaps half its
+#   data with a partner N/2 ranks away, then a quarter with one N/4 away, and so on, summing as it
+#   goes; then it retraces the steps to gather. log₂N steps each way instead of N−1;
+# * the naive pattern;
+# * the pipelined ring of §7.
+#
+# The inputs have lengths 0, 1, 3, 5 (shorter than the ring, or not divisible by it), 1000 and 1001,
+# in float32, float64 and bfloat16. Floats may differ in the last bits: the additions happen in
+# another order.
 
 # %%
 checks = ch02.check_against_library(world_sizes=(1, 2, 3, 4))
@@ -155,11 +173,14 @@ assert all(r["bytes_sent"] == r["exact_bytes_sent"] for rows in checks.values() 
 # %% [markdown]
 # ## 5. Counted traffic against the formula
 #
-# Bytes each rank sent in one all-reduce of 1 MiB, as counted on the wire, against the exact count
-# for the chunk sizes used and the textbook formula: 2(N−1)/N·S for the ring (and halving-doubling
-# when N is a power of two), S for a naive non-root rank and (N−1)·S for its root. They differ only by
-# the rounding of chunks that do not divide evenly. (The pipelined ring of section 7 sends the ring's
-# chunks in pieces: its rows match the ring's byte for byte.)
+# Bytes each rank sent in one all-reduce of 1 MiB, as counted on the wire, against the exact count for
+# the chunk sizes used and the textbook formula:
+#
+# * 2(N−1)/N·S for the ring, and for halving-doubling when N is a power of two;
+# * S for a naive non-root rank and (N−1)·S for its root.
+#
+# They differ only by the rounding of chunks that do not divide evenly. The pipelined ring of §7 sends
+# the ring's chunks in pieces: its rows match the ring's byte for byte.
 
 # %%
 table = ch02.traffic_table(world_sizes=(2, 3, 4), size_mb=1.0)
@@ -173,16 +194,16 @@ assert all(sent["pipelined-ring", n, i] == sent["ring", n, i] for _, n, i in sen
 # %% [markdown]
 # ## 6. Bandwidth: ours against Gloo's
 #
-# The **algorithm bandwidth** of an all-reduce is S / time. Below, measured in one run: our ring (and
-# the pipelined ring of section 7), Gloo's own C++ `dist.all_reduce`, and the naive pattern, from 4 KiB
-# to 16 MiB on 2 and 4 ranks
-# (`python -m lesson_lib bench allreduce` goes to 64 MiB). Algorithms take turns within each repeat,
-# so load from other programs falls on all of them alike; the ratio ring / Gloo is a median of paired
-# ratios.
+# The **algorithm bandwidth** (algbw) of an all-reduce is S / time. Below, measured in one run from
+# 4 KiB to 16 MiB on 2 and 4 ranks: our ring and the pipelined ring of §7, Gloo's own C++
+# `dist.all_reduce`, and the naive pattern (`python -m lesson_lib bench allreduce` goes to 64 MiB).
+# The algorithms take turns within each repeat, so load from other programs falls on all of them
+# alike; the ratio ring / Gloo is a median of paired ratios.
 #
-# The dashed lines are the **α-β model** fitted to each ring's times: a message costs a latency α plus
-# its bytes times β (Hockney, 1994), so a ring all-reduce costs **T = 2(N−1)·α + 2(N−1)/N·S·β**.
-# Small messages are latency-bound (the flat left part), large ones bandwidth-bound.
+# The dashed lines are the **α-β model** (Hockney, 1994) fitted to each ring's times. A message costs
+# a fixed **latency α** (seconds) plus its bytes times **β** (seconds per byte; 1/β is the bandwidth),
+# so a ring all-reduce costs **T = 2(N−1)·α + 2(N−1)/N·S·β**. Small messages are *latency-bound* (the
+# flat left part: α dominates), large ones *bandwidth-bound* (β dominates).
 
 # %%
 bw = ch02.bandwidth(world_sizes=(2, 4), repeats=3)
@@ -197,33 +218,44 @@ assert bw["fits"][2]["rms_rel_error"] < 0.5       # the two-parameter model desc
 
 # %% [markdown]
 # **Where the gap comes from.** Gloo's `all_reduce` is a ring too (`gloo/allreduce.cc`), so both send
-# the same bytes over the same sockets. Fitting the same α-β model to Gloo's times (the table above) gives
-# an α and a β of the same order. The ratio ring / Gloo is what moves most from run to run — with
-# whatever else the machine is doing (another program, this browser), and most on 4 ranks sharing
-# 2 cores, where every rank also waits for a core. Read this run's ratios in the table and rerun
-# the cell to see them move; the assert claims only the same league (a median ratio above 0.5). The
-# structural difference: our ring adds a chunk only after receiving all of
-# it, while Gloo's C++ loop cuts each chunk into segments and keeps two in flight, so reducing one
-# overlaps receiving the next, and its per-step cost is C++ rather than a few Python calls and a
-# wake-up — which matters most when cores are scarce (section 7 builds the pipelined ring and measures
-# what it changes). (One fix made here: dropping each
-# step's Gloo request object right after waiting for it put an extra thread hand-off on the critical
-# path and made 4 ranks much slower; `comm.Pending` now keeps the last few alive.)
+# the same bytes over the same sockets. Fitting the same α-β model to Gloo's times (the table above)
+# gives an α and a β of the same order.
 #
-# Notice also that the naive pattern keeps up on this laptop. Summed over all ranks, it copies the same
-# 2(N−1)·S bytes as the ring; on one machine every "link" is a memory copy made by the same 2 cores, so
-# the total — not the busiest link — is the limit. On a real cluster each rank has its own link, and
-# the root's 2(N−1)·S through one of them is what stalls (section 8).
+# The ratio ring / Gloo is what moves most from run to run, with whatever else the machine is doing,
+# and most where ranks outnumber the cores and also wait for one. Read this run's ratios in the table
+# and rerun the cell to see them move; the assert claims only the same league (a median ratio above
+# 0.5).
+#
+# The structural difference: our ring adds a chunk only after receiving all of it. Gloo's C++ loop
+# cuts each chunk into segments and keeps two in flight, so reducing one overlaps receiving the next,
+# and its per-step cost is C++ rather than a few Python calls and a wake-up. That matters most when
+# cores are scarce. §7 builds the pipelined ring and measures what it changes.
+#
+# <details><summary>One fix made here</summary>
+#
+# Dropping each step's Gloo request object right after waiting for it put an extra thread hand-off on
+# the critical path and made 4 ranks much slower; `comm.Pending` now keeps the last few alive.
+#
+# </details>
+#
+# **The naive pattern keeps up here.** Summed over all ranks, it copies the same 2(N−1)·S bytes as the
+# ring. On one machine every "link" is a memory copy made by the same cores, so the total, not the
+# busiest link, is the limit. On a real cluster each rank has its own link, and the root's 2(N−1)·S
+# through one of them is what stalls (§8).
 
 # %% [markdown]
-# **Reading published numbers: algbw and busbw.** NVIDIA's `nccl-tests`, whose output most published
-# all-reduce figures are, prints two bandwidths. The **algorithm bandwidth** (algbw) is S / time, what
-# we plotted above. The **bus bandwidth** (busbw) is algbw · 2(N−1)/N: what each rank's link carries per
-# second if the all-reduce sends the least it can, 2(N−1)/N·S per rank, as the ring does. An all-reduce's
-# algbw falls towards half the link's speed as N grows even when nothing is wrong; its busbw stays
-# comparable with the link's speed at any N, so a busbw near the link's speed means the network is used
-# well. On this run's largest message: both figures for our ring and Gloo's, and for our ring the bytes
-# each rank sent (section 5's exact count) over the same time — the bus bandwidth, measured.
+# **Reading published numbers: algbw and busbw.** NVIDIA's `nccl-tests`, the source of most published
+# all-reduce figures, prints two bandwidths:
+#
+# * the **algorithm bandwidth** (algbw), S / time, what we plotted above;
+# * the **bus bandwidth** (busbw), algbw · 2(N−1)/N: what each rank's link carries per second if the
+#   all-reduce sends the least it can, 2(N−1)/N·S per rank, as the ring does.
+#
+# An all-reduce's algbw falls towards half the link's speed as N grows, even when nothing is wrong. Its
+# busbw stays comparable with the link's speed at any N, so a busbw near the link's speed means the
+# network is used well. Below, for this run's largest message: both figures for our ring and Gloo's,
+# and for our ring the bytes each rank sent (§5's exact count) over the same time, which is the bus
+# bandwidth, measured.
 
 # %%
 buses = ch02.bus_bandwidth(bw)
@@ -239,16 +271,21 @@ for r in buses:
 #
 # Our ring adds a chunk only once all of it has arrived: during a reduce-scatter step the rank first
 # waits for the link, then the link waits for the rank's addition. Gloo's ring (`gloo/allreduce.cc`)
-# does not wait: it cuts each chunk into at least two **segments** and keeps two on the wire, so that
-# the addition of one segment happens while the next one is still crossing. Ours goes one step further:
-# a segment does not wait for the rest of its step either. Below, the same ring with each chunk in
-# 2 segments (the rows of each rank's grid), slot by slot: segment 0 crosses; then segment 1 crosses
-# *while segment 0 is added* (orange outline); then segment 0, now summed, already leaves for the next
-# step while segment 1 is added — and so on, so the link never idles and every addition hides behind a
-# transfer. In the all-gather the segments land in place and nothing is added. Like section 2's, this
-# animation replays a schedule, `schedules.pipelined_ring_schedule(4, 2)` — the ring's chunks, steps and
-# neighbours, each chunk split into segments — in the very order `comm.pipelined_ring_all_reduce` posts
-# them.
+# does not wait. It cuts each chunk into at least two **segments**, smaller pieces sent as separate
+# messages, and keeps two on the wire, so that the addition of one segment happens while the next one
+# is still crossing. Ours goes one step further: a segment does not wait for the rest of its step
+# either.
+#
+# Below, the same ring with each chunk in 2 segments (the rows of each rank's grid), slot by slot:
+#
+# 1. segment 0 crosses;
+# 2. segment 1 crosses *while segment 0 is added* (orange outline);
+# 3. segment 0, now summed, already leaves for the next step while segment 1 is added; and so on.
+#
+# So the link never idles and every addition hides behind a transfer. In the all-gather the segments
+# land in place and nothing is added. Like §2's, this animation replays a schedule,
+# `schedules.pipelined_ring_schedule(4, 2)`: the ring's chunks, steps and neighbours, each chunk split
+# into segments, in the very order `comm.pipelined_ring_all_reduce` posts them.
 
 # %%
 pframes = ch02.pipelined_animation(world_size=4, segments=2)
@@ -259,19 +296,27 @@ assert all(f["moves"] for f in pframes[1:])                 # the link is busy i
 assert len(pframes) - 1 == 2 * 3 * 2                        # ... one slot per segment of each of 2(N−1) steps
 
 # %% [markdown]
-# The library's code: the first step's segments go out at once; each time a segment lands it is added
+# The library's code: the first step's segments go out at once. Each time a segment lands it is added
 # (in the reduce-scatter), and the same segment of the next step is posted, while the others are still
-# in flight. One more thing the animation does not show: on Gloo each *receive* is posted a step before
-# its data can come (`comm.ring.RECV_AHEAD`). There a send leaves only once its receiver has posted the
-# receive, so with the receive already there a neighbour that finishes its addition first sends at once
-# instead of waiting for ours — which pays most when ranks share cores (the comment above `RECV_AHEAD`
-# gives what `python -m lesson_lib bench allreduce` measured with and without it on 4 ranks sharing 2
-# cores). The reduce-scatter's segments then alternate between two halves of a scratch buffer of two
-# chunks (one chunk on 2 ranks, where each phase has a single step), reused from call to call. Segments
-# have a size in bytes (`segment_bytes`, 2 MiB by default) rather than a count: a chunk of up to 2 MiB
-# goes whole, exactly as in the plain ring, and a 32 MiB chunk goes as 16 segments. (Gloo cuts every
-# chunk in at least two, of at most a configurable size; below we measure why ours leaves small chunks
-# whole.)
+# in flight.
+#
+# Segments have a size in bytes (`segment_bytes`, 2 MiB by default) rather than a count: a chunk of up
+# to 2 MiB goes whole, exactly as in the plain ring, and a 32 MiB chunk goes as 16 segments. Gloo cuts
+# every chunk in at least two, of at most a configurable size; below we measure why ours leaves small
+# chunks whole.
+#
+# <details><summary>Two details the animation does not show</summary>
+#
+# On Gloo each *receive* is posted a step before its data can come (`comm.ring.RECV_AHEAD`). There a
+# send leaves only once its receiver has posted the receive. With the receive already there, a
+# neighbour that finishes its addition first sends at once instead of waiting for ours. That pays
+# most when ranks share cores; the comment above `RECV_AHEAD` gives what `python -m lesson_lib bench
+# allreduce` measured with and without it on 4 ranks sharing 2 cores.
+#
+# The reduce-scatter's segments alternate between two halves of a scratch buffer of two chunks (one
+# chunk on 2 ranks, where each phase has a single step), reused from call to call.
+#
+# </details>
 
 # %%
 show_source(comm.pipelined_ring_all_reduce, schedules.pipelined_ring_schedule)
@@ -292,7 +337,10 @@ def pipelined_and_the_library(length, segment_bytes):
 
 cases = [(length, b) for length in (1, 10, 1001) for b in (2, 4, 12, comm.ring.SEGMENT_BYTES)]
 same_pipelined = {c: warm_cluster(4).run(pipelined_and_the_library, *c, timeout_s=20) for c in cases}
-print(same_pipelined)  # per (length, segment bytes): True on every rank when ours equals the library
+print("equal to dist.all_reduce on every rank, by length and segment bytes:")
+for length in (1, 10, 1001):
+    print(f"  length {length:>4}: " + ", ".join(f"{b:,} B {all(same_pipelined[length, b])}"
+                                            for (n, b) in cases if n == length))
 
 # %%
 assert all(all(ranks) for ranks in same_pipelined.values()), same_pipelined
@@ -303,9 +351,9 @@ assert all(all(ranks) for ranks in same_pipelined.values()), same_pipelined
 # * The **bytes** do not change: the same chunks go to the same neighbours, only in pieces (section 5's
 #   table counts them equal, rank by rank), so the bandwidth term keeps its 2(N−1)/N·S.
 # * The **messages** do: a chunk goes as one message per segment, and every message pays its own fixed
-#   cost — its calls, its wake-ups. Below, one all-reduce of 4 MiB on 2 ranks with ever smaller
+#   cost (its calls, its wake-ups). Below, one all-reduce of 4 MiB on 2 ranks with ever smaller
 #   segments, from one per chunk (the plain ring's single message) to 128, taking turns with the plain
-#   ring and Gloo; the dashed line is a least-squares fit, and its slope the price of one more segment.
+#   ring and Gloo. The dashed line is a least-squares fit; its slope is the price of one more segment.
 
 # %%
 sweep = ch02.segment_sweep(world_size=2, size_mb=4.0)
@@ -319,13 +367,15 @@ assert sweep["rows"][-1]["time_s"] > sweep["rows"][0]["time_s"]     # 128 segmen
 # pipelined ring sends exactly the plain ring's messages.
 #
 # * What pipelining can buy is time per **byte**: the addition, whose time grows with the bytes, hides
-#   behind the transfer of the next segment — *if* a core is free to add while the data arrive. On a
-#   cluster the network card moves the bytes while the core adds. On this laptop the "transfer" is itself
-#   a memory copy made by the same 2 cores that add, so there is little to hide behind, and how much of
-#   the addition disappears changes from run to run. Section 6's run timed both rings, so we can fit the
-#   same model to each — T = 2(N−1)·α + 2(N−1)/N·S·β, α the fixed cost of one ring *step*, β the cost of
-#   one byte. The table shows this run's fitted α and 1/β side by side, and the line under it which way
-#   they moved in this run (rerun section 6 and this cell to see them move).
+#   behind the transfer of the next segment, *if* a core is free to add while the data arrive. On a
+#   cluster the network card moves the bytes while the core adds. Here the "transfer" is itself a
+#   memory copy made by the same cores that add, so there is little to hide behind, and how much of
+#   the addition disappears changes from run to run.
+#
+# §6's run timed both rings, so we can fit the same model to each: T = 2(N−1)·α + 2(N−1)/N·S·β, with
+# α the fixed cost of one ring *step* and β the cost of one byte. The table shows this run's fitted α
+# and 1/β side by side, and the lines under it which way they moved in this run (rerun §6 and this
+# cell to see them move).
 
 # %%
 pipelining = ch02.pipelining_fit(bw)
@@ -334,18 +384,24 @@ pipelining = ch02.pipelining_fit(bw)
 assert all(f["rms_rel_error"] < 0.5 for o in pipelining.values() for f in (o["ring"], o["pipelined"]))
 
 # %% [markdown]
-# ## 8. What the model predicts beyond this laptop
+# ## 8. What the model predicts beyond one machine
 #
-# **A fit made on loopback is not a cluster's.** The α fitted above is mostly waiting: on 2 shared
-# cores a ring step's fixed cost is the time the scheduler takes to run the peer process (hundreds of
-# microseconds to milliseconds here), and β is a memory copy. On a cluster α is a network's
-# microseconds and β its link. So the model's predictions below use a real interconnect's α and β
-# (`data/links.csv`: InfiniBand HDR, one 200 Gb/s port per GPU as on a DGX A100; its bandwidth is the
-# datasheet's, its α an assumed round figure, said on the figure), for three gradient sizes: 25 MB (one
-# bucket of PyTorch DDP's default size), 100 MB and 1 GB. Left, the ring's predicted time, with this
-# laptop's fit beside it only to show how far apart the two are (an illustration: nothing is claimed
-# from it); right, the share of the ring's time spent in latency, 2(N−1)·α. All these figures are the
-# model's, not measurements.
+# **A fit made on loopback is not a cluster's.** *Loopback* is network traffic that never leaves the
+# machine. The α fitted above is mostly waiting: on shared cores a ring step's fixed cost is the time
+# the scheduler takes to run the peer process (hundreds of microseconds to milliseconds), and β is a
+# memory copy. On a cluster α is a network's microseconds and β its link.
+#
+# So the model's predictions below use a real interconnect's α and β from `data/links.csv`:
+# **InfiniBand HDR**, a cluster network, with one 200 Gb/s port per GPU as on a DGX A100. Its bandwidth
+# is the datasheet's; its α is an assumed round figure, said on the figure. Three gradient sizes:
+# 25 MB (one **bucket** of PyTorch DDP's default size: DDP all-reduces its gradients in groups of
+# about 25 MB), 100 MB and 1 GB.
+#
+# * Left: the ring's predicted time, with this machine's fit beside it only to show how far apart the
+#   two are (an illustration: nothing is claimed from it).
+# * Right: the share of the ring's time spent in latency, 2(N−1)·α.
+#
+# All these figures are the model's, not measurements.
 
 # %%
 big = ch02.at_scale(bw["fits"][2], link="ib-hdr")
@@ -364,35 +420,37 @@ assert n_star[1e9] > n_star[25e6]                  # bigger messages push N* up
 # **"Near-linear scaling", with its condition.** The ring's bytes per rank stay at 2(N−1)/N·S, so its
 # bandwidth term is flat in N (Patarasuk & Yuan, 2009, proved that volume optimal); its latency term
 # is not. The ring scales nearly linearly while S·β ≫ N·α, that is while N < N* = S·β/α (printed
-# above for each size); past N* a ring all-reduce is mostly its 2(N−1) fixed costs. What clusters do
+# above for each size). Past N* a ring all-reduce is mostly its 2(N−1) fixed costs. What clusters do
 # about it:
 #
-# * **fewer, longer steps**: tree all-reduce — NCCL's double binary trees (NCCL 2.4, Jeaugey, 2019), after
-#   the two-tree algorithm of Sanders, Speck & Träff (2009) — and recursive halving-doubling (Thakur,
-#   Rabenseifner & Gropp, 2005), which section 4 checked on real ranks: both pay about log₂N latencies
-#   (the next figure);
-# * **shorter rings**: hierarchical all-reduce — a ring inside each node over NVLink, then one across
-#   nodes (Jia et al., 2018, trained ImageNet on 2,048 GPUs that way) — so the long ring has nodes, not
-#   GPUs, as its members;
+# * **fewer, longer steps**: tree all-reduce, such as the double binary trees of NCCL, NVIDIA's
+#   collective library (NCCL 2.4, Jeaugey, 2019; after the two-tree algorithm of Sanders, Speck &
+#   Träff, 2009), and recursive halving-doubling (Thakur, Rabenseifner & Gropp, 2005), which §4
+#   checked on real ranks. Both pay about log₂N latencies (the next figure);
+# * **shorter rings**: hierarchical all-reduce, a ring inside each node over NVLink (NVIDIA's
+#   GPU-to-GPU link), then one across nodes, so the long ring has nodes, not GPUs, as its members
+#   (Jia et al., 2018, trained ImageNet on 2,048 GPUs that way);
 # * **bigger messages**: gradients are bucketed (DDP's 25 MB) rather than all-reduced tensor by tensor,
 #   which pushes N* up.
 #
 # **Ring, tree or halving-doubling.** A tree all-reduce reduces up a binary tree to its root and
 # broadcasts the sum back down: log₂N levels each way. One tree wastes half the links (its leaves only
-# ever send up), so Sanders, Speck & Träff (2009) used two, each rank an inner node in one and a leaf in
-# the other, each tree carrying half the data; cut into chunks and pipelined, a rank's link then carries
-# about S each way. NCCL 2.4 made this its second all-reduce beside the ring. In this section's model,
-# with the same α and β:
+# ever send up). So Sanders, Speck & Träff (2009) used two, each rank an inner node in one and a leaf
+# in the other, each tree carrying half the data: the **double binary tree**. Cut into chunks and
+# pipelined, a rank's link then carries about S each way. NCCL made this its second all-reduce beside
+# the ring in version 2.4. In this section's model, with the same α and β:
 #
 # * ring: 2(N−1)·α + 2(N−1)/N·S·β;
 # * double binary tree: 2·log₂N·α + 2·S·β (its best case: the pipeline's per-chunk latencies left out);
 # * halving-doubling: 2·log₂N·α + 2(N−1)/N·S·β.
 #
 # The ring sends a little less (2(N−1)/N·S against 2·S, the same as N grows); the tree pays far fewer
-# latencies. The ring is faster only for messages above S = N·(N−1−log₂N)·α/β — a size that grows about
-# as N², so at a thousand ranks the tree wins for any gradient. Left, the three at 100 MB on InfiniBand
-# HDR (the naive root, far slower, is printed rather than drawn); right, that crossover size against N,
-# with the three gradient sizes as dotted lines.
+# latencies. The ring is faster only for messages above S = N·(N−1−log₂N)·α/β, a size that grows about
+# as N², so at a thousand ranks the tree wins for any gradient.
+#
+# * Left: the three at 100 MB on InfiniBand HDR (the naive root, far slower, is printed rather than
+#   drawn).
+# * Right: that crossover size against N, with the three gradient sizes as dotted lines.
 
 # %%
 scale = ch02.model_scaling(link="ib-hdr", nbytes=100e6)
@@ -405,17 +463,20 @@ assert t["tree", 100e6, 1024] < t["ring", 100e6, 1024] / 2       # a thousand: t
 assert all(t["halving-doubling", s, n] <= min(t["ring", s, n], t["tree", s, n]) for _, s, n in t)
 
 # %% [markdown]
-# In this model halving-doubling is never slower than either: the tree's latencies and the ring's bytes.
-# MPI libraries do use it for large all-reduces (Thakur, Rabenseifner & Gropp, 2005). The model leaves
-# out what keeps it out of NCCL: its partner changes at every step and is N/2 ranks away at the first,
-# so its messages cross the whole network at once and contend for the links between switches, and it
-# needs a power of two ranks (others pay extra steps); a ring or a tree talks to the same few neighbours
-# throughout, which a library can lay along NVLink inside a node and one network port per GPU. The α-β model's one uniform link per rank sees none of this.
+# In this model halving-doubling is never slower than either: it has the tree's latencies and the
+# ring's bytes. MPI libraries (the standard message-passing libraries of HPC) do use it for large
+# all-reduces (Thakur, Rabenseifner & Gropp, 2005).
+#
+# The model leaves out what keeps it out of NCCL. Its partner changes at every step and is N/2 ranks
+# away at the first, so its messages cross the whole network at once and contend for the links between
+# switches. And it needs a power of two ranks (others pay extra steps). A ring or a tree talks to the
+# same few neighbours throughout, which a library can lay along NVLink inside a node and one network
+# port per GPU. The α-β model's one uniform link per rank sees none of this.
 #
 # **Sending less than the least.** Patarasuk & Yuan's 2(N−1)/N·S is the least a rank must send when the
-# ranks do the adding. A network can add instead: with SHARP (Graham et al., 2016, the COMHPC workshop at
-# SC16), InfiniBand switches sum the data as it passes through them, so each rank sends its S once up a
-# tree of switches and receives the sum once — about half the ring's bytes per rank, and latencies that
+# ranks do the adding. A network can add instead. With SHARP (Graham et al., 2016, the COMHPC workshop
+# at SC16), InfiniBand switches sum the data as it passes through them. Each rank sends its S once up a
+# tree of switches and receives the sum once: about half the ring's bytes per rank, and latencies that
 # grow with the switch levels rather than with N. NCCL can use it (its CollNet algorithm), as can MPI
 # libraries; it needs switches that support it.
 
@@ -441,9 +502,9 @@ for r in scale:
     print(f"{r['label']:>30}, N={r['n']}: {r['step_ms']:7.1f} ms/step, {r['bytes'] / 1e6:6.2f} MB/step")
 
 # %% [markdown]
-# On one laptop the "network" is memory copies made by the same 2 cores, so the server's single link
-# is not a separate bottleneck the way it is on a real cluster, and step times are noisy; the counted
-# bytes show the structural difference, and section 8 what it means at scale.
+# On one machine the "network" is memory copies made by the same cores, so the server's single link is
+# not a separate bottleneck the way it is on a real cluster, and step times are noisy. The counted bytes
+# show the structural difference, and §8 what it means at scale.
 #
 # ## 10. Try it yourself
 #
@@ -464,9 +525,9 @@ fit4 = bw["fits"][4]
 exercises = ch02.exercises(alpha=fit4["alpha_s"], beta=fit4["beta_s_per_byte"], world_size=4)
 
 # %% [markdown]
-# The first one runs on real ranks (2, 3 and 4 of them). Section 3's loop is there to read — try to
-# write the reduce-scatter without looking. If the ranks end up waiting for each other, the check stops
-# after 10 s and says where each rank was waiting.
+# The first one runs on real ranks (2, 3 and 4 of them). §3's loop is there to read; try to write the
+# reduce-scatter without looking. If the ranks end up waiting for each other, the check stops after
+# 10 s and says where each rank was waiting.
 
 # %%
 exercises["reduce_scatter"]

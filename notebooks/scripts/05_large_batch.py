@@ -16,20 +16,25 @@
 # %% [markdown]
 # # Chapter 5 — Large-batch training: LARS and LAMB
 #
-# With data parallelism (chapter 0) every step ends in an all-reduce. **A bigger global batch means
-# fewer, larger steps for the same samples**: fewer all-reduces per epoch, more work per message,
-# more ranks kept busy. Goyal et al. (2017) trained ResNet-50 on ImageNet with 8,192 images per step
-# in one hour by scaling the learning rate linearly with the batch and warming it up gradually. Past
-# that, plain SGD lost accuracy. **LARS** (You, Gitman & Ginsburg, 2017) gives each layer its own
-# rate from the ratio of its weight norm to its gradient norm, and took ResNet-50 to batches of 32K;
-# **LAMB** (You et al., ICLR 2020) does the same on top of Adam and pre-trained BERT in 76 minutes on
-# 1,024 TPUv3 chips with a two-phase, mixed-batch schedule: batches of 64K for the first phase
-# (sequences of 128 tokens), then 32K for the second (512 tokens).
+# With data parallelism (chapter 0) every step ends in an all-reduce. The **global batch** is the
+# samples of one step summed over all ranks. **A bigger global batch means fewer, larger steps for
+# the same samples**: fewer all-reduces per **epoch** (one pass over the training set), more work per
+# message, more ranks kept busy.
 #
-# This chapter runs all of it on real ranks on your machine: the same budget of samples at a batch
-# growing from B₀ = 64 to 32·B₀ and beyond; it checks LAMB's headline claim — the large batch
-# without the loss of accuracy — measures where it stops holding, races SGD, Adam, LARS and LAMB on
-# the same tuning budget, and measures what the larger batch saves.
+# Goyal et al. (2017) trained ResNet-50 on ImageNet with 8,192 images per step in one hour. They
+# scaled the learning rate linearly with the batch and **warmed it up**: raised it gradually from
+# near zero over the first epochs. Past that batch, plain SGD lost accuracy.
+#
+# * **LARS** (You, Gitman & Ginsburg, 2017) gives each layer its own rate from the ratio of its weight
+#   norm to its gradient norm, and took ResNet-50 to batches of 32K.
+# * **LAMB** (You et al., ICLR 2020) does the same on top of Adam. It pre-trained BERT in 76 minutes
+#   on 1,024 TPUv3 chips with a two-phase, mixed-batch schedule: batches of 64K for the first phase
+#   (sequences of 128 tokens), then 32K for the second (512 tokens).
+#
+# This chapter runs all of it on real ranks, with the same budget of samples at a batch growing from
+# B₀ = 64 to 32·B₀ and beyond. It checks LAMB's headline claim (the large batch without the loss of
+# accuracy), measures where it stops holding, races SGD, Adam, LARS and LAMB on the same tuning
+# budget, and measures what the larger batch saves.
 
 # %% [markdown]
 # **After this chapter you can:**
@@ -58,16 +63,25 @@ from lesson_lib.optim import LAMB, LARS, param_groups
 # %% [markdown]
 # ## 1. The two update rules, as code
 #
-# Both optimizers keep a rate per layer: the **trust ratio**. LARS scales the layer's step by
-# λ = η‖w‖ / (‖∇L‖ + β‖w‖); LAMB takes Adam's step r = m̂/(√v̂ + ε), adds the weight decay,
-# u = r + λw, and rescales it to φ(‖w‖)/‖u‖. These are the lines `lesson_lib.optim` runs:
+# Both optimizers give each layer its own factor on the global learning rate: the **trust ratio**.
+# Here w is a layer's weights, ∇L its gradient and ‖·‖ a norm (the square root of the sum of squares).
+# **Weight decay** pulls each weight towards zero by adding a multiple of w to the update.
+#
+# * **LARS** scales the layer's step by λ = η‖w‖ / (‖∇L‖ + β‖w‖): η is the *trust coefficient*, a
+#   small constant, and β the weight decay (not chapter 2's β).
+# * **LAMB** takes Adam's step r = m̂/(√v̂ + ε), where m̂ and v̂ are Adam's running means of the gradient
+#   and of its square and ε a small constant. It adds the weight decay, u = r + λw (λ here the decay),
+#   and rescales the update by φ(‖w‖)/‖u‖, with φ the identity or a clamp.
+#
+# These are the lines `lesson_lib.optim` runs:
 
 # %%
 show_source(LARS._update, LAMB._update)
 
 # %% [markdown]
-# The schedule around them: a linear warm-up over the first steps, then a cosine decay (Goyal et al.
-# warm up over 5 epochs; the cosine is our choice for a short run).
+# The schedule around them: a linear warm-up over the first steps, then a **cosine decay**, which lowers
+# the rate along half a cosine to zero at the last step. Goyal et al. warm up over 5 epochs; the cosine
+# is our choice for a short run.
 
 # %%
 show_source(large_batch.lr_at)
@@ -103,9 +117,9 @@ print("trust ratios, 1 rank: ", one[0])
 print("trust ratios, 2 ranks:", two[0], "(rank 1:", two[1], ")")
 
 # %% [markdown]
-# The last two entries are the biases: `param_groups` leaves them out of the adaptation (ratio 1)
-# and out of weight decay, as the large-batch recipes do. The ratios agree to float rounding (the
-# two-rank sum adds in another order):
+# The last two entries are the biases: `param_groups` leaves them out of the adaptation (ratio 1) and
+# out of weight decay, as the large-batch recipes do. The ratios agree to float rounding, since the
+# two-rank sum adds in another order:
 
 # %%
 assert two[0] == two[1], "ranks took different steps"
@@ -114,28 +128,35 @@ assert all(abs(a - b) <= 1e-3 * max(1.0, abs(a)) for a, b in zip(one[0], two[0])
 # %% [markdown]
 # ## 3. Bigger batches, same budget of samples
 #
-# The task: a 6-layer MLP (91k parameters) on 8,192 points near an 8-dimensional subspace of
-# R⁶⁴, labelled by a random teacher network; 2,048 more points are held out. Every run sees the
-# same **48 epochs** of samples: 6,144 steps at B₀ = 64, 192 at 32·B₀ = 2,048. Each optimizer's rate
-# was tuned once at B₀ and is grown with the batch by a rule: the **linear rule** (×k for a k-times
-# larger batch; Goyal et al., 2017) or the **square-root rule** (×√k; You et al., 2020 use it for
-# LAMB), each with a warm-up over the first tenth of the steps and a cosine decay.
+# The task: a 6-layer MLP (91k parameters) on 8,192 points near an 8-dimensional subspace of R⁶⁴,
+# labelled by a **teacher**, a fixed random network whose outputs are the classes. 2,048 more points
+# are **held out**: never trained on, they measure accuracy.
+#
+# Every run sees the same **48 epochs** of samples: 6,144 steps at B₀ = 64, 192 at 32·B₀ = 2,048. Each
+# optimizer's rate was tuned once at B₀ and is grown with the batch by a rule, with a warm-up over the
+# first tenth of the steps and a cosine decay:
+#
+# * the **linear rule**: ×k for a k-times larger batch (Goyal et al., 2017);
+# * the **square-root rule**: ×√k (You et al., 2020 use it for LAMB).
 #
 # First LAMB as its paper deploys it (square-root rule), on 2 real ranks, at B₀, 32·B₀, 64·B₀ and
 # 128·B₀ (at 8,192 every step sees the whole training set), and LARS at 32·B₀ (§5 reads its trust
-# ratios). Why 48 epochs: a large batch needs *enough steps*, whatever their size; on 8 epochs
-# LAMB at 32·B₀ lost about 15 points (measurements in `benchmarks/history/large-batch.md`). The B₀
-# run is most of the time: 6,144 short steps, each with an all-reduce of 91k gradients.
+# ratios).
+#
+# Why 48 epochs: a large batch needs *enough steps*, whatever their size. On 8 epochs LAMB at 32·B₀
+# lost about 15 points (measurements in `benchmarks/history/large-batch.md`). The B₀ run takes most of
+# the time: 6,144 short steps, each with an all-reduce of 91k gradients.
 
 # %%
 out = ch05.grid()
 rows = {(r["optimizer"], r["batch"]): r for r in out["rows"]}
 
 # %% [markdown]
-# At 32·B₀ **LAMB ends within 1.5 points of its own B₀ accuracy** — LAMB's claim, on a small scale
-# (the exact numbers vary a little with the CPU and the seed; the cell below checks what holds every
-# time). **Past 32·B₀ the advantage ends**: at 64·B₀ LAMB starts to lose, and at 128·B₀, 48 steps,
-# it loses several points more — more samples per step no longer make up for fewer steps.
+# At 32·B₀ **LAMB ends within 1.5 points of its own B₀ accuracy**: LAMB's claim, on a small scale. The
+# exact numbers vary a little with the CPU and the seed; the cell below checks what holds every time.
+#
+# **Past 32·B₀ the advantage ends.** At 64·B₀ LAMB starts to lose, and at 128·B₀, 48 steps, it loses
+# several points more: more samples per step no longer make up for fewer steps.
 
 # %%
 acc = {k: (0.0 if r["diverged"] else r["eval_accuracy"]) for k, r in rows.items()}
@@ -147,29 +168,33 @@ assert acc["lamb", 8192] < acc["lamb", 64] - 0.05, acc  # at 128 × B₀ LAMB's 
 # %% [markdown]
 # ### A fair race at 32·B₀
 #
-# Does that make LAMB *the* large-batch optimizer? Only if its rivals were tuned as well. Nado et
-# al. (2021, "A Large Batch Optimizer Reality Check") retuned Nesterov momentum and Adam at the
-# batch sizes of the LARS and LAMB papers and matched them; Shallue et al. (JMLR 2019) found that
-# how much each optimizer is tuned decides such comparisons. So here every optimizer gets **the same
-# tuning budget** at 32·B₀: its B₀ rate times ½ and 1, grown by the linear and by the square-root
-# rule — four rates each — with the same warm-up, cosine decay and weight decay (5·10⁻⁴ on the
-# weight matrices). The runs are single-process trainings on the whole batch (what 2 ranks compute,
-# chapter 0), two at a time; the two the grid above already ran are reused. It costs about a dozen
-# runs of 192 steps, the chapter's second-longest cell.
+# Does that make LAMB *the* large-batch optimizer? Only if its rivals were tuned as well. Nado et al.
+# (2021, "A Large Batch Optimizer Reality Check") retuned Nesterov momentum (SGD with momentum that
+# takes its gradient a step ahead) and Adam at the batch sizes of the LARS and LAMB papers, and matched
+# them. Shallue et al. (JMLR 2019) found that how much each optimizer is tuned decides such
+# comparisons.
+#
+# So here every optimizer gets **the same tuning budget** at 32·B₀: its B₀ rate times ½ and 1, grown by
+# the linear and by the square-root rule, four rates each. All get the same warm-up, cosine decay and
+# weight decay (5·10⁻⁴ on the weight matrices). The runs are single-process trainings on the whole
+# batch (what 2 ranks compute, chapter 0), two at a time; the two the grid above already ran are
+# reused. It costs about a dozen runs of 192 steps, the chapter's second-longest cell.
 
 # %%
 fair = ch05.race(out["runs"])
 
 # %% [markdown]
-# What the race shows, in every seed we tried (seeds 0 and 1; the numbers move by a point or two):
+# What the race shows with seeds 0 and 1 (the numbers move by a point or two between them):
 # **tuned alike, Adam, LARS and LAMB end within about two points of each other** at 32·B₀, LAMB
-# slightly ahead. The difference is in *which* rates worked: LAMB's and LARS's published rules
-# (square-root and linear) were their best, unchanged — the adaptive methods carry their recipe to
-# the large batch — while **SGD with momentum diverged under its linear rule** at both base rates
-# and did best at the smallest rate of its sweep, several points behind. At the edge of a sweep the
-# optimum may lie beyond it: with a larger budget SGD would likely close part of the gap, as Nado
-# et al. found for Nesterov momentum. The lesson the runs support is "LAMB needs less retuning",
-# not "only LAMB can train at a large batch".
+# slightly ahead.
+#
+# The difference is in *which* rates worked. LAMB's and LARS's published rules (square-root and
+# linear) were their best, unchanged: the adaptive methods carry their recipe to the large batch.
+# **SGD with momentum diverged under its linear rule** at both base rates, and did best at the
+# smallest rate of its sweep, several points behind. At the edge of a sweep the optimum may lie beyond
+# it: with a larger budget SGD would likely close part of the gap, as Nado et al. found for Nesterov
+# momentum. The lesson the runs support is "LAMB needs less retuning", not "only LAMB can train at a
+# large batch".
 
 # %%
 best = fair["best"]
@@ -185,12 +210,15 @@ assert best["lamb"]["rule"] == "sqrt", best["lamb"]  # LAMB's best: its paper's 
 #
 # McCandlish et al. (2018, "An Empirical Model of Large-Batch Training") explain where: a batch is
 # worth growing while its gradient is dominated by noise. They measure that noise with the **simple
-# noise scale** B_simple = tr(Σ)/|G|², where G is the true gradient and Σ the covariance of the
-# per-example gradients: a batch of B ≪ B_simple is mostly noise (doubling it nearly halves the steps
-# needed), a batch of B ≫ B_simple is nearly the true gradient (doubling it saves almost no steps);
-# the *critical batch size* is about B_simple. LAMB's B₀ run above measured it on the training set
-# every 8 epochs, on the ranks: each rank sums its shard's per-example gradients and their squared
-# norms, and one all-reduce adds them up:
+# noise scale** B_simple = tr(Σ)/|G|². G is the true gradient (the mean over the whole training set),
+# Σ the covariance of the per-example gradients, and tr(Σ) its trace, the sum of their variances.
+#
+# * A batch of B ≪ B_simple is mostly noise: doubling it nearly halves the steps needed.
+# * A batch of B ≫ B_simple is nearly the true gradient: doubling it saves almost no steps.
+#
+# The **critical batch size**, where growing the batch stops paying, is about B_simple. LAMB's B₀ run
+# above measured it on the training set every 8 epochs, on the ranks: each rank sums its shard's
+# per-example gradients and their squared norms, and one all-reduce adds them up:
 
 # %%
 show_source(large_batch.noise_scale)
@@ -200,11 +228,11 @@ b_simple = ch05.noise_scale(out["runs"]["lamb", 64])
 print("epoch, B_simple:", [(e, round(b)) for e, b in b_simple])
 
 # %% [markdown]
-# B_simple is not a constant: it grows as the loss falls (McCandlish et al. see the same), here from
-# one or two hundred after 8 epochs to tens of thousands at the end, once the training set is
-# fitted. For most of the run 32·B₀ = 2,048 is above it, where a larger batch buys few steps: LAMB
-# still had enough of them in 192, but at the same 48 epochs 96 or 48 steps are too few, however
-# large each one is.
+# B_simple is not a constant: it grows as the loss falls (McCandlish et al. see the same). Here it
+# goes from one or two hundred after 8 epochs to tens of thousands at the end, once the training set
+# is fitted. For most of the run 32·B₀ = 2,048 is above it, where a larger batch buys few steps. LAMB
+# still had enough of them in 192, but at the same 48 epochs 96 or 48 steps are too few, however large
+# each one is.
 
 # %%
 assert all(0 < b < float("inf") for _, b in b_simple), b_simple
@@ -213,11 +241,13 @@ assert b_simple[-1][1] > 10 * b_simple[0][1], b_simple  # grows as the loss fall
 # %% [markdown]
 # ## 4. What the larger batch saves
 #
-# Per epoch, a k-times larger batch takes k times fewer steps, so k times fewer all-reduces of the
-# same 91k gradients: the bytes each rank sends per epoch fall by k — **counted** on the wire against
-# steps × 2(N−1)/N·S (S: the gradients and the loss, which rides in the same all-reduce, in float32). The time per epoch falls too (fewer, fuller steps), though not k-fold: the
-# arithmetic per sample stays the same. (And when a rank's share of a large batch does not fit in
-# memory: §7.)
+# Per epoch, a k-times larger batch takes k times fewer steps, so k times fewer all-reduces of the same
+# 91k gradients: the bytes each rank sends per epoch fall by k. They are **counted** on the wire
+# against steps × 2(N−1)/N·S, where S is the bytes of the gradients and the loss (which rides in the
+# same all-reduce), in float32.
+#
+# The time per epoch falls too (fewer, fuller steps), though not k-fold: the arithmetic per sample
+# stays the same. When a rank's share of a large batch does not fit in memory, see §7.
 
 # %%
 ch05.epoch_cost(out["rows"], "lamb")
@@ -234,7 +264,7 @@ assert lamb_rows[-1]["epoch_wall_s"] < lamb_rows[0]["epoch_wall_s"], lamb_rows
 # ## 5. Trust ratios, layer by layer
 #
 # LAMB's ratio φ(‖w‖)/‖u‖ for each weight matrix at every step of the 32·B₀ run (biases excluded).
-# Layers whose update is large relative to their weights get a small ratio — the balancing LARS
+# Layers whose update is large relative to their weights get a small ratio, the balancing LARS
 # introduced; layers with small updates get a large one.
 
 # %%
@@ -246,9 +276,9 @@ ch05.trust_ratios(out["runs"]["lars", 2048], "LARS at B = 2048")
 # %% [markdown]
 # ## 6. LAMB under ZeRO
 #
-# Chapter 4 sharded Adam's state: each rank updates only its slice of every layer, and Adam needs
+# Chapter 4's ZeRO sharded Adam's state: each rank updates only its slice of every layer. Adam needs
 # nothing else, since it updates each number from that number alone. LAMB and LARS need each layer's
-# ‖w‖ and ‖u‖ — sums over the whole layer, of which a rank holds a slice. So each rank adds up the
+# ‖w‖ and ‖u‖: sums over the whole layer, of which a rank holds a slice. So each rank adds up the
 # squares of its slice and the ranks **all-reduce those partial sums**: two numbers per parameter
 # tensor per step. This is how `lesson_lib` does it (the optimizer gets this function as its `norm`):
 
@@ -265,13 +295,14 @@ show_source(layerwise.sharded_norm)
 # %%
 zcfg = zero.Config(world_size=2, optimizer="lamb", lr=0.01, weight_decay=1e-3, steps=8, hidden=64)
 single = zero.layerwise_reference(zcfg)
+print("largest parameter gap to one process; bytes rank 0 sends per step")
+print(f"{'stage':>5} {'gap':>8} {'gradients/parameters':>21} {'norms':>6}")
 for stage in (0, 1, 2, 3):
     zr = ch05.run("zero", zcfg.replace(stage=stage), cluster=warm_cluster(2))
     gap = max(abs(a - b) for a, b in zip(zr["final_params"], single["params"]))
     grads = zr["traffic_per_step"][0]
     norms = zr["norm_traffic_per_step"][0]
-    print(f"stage {stage}: largest parameter gap to one process {gap:.1e}; per step rank 0 sends "
-          f"{grads:,.0f} B of gradients/parameters and {norms:,.0f} B of norms")
+    print(f"{stage:>5} {gap:>8.1e} {grads:>21,.0f} {norms:>6,.0f}")
     # a real error moves the weights by ~lr per step; float rounding stays far below 1e-3 of that
     assert gap <= 1e-3 * zcfg.lr * zcfg.steps, (stage, gap)
     assert zr["norm_traffic_per_step"] == zr["norm_traffic_formula"], zr["norm_traffic_per_step"]
@@ -280,12 +311,14 @@ for stage in (0, 1, 2, 3):
 # ## 7. Gradient accumulation: the large batch when memory is the limit
 #
 # §3 grew the batch to 32·B₀ and §4 counted what that saves, as if each rank's share of the batch
-# always fitted in memory. It need not: autograd keeps every layer's activations for the backward, and
-# they grow with the batch. What practitioners do then is **gradient accumulation**: each rank runs
-# its share as k micro-batches, one forward and backward each, lets `backward()` add the k gradients
-# into `p.grad`, and only then all-reduces, once. Scaled by 1/k, the k micro-batches' mean losses add
-# up to the mean over the whole share, so the step is the large batch's, to float rounding. These are
-# the lines `large_batch.train` runs with `accumulate=k`, before its one all-reduce of §2:
+# always fitted in memory. It need not. Autograd keeps every layer's **activations** (its outputs) for
+# the backward, and they grow with the batch.
+#
+# What practitioners do then is **gradient accumulation**. Each rank cuts its share into k
+# **micro-batches** and runs one forward and backward on each; `backward()` adds the k gradients into
+# `p.grad`, and only then does the rank all-reduce, once. Scaled by 1/k, the k micro-batches' mean
+# losses add up to the mean over the whole share, so the step is the large batch's, to float rounding.
+# These are the lines `large_batch.train` runs with `accumulate=k`, before its one all-reduce of §2:
 
 # %%
 from lesson_lib.milestones import accumulation
@@ -293,27 +326,33 @@ from lesson_lib.milestones import accumulation
 show_source(accumulation.accumulate)
 
 # %% [markdown]
-# PyTorch's DDP all-reduces from inside every `backward()`; its `no_sync()` context turns that off,
-# so the first k−1 micro-batches run under it and the last one does not (`accumulation.ddp_worker`,
-# the library reference, counts DDP's all-reduces with a communication hook). Below, one global batch
-# of 2,048 (§3's 32·B₀) on 2 ranks, for one epoch of SGD — not LAMB or Adam, which divide by the
-# gradient's own size and would hide a missing 1/k — with each rank's 1,024 samples in k = 1, 2 and 4
-# micro-batches, each rank's peak of allocated bytes **measured** by the allocator (chapter 4's
-# `PeakMemory`, from the first step to the end of the last):
+# PyTorch's DDP (`DistributedDataParallel`) all-reduces from inside every `backward()`. Its
+# `no_sync()` context turns that off, so the first k−1 micro-batches run under it and the last one
+# does not. `accumulation.ddp_worker`, the library reference, counts DDP's all-reduces with a
+# **communication hook**, a function DDP calls in place of each all-reduce.
+#
+# Below, one global batch of 2,048 (§3's 32·B₀) on 2 ranks, for one epoch, with each rank's 1,024
+# samples in k = 1, 2 and 4 micro-batches. The optimizer is SGD, not LAMB or Adam: they divide by the
+# gradient's own size and would hide a missing 1/k. Each rank's peak of allocated bytes is **measured**
+# by the allocator (chapter 4's `PeakMemory`, from the first step to the end of the last):
 
 # %%
 acc = ch05.accumulation((1, 2, 4))
 
 # %% [markdown]
-# The losses agree to float rounding with k = 1 and with DDP's; the all-reduce bytes per step,
-# **counted** on the wire, are the same whatever k, and equal one ring all-reduce's formula — where
-# all-reducing every micro-batch (DDP without `no_sync()`, counted above) hands k times as many bytes
-# to the network per step. The measured peak falls with k: what scales with the micro-batch (its
-# activations) halves each time k doubles, while what was alive before the first step (the data set,
-# the model, its gradient bucket) stays. The step time is shown, not asserted: smaller micro-batches
-# run smaller, less efficient matrix products and k passes of Python, and on 2 shared cores it varies
-# from run to run by more than that. On a GPU a micro-batch too small leaves the device idle, so k is
-# chosen as small as memory allows. You write `accumulate_step` yourself in the last exercise below.
+# The losses agree to float rounding with k = 1 and with DDP's. The all-reduce bytes per step,
+# **counted** on the wire, are the same whatever k, and equal one ring all-reduce's formula.
+# All-reducing every micro-batch instead (DDP without `no_sync()`, counted above) hands k times as
+# many bytes to the network per step.
+#
+# The measured peak falls with k. What scales with the micro-batch (its activations) halves each time
+# k doubles, while what was alive before the first step stays: the data set, the model and its
+# gradient **bucket** (the flat buffer the all-reduce sends).
+#
+# The step time is shown, not asserted. Smaller micro-batches run smaller, less efficient matrix
+# products and k passes of Python, and on shared cores the time varies from run to run by more than
+# that. On a GPU a micro-batch too small leaves the device idle, so k is chosen as small as memory
+# allows. You write `accumulate_step` yourself in the last exercise below.
 
 # %%
 rows = acc["rows"]
@@ -333,8 +372,8 @@ assert abs((peak[0] - peak[1]) - 2 * (peak[1] - peak[2])) <= 0.1 * (peak[0] - pe
 # ## 8. Try it
 #
 # Pick an optimizer, a batch, a peak rate and a warm-up; each click trains on real ranks, on the quick
-# 8-epoch budget (`ch05.explorer("long")` gives the 48 epochs of section 3: about 20 s a run at B₀).
-# Try SGD at 2048 with a smaller rate than the linear rule gives, or LAMB with a larger one.
+# 8-epoch budget (`ch05.explorer("long")` gives §3's 48 epochs, much slower at B₀). Try SGD at 2048
+# with a smaller rate than the linear rule gives, or LAMB with a larger one.
 
 # %%
 ch05.explorer()

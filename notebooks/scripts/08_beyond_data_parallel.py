@@ -18,19 +18,22 @@
 #
 # Every chapter so far split the *batch* (data parallelism, ZeRO) or the *stack of layers* (the
 # pipeline). A single layer stayed whole on one device. Past a few billion parameters that stops
-# working: one layer's weights, or one long sequence's activations, no longer fit, and the
-# batch cannot grow forever (chapter 5). The answer is to split inside the layer:
+# working: one layer's weights, or one long sequence's **activations** (the outputs of its layers,
+# kept for the backward), no longer fit, and the batch cannot grow forever (chapter 5). The answer
+# is to split inside the layer. With t (or c, or n) ranks sharing one layer, each holds:
 #
-# | split | what each of t ranks holds | its collective | paper |
+# | split | each rank holds | collective | paper |
 # |---|---|---|---|
-# | tensor | heads / t attention heads, ffn / t hidden units | all-reduce, 2 per block each way | Shoeybi et al., 2019 |
-# | sequence | seq / t tokens between the blocks | reduce-scatter + all-gather | Korthikanti et al., 2022 |
+# | tensor | heads / t heads, ffn / t hidden units | all-reduce | Shoeybi et al., 2019 |
+# | sequence | seq / t tokens between blocks | reduce-scatter, all-gather | Korthikanti et al., 2022 |
 # | context | seq / c queries; keys and values go round a ring | send/recv | Liu et al., 2023 |
-# | expert | experts / n experts; tokens travel to them | all-to-all | Lepikhin et al., 2020; Fedus et al., 2021 |
+# | expert | E / n experts | all-to-all | Lepikhin et al., 2020; Fedus et al., 2021 |
 #
-# Every one of them runs here on real ranks and equals one process to float32 rounding; every
-# collective's bytes are counted against its formula. Then they compose on one rank grid, and
-# PyTorch's own stack (`DeviceMesh`, `parallelize_module`, `fully_shard`) trains the same model.
+# Here *heads* is the number of attention heads, *ffn* the width of the MLP's hidden layer and *seq*
+# the number of tokens in a sequence. Every split runs here on real ranks and equals one process to
+# float32 rounding; every collective's bytes are counted against its formula. Then they compose on
+# one rank grid, and PyTorch's own stack (`DeviceMesh`, `parallelize_module`, `fully_shard`) trains
+# the same model.
 
 # %% [markdown]
 # **After this chapter you can:**
@@ -57,9 +60,12 @@ from lesson_lib.milestones.tensor_parallel import mappings, moe, ring_attention
 # %% [markdown]
 # ## 1. Tensor parallelism: f and g
 #
-# Cut an MLP `y = gelu(x·W₁ᵀ)·W₂ᵀ` between t ranks. Rank r keeps rows r of W₁ (a slice of the
-# hidden units: **column-parallel**) and the matching columns of W₂ (**row-parallel**). Then
-# `gelu(x·W₁,ᵣᵀ)` needs no communication at all, and `y = Σᵣ hᵣ·W₂,ᵣᵀ` is one sum over the ranks.
+# Cut an MLP `y = gelu(x·W₁ᵀ)·W₂ᵀ` between t ranks. Rank r keeps the r-th slice of W₁'s rows, its
+# share of the hidden units. That layer is **column-parallel**: each rank computes some of the output
+# columns `h = x·W₁ᵀ`. Rank r also keeps the matching columns of W₂. That layer is **row-parallel**:
+# each rank holds some rows of W₂ᵀ and computes a partial sum of the whole output. Then
+# `hᵣ = gelu(x·W₁,ᵣᵀ)` needs no communication at all, and `y = Σᵣ hᵣ·W₂,ᵣᵀ` is one sum over the ranks.
+#
 # Megatron-LM (Shoeybi et al., 2019) writes the two places where ranks meet as two operators that
 # mirror each other:
 #
@@ -68,8 +74,9 @@ from lesson_lib.milestones.tensor_parallel import mappings, moe, ring_attention
 # * **g** after the row layer: **all-reduce** forward (each rank holds a partial sum); in the
 #   backward every rank already holds the whole gradient of y, so identity.
 #
-# Here they are, as the library has them (picotron calls them `CopyToModelParallelRegion` and
-# `ReduceFromModelParallelRegion`):
+# Here they are, as the library has them, written as autograd Functions: a forward and a backward
+# that PyTorch's autograd calls. (picotron, a small educational trainer, calls them
+# `CopyToModelParallelRegion` and `ReduceFromModelParallelRegion`.)
 
 # %%
 show_source(mappings.CopyToTensorRegion)
@@ -94,24 +101,29 @@ def my_tensor_parallel_mlp(seed):
     y.square().sum().backward()
     x_ref = x.detach().clone().requires_grad_()
     fc2(F.gelu(fc1(x_ref))).square().sum().backward()
-    return {"y": float((y - fc2(F.gelu(fc1(x_ref)))).abs().max()),
+    y = y.detach()
+    with torch.no_grad():
+        y_ref = fc2(F.gelu(fc1(x_ref)))
+    return {"y": float((y - y_ref).abs().max()),
             "w1_grad": float((w1.grad - fc1.weight.grad.chunk(t, 0)[rank]).abs().max()),
             "x_grad": float((x.grad - x_ref.grad).abs().max())}
 
 
 mlp_gaps = {t: warm_cluster(t).run(my_tensor_parallel_mlp, 0) for t in (2, 4)}
+print("rank 0's largest differences from the whole MLP")
 for t, gaps in mlp_gaps.items():
-    print(f"t = {t}, rank 0's largest differences from the whole MLP:", gaps[0])
+    print(f"t = {t}: " + ", ".join(f"{k} {v:.1e}" for k, v in gaps[0].items()))
 
 # %%
 assert all(v < 1e-5 for gaps in mlp_gaps.values() for g in gaps for v in g.values()), mlp_gaps
 
 # %% [markdown]
 # The library's layers are the same lines, built from a whole `nn.Linear`'s weights. Attention is
-# split the same way: q, k and v column-parallel (heads / t heads on each rank; one f for the three,
-# as Megatron-LM's fused QKV), the output projection row-parallel. So a transformer block has
-# **two all-reduces forward (g) and two backward (f)**, each of one activation
-# S = 4·seq·batch·d bytes, 2(t−1)/t·S per rank on a ring.
+# split the same way: the query, key and value projections (q, k, v) are column-parallel, heads / t
+# heads on each rank, with one f for the three, as in Megatron-LM's fused QKV (one matrix product for
+# all three). The output projection is row-parallel. So a transformer block has **two all-reduces forward (g) and two backward (f)**.
+# Each carries one activation of S = 4·seq·batch·d bytes (float32, d the model's width), and a ring
+# sends 2(t−1)/t·S per rank.
 
 # %%
 show_source(tp.ColumnParallelLinear)
@@ -134,10 +146,11 @@ for row in tp_run["rows"]:
 # %% [markdown]
 # ### Memory per rank
 #
-# Tensor parallelism divides the blocks' weights by t, and the activations inside the split
-# regions (q, k, v, the scores, the MLP's hidden layer). What lies between the regions — the norms,
-# the residual stream — stays whole on every rank. One rank's allocations over one forward and
-# backward, counted by torch's allocator (`PeakMemory`, chapter 4), on a wider model (d = 128):
+# Tensor parallelism divides the blocks' weights by t, and the activations inside the split regions:
+# q, k, v, the attention scores, the MLP's hidden layer. What lies between the regions stays whole on
+# every rank: the layer norms and the **residual stream** (the running sum x + block(x) that carries
+# each token from block to block). Below, one rank's allocations over one forward and backward,
+# counted by torch's allocator (`PeakMemory`, chapter 4), on a wider model (d = 128):
 
 # %%
 mem = ch08.memory(world_size=4)
@@ -151,17 +164,26 @@ assert whole["block_activations"] > tp4["block_activations"] > sp4["block_activa
 # %% [markdown]
 # ## 2. Expert parallelism: tokens travel to the experts
 #
-# A mixture-of-experts layer (GShard, Lepikhin et al., 2020; Switch Transformer, Fedus et al.,
-# 2021) replaces the MLP by E experts and a router that sends each token to one of them (top-1,
-# Switch) or two (top-2, GShard: the two gates renormalized to sum to 1, every token's first choice
-# served before any second choice). Parameters grow E-fold, the compute per token k-fold. With the
-# experts spread over n ranks, each rank routes its own tokens, packs them into a
-# `[experts, capacity, d]` buffer — at most
-# `capacity = ⌈capacity_factor · k · tokens / E⌉` per expert; the rest are **dropped** and pass
-# through on the residual — and one **all-to-all** sends chunk j of the buffer to rank j, which
-# holds those experts. A second all-to-all brings the outputs back. The router learns to balance
-# the load through the **load-balancing loss** E · Σₑ fₑ·Pₑ (fₑ the share of tokens sent to e, Pₑ
-# the router's mean probability for e): 1 when balanced, E when everything goes to one expert.
+# A **mixture-of-experts** (MoE) layer (GShard, Lepikhin et al., 2020; Switch Transformer, Fedus et
+# al., 2021) replaces the MLP by E MLPs, the **experts**, and a **router**: a small linear layer
+# that gives each token a probability per expert and sends it to its top k.
+#
+# * **Top-1** (Switch): each token goes to one expert.
+# * **Top-2** (GShard): to two. Their **gates**, the router's probabilities, are renormalized to sum
+#   to 1 and weight the two outputs; every token's first choice is served before any second choice.
+#
+# Parameters grow E-fold, the compute per token only k-fold.
+#
+# With the experts spread over n ranks, each rank routes its own tokens and packs them into an
+# `[experts, capacity, d]` buffer. Each expert takes at most `capacity = ⌈capacity_factor · k ·
+# tokens / E⌉` tokens from a rank; the **capacity factor** is the slack above an even share. The rest
+# are **dropped**: they skip the expert and pass through on the residual stream. Then one
+# **all-to-all** (every rank sends a different chunk to every other) sends chunk j of the buffer to
+# rank j, which holds those experts. A second all-to-all brings the outputs back.
+#
+# The router learns to balance the load through the **load-balancing loss** E · Σₑ fₑ·Pₑ, where fₑ
+# is the share of tokens sent to expert e and Pₑ the router's mean probability for e. It is 1 when
+# the load is balanced, E when everything goes to one expert.
 
 # %%
 show_source(moe.route)
@@ -184,12 +206,14 @@ for k in (1, 2):  # top-1 and top-2: more slots, fewer dropped assignments
 # %% [markdown]
 # ## 3. Sequence parallelism: split what lies between the blocks
 #
-# Korthikanti et al. (2022) noticed that an all-reduce is a reduce-scatter followed by an
-# all-gather — the same bytes (chapter 2). So end each block's parallel region with a
-# **reduce-scatter along the sequence** instead of g, run the norm and the residual on seq / t
-# tokens, and start the next region with an **all-gather** instead of f. Their conjugates swap in
-# the backward. To really save the activations, the column layer keeps only its slice of the input
-# for the backward and gathers it again there (the paper's §4.2.2; Megatron-LM overlaps it):
+# Korthikanti et al. (2022) noticed that an all-reduce is a **reduce-scatter** (each rank ends with
+# the sum of one slice) followed by an **all-gather** (each rank collects every slice): the same
+# bytes (chapter 2). So end each block's parallel region with a reduce-scatter *along the sequence*
+# instead of g, run the norm and the residual on seq / t tokens, and start the next region with an
+# all-gather instead of f. In the backward each becomes the other, as f and g did.
+#
+# To really save the activations, the column layer keeps only its slice of the input for the backward
+# and gathers it again there (the paper's §4.2.2; Megatron-LM overlaps that gather with compute):
 
 # %%
 show_source(mappings.LinearGatherSequence)
@@ -209,11 +233,12 @@ assert whole["block_activations"] / sp4["block_activations"] > 0.75 * t, mem["ro
 # ## 4. Context parallelism: ring attention
 #
 # Sequence parallelism still gathers the whole sequence for attention. For sequences of a million
-# tokens even one layer's keys and values do not fit. Ring attention (Liu et al., 2023) keeps
-# seq / c queries, keys and values on each rank and passes the key/value blocks round a ring: at
-# each of c − 1 steps a rank sends the block it holds to its neighbour while it folds that block
-# into an **online softmax** — a running maximum, sum and output, rescaled as new blocks arrive
-# (the trick FlashAttention uses inside one GPU). No rank ever holds the whole score matrix.
+# tokens even one layer's keys and values do not fit. **Ring attention** (Liu et al., 2023) keeps
+# seq / c queries, keys and values on each of c ranks and passes the key/value blocks round a ring.
+# At each of c − 1 steps a rank sends the block it holds to its neighbour while it folds that block
+# into an **online softmax**: it keeps a running maximum, sum and output, and rescales them as new
+# blocks arrive, so the result equals one softmax over all the keys. FlashAttention uses the same
+# trick inside one GPU. No rank ever holds the whole score matrix.
 
 # %%
 show_source(ring_attention.block_update)
@@ -228,32 +253,42 @@ for row in ring["rows"]:
     assert all(b == row["formula"] for b in row["counted"]), row  # (c − 1) K and V blocks per rank
 
 # %% [markdown]
-# Under causal masking, rank 0's queries need only its own block and rank c − 1's need all of them:
-# the ranks' work is unequal. Real systems deal blocks out in a zig-zag (rank r takes blocks r and
-# 2c − 1 − r) to balance it. We show the forward pass; the backward is a second ring that carries
-# the gradients of K and V along with them.
+# Under **causal masking** (each token attends only to the tokens before it), rank 0's queries need
+# only its own block and rank c − 1's need all of them: the ranks' work is unequal. Real systems deal
+# blocks out in a zig-zag (rank r takes blocks r and 2c − 1 − r) to balance it. We show the forward
+# pass; the backward is a second ring that carries the gradients of K and V along with them.
 
 # %% [markdown]
 # ## 5. One grid for all of them
 #
-# In practice these compose. picotron builds every process group from one tensor of ranks,
-# `torch.arange(world).view(dp, pp, tp)`: a rank's tensor-parallel group is its row — neighbouring
-# ranks, the GPUs of one node — and its data-parallel group its column. We pass that `Grid`
-# explicitly to whatever needs a group (no global singleton):
+# In practice these compose. picotron builds every **process group** (the set of ranks one
+# collective runs over) from one tensor of ranks, `torch.arange(world).view(dp, pp, tp)`. A rank's
+# tensor-parallel group is its row: neighbouring ranks, the GPUs of one **node** (one machine). Its
+# data-parallel group is its column. We pass that `Grid` explicitly to whatever needs a group, with no global singleton:
 
 # %%
 show_source(tp.Grid.__init__)
 
 # %% [markdown]
-# dp = 2 × tp = 2 on 4 ranks: each replica takes half the batch and averages its gradients over its
-# data-parallel group; inside a replica, the blocks are tensor-parallel. Then the same model under
-# PyTorch's own stack, as torchtitan does it: `init_device_mesh("cpu", (2, 2),
-# mesh_dim_names=("dp", "tp"))`, `parallelize_module` with `ColwiseParallel` for q, k, v and fc1
-# and `RowwiseParallel` for o and fc2 (our column and row layers, f and g included), then
-# `fully_shard(model, mesh=mesh["dp"])` (FSDP2, chapter 4) over the data-parallel dimension; and
-# once more with sequence parallelism: `SequenceParallel(sequence_dim=0)` on the norms, and
-# `PrepareModuleInput` all-gathering the sequence into attention and the MLP, whose row layers
-# reduce-scatter it back out (`RowwiseParallel(output_layouts=Shard(0))`), torchtitan's Llama plan:
+# dp = 2 × tp = 2 on 4 ranks: each **replica** (a full copy of the model, spread over its tp group)
+# takes half the batch and averages its gradients over its data-parallel group. Inside a replica, the
+# blocks are tensor-parallel.
+#
+# Then the same model under PyTorch's own stack, as torchtitan (PyTorch's reference trainer for large
+# models) does it. Three pieces:
+#
+# * a **`DeviceMesh`**: the rank grid with named dimensions, `init_device_mesh("cpu", (2, 2),
+#   mesh_dim_names=("dp", "tp"))`;
+# * **DTensors**: tensors that know how they are spread over the mesh, one **placement** per mesh
+#   dimension: `Shard(d)` (cut along tensor dimension d) or `Replicate()` (a whole copy);
+# * `parallelize_module`, which turns the weights into DTensors by a plan: `ColwiseParallel` for q, k,
+#   v and fc1 and `RowwiseParallel` for o and fc2 (our column and row layers, f and g included).
+#   Then `fully_shard(model, mesh=mesh["dp"])` (FSDP2, chapter 4) shards over the data-parallel
+#   dimension.
+#
+# Once more with sequence parallelism, torchtitan's Llama plan: `SequenceParallel(sequence_dim=0)` on
+# the norms, and `PrepareModuleInput` all-gathering the sequence into attention and the MLP, whose row
+# layers reduce-scatter it back out (`RowwiseParallel(output_layouts=Shard(0))`):
 
 # %%
 show_source(tp.dtensor.plan)
@@ -274,20 +309,26 @@ assert composed["param_numel"]["fsdp2+tp"] < composed["param_numel"]["ours"]  # 
 #
 # The grid's middle axis was left at 1. Now each of 2 pipeline stages holds one of the two blocks
 # (the first also the embeddings, the last the head), tensor-parallel over 2 ranks, and 2 replicas
-# split the batch: 2 × 2 × 2 = 8 ranks, the layout Narayanan et al. (SC21) call 3D parallelism.
-# Inside a replica the stages run GPipe (chapter 3) over 2 micro-batches; each tp rank sends its
-# own copy of the activation to its counterpart in the next stage (with sequence parallelism, its
-# seq / t shard). The step, on every rank:
+# split the batch: 2 × 2 × 2 = 8 ranks, the layout Narayanan et al. (SC21) call **3D parallelism**.
+#
+# Inside a replica the stages run GPipe (chapter 3): the batch is cut into 2 **micro-batches**, and
+# each stage runs all their forwards, then all their backwards. Each tp rank sends its own copy of the
+# activation to its counterpart in the next stage (with sequence parallelism, its seq / t shard). The
+# step, on every rank:
 
 # %%
 show_source(tp.three_d.gpipe_step)
 
 # %% [markdown]
-# Run with and without sequence parallelism. Beside each group's counted bytes (per step, from
-# its busiest rank) stand the cost model's terms for the same layout — chapter 7's
-# `tensor_parallel_terms` for tp, a ring all-reduce of the stage's gradients for dp, an activation
-# forward and its gradient back per micro-batch for pp — in float32 here, bf16 in chapter 7. Eight
-# ranks on this machine's cores take turns, so we compare bytes and parameters, not times.
+# Run with and without sequence parallelism. Beside each group's counted bytes (per step, from its
+# busiest rank) stand the cost model's terms for the same layout, in float32 here (bf16 in chapter 7):
+#
+# * tp: chapter 7's `tensor_parallel_terms`;
+# * dp: a ring all-reduce of the stage's gradients;
+# * pp: an activation forward and its gradient back per micro-batch.
+#
+# Where eight ranks outnumber the cores they take turns, so we compare bytes and parameters, not
+# times.
 
 # %%
 grid = ch08_grid.grid_3d(layouts=((2, 2, 2, False), (2, 2, 2, True)))
@@ -302,23 +343,28 @@ plain, sp = grid["rows"]
 assert sp["counted"]["pp"] * 2 == plain["counted"]["pp"]  # sequence parallel: each rank sends seq / t
 
 # %% [markdown]
-# What the cost model leaves out shows up as the last figure of the sequence-parallel run: entering
-# and leaving the sequence-parallel region once per micro-batch, and the norms' gradients summed
-# across the tp group, a few percent of its tp bytes. And bytes are not time: at scale the pipeline
-# also pays its bubble (chapter 3), and tp's bytes travel over the node's NVLink, not InfiniBand
-# (§6). The layout exercise below picks a layout for a memory budget with these terms, then runs it.
+# What the cost model leaves out shows up as the sequence-parallel run's "not in the cost model":
+# entering and leaving the sequence-parallel region once per micro-batch, and the norms' gradients
+# summed across the tp group, a few percent of its tp bytes.
+#
+# And bytes are not time. At scale the pipeline also pays its **bubble**, the idle time while it fills
+# and drains (chapter 3), and tp's bytes travel over the node's NVLink, not InfiniBand (§6). The layout
+# exercise below picks a layout for a memory budget with these terms, then runs it.
 
 # %% [markdown]
 # ## 6. At cluster scale
 #
-# On this machine every "link" is a memory copy between processes on 2 cores, so we assert bytes
-# and equality, never times: 4 ranks on 2 cores take turns on the cores, and a wall-clock figure
-# would show that, not the algorithms. At scale the times decide where each kind of parallelism
-# goes. A block's tensor-parallel all-reduces move its whole activation four times per step, and
-# they sit **on the critical path**: the next matmul needs their result. Inside a node, NVLink
-# moves 300 GB/s each way per A100; between nodes one InfiniBand HDR port moves 25 GB/s
-# (data/links.csv). The α-β model of chapter 2 for one GPT-3-sized block (width 12,288, 2,048
-# tokens, bf16), against its compute at half an A100's peak:
+# Here every "link" is a memory copy between processes, and ranks that outnumber the cores take
+# turns on them. A wall-clock figure would show that, not the algorithms, so we assert bytes and
+# equality, never times.
+#
+# At scale the times decide where each kind of parallelism goes. A block's tensor-parallel
+# all-reduces move its whole activation four times per step, and they sit **on the critical path**:
+# the next matrix product needs their result, so nothing hides them. Inside a node, **NVLink**
+# (NVIDIA's GPU-to-GPU link) moves 300 GB/s each way per A100; between nodes one **InfiniBand HDR**
+# port moves 25 GB/s (data/links.csv). Below, the α-β model of chapter 2 (a message costs a latency α
+# plus its bytes times β, the time per byte) for one GPT-3-sized block (width 12,288, 2,048 tokens,
+# bf16), against its compute at half an A100's peak:
 
 # %%
 scale = ch08.at_scale()
@@ -330,10 +376,10 @@ assert by[("NVLink 3", 8)] < 0.1 < by[("InfiniBand HDR", 8)], by  # t = 8 inside
 
 # %% [markdown]
 # So Megatron-LM keeps t ≤ 8, the GPUs of one NVLink node, and uses pipeline and data parallelism
-# (chapters 3 and 4) between nodes, whose traffic is smaller per byte of compute or overlaps with
-# it. Expert parallelism's all-to-all crosses nodes, which is why MoE systems cap the capacity
-# factor and count every dropped token. Context parallelism overlaps each ring step with a block
-# of attention, so it pays whenever a block's attention takes longer than sending it.
+# (chapters 3 and 4) between nodes: their traffic is smaller per byte of compute, or overlaps with it.
+# Expert parallelism's all-to-all crosses nodes, which is why MoE systems cap the capacity factor and
+# count every dropped token. Context parallelism overlaps each ring step with a block of attention, so
+# it pays whenever a block's attention takes longer than sending it.
 
 # %% [markdown]
 # ## Exercises
