@@ -176,13 +176,13 @@ for schedule in mine:
 
 # %% [markdown]
 # The library's stage, which every figure of this chapter runs, is the same loop plus what the
-# figures need. It times every action, measures the activations it holds, and can balance the stages
+# figures need; the steps around the actions (`run_steps`) are shared with §5's schedules. It times every action, measures the activations it holds, and can balance the stages
 # by measured time. It sends and receives on threads of its own (`stage_comm.StageLink`), so that the
 # stage never stalls handing a message to Gloo. Its receives are posted ahead — all of a step's for
 # GPipe, two for 1F1B — so that a neighbour's message can leave the moment it is computed.
 
 # %%
-show_source(pp.train_stage, stage_actions)
+show_source(pp.stage._train_stage, pp.loop.run_steps, stage_actions)
 
 # %% [markdown]
 # ## 4. Watch the assembly line

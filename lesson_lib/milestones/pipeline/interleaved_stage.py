@@ -12,13 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...data import batch_indices, teacher_classification
-from ...metrics import StepRecorder, memory_report, per_rank_summary
+from ...data import teacher_classification
+from ...metrics import StepRecorder
 from ...models import flat_views
 from .comm import StageLink, Timeline
 from .config import Config
 from .cut import build_stage, choose_partition
 from .interleaved import interleaved_actions, virtual_stage
+from .loop import run_steps, stage_record
 
 
 def train_interleaved(cfg: Config, k: int, device: torch.device, emit=None) -> dict:
@@ -41,63 +42,48 @@ def train_interleaved(cfg: Config, k: int, device: torch.device, emit=None) -> d
     # every interior boundary carries (rows, hidden) both ways: one buffer shape for every chunk
     link = StageLink(k, P, M, (rows, width), (rows, width), tl, wrap=counts)
     rec = StepRecorder(device, emit)
-    losses, in_flight = [], 0
-    try:
-        for step in range(cfg.steps):
-            tl.step = step
-            idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
-            mbs = [idx[i * rows:(i + 1) * rows] for i in range(M)]
-            with rec.step(step) as r:
-                grads.zero_()
-                link.begin_step()
-                held, loss_sum, seq = {}, 0.0, {"F": 0, "B": 0}  # seq: the link's message order
-                for kind, c, i in actions:
-                    s = stage_of[c]
-                    if kind == "F":
-                        if s == 0:
-                            x = x_all[mbs[i]]
-                        else:
-                            x = link.recv_activation(seq["F"]).requires_grad_()
-                            seq["F"] += 1
-                        with tl.event("forward", i, chunk=c):
-                            out = chunks[c](x)
-                            if s == last_stage:
-                                out = F.cross_entropy(out, y_all[mbs[i]])
-                        if s == last_stage:
-                            loss_sum += out.item()
-                        else:
-                            link.send_activation(out.detach(), i)
-                        held[c, i] = (x, out)
-                        in_flight = max(in_flight, len(held))
+    in_flight = 0
+
+    def step_actions(mbs) -> float:
+        nonlocal in_flight
+        held, loss_sum, seq = {}, 0.0, {"F": 0, "B": 0}  # seq: the link's message order
+        for kind, c, i in actions:
+            s = stage_of[c]
+            if kind == "F":
+                if s == 0:
+                    x = x_all[mbs[i]]
+                else:
+                    x = link.recv_activation(seq["F"]).requires_grad_()
+                    seq["F"] += 1
+                with tl.event("forward", i, chunk=c):
+                    out = chunks[c](x)
+                    if s == last_stage:
+                        out = F.cross_entropy(out, y_all[mbs[i]])
+                if s == last_stage:
+                    loss_sum += out.item()
+                else:
+                    link.send_activation(out.detach(), i)
+                held[c, i] = (x, out)
+                in_flight = max(in_flight, len(held))
+            else:
+                x, out = held.pop((c, i))
+                g = None
+                if s < last_stage:
+                    g = link.recv_grad(seq["B"])
+                    seq["B"] += 1
+                with tl.event("backward", i, chunk=c):
+                    if g is None:
+                        (out / M).backward()  # mean over micro-batches = whole-batch mean
                     else:
-                        x, out = held.pop((c, i))
-                        g = None
-                        if s < last_stage:
-                            g = link.recv_grad(seq["B"])
-                            seq["B"] += 1
-                        with tl.event("backward", i, chunk=c):
-                            if g is None:
-                                (out / M).backward()  # mean over micro-batches = whole-batch mean
-                            else:
-                                out.backward(g)
-                        if s > 0:
-                            link.send_grad(x.grad, i)
-                        x = out = g = None
-                link.flush()
-                optimizer.step()
-                if k == P - 1:
-                    r["loss"] = loss_sum / M
-            if k == P - 1:
-                losses.append(r["loss"])
-            if emit is not None:
-                emit("pp_events", step=step, events=tl.of_step(step))
-    finally:
-        link.close()
-    memory = memory_report(whole, optimizer, 0, device=device)
+                        out.backward(g)
+                if s > 0:
+                    link.send_grad(x.grad, i)
+                x = out = g = None
+        return loss_sum
+
+    losses = run_steps(cfg, k, link, tl, rec, optimizer, grads, emit, step_actions)
     kept = {} if not cfg.return_params else {  # per chunk: pp.state joins them in layer order
         "chunk_params": [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in chunks],
         "chunk_grads": [torch.cat([p.grad.reshape(-1) for p in m.parameters()]) for m in chunks]}
-    return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events, **kept,
-            "activation_peak": 0, "activation_per_microbatch": 0, "max_in_flight": in_flight,
-            "per_rank": per_rank_summary(k, rec, memory)}
+    return stage_record(k, whole, optimizer, rec, tl, losses, bounds, costs, kept, in_flight, device=device)
 

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ...data import batch_indices, teacher_classification
-from ...metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary
+from ...data import teacher_classification
+from ...metrics import ActivationMeter, StepRecorder, counters
 from ...models import flat_views
 from ...peakmem import PeakMemory
 from ...runtime import context
@@ -19,6 +19,7 @@ from .comm import StageLink, Timeline
 from .config import Config
 from .cut import build_stage, choose_partition, layer_units, model_layers, param_costs, time_costs  # noqa: F401
 from .interleaved_stage import train_interleaved
+from .loop import run_steps, stage_record
 from .schedules import stage_actions
 from .zero_bubble import SCHEDULE as ZB
 from .zero_bubble_stage import train_zero_bubble
@@ -70,61 +71,49 @@ def _train_stage(cfg: Config, k: int, device: torch.device, emit, peak: PeakMemo
     link = StageLink(k, P, M, (rows, linears[0].in_features), (rows, linears[-1].out_features), tl,
                      ahead=2 if cfg.schedule == "1f1b" else None, meter=peak)
     rec = StepRecorder(device, emit)
-    losses, act_peak, per_mb, in_flight = [], 0, 0, 0
-    try:
-        for step in range(cfg.steps):
-            tl.step = step
-            idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
-            mbs = [idx[i * rows:(i + 1) * rows] for i in range(M)]
-            if peak is not None and step == cfg.steps - 1:
-                peak.reset_peak()  # the last step's peak: parameters, gradients, momentum are alive now
-            with rec.step(step) as r:
-                grads.zero_()
-                link.begin_step()
-                held, live, loss_sum = {}, 0, 0.0
-                for kind, i in actions:
-                    if kind == "F":
-                        x = x_all[mbs[i]] if first else link.recv_activation(i).requires_grad_()
-                        meter = ActivationMeter(exclude=[flat])
-                        loss = (lambda out, y=y_all[mbs[i]]: F.cross_entropy(out, y)) if last else None
-                        with tl.event("forward", i), meter.measure():
-                            out = stage_forward(stage, x, loss, cfg.recompute)
-                        if last:
-                            loss_sum += out.item()
-                        else:
-                            link.send_activation(out.detach(), i)
-                        held[i] = (x, out, meter.peak)  # live until its backward: what 1F1B bounds
-                        live, per_mb = live + meter.peak, meter.peak
-                        act_peak, in_flight = max(act_peak, live), max(in_flight, len(held))
-                    else:
-                        x, out, nbytes = held.pop(i)
-                        g = None if last else link.recv_grad(i)
-                        with tl.event("backward", i):
-                            if last:
-                                (out / M).backward()  # mean over micro-batches = whole-batch mean
-                            else:
-                                out.backward(g)
-                        live -= nbytes
-                        if not first:
-                            link.send_grad(x.grad, i)
-                        x = out = g = None  # freed now, not when the next action reassigns them
-                link.flush()
-                optimizer.step()
+    act_peak = per_mb = in_flight = 0
+
+    def step_actions(mbs) -> float:
+        nonlocal act_peak, per_mb, in_flight
+        held, live, loss_sum = {}, 0, 0.0
+        for kind, i in actions:
+            if kind == "F":
+                x = x_all[mbs[i]] if first else link.recv_activation(i).requires_grad_()
+                meter = ActivationMeter(exclude=[flat])
+                loss = (lambda out, y=y_all[mbs[i]]: F.cross_entropy(out, y)) if last else None
+                with tl.event("forward", i), meter.measure():
+                    out = stage_forward(stage, x, loss, cfg.recompute)
                 if last:
-                    r["loss"] = loss_sum / M
-            if last:
-                losses.append(r["loss"])
-            if emit is not None:
-                emit("pp_events", step=step, events=tl.of_step(step))
-    finally:
-        link.close()
-        if peak is not None:
-            peak.stop()  # the steps' peak, not the copies made below to send back
-    memory = memory_report(stage, optimizer, act_peak, device=device)
+                    loss_sum += out.item()
+                else:
+                    link.send_activation(out.detach(), i)
+                held[i] = (x, out, meter.peak)  # live until its backward: what 1F1B bounds
+                live, per_mb = live + meter.peak, meter.peak
+                act_peak, in_flight = max(act_peak, live), max(in_flight, len(held))
+            else:
+                x, out, nbytes = held.pop(i)
+                g = None if last else link.recv_grad(i)
+                with tl.event("backward", i):
+                    if last:
+                        (out / M).backward()  # mean over micro-batches = whole-batch mean
+                    else:
+                        out.backward(g)
+                live -= nbytes
+                if not first:
+                    link.send_grad(x.grad, i)
+                x = out = g = None  # freed now, not when the next action reassigns them
+        return loss_sum
+
+    def last_step_peak(step: int) -> None:
+        if peak is not None and step == cfg.steps - 1:
+            peak.reset_peak()  # the last step's peak: parameters, gradients, momentum are alive now
+
+    losses = run_steps(cfg, k, link, tl, rec, optimizer, grads, emit, step_actions, last_step_peak)
+    if peak is not None:
+        peak.stop()  # the steps' peak, not the copies made below to send back
     kept = {"params": flat.detach().clone(), "grads": grads.clone()} if cfg.return_params else {}
-    return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events, **kept,
-            "activation_peak": act_peak, "activation_per_microbatch": per_mb, "max_in_flight": in_flight,
-            "per_rank": per_rank_summary(k, rec, memory)}
+    return stage_record(k, stage, optimizer, rec, tl, losses, bounds, costs, kept, in_flight, act_peak,
+                        per_mb, device)
 
 
 def worker(cfg: Config) -> dict:

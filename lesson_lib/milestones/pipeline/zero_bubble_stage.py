@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...data import batch_indices, teacher_classification
-from ...metrics import StepRecorder, memory_report, per_rank_summary
+from ...data import teacher_classification
+from ...metrics import StepRecorder
 from ...models import flat_views
 from .comm import StageLink, Timeline
 from .config import Config
 from .cut import build_stage, choose_partition
+from .loop import run_steps, stage_record
 from .zero_bubble import zb_h1_actions
 
 
@@ -65,56 +66,41 @@ def train_zero_bubble(cfg: Config, k: int, device: torch.device, emit=None) -> d
     tl = Timeline(k, device)
     link = StageLink(k, P, M, (rows, linears[0].in_features), (rows, linears[-1].out_features), tl, ahead=2)
     rec = StepRecorder(device, emit)
-    losses, in_flight = [], 0
-    try:
-        for step in range(cfg.steps):
-            tl.step = step
-            idx = batch_indices(cfg.samples, cfg.global_batch, step, cfg.seed)
-            mbs = [idx[i * rows:(i + 1) * rows] for i in range(M)]
-            with rec.step(step) as r:
-                grads.zero_()
-                link.begin_step()
-                held, waiting, loss_sum = {}, {}, 0.0  # held: F done, B not; waiting: B done, W not
-                for kind, i in actions:
-                    if kind == "F":
-                        x = x_all[mbs[i]] if first else link.recv_activation(i).requires_grad_()
-                        with tl.event("forward", i):
-                            out, outs = forward_keeping(stage, x)
-                            if last:
-                                out = F.cross_entropy(out, y_all[mbs[i]])
-                        if last:
-                            loss_sum += out.item()
-                        else:
-                            link.send_activation(out.detach(), i)
-                        held[i] = (x, out, outs)
-                        in_flight = max(in_flight, len(held) + len(waiting))
-                    elif kind == "B":
-                        x, out, outs = held.pop(i)
-                        g = None if last else link.recv_grad(i)
-                        with tl.event("backward", i):
-                            # the last stage: mean over micro-batches = whole-batch mean
-                            dx, douts = backward_input(out / M if last else out, x, outs, g)
-                        if not first:
-                            link.send_grad(dx, i)  # stage k−1 waits for this, not for W
-                        waiting[i] = (outs, douts)
-                        x = out = g = dx = None
-                    else:
-                        outs, douts = waiting.pop(i)
-                        with tl.event("weight", i):
-                            backward_weight(linears, outs, douts)
-                        outs = douts = None
-                link.flush()
-                optimizer.step()
+    in_flight = 0
+
+    def step_actions(mbs) -> float:
+        nonlocal in_flight
+        held, waiting, loss_sum = {}, {}, 0.0  # held: F done, B not; waiting: B done, W not
+        for kind, i in actions:
+            if kind == "F":
+                x = x_all[mbs[i]] if first else link.recv_activation(i).requires_grad_()
+                with tl.event("forward", i):
+                    out, outs = forward_keeping(stage, x)
+                    if last:
+                        out = F.cross_entropy(out, y_all[mbs[i]])
                 if last:
-                    r["loss"] = loss_sum / M
-            if last:
-                losses.append(r["loss"])
-            if emit is not None:
-                emit("pp_events", step=step, events=tl.of_step(step))
-    finally:
-        link.close()
-    memory = memory_report(stage, optimizer, 0, device=device)
+                    loss_sum += out.item()
+                else:
+                    link.send_activation(out.detach(), i)
+                held[i] = (x, out, outs)
+                in_flight = max(in_flight, len(held) + len(waiting))
+            elif kind == "B":
+                x, out, outs = held.pop(i)
+                g = None if last else link.recv_grad(i)
+                with tl.event("backward", i):
+                    # the last stage: mean over micro-batches = whole-batch mean
+                    dx, douts = backward_input(out / M if last else out, x, outs, g)
+                if not first:
+                    link.send_grad(dx, i)  # stage k−1 waits for this, not for W
+                waiting[i] = (outs, douts)
+                x = out = g = dx = None
+            else:
+                outs, douts = waiting.pop(i)
+                with tl.event("weight", i):
+                    backward_weight(linears, outs, douts)
+                outs = douts = None
+        return loss_sum
+
+    losses = run_steps(cfg, k, link, tl, rec, optimizer, grads, emit, step_actions)
     kept = {"params": flat.detach().clone(), "grads": grads.clone()} if cfg.return_params else {}
-    return {"losses": losses, "stage": k, "bounds": bounds, "costs": costs, "events": tl.events, **kept,
-            "activation_peak": 0, "activation_per_microbatch": 0, "max_in_flight": in_flight,
-            "per_rank": per_rank_summary(k, rec, memory)}
+    return stage_record(k, stage, optimizer, rec, tl, losses, bounds, costs, kept, in_flight, device=device)
