@@ -138,15 +138,22 @@ class ParallelTransformer(nn.Module):
         return self.finish(self.body(self.embed(tokens)))
 
 
-def sync_sequence_parallel(model: nn.Module, group=None) -> None:
+def all_reduce_flat(tensors: list[torch.Tensor], group, op: str, divide: int = 1) -> None:
+    """All-reduce ``tensors`` in place as one flat message (our counted ring, under ``op``), divided
+    by ``divide``: a replica group's gradients, or the sequence-parallel ones below."""
+    flat = comm.ring_all_reduce(torch.cat([t.reshape(-1) for t in tensors]), group, op=op)
+    if divide != 1:
+        flat.div_(divide)
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(part.view_as(t))
+
+
+def sync_sequence_parallel(params, group=None) -> None:
     """Sum the gradients that each rank computed from its own tokens only (norms, row biases under
     sequence parallelism), as Megatron-LM does after the backward: one all-reduce of them all."""
-    grads = [p.grad for p in model.parameters() if getattr(p, "sequence_parallel", False)]
-    if not grads:
-        return
-    flat = comm.ring_all_reduce(torch.cat([t.reshape(-1) for t in grads]), group, op="sp_norm_grads")
-    for t, part in zip(grads, flat.split([t.numel() for t in grads])):
-        t.copy_(part.view_as(t))
+    grads = [p.grad for p in params if getattr(p, "sequence_parallel", False)]
+    if grads:
+        all_reduce_flat(grads, group, "sp_norm_grads")
 
 
 def gather_full(model: nn.Module, group=None, grads: bool = False) -> dict[str, torch.Tensor]:

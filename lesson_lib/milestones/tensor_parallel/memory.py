@@ -26,7 +26,7 @@ def _measure(build, cfg: Config, group=None) -> dict:
             x = model.body(x)
         loss_fn(model.finish(x), targets).backward()
         if group is not None:
-            sync_sequence_parallel(model, group)
+            sync_sequence_parallel(model.parameters(), group)
     return {"params": storage_bytes(model.parameters()), "block_activations": meter.peak, **peak.as_dict()}
 
 

@@ -15,7 +15,7 @@ from ... import comm
 from ...metrics import counters
 from ...peakmem import PeakMemory
 from .grid import Grid, Layout
-from .layers import ParallelTransformer, gather_full, sync_sequence_parallel
+from .layers import ParallelTransformer, all_reduce_flat, gather_full, sync_sequence_parallel
 from .model import Config, Transformer, batch, loss_fn
 
 
@@ -40,12 +40,6 @@ def activation_shape(cfg: Config, layout: Layout, micro: int) -> tuple[int, int,
     """What a stage sends: ``[seq (/ tp with sequence parallelism), sequences per micro-batch, d]``."""
     seq = cfg.seq // layout.tp if layout.sequence_parallel else cfg.seq
     return seq, cfg.batch // layout.dp // micro, cfg.d_model
-
-
-def _average(grads: list[torch.Tensor], group, n: int, op: str) -> None:
-    flat = comm.ring_all_reduce(torch.cat([t.reshape(-1) for t in grads]), group, op=op).div_(n)
-    for t, part in zip(grads, flat.split([t.numel() for t in grads])):
-        t.copy_(part.view_as(t))
 
 
 def gpipe_step(model, blocks, grid, cfg: Config, micro: int, step: int) -> float:
@@ -100,9 +94,9 @@ def train_3d_job(cfg: Config, layout: Layout, micro: int = 2) -> dict:
     with PeakMemory() as meter:  # the training's allocations (the model was built before)
         for step in range(cfg.steps):
             loss = gpipe_step(model, blocks, grid, cfg, micro, step)
-            sync_sequence_parallel_of(mine, grid.tp_group)
+            sync_sequence_parallel(mine, grid.tp_group)
             if layout.dp > 1:
-                _average([p.grad for p in mine], grid.dp_group, layout.dp, "dp_grad_all_reduce")
+                all_reduce_flat([p.grad for p in mine], grid.dp_group, "dp_grad_all_reduce", layout.dp)
             with torch.no_grad():
                 for p in mine:
                     p -= cfg.lr * p.grad
@@ -115,10 +109,3 @@ def train_3d_job(cfg: Config, layout: Layout, micro: int = 2) -> dict:
             "losses": losses if k == P - 1 else None, "ops": counters().as_dict(),
             "params": {n: t for n, t in params.items() if n.startswith(owned)},
             "param_numel": sum(p.numel() for p in mine), "peak": meter.peak}
-
-
-def sync_sequence_parallel_of(params: list[torch.nn.Parameter], group) -> None:
-    """:func:`~.layers.sync_sequence_parallel` for this stage's parameters only."""
-    holder = torch.nn.Module()
-    holder.params = torch.nn.ParameterList(params)
-    sync_sequence_parallel(holder, group)

@@ -8,13 +8,11 @@ the unsharded model in this process.
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
-from ... import comm
 from ...metrics import counters
 from .grid import Grid, Layout
-from .layers import ParallelTransformer, gather_full, sync_sequence_parallel
+from .layers import ParallelTransformer, all_reduce_flat, gather_full, sync_sequence_parallel
 from .model import Config, Transformer, batch, loss_fn, sgd
 
 
@@ -49,14 +47,11 @@ def train_job(cfg: Config, layout: Layout) -> dict:
         loss = loss_fn(logits, targets[:, cols])
         forward = _ops()
         loss.backward()
-        sync_sequence_parallel(model, grid.tp_group)
+        sync_sequence_parallel(model.parameters(), grid.tp_group)
         backward = _ops()
         if layout.dp > 1:  # average the replicas' gradients: one all-reduce of them all
-            grads = [p.grad for p in model.parameters()]
-            flat = comm.ring_all_reduce(torch.cat([t.reshape(-1) for t in grads]), grid.dp_group,
-                                        op="dp_grad_all_reduce").div_(layout.dp)
-            for t, part in zip(grads, flat.split([t.numel() for t in grads])):
-                t.copy_(part.view_as(t))
+            all_reduce_flat([p.grad for p in model.parameters()], grid.dp_group, "dp_grad_all_reduce",
+                            layout.dp)
         if step == 0:
             first = {"logits": logits.detach(), "grads": gather_full(model, grid.tp_group, grads=True),
                      "forward": _minus(forward, start), "backward": _minus(backward, forward),
