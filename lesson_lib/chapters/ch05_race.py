@@ -19,10 +19,7 @@ def _from_grid(entry: dict, runs: dict) -> dict | None:
     if r is None or abs(r.config["lr"] - entry["lr"]) > 1e-9 * entry["lr"] \
             or r.config["weight_decay"] != entry["cfg"].weight_decay:
         return None
-    diverged = bool(r["diverged"])
-    return {k: entry[k] for k in ("optimizer", "multiplier", "rule", "lr")} | {
-        "eval_accuracy": 0.0 if diverged else r["eval_accuracy"], "diverged": diverged,
-        "eval_loss": float("inf") if diverged else r["eval_loss"], "steps": r["steps"]}
+    return lbr.result_row(entry, bool(r["diverged"]), r, r["steps"])
 
 
 def race(grid_runs: dict | None = None, batch: int = 2048, preset: str = "long") -> dict:

@@ -48,12 +48,16 @@ def race_job(todo: list[dict]) -> list[dict]:
         out = lb.train(e["cfg"], 0, 1, ctx.device)  # world_size 1: no communication
         last = out["evals"][-1] if out["evals"] else None
         diverged = last is None or not math.isfinite(out["losses"][-1])
-        rows.append({k: e[k] for k in ("optimizer", "multiplier", "rule", "lr")}
-                    | {"eval_accuracy": 0.0 if diverged else last["eval_accuracy"],
-                       "eval_loss": math.inf if diverged else last["eval_loss"], "diverged": diverged,
-                       "steps": len(out["losses"])})
+        rows.append(result_row(e, diverged, None if diverged else last, len(out["losses"])))
         ctx.emit("race", **rows[-1])  # one line per finished run (and no silence notice)
     return rows
+
+
+def result_row(entry: dict, diverged: bool, last_eval: dict | None, steps: int) -> dict:
+    """One line of the race: the entry, its held-out accuracy and loss (0 and ∞ when it diverged)."""
+    return {k: entry[k] for k in ("optimizer", "multiplier", "rule", "lr")} | {
+        "eval_accuracy": 0.0 if diverged else last_eval["eval_accuracy"], "diverged": diverged,
+        "eval_loss": math.inf if diverged else last_eval["eval_loss"], "steps": steps}
 
 
 def best(rows: list[dict]) -> dict[str, dict]:
