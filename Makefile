@@ -51,7 +51,8 @@ test: install
 	$(MAKE) --no-print-directory test-numerics
 
 # The quick loop while editing: ruff and the unit tests only — no notebooks, no browser, no CLI or
-# torchrun subprocesses, no timeouts waited out (those are marked slow). About 1 minute on 2 quiet cores.
+# torchrun subprocesses, no timeouts waited out (those are marked slow). Every chapter's checkers, right
+# and wrong answers, run here. 85 s for 1,442 tests on 2 cores (2026-12-05); keep it under 2 minutes.
 test-quick: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests -m "not slow and not browser" -p no:cacheprovider

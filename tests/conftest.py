@@ -3,6 +3,7 @@ import io
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -95,3 +96,36 @@ def no_orphans():
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+# Time per test file, written at the end of each run over all of tests/ to
+# artifacts/test-times/<selection>.json (`all` without -m, else the -m expression);
+# benchmarks/test_times_table.py renders the whole suite's and the quick loop's as test-times.md.
+_FILE_SECONDS: dict[str, list] = {}
+
+
+def pytest_runtest_logreport(report):
+    entry = _FILE_SECONDS.setdefault(report.nodeid.split("::")[0], [0.0, 0])
+    entry[0] += report.duration
+    entry[1] += report.when == "call"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import json
+    import platform
+    import re
+    import sys
+
+    whole_dir = [Path(a).resolve() for a in session.config.args] == [Path(__file__).parent]
+    if not _FILE_SECONDS or not whole_dir:  # only runs over all of tests/: a subset would mislead
+        return
+    mark = session.config.getoption("markexpr") or "all"
+    out = session.config.rootpath / "artifacts" / "test-times" / (re.sub(r"\W+", "-", mark) + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "selection": mark, "date": time.strftime("%Y-%m-%d"), "nproc": os.cpu_count(),
+        "load_1min": round(os.getloadavg()[0], 2), "machine": platform.machine(),
+        "ci": bool(os.environ.get("CI")), "exit_status": int(exitstatus),
+        "command": "pytest " + " ".join(sys.argv[1:]),
+        "files": {f: {"seconds": round(s, 2), "tests": n} for f, (s, n) in sorted(_FILE_SECONDS.items())},
+    }, indent=1) + "\n")

@@ -8,7 +8,7 @@ from torch.distributed import all_reduce, all_to_all_single
 
 from lesson_lib.chapters import ch08_exercises
 
-pytestmark = [pytest.mark.ch8, pytest.mark.slow]
+pytestmark = pytest.mark.ch8
 EX = ch08_exercises.exercises()
 
 

@@ -10,23 +10,34 @@ from __future__ import annotations
 def allreduce_terms(algorithm: str, world_size: int, nbytes: float) -> tuple[float, float]:
     """(a, b) such that an all-reduce of ``nbytes`` on ``world_size`` ranks takes a·α + b·β.
 
-    ring (and library): 2(N−1)α + 2(N−1)/N·S·β; halving-doubling: 2·log₂N·α, same bytes; naive:
-    2(N−1)α + 2(N−1)·S·β; tree: NCCL's double binary tree (Sanders, Speck & Träff, 2009; Jeaugey,
-    2019), best case 2·log₂N·α + 2·S·β. log₂N is rounded down."""
+    ring (and library): 2(N−1)α + 2(N−1)/N·S·β; naive: 2(N−1)α + 2(N−1)·S·β; tree: NCCL's double
+    binary tree (Sanders, Speck & Träff, 2009; Jeaugey, 2019), best case 2·log₂N·α + 2·S·β.
+    halving-doubling (Rabenseifner's reduce-scatter + all-gather) and recursive doubling as MPICH runs
+    them for any N (Thakur, Rabenseifner & Gropp, 2005, §4): N = 2^k gives 2kα + 2(N−1)/N·S·β and
+    kα + k·S·β; otherwise the N − p′ ranks above p′ = 2^⌊log₂N⌋ first fold their data into a partner
+    and get the result back at the end, one message of S each way: halving-doubling costs
+    (2⌊log₂N⌋ + 2)α + (2(p′−1)/p′ + 2)·S·β (4α + 3·S·β at N = 3), recursive doubling
+    (⌊log₂N⌋ + 2)(α + S·β). log₂N is rounded down."""
     n = world_size
     if n < 1:
         raise ValueError(f"world_size must be at least 1, got {n}")
     if nbytes < 0:
         raise ValueError(f"nbytes must be non-negative, got {nbytes}")
+    k = n.bit_length() - 1  # ⌊log₂N⌋
+    p2 = 1 << k             # p′, the power of two at or below N
+    fold = 0.0 if p2 == n else 2.0  # one message each way for the ranks above p′
     if algorithm in ("ring", "library"):
         return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes
     if algorithm == "halving-doubling":
-        return 2.0 * (n.bit_length() - 1), 2.0 * (n - 1) / n * nbytes
+        return 2.0 * k + fold, (2.0 * (p2 - 1) / p2 + fold) * nbytes
+    if algorithm == "recursive-doubling":
+        return k + fold, (k + fold) * nbytes
     if algorithm == "naive":
         return 2.0 * (n - 1), 2.0 * (n - 1) * nbytes
     if algorithm == "tree":
-        return 2.0 * (n.bit_length() - 1), (2.0 * nbytes if n > 1 else 0.0)
-    raise ValueError(f"algorithm must be ring, library, halving-doubling, naive or tree, got {algorithm!r}")
+        return 2.0 * k, (2.0 * nbytes if n > 1 else 0.0)
+    raise ValueError("algorithm must be ring, library, halving-doubling, recursive-doubling, naive or tree, "
+                     f"got {algorithm!r}")
 
 
 def allreduce_time(algorithm: str, world_size: int, nbytes: float, alpha: float, beta: float) -> float:
