@@ -17,7 +17,7 @@ ifeq ($(origin TORCH_INDEX), undefined)
 TORCH_INDEX := $(shell if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then echo $(TORCH_CPU_INDEX); fi)
 endif
 
-.PHONY: install test test-quick test-numerics lint lab bench site clean-notebooks sync-notebooks
+.PHONY: install test test-quick test-mutants test-numerics lint lab bench site clean-notebooks sync-notebooks
 
 # Idempotent: the venv is created only when missing, and the editable install is
 # redone only when pyproject.toml is newer than the stamp file.
@@ -56,6 +56,12 @@ test: install
 test-quick: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests -m "not slow and not browser" -p no:cacheprovider
+
+# Does the suite bite? A handful of one-line bugs (tests/mutants.py), each applied to a temporary
+# copy and run against the quick loop: prints caught/missed. Not part of `make test` (a missed mutant
+# costs a whole quick loop); record a run in benchmarks/mutants.md.
+test-mutants: install
+	$(BIN)/python tests/mutants.py --json artifacts/mutants.json
 
 NUMERIC_NOTEBOOKS := notebooks/04_zero.ipynb notebooks/06_compression.ipynb
 test-numerics: install

@@ -1,0 +1,155 @@
+"""A small mutation check: does the test suite notice a one-line bug? (`make test-mutants`)
+
+Each mutant below is a realistic one-line change to a core formula, collective, schedule or
+checker. For each, a temporary copy of the committed tree (`--rev`, default HEAD) gets that one
+change, then the quick loop (`pytest tests -m "not slow and not browser" -x`) runs against the
+copy; the mutant is *caught* when some test fails. An unmutated run comes first: if the quick loop
+fails without a mutant, nothing is counted. Prints caught/missed per mutant and a summary;
+`--json FILE` keeps the result. Not part of `make test` (each missed mutant costs a whole quick
+loop); record runs in benchmarks/mutants.md. tests/test_mutants.py checks that every mutant still
+applies (its text occurs exactly once), so the list cannot rot silently.
+
+    .venv/bin/python tests/mutants.py                 # all of them
+    .venv/bin/python tests/mutants.py ring-recv-chunk lamb-trust-ratio
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # relative to the repository root
+    old: str   # occurs exactly once in the file
+    new: str
+    why: str   # the bug a contributor could make
+
+
+MUTANTS = (
+    Mutant("ring-recv-chunk", "lesson_lib/comm/schedules.py",
+           "(r - 1) % n, (r + first - s - 1) % n))", "(r - 1) % n, (r + first - s) % n))",
+           "the ring's receive chunk off by one"),
+    Mutant("dp-average-by-two", "lesson_lib/milestones/data_parallel.py",
+           "bucket.div_(world_size)", "bucket.div_(2)",
+           "data parallel averages by 2, right at two ranks only"),
+    Mutant("bubble-ignores-chunks", "lesson_lib/costmodel/terms.py",
+           "return (stages - 1) / (chunks * microbatches + stages - 1)",
+           "return (stages - 1) / (microbatches + stages - 1)",
+           "the bubble formula forgets interleaving's chunks"),
+    Mutant("zero-unsharded-halved", "lesson_lib/costmodel/terms.py",
+           "(world_size if k in _ZERO_SHARDED[stage] else 1)",
+           "(world_size if k in _ZERO_SHARDED[stage] else 2)",
+           "ZeRO's memory divides the unsharded states too"),
+    Mutant("lamb-trust-ratio", "lesson_lib/optim.py",
+           "ratio = w_norm / u_norm", "ratio = u_norm / w_norm",
+           "the trust ratio upside down"),
+    Mutant("moe-aux-all-choices", "lesson_lib/milestones/tensor_parallel/moe.py",
+           "aux = experts * (onehot[:T].float().mean(0)", "aux = experts * (onehot.float().mean(0)",
+           "the balancing loss counts every assignment, not first choices"),
+    Mutant("moe-capacity-plus-one", "lesson_lib/milestones/tensor_parallel/moe.py",
+           '"keep": slot < capacity', '"keep": slot <= capacity',
+           "an expert keeps one token more than its capacity"),
+    Mutant("qsgd-dequantize-levels", "lesson_lib/milestones/compression/compressors.py",
+           "return (norms.unsqueeze(1) * q / levels)", "return (norms.unsqueeze(1) * q / (levels - 1))",
+           "QSGD decodes with the wrong number of levels"),
+    Mutant("1f1b-warmup", "lesson_lib/milestones/pipeline/schedules.py",
+           "warmup = min(stages - stage - 1, m)", "warmup = min(stages - stage, m)",
+           "1F1B runs one warm-up forward too many"),
+    Mutant("hd-formula-bytes", "lesson_lib/comm/algorithms.py",
+           "            return float(nbytes) if rank % 2 == 0 else core + nbytes",
+           "            return float(nbytes) if rank % 2 == 0 else core",
+           "halving-doubling's folded rank forgets to send the result back"),
+    Mutant("shard-overlap", "lesson_lib/data.py",
+           "return indices[rank * per:(rank + 1) * per]", "return indices[rank * per:(rank + 2) * per]",
+           "a rank's slice of the batch overlaps its neighbour's"),
+    Mutant("ring-bytes-formula", "lesson_lib/comm/algorithms.py",
+           "    return 2 * (n - 1) * nbytes / n\n", "    return 2 * (n - 1) * nbytes / n / n * 2\n",
+           "the ring's textbook bytes, right at two ranks only"),
+)
+
+
+def apply(m: Mutant, root: Path) -> None:
+    """Apply ``m`` to the tree at ``root``; raises if its text does not occur exactly once."""
+    p = root / m.path
+    text = p.read_text(encoding="utf-8")
+    if text.count(m.old) != 1:
+        raise ValueError(f"mutant {m.name}: its text occurs {text.count(m.old)} times in {m.path}, not once")
+    p.write_text(text.replace(m.old, m.new), encoding="utf-8")
+
+
+def _copy(dest: Path, rev: str) -> None:
+    """The committed tree at ``rev`` (not the working tree, which may be mid-edit)."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+
+
+def run(m: Mutant | None, timeout_s: float, rev: str) -> dict:
+    """The quick loop on ``rev`` with mutant ``m`` applied (``None``: unmutated, the baseline)."""
+    with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
+        tree = Path(tmp) / "repo"
+        _copy(tree, rev)
+        if m is not None:
+            apply(m, tree)
+        env = {**os.environ, "PYTHONPATH": str(tree)}  # the copy's lesson_lib, not the editable install
+        t0 = time.monotonic()
+        cmd = [sys.executable, "-m", "pytest", "tests", "-m", "not slow and not browser", "-x", "-q",
+               "-p", "no:cacheprovider", "--no-header"]
+        try:
+            proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
+            code, out = proc.returncode, proc.stdout
+        except subprocess.TimeoutExpired:
+            code, out = -1, ""
+        lines = [ln for ln in out.splitlines() if ln.startswith("FAILED") or ln.startswith("ERROR")]
+        return {"name": m.name if m else "(none)", "why": m.why if m else "",
+                "caught": code not in (0, -1), "exit": code,
+                "seconds": round(time.monotonic() - t0, 1), "first_failure": lines[0] if lines else None}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per mutant")
+    ap.add_argument("--rev", default="HEAD", help="the commit to mutate (default: HEAD)")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
+    if unknown := set(args.names) - {m.name for m in MUTANTS}:
+        ap.error(f"unknown mutants: {sorted(unknown)}")
+    if not args.no_baseline:
+        base = run(None, args.timeout, args.rev)
+        print(f"baseline (no mutant): exit {base['exit']} in {base['seconds']} s", flush=True)
+        if base["exit"] != 0:
+            print(f"the quick loop fails without any mutant: {base['first_failure']}")
+            return 1
+    results = []
+    for m in chosen:
+        r = run(m, args.timeout, args.rev)
+        results.append(r)
+        print(f"{'caught' if r['caught'] else 'MISSED'}  {m.name:24} {r['seconds']:6.1f} s  "
+              f"{r['first_failure'] or m.why}", flush=True)
+    caught = sum(r["caught"] for r in results)
+    print(f"mutants: {caught} caught, {len(results) - caught} missed of {len(results)}")
+    if args.json:
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.rev], capture_output=True,
+                             text=True).stdout.strip()
+        record = {"date": time.strftime("%Y-%m-%d"), "nproc": os.cpu_count(), "rev": rev, "results": results}
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
