@@ -4,6 +4,8 @@ layout for a memory budget with those terms, then runs it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from IPython.display import display
 
 from .. import plots
@@ -80,15 +82,24 @@ def grid_3d(layouts=((2, 2, 2, False), (2, 2, 2, True)), cfg: Config | None = No
 
 
 # --------------------------------------------------------------------------- the layout exercise
-LAYOUT_CASE = {"world": 8, "layers": 4, "budget": 15_000, "micro": 2}
+LAYOUT_CASE = {"world": 8, "layers": 4, "budget": 15_000, "micro": 2,
+               # the time is judged at GPT-3's width (Brown et al., 2020), on A100s (data/devices.csv)
+               "wide": {"d_model": 12_288, "heads": 96, "ffn": 4 * 12_288, "seq": 2_048, "vocab": 51_200}}
 
 
-def _case_cfg() -> Config:
+def case_cfg() -> Config:
+    """The exercise's model, as it runs on the ranks."""
     return Config.tiny(layers=LAYOUT_CASE["layers"], steps=1)
 
 
+def wide_cfg() -> Config:
+    """The same blocks at GPT-3's width: what the exercise's step time is judged on."""
+    return dataclasses.replace(case_cfg(), **LAYOUT_CASE["wide"])
+
+
 def feasible(cfg: Config, world: int, budget: int, micro: int) -> dict[tuple[int, int, int], dict]:
-    """Every (dp, pp, tp) that runs and fits ``budget`` parameters per rank, with its step bytes."""
+    """Every (dp, pp, tp) that runs and fits ``budget`` parameters per rank: its step bytes here and
+    its modelled step time at GPT-3's width (``"time"``, :func:`formulas.step_time`)."""
     out = {}
     for dp in range(1, world + 1):
         for pp in range(1, world + 1):
@@ -100,24 +111,34 @@ def feasible(cfg: Config, world: int, budget: int, micro: int) -> dict[tuple[int
             except ValueError:
                 continue
             if max(formulas.stage_params(cfg, tp, pp, s) for s in range(pp)) <= budget:
-                out[dp, pp, tp] = formulas.step_bytes(cfg, dp, pp, tp, micro)
+                out[dp, pp, tp] = {**formulas.step_bytes(cfg, dp, pp, tp, micro),
+                                   "time": formulas.step_time(wide_cfg(), dp, pp, tp, micro)}
     return out
 
 
 def best_layout() -> tuple[int, int, int]:
     c = LAYOUT_CASE
-    options = feasible(_case_cfg(), c["world"], c["budget"], c["micro"])
-    return min(options, key=lambda k: options[k]["total"])
+    options = feasible(case_cfg(), c["world"], c["budget"], c["micro"])
+    return min(options, key=lambda k: options[k]["time"]["step"])
+
+
+def _time(t: dict) -> str:
+    return (f"{t['step'] * 1e3:,.0f} ms: compute {t['compute'] * 1e3:,.0f} ms with the bubble "
+            f"idling {t['bubble']:.0%}, tp {t['tp'] * 1e3:,.1f}, pp {t['pp'] * 1e3:,.1f}, "
+            f"dp {t['dp'] * 1e3:,.1f} exposed")
 
 
 def _check_layout(answer) -> Verdict:
-    c, cfg = LAYOUT_CASE, _case_cfg()
+    c, cfg = LAYOUT_CASE, case_cfg()
     what = "three whole numbers (dp, pp, tp)"
     if isinstance(answer, Layout):
         answer = (answer.dp, answer.pp, answer.tp)
     if isinstance(answer, str) or not hasattr(answer, "__len__") or len(answer) != 3:
         raise AnswerError(f"you gave {answer!r}; the answer is {what}")
-    dp, pp, tp = answer
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and float(v).is_integer()
+               for v in answer):
+        raise AnswerError(f"you gave {answer!r}; the answer is {what}")
+    dp, pp, tp = (int(v) for v in answer)  # (2.0, 2.0, 2.0) is (2, 2, 2)
     try:
         layout = Layout(dp=dp, pp=pp, tp=tp).check(c["world"], cfg)
         three_d.check(cfg, layout, c["micro"])
@@ -129,34 +150,46 @@ def _check_layout(answer) -> Verdict:
         return Verdict(False, f"measured on the ranks: a rank of dp {dp} × pp {pp} × tp {tp} holds {held:,} "
                               f"parameters, over the budget of {c['budget']:,}. Which axes cut the model?")
     sent = sum(row["counted"][g] for g in GROUPS)
-    best = min(v["total"] for v in feasible(cfg, c["world"], c["budget"], c["micro"]).values())
-    if sent > best:
-        return Verdict(False, f"it fits ({held:,} parameters per rank) and its groups' busiest ranks sent "
-                              f"{sent:,.0f} bytes per step (tp {row['counted']['tp']:,.0f}, pp "
-                              f"{row['counted']['pp']:,.0f}, dp {row['counted']['dp']:,.0f}); another layout "
-                              "that fits sends less. Which group sends the most here?")
-    return Verdict(True, f"measured on {c['world']} ranks: {held:,} parameters per rank at most, and "
-                         f"{sent:,.0f} bytes per step (tp {row['counted']['tp']:,.0f}, pp "
-                         f"{row['counted']['pp']:,.0f}, dp {row['counted']['dp']:,.0f}), the fewest of the "
-                         "layouts that fit — in bytes. In time, a pipeline also pays its bubble (chapter 3), "
-                         "and on a cluster tp's bytes go over NVLink inside a node (§6).")
+    options = feasible(cfg, c["world"], c["budget"], c["micro"])
+    mine, best = options[dp, pp, tp], best_layout()
+    fewest = min(options, key=lambda k: options[k]["total"])
+    by = ", ".join(f"{g} {row['counted'][g]:,.0f}" for g in GROUPS)
+    measured = f"measured on the ranks: {held:,} parameters per rank, {sent:,.0f} bytes per step ({by})"
+    if mine["time"]["step"] > options[best]["time"]["step"] * (1 + 1e-9):
+        hint = (" It sends the fewest bytes, but bytes are not time: what does a pipeline of "
+                f"{pp} stages over {c['micro']} micro-batches leave idle?") if (dp, pp, tp) == fewest else \
+               " Set its terms beside those of the other layouts that fit: which one is larger here?"
+        return Verdict(False, f"it fits; {measured}. At GPT-3's width one step takes {_time(mine['time'])}; "
+                              f"another layout that fits is faster.{hint}")
+    here = {k: formulas.step_time(cfg, *k, c["micro"])["step"] for k in options}
+    return Verdict(True, f"{measured}; at GPT-3's width one step takes {_time(mine['time'])}, the fastest of "
+                         f"the layouts that fit. At this chapter's width (d = {cfg.d_model}) the same model "
+                         f"picks {min(here, key=here.get)}: there the messages' latency, not the bubble, "
+                         "decides (chapter 7).")
 
 
 def layout_exercise() -> Exercise:
     c = LAYOUT_CASE
     best = best_layout()
-    options = feasible(_case_cfg(), c["world"], c["budget"], c["micro"])
+    options = feasible(case_cfg(), c["world"], c["budget"], c["micro"])
+    w = c["wide"]
     return Exercise(
         key="layout", title="pick a layout with the cost model, then run it",
         prompt=f"The chapter's transformer with {c['layers']} blocks (<code>Config.tiny(layers="
                f"{c['layers']})</code>) on {c['world']} ranks, GPipe over {c['micro']} micro-batches. Each "
-               f"rank may hold at most {c['budget']:,} parameters. Which (dp, pp, tp) fits and sends the "
-               "fewest bytes per step (the busiest rank of each group, summed)? Use "
-               "<code>formulas.stage_params</code> and <code>formulas.step_bytes</code>; the check runs your "
-               "layout on the ranks and measures both. Answer <code>(dp, pp, tp)</code>.",
+               f"rank may hold at most {c['budget']:,} parameters. Which (dp, pp, tp) fits, and takes the "
+               f"shortest step when the same {c['layers']} blocks are GPT-3-wide (d = {w['d_model']:,}, "
+               f"{w['heads']} heads, sequence {w['seq']:,}) on A100s, tp inside a node (NVLink), pp and dp "
+               "between nodes (InfiniBand)? Use <code>formulas.stage_params</code> for the memory and "
+               "<code>formulas.step_time(wide, dp, pp, tp, micro)</code> for the time, with "
+               "<code>cfg, wide = ch08_grid.case_cfg(), ch08_grid.wide_cfg()</code>; the check runs your "
+               "layout on the ranks, measures its memory and bytes, and times it with the same model. "
+               "Answer <code>(dp, pp, tp)</code>.",
         check=_check_layout,
-        hint="Enumerate dp·pp·tp = 8 with layers % pp == 0, heads % tp == 0 and the batch divisible; "
-             "keep those whose largest stage fits; compare step_bytes(...)['total'].",
-        solution=f"{best}: " + "; ".join(f"{k} sends {v['total']:,.0f}" for k, v in sorted(options.items()))
-                 + f" bytes per step among the layouts that fit {c['budget']:,} parameters per rank.",
+        hint="Enumerate dp·pp·tp = 8 with layers % pp == 0, heads % tp == 0 and the batch divisible; keep "
+             "those whose largest stage fits; compare step_time(...)['step']. Which term is largest?",
+        solution=f"{best}: " + "; ".join(f"{k} {v['time']['step'] * 1e3:,.0f} ms ({v['total']:,.0f} bytes "
+                                         "here)" for k, v in sorted(options.items()))
+                 + f" among the layouts that fit {c['budget']:,} parameters per rank. The one that sends the "
+                   "fewest bytes runs 4 stages over 2 micro-batches and idles 60 % of its step.",
         reference=lambda: best)

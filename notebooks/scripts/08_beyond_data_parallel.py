@@ -177,13 +177,22 @@ assert whole["block_activations"] > tp4["block_activations"] > sp4["block_activa
 # With the experts spread over n ranks, each rank routes its own tokens and packs them into an
 # `[experts, capacity, d]` buffer. Each expert takes at most `capacity = ⌈capacity_factor · k ·
 # tokens / E⌉` tokens from a rank; the **capacity factor** is the slack above an even share. The rest
-# are **dropped**: they skip the expert and pass through on the residual stream. Then one
+# are **dropped**: they skip the expert and pass through on the residual stream. Capacity exists
+# because GShard and Switch ran under XLA on TPUs, where every buffer's shape is fixed before the
+# step: an expert that is chosen more often than its share must drop tokens. Today's systems drop
+# none: MegaBlocks (Gale et al., 2023) computes each expert's batch, whatever its size, as a
+# block-sparse product, and DeepSeek-V3 (2024) trains without dropping any token. Then one
 # **all-to-all** (every rank sends a different chunk to every other) sends chunk j of the buffer to
 # rank j, which holds those experts. A second all-to-all brings the outputs back.
 #
 # The router learns to balance the load through the **load-balancing loss** E · Σₑ fₑ·Pₑ, where fₑ
-# is the share of tokens sent to expert e and Pₑ the router's mean probability for e. It is 1 when
-# the load is balanced, E when everything goes to one expert.
+# is the share of tokens whose *first* choice is expert e (GShard's convention; top-k
+# implementations such as Hugging Face's Mixtral count every assignment instead) and Pₑ the
+# router's mean probability for e. It is 1 when the router is uniform, and near E only when every
+# token goes to one expert *and* the router is sure of it. Because Pₑ is a mean probability, the loss
+# is not a measure of imbalance by itself: all tokens on one expert with an unsure router score
+# about 1, as the cell after the run shows. DeepSeek-V3 drops the loss for a per-expert bias added
+# to the routing scores, raised while an expert is under-loaded and lowered while it is over-loaded.
 
 # %%
 show_source(moe.route)
@@ -202,6 +211,23 @@ for k in (1, 2):  # top-1 and top-2: more slots, fewer dropped assignments
     mine = [r for r in experts["rows"] if r["ranks"] == 4 and r["top_k"] == k]
     drops = {r["capacity_factor"]: sum(r["dropped"]) for r in mine}
     assert drops[1.0] >= drops[1.25] >= drops[2.0] and drops[1.0] > drops[2.0], (k, drops)
+
+# %%
+# The balancing loss on hand-made routers, 64 tokens that all point the same way (x = e₀), E = 4:
+E, x = 4, torch.eye(4)[[0] * 64]
+
+
+def router(score):  # expert 0's score is `score`, the others' 0
+    r = torch.zeros(4, E)
+    r[0, 0] = score
+    return r
+
+
+aux = {name: moe.route(x, router(score), capacity=64)["aux"].item()
+       for name, score in (("uniform", 0.0), ("sure, one expert", 20.0), ("unsure, one expert", 0.05))}
+print({name: round(v, 3) for name, v in aux.items()})
+assert abs(aux["uniform"] - 1) < 1e-6  # a uniform router: 1
+assert aux["sure, one expert"] > 0.99 * E and aux["unsure, one expert"] < 1.1  # E only when sure
 
 # %% [markdown]
 # ## 3. Sequence parallelism: split what lies between the blocks
@@ -232,13 +258,23 @@ assert whole["block_activations"] / sp4["block_activations"] > 0.75 * t, mem["ro
 # %% [markdown]
 # ## 4. Context parallelism: ring attention
 #
-# Sequence parallelism still gathers the whole sequence for attention. For sequences of a million
-# tokens even one layer's keys and values do not fit. **Ring attention** (Liu et al., 2023) keeps
+# Sequence parallelism still gathers the whole sequence for attention. At a million tokens one
+# layer's keys and values in bf16 take 2 × 10⁶ × 4,096 × 2 bytes ≈ 16 GB at width 4,096, about 4 GB
+# with grouped-query attention's 8 key/value heads of 32: they fit. What does not is every layer's
+# activations together, and attention's compute, which grows with the square of the sequence.
+# **Context parallelism** splits the sequence for attention too. **Ring attention** (Liu et al., 2023) keeps
 # seq / c queries, keys and values on each of c ranks and passes the key/value blocks round a ring.
 # At each of c − 1 steps a rank sends the block it holds to its neighbour while it folds that block
 # into an **online softmax**: it keeps a running maximum, sum and output, and rescales them as new
 # blocks arrive, so the result equals one softmax over all the keys. FlashAttention uses the same
 # trick inside one GPU. No rank ever holds the whole score matrix.
+#
+# Two other designs send other things. **DeepSpeed-Ulysses** (Jacobs et al., 2023) switches from a
+# sequence split to a head split with an all-to-all before attention, so each rank runs ordinary
+# attention over the whole sequence for h / c heads, and a second all-to-all switches back (four per
+# layer with the backward's; heads must divide by c). **All-gather context parallelism** (Llama 3,
+# 2024) gathers every rank's keys and values, small under grouped-query attention, before attending
+# with its own queries: one collective, not c − 1 steps, but no overlap of sending and computing.
 
 # %%
 show_source(ring_attention.block_update)
@@ -283,8 +319,10 @@ show_source(tp.Grid.__init__)
 #   dimension: `Shard(d)` (cut along tensor dimension d) or `Replicate()` (a whole copy);
 # * `parallelize_module`, which turns the weights into DTensors by a plan: `ColwiseParallel` for q, k,
 #   v and fc1 and `RowwiseParallel` for o and fc2 (our column and row layers, f and g included).
-#   Then `fully_shard(model, mesh=mesh["dp"])` (FSDP2, chapter 4) shards over the data-parallel
-#   dimension.
+#   Then `fully_shard(block, mesh=mesh["dp"])` on each block and once more on the whole model
+#   (FSDP2, chapter 4) shards over the data-parallel dimension, as torchtitan does: each block's
+#   parameters are gathered just before it runs and freed after, which keeps memory to about one
+#   block's whole parameters and lets the next block's gather overlap this one's compute.
 #
 # Once more with sequence parallelism, torchtitan's Llama plan: `SequenceParallel(sequence_dim=0)` on
 # the norms, and `PrepareModuleInput` all-gathering the sequence into attention and the MLP, whose row
@@ -309,7 +347,8 @@ assert composed["param_numel"]["fsdp2+tp"] < composed["param_numel"]["ours"]  # 
 #
 # The grid's middle axis was left at 1. Now each of 2 pipeline stages holds one of the two blocks
 # (the first also the embeddings, the last the head), tensor-parallel over 2 ranks, and 2 replicas
-# split the batch: 2 × 2 × 2 = 8 ranks, the layout Narayanan et al. (SC21) call **3D parallelism**.
+# split the batch: 2 × 2 × 2 = 8 ranks, the layout Narayanan et al. (SC21) call **PTD-P**
+# (pipeline, tensor and data parallelism); DeepSpeed calls it **3D parallelism**.
 #
 # Inside a replica the stages run GPipe (chapter 3): the batch is cut into 2 **micro-batches**, and
 # each stage runs all their forwards, then all their backwards. Each tp rank sends its own copy of the
@@ -349,7 +388,10 @@ assert sp["counted"]["pp"] * 2 == plain["counted"]["pp"]  # sequence parallel: e
 #
 # And bytes are not time. At scale the pipeline also pays its **bubble**, the idle time while it fills
 # and drains (chapter 3), and tp's bytes travel over the node's NVLink, not InfiniBand (§6). The layout
-# exercise below picks a layout for a memory budget with these terms, then runs it.
+# exercise below picks a layout for a memory budget and by its **step time**, chapter 7's terms for
+# the same layout: compute stretched by the bubble, tp's collectives on NVLink, pp's messages and dp's
+# all-reduce (hidden behind the backward as far as it lasts) on InfiniBand. The layout that sends the
+# fewest bytes is not always the fastest.
 
 # %% [markdown]
 # ## 6. At cluster scale
@@ -359,8 +401,12 @@ assert sp["counted"]["pp"] * 2 == plain["counted"]["pp"]  # sequence parallel: e
 # equality, never times.
 #
 # At scale the times decide where each kind of parallelism goes. A block's tensor-parallel
-# all-reduces move its whole activation four times per step, and they sit **on the critical path**:
-# the next matrix product needs their result, so nothing hides them. Inside a node, **NVLink**
+# all-reduces move its whole activation four times per step, and in the plain schedule they sit **on
+# the critical path**: the next matrix product needs their result. Megatron-LM hides part of them:
+# the backward's all-reduce of the input gradient runs while the weight gradient is computed, and
+# with sequence parallelism the all-gathers and reduce-scatters are cut into chunks that overlap the
+# matrix products (Wang et al., ASPLOS 2023; Megatron's `--tp-comm-overlap`, torchtitan's async
+# tensor parallelism). The table counts them all as exposed: a bound, not a fact. Inside a node, **NVLink**
 # (NVIDIA's GPU-to-GPU link) moves 300 GB/s each way per A100; between nodes one **InfiniBand HDR**
 # port moves 25 GB/s (data/links.csv). Below, the α-β model of chapter 2 (a message costs a latency α
 # plus its bytes times β, the time per byte) for one GPT-3-sized block (width 12,288, 2,048 tokens,
@@ -377,8 +423,10 @@ assert by[("NVLink 3", 8)] < 0.1 < by[("InfiniBand HDR", 8)], by  # t = 8 inside
 # %% [markdown]
 # So Megatron-LM keeps t ≤ 8, the GPUs of one NVLink node, and uses pipeline and data parallelism
 # (chapters 3 and 4) between nodes: their traffic is smaller per byte of compute, or overlaps with it.
-# Expert parallelism's all-to-all crosses nodes, which is why MoE systems cap the capacity factor and
-# count every dropped token. Context parallelism overlaps each ring step with a block of attention, so
+# Expert parallelism's all-to-all crosses nodes. DeepSeek-V3 bounds that traffic by **node-limited
+# routing**: each token's experts are chosen from at most 4 nodes, so its all-to-all reaches at
+# most 4 nodes whatever k is. (Capacity, §2, is a different matter: fixed shapes and load imbalance,
+# and DeepSeek-V3 drops no token.) Context parallelism overlaps each ring step with a block of attention, so
 # it pays whenever a block's attention takes longer than sending it.
 
 # %% [markdown]
@@ -418,7 +466,8 @@ exercises["dispatch"].submit(exchange)
 exercises["layout"]
 
 # %%
-formulas = tp.formulas  # stage_params(cfg, tp, pp, stage), step_bytes(cfg, dp, pp, tp, micro)
+formulas = tp.formulas  # stage_params(cfg, tp, pp, stage), step_time(wide, dp, pp, tp, micro)
+cfg, wide = ch08_grid.case_cfg(), ch08_grid.wide_cfg()  # as it runs here; at GPT-3's width
 my_layout = ...  # (dp, pp, tp)
 exercises["layout"].submit(my_layout)
 
@@ -432,6 +481,6 @@ exercises["layout"].submit(my_layout)
 # 3. **sequence and context** — §3's reduce-scatter + all-gather with the all-reduces' bytes, §1's measured activations about t-fold smaller, and §4's ring attention equal to one softmax.
 # 4. **one grid, and scale** — §5's dp × tp grid and PyTorch's `DeviceMesh` stack equal to ours, the dp × pp × tp grid on 8 ranks equal to one process with every group's bytes equal to the cost model's terms (asserted), your layout for a memory budget, and §6's table of a block's all-reduces on NVLink against InfiniBand.
 #
-# **On a real cluster:** tensor (and sequence) parallelism inside a node, pipeline and data parallelism between nodes, experts and context where the model or the sequence demands them — Megatron-LM's "3D" layout, today 4D or 5D, all built from one rank grid.
+# **On a real cluster:** tensor (and sequence) parallelism inside a node, pipeline and data parallelism between nodes, experts and context where the model or the sequence demands them — PTD-P in Narayanan et al.'s words ("3D" in DeepSpeed's), today 4D or 5D, all built from one rank grid.
 #
 # Back to the [table of contents](README.md).

@@ -2,8 +2,8 @@
 
 A dp × tp ``DeviceMesh``; ``parallelize_module`` with ``ColwiseParallel`` (q, k, v, fc1) and
 ``RowwiseParallel`` (o, fc2), plus ``SequenceParallel`` / ``PrepareModuleInput`` with sequence
-parallelism (our sequence dimension is 0); then ``fully_shard`` over dp. :func:`dtensor_job`
-trains it like :func:`~.train.train_job` and returns the same record.
+parallelism (our sequence dimension is 0); then ``fully_shard`` over dp on each block and the
+root. :func:`dtensor_job` trains it like :func:`~.train.train_job` and returns the same record.
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def dtensor_job(cfg: Config, layout: Layout) -> dict:
     model = parallelize_module(Transformer(cfg), mesh["tp"], plan(cfg, layout.sequence_parallel))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FSDP2's note on _register_pre_backward_hook (harmless)
-        fully_shard(model, mesh=mesh["dp"])
+        for block in model.blocks:  # one FSDP unit per block, as torchtitan wraps them: each
+            fully_shard(block, mesh=mesh["dp"])  # block gathered just before it runs, freed after
+        fully_shard(model, mesh=mesh["dp"])  # the root: embeddings, final norm, head
     sgd = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     share, d = cfg.batch // layout.dp, mesh["dp"].get_local_rank()
     losses, rows = [], []  # rows: the sequence positions the first norm sees on this rank

@@ -42,10 +42,19 @@ def ring_attention(batch: int, heads: int, seq: int, dim: int, ranks: int) -> fl
     return (ranks - 1) * 2 * 4 * batch * heads * (seq // ranks) * dim
 
 
+def _check_split(cfg, pp: int, tp: int) -> None:
+    """ValueError naming the parameter for a layout the model cannot be cut into."""
+    if pp < 1 or cfg.layers % pp:
+        raise ValueError(f"pp = {pp} stages cannot split {cfg.layers} layers evenly")
+    if tp < 1 or cfg.heads % tp:
+        raise ValueError(f"tp = {tp} cannot split {cfg.heads} heads evenly")
+
+
 def stage_params(cfg, tp: int, pp: int, stage: int) -> int:
     """Parameters one rank of pipeline stage ``stage`` holds: its layers / pp blocks with q, k, v,
     fc1 (weights and biases) and o, fc2 (weights) cut t ways, their norms and o, fc2 biases whole;
     the embeddings on the first stage, the final norm and head on the last."""
+    _check_split(cfg, pp, tp)
     d, f = cfg.d_model, cfg.ffn
     block = (3 * (d * d + d) + d * d + d * f + f + f * d) // tp + 2 * d + 4 * d
     out = cfg.layers // pp * block
@@ -62,6 +71,7 @@ def step_bytes(cfg, dp: int, pp: int, tp: int, micro: int, sequence_parallel: bo
     all-reduce for dp, an activation forward and its gradient back per micro-batch for pp)."""
     from ...costmodel import allreduce_terms, tensor_parallel_terms
 
+    _check_split(cfg, pp, tp)
     seq = cfg.seq // tp if sequence_parallel else cfg.seq
     size = cfg.batch // dp // micro
     act = 4 * cfg.seq * size * cfg.d_model
@@ -69,3 +79,32 @@ def step_bytes(cfg, dp: int, pp: int, tp: int, micro: int, sequence_parallel: bo
     pp_b = min(2, pp - 1) * micro * 4 * seq * size * cfg.d_model  # a middle stage sends both ways
     dp_b = max(allreduce_terms("ring", dp, 4 * stage_params(cfg, tp, pp, s))[1] for s in range(pp))
     return {"tp": tp_b, "pp": pp_b, "dp": dp_b, "total": tp_b + pp_b + dp_b}
+
+
+def step_time(cfg, dp: int, pp: int, tp: int, micro: int, *, device: str = "a100-80gb",
+              efficiency: float = 0.5, intra: str = "nvlink3", inter: str = "ib-hdr") -> dict:
+    """Seconds per step on a cluster, by chapter 7's terms, for the layout (float32 bytes, as counted).
+
+    compute: 6·Ψ FLOPs per token (Kaplan et al., 2020) split over the dp·pp·tp ranks at
+    ``efficiency`` × the device's peak, stretched by GPipe's bubble to (M + P − 1)/M of itself;
+    tp: its collectives on the node's link (``intra``), exposed; pp: 2 messages (activation and
+    gradient) per micro-batch from a middle stage, between nodes (``inter``), exposed; dp: a ring
+    all-reduce of the largest stage's gradients between nodes, hidden behind the backward (2/3 of
+    compute) as far as it lasts. α and β from data/links.csv."""
+    from ...costmodel import allreduce_terms, devices, links, tensor_parallel_terms
+
+    _check_split(cfg, pp, tp)
+    world, fast, slow = dp * pp * tp, links()[intra], links()[inter]
+    whole = stage_params(cfg, 1, 1, 0)
+    ideal = 6 * whole * cfg.seq * cfg.batch / world / (efficiency * devices()[device]["peak_flops"])
+    size = cfg.batch // dp // micro
+    a, b = tensor_parallel_terms(tp, 4 * cfg.seq * size * cfg.d_model, cfg.layers / pp, micro)
+    sends = min(2, pp - 1) * micro
+    pp_bytes = sends * 4 * cfg.seq * size * cfg.d_model
+    da, db = allreduce_terms("ring", dp, 4 * max(stage_params(cfg, tp, pp, s) for s in range(pp)))
+    dp_s = da * slow["alpha"] + db * slow["beta"]
+    out = {"compute": ideal * (micro + pp - 1) / micro, "tp": a * fast["alpha"] + b * fast["beta"],
+           "pp": sends * slow["alpha"] + pp_bytes * slow["beta"], "dp": max(0.0, dp_s - 2 / 3 * ideal)}
+    out["bubble"] = (pp - 1) / (micro + pp - 1)
+    out["step"] = out["compute"] + out["tp"] + out["pp"] + out["dp"]
+    return out
