@@ -63,7 +63,8 @@ def test_equal_durations_give_the_papers_bubble(p, m):
     assert got["makespan"] == 3 * m + p - 1 and base["makespan"] == 3 * (m + p - 1), where
     assert got["idle_share"] == Fraction(p - 1, 3 * m + p - 1), where
     assert base["idle_share"] == Fraction(p - 1, m + p - 1), where
-    assert got["bubble_rate"] == Fraction(p - 1, 3 * m) and base["bubble_rate"] == Fraction(p - 1, m), where
+    assert got["idle_over_work"] == Fraction(p - 1, 3 * m), where
+    assert base["idle_over_work"] == Fraction(p - 1, m), where
     # 1F1B's replay here is the chapter's 1F1B replay (F = 1, B = 2), whose bubble is the formula
     acts = all_actions("1f1b", p, m)
     plain = replay(acts, {(k, x, i): 1 if x == "F" else 2 for k, a in enumerate(acts) for x, i in a})

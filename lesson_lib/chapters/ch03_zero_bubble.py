@@ -28,7 +28,7 @@ def _replays(P: int, M: int) -> dict:
 
 def zero_bubble(stages: int = 4, microbatches=(2, 4, 8), shown: int = 8) -> dict:
     """ZB-H1 beside 1F1B at the paper's F = B = W = 1 (a whole backward is 2): per M, each stage's
-    idle time, the step, the idle share and the paper's bubble rate (idle / work), replayed; the
+    idle time, the step, the idle share (the paper's bubble rate) and idle over work, replayed; the
     micro-batches each stage holds and the messages, counted in the schedules. Draws M = ``shown``."""
     P, rows, panels = stages, [], {}
     for M in microbatches:
@@ -47,13 +47,13 @@ def zero_bubble(stages: int = 4, microbatches=(2, 4, 8), shown: int = 8) -> dict
                 panels[f"{label} — each stage idle {got[name]['idle'][0]} of {got[name]['makespan']}"] = \
                     zb.replayed_events(spans[name])
     print(f"P = {P} stages, F = B = W = 1 (one whole backward = 2). Idle: per stage, in units of F, for\n"
-          "1F1B, 1F1B with B's gradient sent first, and ZB-H1. step and bubble rate (idle ÷ work):\n"
+          "1F1B, 1F1B with B's gradient sent first, and ZB-H1. step and idle ÷ work:\n"
           "1F1B → ZB-H1. held: micro-batches each stage keeps from F to W, 1F1B / ZB-H1.")
-    print_table(["M", "1F1B", "B first", "ZB-H1", "ZB-H1/1F1B", "step", "bubble rate", "held"],
+    print_table(["M", "1F1B", "B first", "ZB-H1", "ZB-H1/1F1B", "step", "idle ÷ work", "held"],
                 [[str(r["microbatches"]), str(r["1f1b"]["idle"][0]), str(r["1f1b, B sent first"]["idle"][0]),
                   str(r[zb.SCHEDULE]["idle"][0]), str(r["third"]),
                   f"{r['1f1b']['makespan']} → {r[zb.SCHEDULE]['makespan']}",
-                  f"{r['1f1b']['bubble_rate']} → {r[zb.SCHEDULE]['bubble_rate']}",
+                  f"{r['1f1b']['idle_over_work']} → {r[zb.SCHEDULE]['idle_over_work']}",
                   " / ".join(" ".join(map(str, r["in_flight"][name])) for name in ("1f1b", zb.SCHEDULE))]
                  for r in rows])
     display(plots.pipeline.pipeline_gantt(

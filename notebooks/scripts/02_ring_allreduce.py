@@ -446,7 +446,9 @@ assert n_star[1e9] > n_star[25e6]                  # bigger messages push N* up
 #
 # The ring sends a little less (2(N−1)/N·S against 2·S, the same as N grows); the tree pays far fewer
 # latencies. The ring is faster only for messages above S = N·(N−1−log₂N)·α/β, a size that grows about
-# as N², so at a thousand ranks the tree wins for any gradient.
+# as N², so in this model at a thousand ranks the tree wins for any gradient. Real libraries decide
+# by measurement, not by this formula: NCCL picks its algorithm per message size and topology from
+# its own tuning tables, and a ring still wins for large messages on many clusters.
 #
 # * Left: the three at 100 MB on InfiniBand HDR (the naive root, far slower, is printed rather than
 #   drawn).

@@ -417,8 +417,8 @@ show_source(zb.zb_h1_actions)
 # units), three ways: 1F1B as our stages run it (one backward call: the gradient leaves after W),
 # 1F1B's order with the gradient sent right after B, and ZB-H1 — at P = 4 for M = 2, 4 and 8. What
 # the replay measures: each stage's idle time (the step's length minus the stage's own work) in
-# units of one F, and from it the paper's *bubble rate* (idle time over work) and the idle share of
-# the step (§5's bubble).
+# units of one F, and from it the idle share of the step (§5's bubble, and what Qi et al. §5.3 call
+# the *bubble rate*: (cost − work)/cost) and the idle time over the work.
 
 # %%
 zbr = ch03.zero_bubble(stages=4, microbatches=(2, 4, 8))
@@ -431,7 +431,7 @@ for r in zbr["rows"]:
     if M >= P:  # the paper's statement, exactly
         assert z["idle"] == [P - 1] * P, r                         # ZB-H1: (P − 1)(F + B − W) per stage
         assert r["third"] == Fraction(1, 3), r
-        assert (one["bubble_rate"], z["bubble_rate"]) == (Fraction(P - 1, M), Fraction(P - 1, 3 * M)), r
+        assert (one["idle_over_work"], z["idle_over_work"]) == (Fraction(P - 1, M), Fraction(P - 1, 3 * M)), r
         assert z["idle_share"] == Fraction(P - 1, 3 * M + P - 1), r
     assert z["idle"][0] <= r["1f1b, B sent first"]["idle"][0] <= one["idle"][0], r
     assert max(r["in_flight"]["zb-h1"]) == max(r["in_flight"]["1f1b"]), r  # the most a stage holds
@@ -440,8 +440,8 @@ for r in zbr["rows"]:
 # %% [markdown]
 # At M ≥ P the replay gives exactly what the paper states: 1F1B leaves each stage idle for
 # (P − 1)(F + B + W) = 9 units, ZB-H1 for (P − 1)(F + B − W) = 3 — a third. Against the M·(F + B + W)
-# of work, the bubble rate falls from (P − 1)/M to (P − 1)/(3M); as the idle share of the step, from
-# (P − 1)/(M + P − 1) to (P − 1)/(3M + P − 1).
+# of work, idle over work falls from (P − 1)/M to (P − 1)/(3M); as the idle share of the step (the
+# paper's bubble rate), from (P − 1)/(M + P − 1) to (P − 1)/(3M + P − 1).
 #
 # The *B first* column shows the two halves of the gain: sending the gradient after B alone saves
 # (P − 1)·W, since stage k − 1 no longer waits for stage k's W; moving the W's into the tail saves

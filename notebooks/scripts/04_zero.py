@@ -37,9 +37,9 @@
 #
 # These formulas use the ZeRO paper's convention (Rajbhandari et al., 2020, §3.1): 2 bytes of fp16
 # parameters + 2 of fp16 gradients + K = 12 of optimizer state = 16 bytes per parameter. Megatron-LM
-# keeps its gradients in fp32 ("main gradients", accumulated and reduced in fp32; Narayanan et al.,
-# SC 2021), so it counts 2 + 4 + 12 = **18 bytes per parameter**, and 6 + 12/N with its distributed
-# optimizer, which shards only the 12 (Megatron-Core's distributed-optimizer documentation).
+# keeps its gradients in fp32 ("main gradients", accumulated and reduced in fp32, as Megatron-Core's
+# distributed-optimizer documentation describes), so it counts 2 + 4 + 12 = **18 bytes per
+# parameter**, and 6 + 12/N with its distributed optimizer, which shards only the 12.
 # `zero_memory(..., grad_bytes=4)` gives that convention; everything in this chapter uses the paper's.
 #
 # </details>
@@ -607,8 +607,8 @@ assert total(hsdp) < total(fsdp) and 4 * hsdp["all_reduce_ring_sent"] == total(h
 #
 # FSDP2's `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=...)` runs the forward, the
 # backward and the all-gathers in bf16 and the reduce-scatter in `reduce_dtype`: bf16 halves its
-# bytes; fp32 sums the bf16 gradients without rounding each partial sum to 8 bits (Megatron-LM's
-# choice, its 18 bytes per parameter). On 2 ranks, the `laptop` run, each run's loss beside
+# bytes; fp32 sums the bf16 gradients without rounding each partial sum to 8 bits (the choice of
+# Megatron-Core's distributed optimizer, its 18 bytes per parameter). On 2 ranks, the `laptop` run, each run's loss beside
 # single-process fp32 Adam:
 
 # %%

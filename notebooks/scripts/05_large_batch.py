@@ -171,8 +171,9 @@ assert acc["lamb", 8192] < acc["lamb", 64] - 0.05, acc  # at 128 × B₀ LAMB's 
 # Does that make LAMB *the* large-batch optimizer? Only if its rivals were tuned as well. Nado et al.
 # (2021, "A Large Batch Optimizer Reality Check") retuned Nesterov momentum (SGD with momentum that
 # takes its gradient a step ahead) and Adam at the batch sizes of the LARS and LAMB papers, and matched
-# them. Shallue et al. (JMLR 2019) found that how much each optimizer is tuned decides such
-# comparisons.
+# them. Choi et al. (2019, "On Empirical Comparisons of Optimizers for Deep Learning") showed that
+# the tuning budget, and which hyperparameters it searches, can decide such comparisons; Shallue et
+# al. (JMLR 2019) found the same across batch sizes.
 #
 # So here every optimizer gets **the same tuning budget** at 32·B₀: its B₀ rate times ½ and 1, grown by
 # the linear and by the square-root rule, four rates each. All get the same warm-up, cosine decay and
@@ -185,8 +186,9 @@ fair = ch05.race(out["runs"])
 
 # %% [markdown]
 # What the race shows with seeds 0 and 1 (the numbers move by a point or two between them):
-# **tuned alike, Adam, LARS and LAMB end within about two points of each other** at 32·B₀, LAMB
-# slightly ahead.
+# **tuned alike, Adam, LARS and LAMB end within about two points of each other** at 32·B₀. Which of
+# the three leads is within that spread: two seeds cannot rank them, only say that none is far
+# behind.
 #
 # The difference is in *which* rates worked. LAMB's and LARS's published rules (square-root and
 # linear) were their best, unchanged: the adaptive methods carry their recipe to the large batch.

@@ -205,7 +205,13 @@ assert all(r["ranks_agree"] for r in runs.values())
 #
 # Counted bytes per step on the busiest rank, against two baselines: the fp32 ring's 2(N−1)/N·4S
 # bytes (S parameters of 4 bytes) and the **bf16 ring**'s 2(N−1)/N·2S — what DDP users turn on first
-# (`bf16_compress_hook`), and the fair baseline for any compressor: it halves the bytes for free.
+# (`bf16_compress_hook`), and the fair baseline for any compressor: it halves the bytes for almost
+# nothing. Not quite nothing at scale: a bf16 ring rounds every partial sum to bf16's 8 bits, an
+# error that grows with the number of ranks summed (chapter 4 §8), which is why large runs often
+# reduce in fp32. The compressors below cannot ride on the library's all-reduce at all: NCCL and Gloo
+# reduce by adding numbers element by element, and adding packed sign bits, or QSGD codes that each
+# carry their own rank's scale, gives nonsense. So they all-gather, unless, like PowerSGD, the
+# compression is linear, so that the sum of the compressed parts is the compressed sum.
 # Indices, norms and scales are included: top-k sends 8 bytes per kept value (4 of them the index),
 # QSGD and sign one float32 per 512-element block besides their packed bits. QSGD's `bits=2` sets
 # s = 3 levels a side; a code (sign and level, 7 values) needs 3 bits and crosses in 4, which the

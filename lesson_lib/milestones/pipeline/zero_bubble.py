@@ -70,8 +70,9 @@ def equal_durations(actions: list[list[Action]], f=1, b=1, w=1) -> dict:
 
 
 def idle(spans: dict) -> dict:
-    """A replay's ``makespan``, each stage's ``idle`` time, the step's ``idle_share`` and the paper's
-    ``bubble_rate`` (idle / work), exact where the durations are fractions."""
+    """A replay's ``makespan``, each stage's ``idle`` time, the step's ``idle_share`` (what Qi et al.,
+    2023, §5.3 call the *bubble rate*, (cost − work)/cost) and ``idle_over_work``, exact where the
+    durations are fractions."""
     start = min(s for s, _ in spans.values())
     makespan = max(e for _, e in spans.values()) - start
     work = {}
@@ -80,7 +81,7 @@ def idle(spans: dict) -> dict:
     per_stage = [makespan - work[k] for k in sorted(work)]
     share = Fraction(sum(per_stage)) / (len(work) * makespan)
     return {"makespan": makespan, "idle": per_stage, "idle_share": share,
-            "bubble_rate": Fraction(sum(per_stage)) / sum(work.values())}
+            "idle_over_work": Fraction(sum(per_stage)) / sum(work.values())}
 
 
 def bubble(stages: int, microbatches: int, f=1, b=1, w=1) -> dict:
