@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .terms import devices, links, published
+from .compute import RECOMPUTE
+from .terms import CALIBRATED_EFFICIENCY, devices, links, published
 
 # Every number of a Plan is an input that ``planner.assumptions()`` prints; the devices and links
 # come from data/devices.csv and data/links.csv (a source per row).
@@ -21,13 +22,20 @@ MILESTONE_PLANS = {
     "ps-sharded": {"comm": "ps", "servers": "workers"},      # K = N shards, as deployed (Li et al. 2014)
     "ring": {},
     "pipeline": {"pipeline": "auto"},
-    "zero-1": {"zero": 1}, "zero-2": {"zero": 2}, "zero-3": {"zero": 3},
-    "lamb": {"zero": 3, "batch_scale": 4},
-    "compression": {"zero": 3, "batch_scale": 4, "compression": 4},
+    # ZeRO-3 gathers the parameters once per micro-batch: these bars run each replica's share of the
+    # batch as ONE micro-batch (micro_batch=0), so they gather once per step and hold that share's
+    # activations (LAMB: 6 sequences). Micro-batches of 1 would gather 6 times (issue 48).
+    "zero-1": {"zero": 1}, "zero-2": {"zero": 2}, "zero-3": {"zero": 3, "micro_batch": 0},
+    "lamb": {"zero": 3, "batch_scale": 4, "micro_batch": 0},
+    "compression": {"zero": 3, "batch_scale": 4, "compression": 4, "micro_batch": 0},
 }
 # The step's terms: compute, the pipeline's bubble, the data-parallel (and pipeline, offload) messages'
 # bandwidth and latency, and the tensor-parallel collectives on the node's link (chapter 8).
-TERMS = ("compute", "bubble", "bandwidth", "latency", "tensor")
+# context and expert: chapter 8's context-parallel K/V exchange and expert-parallel all-to-alls.
+TERMS = ("compute", "bubble", "bandwidth", "latency", "tensor", "context", "expert")
+# Dense FP8 tensor-core peak where the device has one (NVIDIA H100 and H200 datasheets: 3,958 TFLOP/s
+# with sparsity, 1,979 dense); the A100 and V100 have no FP8.
+FP8_PEAK_FLOPS = {"h100-sxm": 1979e12, "h200": 1979e12}
 
 
 @dataclass(frozen=True)
@@ -52,16 +60,29 @@ class Plan:
     compression: float = 1.0           # gradient bytes divided by this (chapter 6)
     extra_steps: float = 0.0           # share of extra steps a compressed run needs (0: a bound)
     seq_len: int = 2048
-    micro_batch: int = 1               # sequences per micro-batch
+    micro_batch: int = 1               # sequences per micro-batch; 0: the replica's whole share, at once
     layers: int = 0                    # 0: from Ψ ≈ 12·L·h² with h = 128·L (GPT-3's shape)
     hidden: int = 0
     heads: int = 0                     # 0: h / 128
     efficiency: float = 0.5            # share of peak FLOP/s the math reaches (assumed)
-    recompute: bool = True             # 8Ψ FLOPs per token instead of 6Ψ, less activation memory
+    recompute: bool | str = True       # none | selective | full (True: full, False: none)
     overlap: float = 0.0               # share of data-parallel communication hidden behind compute
     offload: bool = False              # ZeRO-Offload: gradients, Adam and its step on the host (Ren 2021)
     host_link: str = "pcie4-x16"       # device ↔ host, for offload (data/links.csv)
     host_gb: float = 256.0             # host memory per device (assumed; DGX A100: 2 TB for 8 GPUs)
+    chunks: int = 1                    # v, model chunks per pipeline rank (interleaved 1F1B; SC21)
+    flash_attention: bool = False      # attention's s×s scores never stored (Dao et al., 2022)
+    attention_flops: bool = False      # count attention's 12·L·h·s FLOPs per token (SC21 Eq. 3)
+    vocab: int = 0                     # V, for SC21 Eq. 3's logit layer (0: inside Ψ, not split out)
+    tp_overlap: float = 0.0            # share of tensor-parallel communication hidden behind compute
+    context: int = 1                   # c, context-parallel ranks: each holds s/c of every sequence
+    context_algorithm: str = "all-gather"  # all-gather (Llama 3) | ring (ring attention)
+    kv_heads: int = 0                  # grouped-query attention's K/V heads (0: = heads)
+    experts: int = 0                   # E experts per MoE layer (0: dense)
+    expert_parallel: int = 1           # experts spread over this many ranks (taken from d·c)
+    top_k: int = 1                     # experts each token goes to
+    active_params: float = 0.0         # parameters each token meets (0: = params, dense)
+    precision: str = "bf16"            # bf16 | fp8 (the matmuls at the FP8 peak: a bound)
 
     def shape(self) -> tuple[int, int, int]:
         """(layers, hidden, heads): given, or GPT-3's aspect (h = 128·L) from Ψ = 12·L·h²."""
@@ -76,12 +97,31 @@ class Plan:
 
     @property
     def data_parallel(self) -> int:
-        return self.devices // (self.pipeline * self.tensor)
+        return self.devices // (self.pipeline * self.tensor * self.context)
+
+    @property
+    def sequences_per_microbatch(self) -> float:
+        """b: ``micro_batch``, or with 0 the replica's whole share of the step's sequences."""
+        share = self.batch_tokens * self.batch_scale / self.seq_len / self.data_parallel
+        return self.micro_batch or share
 
     @property
     def microbatches(self) -> float:
         """Micro-batches each pipeline runs per step: the step's sequences over d replicas and b."""
-        return self.batch_tokens * self.batch_scale / self.seq_len / (self.data_parallel * self.micro_batch)
+        return self.batch_tokens * self.batch_scale / self.seq_len / (self.data_parallel
+                                                                     * self.sequences_per_microbatch)
+
+    @property
+    def recompute_policy(self) -> str:
+        """none | selective | full (Korthikanti et al., 2022); True is full, False none."""
+        if isinstance(self.recompute, bool):
+            return "full" if self.recompute else "none"
+        return self.recompute
+
+    @property
+    def active(self) -> float:
+        """Parameters each token meets: ``active_params``, or all of them for a dense model."""
+        return self.active_params or self.params
 
     def validate(self) -> "Plan":
         for name in ("params", "tokens", "batch_tokens", "batch_scale", "compression", "efficiency",
@@ -89,10 +129,16 @@ class Plan:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
-        for name in ("devices", "servers", "pipeline", "tensor", "seq_len", "micro_batch"):
+        for name in ("devices", "servers", "pipeline", "tensor", "seq_len", "chunks", "context",
+                     "expert_parallel", "top_k"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name in ("micro_batch", "vocab", "kv_heads", "experts"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int ≥ 0, got {v!r}")
+        self._validate_new()
         for name in ("layers", "hidden", "heads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -121,24 +167,72 @@ class Plan:
                              f"optimizer: use it with zero=2, got zero={self.zero}")
         if not 0 <= self.overlap <= 1:
             raise ValueError(f"overlap must be between 0 and 1, got {self.overlap!r}")
-        if self.devices % (self.pipeline * self.tensor):
-            raise ValueError(f"devices={self.devices} must be a multiple of pipeline × tensor = "
-                             f"{self.pipeline * self.tensor}")
+        ways = self.pipeline * self.tensor * self.context
+        if self.devices % ways:
+            raise ValueError(f"devices={self.devices} must be a multiple of pipeline × tensor × context = "
+                             f"{ways}")
         layers = self.shape()[0]
         if self.pipeline > layers:
             raise ValueError(f"pipeline={self.pipeline} stages is more than the model's {layers} layers")
+        if self.chunks > 1 and (self.pipeline == 1 or self.pipeline * self.chunks > layers):
+            raise ValueError(f"chunks={self.chunks} needs a pipeline and at least pipeline × chunks = "
+                             f"{self.pipeline * self.chunks} layers (the model has {layers})")
+        if self.experts and (self.experts % self.expert_parallel
+                             or (self.data_parallel * self.context) % self.expert_parallel):
+            raise ValueError(f"expert_parallel={self.expert_parallel} must divide the experts "
+                             f"({self.experts}) and d × context = {self.data_parallel * self.context}")
         if self.microbatches < 1:
             raise ValueError(f"batch_tokens={self.batch_tokens:g} gives each of the {self.data_parallel} "
                              f"replicas less than one micro-batch of {self.micro_batch} × {self.seq_len}")
         return self
 
+    def _validate_new(self) -> None:
+        if self.recompute_policy not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)} (or True/False), "
+                             f"got {self.recompute!r}")
+        for name in ("flash_attention", "attention_flops"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.tp_overlap, bool) or not 0 <= self.tp_overlap <= 1:
+            raise ValueError(f"tp_overlap must be between 0 and 1, got {self.tp_overlap!r}")
+        if self.context_algorithm not in ("all-gather", "ring"):
+            raise ValueError(f"context_algorithm must be 'all-gather' or 'ring', "
+                             f"got {self.context_algorithm!r}")
+        if self.seq_len % self.context:
+            raise ValueError(f"context={self.context} must divide seq_len={self.seq_len}")
+        if isinstance(self.active_params, bool) or not 0 <= self.active_params <= self.params:
+            raise ValueError(f"active_params must be between 0 (dense) and params, "
+                             f"got {self.active_params!r}")
+        if self.expert_parallel > 1 and not self.experts:
+            raise ValueError("expert_parallel needs experts (a mixture-of-experts model)")
+        if self.experts and self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} is more than the {self.experts} experts")
+        if self.precision not in ("bf16", "fp8"):
+            raise ValueError(f"precision must be 'bf16' or 'fp8', got {self.precision!r}")
+        if self.precision == "fp8" and self.device not in FP8_PEAK_FLOPS:
+            raise ValueError(f"precision='fp8' needs a device with FP8 ({', '.join(FP8_PEAK_FLOPS)}), "
+                             f"got {self.device!r}")
+
 
 def published_plan(case: str, **options) -> Plan:
-    """The Plan of a published run (data/published.csv): its devices, layout, batch, shape and
-    recomputation; ``options`` override them (chapter 7 checks the model against these)."""
+    """The Plan of a published run (data/published.csv): its devices, links, layout (t, p, context,
+    chunks, micro-batch, ZeRO), batch, shape, recomputation and attention; ``options`` override them.
+    Its efficiency is the one calibrated on the in-sample set (:mod:`.calibrate`), FLOPs on SC21's
+    Eq. 3 basis (attention counted); a run with no tokens is modelled for one step."""
     p = published()[case]
-    chosen = dict(device=p["device"], tensor=int(p["tensor"]), pipeline=int(p["pipeline"]),
-                  batch_tokens=p["global_batch"] * p["seq_len"], seq_len=int(p["seq_len"]),
-                  layers=int(p["layers"]), hidden=int(p["hidden"]), heads=int(p["heads"]),
-                  recompute=bool(p["recompute"]), sequence_parallel=bool(p.get("sequence_parallel") or 0))
-    return Plan(p["params"], p["tokens"], int(p["devices"]), **{**chosen, **options}).validate()
+    num = lambda k, default: default if p.get(k, "") == "" else p[k]
+    recompute = "full" if num("recompute", 0) else "selective" if num("selective", 0) else "none"
+    batch = p["global_batch"] * p["seq_len"]
+    chosen = dict(device=p["device"], link=p.get("link") or "ib-hdr",
+                  intra_link=p.get("intra_link") or "nvlink3",
+                  tensor=int(p["tensor"]), pipeline=int(p["pipeline"]), context=int(num("context", 1)),
+                  chunks=int(num("chunks", 1)), micro_batch=int(num("micro_batch", 1)),
+                  zero=int(num("zero", 0)), overlap=num("overlap", 0.0), tp_overlap=num("tp_overlap", 0.0),
+                  batch_tokens=batch, seq_len=int(p["seq_len"]), layers=int(p["layers"]),
+                  hidden=int(p["hidden"]), heads=int(p["heads"]), kv_heads=int(num("kv_heads", 0)),
+                  vocab=int(num("vocab", 0)), recompute=recompute,
+                  sequence_parallel=bool(num("sequence_parallel", 0)),
+                  flash_attention=bool(num("flash_attention", 0)), attention_flops=True,
+                  efficiency=CALIBRATED_EFFICIENCY)
+    tokens = num("tokens", batch)
+    return Plan(p["params"], tokens, int(p["devices"]), **{**chosen, **options}).validate()

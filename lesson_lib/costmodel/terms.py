@@ -7,6 +7,12 @@ from __future__ import annotations
 from ..data import read_csv
 from .alphabeta import allreduce_time
 
+# The one calibrated number of chapter 7's step model: the share of peak FLOP/s the matmuls reach,
+# fitted once on the in-sample set, every row of Narayanan et al. (SC21) Table 1 (data/sc21_table1.csv),
+# by calibrate.fit_efficiency; tests/test_published_runs.py refits it and fails if it moved. No held-out
+# run (data/published.csv, use = out-of-sample) was looked at to choose it.
+CALIBRATED_EFFICIENCY = 0.549
+
 # Bytes per parameter (Rajbhandari et al., ZeRO, 2020, §3.1): mixed-precision Adam keeps fp16
 # params and grads plus fp32 master, momentum and variance (K = 12), 16 bytes in all.
 PRECISIONS = {
@@ -98,9 +104,10 @@ def links() -> dict[str, dict]:
 
 
 def published() -> dict[str, dict]:
-    """Training figures papers report (data/published.csv). ``use``: "calibration",
-    "out-of-sample" (the paper's layout) or "sanity-check" (a layout the model chose)."""
-    return {r["case"]: {k: (v if k in ("case", "device", "use", "source") or v == "" else float(v))
+    """Training figures papers report (data/published.csv). ``use``: "calibration" (in the in-sample
+    set), "out-of-sample" (held out, the paper's layout) or "sanity-check" (a layout assumed)."""
+    text = ("case", "device", "use", "source", "link", "intra_link", "rate_basis")
+    return {r["case"]: {k: (v if k in text or v == "" else float(v))
                         for k, v in r.items()} for r in read_csv("published.csv")}
 
 
@@ -162,5 +169,5 @@ def activation_bytes(seq: int, micro: int, hidden: int, heads: int, tensor: int 
 def recompute_activation_bytes(seq: int, micro: int, hidden: int, layers: float, tensor: int = 1,
                                sequence_parallel: bool = False) -> float:
     """Activations kept under full recomputation: 2·s·b·h·L bytes, divided by t with sequence
-    parallelism (Korthikanti et al., 2022, §4.1); the layer being recomputed comes on top."""
+    parallelism (Korthikanti et al., 2022, §5, Table 2); the layer being recomputed comes on top."""
     return 2 * seq * micro * hidden * layers / (tensor if sequence_parallel else 1)
