@@ -114,6 +114,21 @@ def zero1_by_hand(params, grad, step):  # right, a ring of point-to-point exchan
     return params
 
 
+def zero1_mean_over_four(params, grad, step):  # right at 4 ranks only: the mean divides by a typed 4
+    rank, n = dist.get_rank(), dist.get_world_size()
+    size = params.numel() // n
+    mine = torch.empty(size)
+    dist.reduce_scatter_single(mine, grad)
+    step(params[rank * size:(rank + 1) * size], mine / 4)
+    dist.all_gather_single(params, params[rank * size:(rank + 1) * size].clone())
+    return params
+
+
+def test_zero1_rejects_an_answer_right_at_one_world_size_only():
+    v = verdict(EX4["zero1"], zero1_mean_over_four)
+    assert not v and v.message.startswith("3 ranks"), v.message  # passes both 4-rank cases first
+
+
 def zero1_raises(params, grad, step):
     return params[dist.get_rank()] + undefined_name  # noqa: F821
 
@@ -267,9 +282,10 @@ def test_fit_requires_the_integer_stage(answer, ok):
 
 
 def gpipe(stage, xs, ys, scale=True, backwards=None, grad_back=True, requires_grad=True, count=None,
-          divide=None):
+          divide=None, last=None):
     """The reference GPipe stage, with one thing changed at a time (the wrong answers below)."""
     k, P = dist.get_rank(), dist.get_world_size()
+    last = P - 1 if last is None else last
     M, outs = len(xs), []
     n = M if count is None else count
     for i in range(n):
@@ -278,11 +294,11 @@ def gpipe(stage, xs, ys, scale=True, backwards=None, grad_back=True, requires_gr
             if requires_grad:
                 xs[i].requires_grad_()
         out = stage(xs[i])
-        if k < P - 1:
+        if k < last:
             dist.send(out.detach(), k + 1)
         outs.append(out)
     for i in (backwards or range)(n):
-        if k == P - 1:
+        if k == last:
             loss = F.cross_entropy(outs[i], ys[i])
             (loss / (divide or M) if scale else loss).backward()
         else:
@@ -291,6 +307,15 @@ def gpipe(stage, xs, ys, scale=True, backwards=None, grad_back=True, requires_gr
             outs[i].backward(g)
         if k > 0 and grad_back:
             dist.send(xs[i].grad, k - 1)
+
+
+def gpipe_four_stages_only(stage, xs, ys):  # right at 4 stages only: the last stage typed as 3
+    gpipe(stage, xs, ys, last=3)
+
+
+def test_gpipe_rejects_an_answer_right_at_one_world_size_only():
+    v = verdict(EX3["gpipe"], gpipe_four_stages_only)
+    assert not v and v.message.startswith("2 stages"), v.message  # passes both 4-stage cases first
 
 
 def gpipe_reverse_backwards(stage, xs, ys):  # also correct: backwards in any order sum the same

@@ -34,7 +34,7 @@ from ..models import flat_views, mlp
 from ..numerics import sum_order_tolerance
 
 TASK = {"steps": 6, "global_batch": 48, "hidden": 32, "depth": 2, "lr": 0.1}
-LAYOUTS = ((1, 3), (2, 2))  # (servers K, workers N), both on 4 ranks
+LAYOUTS = ((1, 3), (2, 2), (1, 1))  # (servers K, workers N): on 4 ranks twice, then on 2
 TIMEOUT_S = 15.0  # a learner's deadlock ends here, with the runtime saying where each rank waits
 
 

@@ -49,8 +49,10 @@ def check_zero1(fn: Callable, world_size: int = 4, timeout_s: float = 15) -> Ver
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. exercises['zero1'].submit(my_zero1_step)")
 
-    cases = [on_ranks(f"{world_size} ranks, {numel} parameters", world_size, zero1_job, fn, numel, seed,
-                      timeout_s=timeout_s) for numel, seed in ((world_size * 3, 1), (world_size * 250, 2))]
+    other = 3 if world_size != 3 else 2  # a second world size: a slice computed for one N fails the other
+    cases = [on_ranks(f"{n} ranks, {numel} parameters", n, zero1_job, fn, numel, seed, timeout_s=timeout_s)
+             for n, numel, seed in ((world_size, world_size * 3, 1), (world_size, world_size * 250, 2),
+                                    (other, other * 250, 3))]
     return judge(cases, [
         Property("each rank returns the parameters", _returned),
         Property("each rank steps on its own slice only, once", _own_slice),
