@@ -63,3 +63,33 @@ def test_a_race_run_is_the_grids_run_so_the_grid_can_stand_in(clusters):
     assert abs(stood_in["eval_accuracy"] - raced["eval_accuracy"]) <= 2 * one_sample
     other = race.entries(optimizers=("lamb",), batch=128, preset="tiny")[0]  # ×½: another training
     assert _from_grid(other, {("lamb", 128): grid}) is None
+
+
+class _GridRun:  # what _from_grid reads of a grid Result: its config, whether it diverged, its steps
+    def __init__(self, config):
+        self.config = config
+
+    def __getitem__(self, key):
+        return {"diverged": False, "steps": []}[key]
+
+
+_TINY = race.entries(optimizers=("lamb",), batch=128, preset="tiny")[0]["cfg"].as_dict()
+_NOT_TRAINING = ("world_size", "backend", "timeout_s", "eval_every", "noise_scale", "peak_memory")
+
+
+@pytest.mark.parametrize("field", [f for f in _TINY if f not in _NOT_TRAINING])
+def test_a_grid_run_that_differs_in_one_training_field_is_not_reused(field, monkeypatch):
+    """The grid stands in for a race entry only when it trained exactly the same thing: change any
+    one field that defines the training (epochs, warm-up, seed, model, data, ...) and it must not."""
+    entry = race.entries(optimizers=("lamb",), batch=128, preset="tiny")[0]
+    same = entry["cfg"].as_dict()
+    monkeypatch.setattr(race, "result_row", lambda *a: "reused")
+    assert _from_grid(entry, {("lamb", 128): _GridRun(dict(same, world_size=2))}) == "reused"
+    value = same[field]
+    if isinstance(value, bool):
+        other = not value
+    elif isinstance(value, int | float):
+        other = value * 2 + 1
+    else:
+        other = "adam" if value != "adam" else "sgd"
+    assert _from_grid(entry, {("lamb", 128): _GridRun(dict(same, **{field: other}))}) is None, field

@@ -12,13 +12,25 @@ from ..milestones import large_batch as lb
 from ..milestones import large_batch_race as lbr
 from ..runtime import warm_cluster
 
+# Options that change how a run is executed or measured, not what it trains: any other field that
+# differs between the grid's run and a race entry makes them different trainings.
+NOT_TRAINING = {"world_size", "backend", "timeout_s", "eval_every", "noise_scale", "peak_memory"}
+
 
 def _from_grid(entry: dict, runs: dict) -> dict | None:
     """The grid's data-parallel run of exactly this entry's training, as a race row (or None)."""
     r = runs.get((entry["optimizer"], entry["cfg"].global_batch))
-    if r is None or abs(r.config["lr"] - entry["lr"]) > 1e-9 * entry["lr"] \
-            or r.config["weight_decay"] != entry["cfg"].weight_decay:
+    if r is None:
         return None
+    mine = entry["cfg"].as_dict()
+    for name, value in mine.items():
+        if name in NOT_TRAINING:
+            continue
+        theirs = r.config.get(name)
+        same = (abs(theirs - value) <= 1e-9 * abs(value) if name == "lr" and theirs is not None
+                else theirs == value)
+        if not same:
+            return None
     return lbr.result_row(entry, bool(r["diverged"]), r, r["steps"])
 
 
