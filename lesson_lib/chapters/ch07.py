@@ -14,14 +14,15 @@ from ..costmodel import claims
 from ..experiments import Result, run_warm
 from ..milestones import impact
 from .ch07_exercises import exercises
+from .ch07_published import CHAPTER_RUNS, every_run, published_check
 
 # The talk's named model on a named cluster: GPT-3 (Brown et al., 2020: 175B parameters, 300B
 # tokens) on 1,024 A100s with one HDR InfiniBand port each, as Narayanan et al. (SC21) trained it.
 GPT3 = {"params": 175e9, "tokens": 300e9, "devices": 1024, "device": "a100-80gb", "link": "ib-hdr"}
 
-__all__ = ["GPT3", "OVERLAPS", "compression_bound", "conclusions", "exercises", "measured", "months_to_days",
-           "ps_sharding", "published_check", "run_impact", "talk_chart", "table", "validation_table",
-           "what_if"]
+__all__ = ["CHAPTER_RUNS", "GPT3", "OVERLAPS", "compression_bound", "conclusions", "every_run", "exercises",
+           "lamb_microbatches", "measured", "months_to_days", "ps_sharding", "published_check", "run_impact",
+           "talk_chart", "table", "validation_table", "what_if"]
 # The chart's two bounds on overlap: nothing hidden, and everything that compute can cover hidden
 # (chapters 0 and 4 measure buckets and prefetch hiding part of it, on this machine).
 OVERLAPS = (0.0, 1.0)
@@ -140,44 +141,28 @@ def offload(params: float = 1e12, devices: int = 1024, pipelines=(8, 16, 32, 64)
     return rows
 
 
-# The runs chapter 7's text names; costmodel.compare_all() gives every held-out run of the file.
-CHAPTER_RUNS = ("gpt3-175b", "gpt-1t", "mt-nlg-530b", "llama-65b")
+def lamb_microbatches(**overrides) -> dict:
+    """LAMB's bar with its micro-batches explicit: each replica's 6 sequences as one micro-batch (the
+    chart's bar: ZeRO-3 gathers the parameters once per step, activations of 6 sequences held) or as 6
+    micro-batches of 1 (gathered 6 times), against the chart's ZeRO-3 bar, at each overlap. Prints the
+    table; returns {(micro_batch, overlap): {"lamb": estimate, "zero-3": estimate}} (0: one micro-batch)."""
+    job = {**GPT3, **overrides}
+    options = {k: v for k, v in job.items() if k not in ("params", "tokens", "devices")}
+    args, out = (job["params"], job["tokens"], job["devices"]), {}
+    print(f"{'overlap':>7} {'LAMB micro-batches':>19} {'gathers/step':>12} {'GB/device':>9} {'LAMB days':>9} "
+          f"{'ZeRO-3 days':>11}  LAMB")
+    for ov in OVERLAPS:
+        zero3 = costmodel.estimate(costmodel.plan_for("zero-3", *args, overlap=ov, **options))
+        for mb in (0, 1):
+            plan = costmodel.plan_for("lamb", *args, overlap=ov, micro_batch=mb, **options)
+            lamb = costmodel.estimate(plan)
+            out[mb, ov] = {"lamb": lamb, "zero-3": zero3}
+            p = lamb["plan"]
+            print(f"{ov:>7g} {f'{p.microbatches:g} of {p.sequences_per_microbatch:g}':>19} "
+                  f"{p.microbatches:>12g} {lamb['memory']['total'] / 1e9:>9.1f} {lamb['days']:>9.1f} "
+                  f"{zero3['days']:>11.1f}  {'faster' if lamb['days'] < zero3['days'] else 'slower'}")
+    return out
 
-
-def published_check(cases=CHAPTER_RUNS) -> list[dict]:
-    """The step model against published runs (data/published.csv), each with its use: in the
-    calibration set, held out (the paper's layout), or a sanity check (a layout assumed). Per GPU:
-    TFLOP/s where the paper gives it, else tokens/s; then days, or seconds per step where the paper
-    gives no end-to-end days. Prints the table."""
-    rows = []
-    for case in cases:
-        p = costmodel.published()[case]
-        e = costmodel.estimate(costmodel.published_plan(case))
-        if p["achieved_tflops_per_device"] != "":
-            paper, model, unit = p["achieved_tflops_per_device"], e["tflops_per_device"], "TFLOP/s"
-        else:
-            paper, model, unit = p["tokens_per_s_per_device"], e["plan"].batch_tokens / e["step_s"] / \
-                e["plan"].devices, "tokens/s"
-        if p["published_days"] != "":
-            time_unit, published, modelled = "days", p["published_days"], e["days"]
-        else:
-            time_unit, published, modelled = "s/step", p["published_step_s"], e["step_s"]
-        rows.append({"case": case, "use": p["use"], "estimate": e, "unit": unit, "published_rate": paper,
-                     "modelled_rate": model, "rate_error": model / paper - 1, "time_unit": time_unit,
-                     "published_time": published, "modelled_time": modelled,
-                     "time_error": modelled / published - 1})
-    print(f"{'case':<12} {'use':<14} {'per GPU: paper':>16} {'model':>7} {'error':>6}  layout, dominant term")
-    for r in rows:
-        e = r["estimate"]
-        print(f"{r['case']:<12} {r['use']:<14} {r['published_rate']:>7g} {r['unit']:<8} "
-              f"{r['modelled_rate']:>7.0f} {r['rate_error']:>+6.0%}  "
-              f"t={e['plan'].tensor} p={e['plan'].pipeline}{' sp' if e['plan'].sequence_parallel else ''}, "
-              f"{e['dominant']}")
-    print(f"\n{'case':<12} {'time: paper':>19} {'model':>6} {'error':>6}")
-    for r in rows:
-        print(f"{r['case']:<12} {r['published_time']:>12g} {r['time_unit']:<6} {r['modelled_time']:>6.1f} "
-              f"{r['time_error']:>+6.0%}")
-    return rows
 
 
 def what_if():

@@ -23,7 +23,8 @@
 #
 # * **modelled at cluster scale** — a cost model of one training step, made of the formulas chapters
 #   1–5 and 8 verified on real ranks, fed with datasheet figures (`data/devices.csv`, `data/links.csv`),
-#   calibrated on what Narayanan et al. (SC21) report for GPT-3 and tested on MT-NLG (Smith et al., 2022);
+#   with one efficiency fitted on Narayanan et al.'s (SC21) Table 1 and tested on published runs it was
+#   not fitted on (Korthikanti et al., 2022; MT-NLG, Smith et al., 2022; Llama 3 405B, Dubey et al., 2024);
 # * **measured here** — one model and one data set trained through every milestone on real ranks,
 #   to the same target loss; then the same cost model, fed with α, β and FLOP/s measured on this
 #   machine, predicts those steps, and we print how far off it is.
@@ -65,6 +66,10 @@ from lesson_lib.chapters import ch07
 # * the **tensor** term: Megatron's two all-reduces of one activation per block forward and two
 #   backward (chapter 8), on the node's NVLink, never hidden.
 #
+# Tensor parallelism (each layer's matrices split over the t GPUs of a node, so t is its width) and
+# sequence parallelism are chapter 8's subject, built there on real ranks; this chapter only prices
+# them, as the tensor term and as a divisor of the activations.
+#
 # How much of the data-parallel communication hides behind compute is an explicit input, the
 # **overlap** (0: nothing hidden; 1: all that the compute can cover). The chart below is drawn at both
 # bounds. This is the whole step model the chart uses:
@@ -88,12 +93,12 @@ for nbytes, n, alpha, beta in [(350e9, 1024, 5e-6, 1 / 25e9), (16e6, 4, 3e-4, 1 
     assert abs(mine - library) <= 1e-12 * library
 
 # %% [markdown]
-# And the end-to-end time that Narayanan et al. (SC21, §5.1) give for GPT-3 — 8·T·Ψ/(n·X) with
-# the 140 TFLOP/s per GPU they measured — next to the days they report:
+# And the end-to-end time that Narayanan et al. (SC21, §5.1) give for GPT-3 and their 1T-parameter
+# model — 8·T·Ψ/(n·X) with the TFLOP/s per GPU they measured (140 and 163) — next to the days they report:
 
 # %%
 published = costmodel.published()
-for case, p in ((c, p) for c, p in published.items() if p["use"] == "calibration"):
+for case, p in ((c, published[c]) for c in ("gpt3-175b", "gpt-1t")):
     days = 8 * p["tokens"] * p["params"] / (p["devices"] * p["achieved_tflops_per_device"] * 1e12) / 86400
     print(f"{case}: {days:.1f} days from the formula; the paper says about {p['published_days']:g}")
     assert abs(days / p["published_days"] - 1) <= 0.02  # the paper rounds to whole days
@@ -101,32 +106,66 @@ for case, p in ((c, p) for c, p in published.items() if p["use"] == "calibration
                                                   p["achieved_tflops_per_device"] * 1e12)
 
 # %% [markdown]
-# The step model must do more than that closed form: it has to *predict* the 140 TFLOP/s from the
-# hardware. It is given the paper's layout (tensor-parallel 8, pipeline 8 for GPT-3; 8 and 64 for the
-# 1T-parameter model) and nothing overlapped, and one number that is not a datasheet's: kernels run at
-# **50 % of the A100's peak**. That efficiency is a **calibration** — a round value chosen so that
-# these two SC21 runs land within 25 % of the reported throughput and days — so their agreement is a
-# fit, not a test.
+# The step model must do more than that closed form: it has to *predict* the throughput from the
+# hardware. Each run is given the layout its paper reports — t, p, the batch, the micro-batch, the
+# sequence, the recomputation — and one number that is not a datasheet's or a paper's: the share of
+# peak FLOP/s the matrix multiplications reach, the **efficiency**. It is fitted once
+# (`costmodel.fit_efficiency`: least squares on the log of TFLOP/s per GPU) on the **in-sample** set,
+# the ten rows of SC21 Table 1 (1.7B to 1T parameters, t up to 8, p up to 64), and gives
+# `costmodel.CALIBRATED_EFFICIENCY` = 0.549. Those ten rows agree because they were fitted: a fit,
+# not a test.
 #
-# The test is a run the model was not fitted on, **with the layout its paper reports**:
-# **MT-NLG 530B** (Smith et al., 2022): 105 layers, hidden 20,480, batch 1,920 sequences of 2,048,
-# 8-way tensor and 35-way pipeline parallelism, on 280 DGX A100 servers, so 2,240 GPUs and d = 8;
-# 60.1 s per iteration and 126 TFLOP/s per GPU (`use` = `out-of-sample` in `data/published.csv`).
-# Its batch was ramped up over the first 12B tokens, so we compare seconds per iteration, not days.
-# The paper does not say whether it recomputed the forward; 126 TFLOP/s at 60.1 s is what 8·Ψ FLOPs
-# per token give (6·Ψ would give about 93), so the row says recompute, inferred.
+# The tests are runs the fit never saw, each **held out** and predicted from its own paper's layout
+# (`use` = `out-of-sample` in `data/published.csv`, each row citing its table or section):
 #
-# **LLaMA-65B** (Touvron et al., 2023) is only a **sanity check**. From the paper: 2,048 A100-80GB,
-# about 380 tokens/s per GPU, 1.4T tokens, about 21 days, its shape, its batch of 4M tokens, its saved
-# linear outputs (6·Ψ FLOPs per token) and its sequence parallelism (Korthikanti et al., 2022). Its
-# tensor and pipeline layout is not reported, so t = 8 and p = 4 are the model's own choice (the
-# fewest stages at which it fits): a model that picks its own layout checks itself. The calibrated
-# efficiency then gives:
+# * **Korthikanti et al. (2022), Table 5**: 22B, 175B, 530B and 1T models on 8 to 512 A100s, each with
+#   full recomputation and with selective recomputation + sequence parallelism, in seconds per iteration;
+# * **MT-NLG 530B** (Smith et al., 2022): 105 layers, hidden 20,480, batch 1,920 sequences of 2,048,
+#   t = 8 and p = 35 on 280 DGX A100 servers, so 2,240 GPUs and d = 8: 60.1 s per iteration (its batch
+#   was ramped up over the first 12B tokens, so no days). The paper does not say whether it recomputed
+#   the forward; 126 TFLOP/s at 60.1 s is what 8·Ψ FLOPs per token give, so the row says recompute,
+#   inferred;
+# * **Llama 3 405B** (Dubey et al., 2024, Table 4) on 8,192 and 16,384 H100s, in model FLOPs per GPU
+#   (its MFU); it interleaves its pipeline without saying how far, so v = 7 is assumed and said so.
+#
+# Two rows are only **sanity checks**, their layouts not reported and so assumed. **GPT-3 175B**: SC21
+# §5.1's text gives 140 TFLOP/s per GPU on 1,024 A100s at batch 1,536 and about 34 days, but no layout
+# (Table 1 has no 175B row), so t = 8 and p = 8 are *assumed* here. **LLaMA-65B** (Touvron et al.,
+# 2023): 2,048 A100s, about 380 tokens/s per GPU, its shape, its batch of 4M tokens, its saved linear
+# outputs and its sequence parallelism from the paper; t = 8 and p = 4 the model's own choice (the
+# fewest stages at which it fits).
+#
+# An error is predicted ÷ published − 1, so its sign depends on the unit: positive means too slow a
+# step in seconds per iteration, too high a rate in TFLOP/s or tokens/s. Every run, drawn and printed:
+
+# %%
+runs = ch07.every_run()
+spread, held = runs["spread"], [r for r in runs["rows"] if r["use"] == "out-of-sample"]
+sc21 = [r for r in runs["rows"] if r["use"] == "in-sample"]
+assert len(sc21) == 10 and len(held) == 11
+assert all(abs(r["error"]) <= 0.25 for r in held)  # every held-out run within ±25 %
+assert 2 * spread["out-of-sample"]["within_goal"] >= len(held)  # and at least half within the ±15 % goal
+misses = [r for r in held if abs(r["error"]) > 0.15]
+# the misses: Korthikanti's larger models, every one predicted too slow (seconds per iteration)
+assert all(r["case"].startswith("korthikanti-") and r["unit"] == "s/step" and r["error"] > 0 for r in misses)
+assert sc21[0]["error"] > 0 > sc21[-1]["error"]  # in-sample: too fast on 1.7B, too slow on 1T
+print("held out, outside ±15 %:", ", ".join(r["case"] for r in misses))
+
+# %% [markdown]
+# The spread is the one printed above, measured, not a number typed here. In-sample, the model is
+# flat where SC21's per-GPU rate rises with the model: too fast on the smallest rows, too slow on
+# the 530B and 1T rows. Held out, the runs the model misses by more than 15 % are Korthikanti's larger
+# models, all predicted too slow, and for the same reason: **the model has one efficiency for every
+# matrix size**, so it cannot rise with h/t as SC21 Table 1 and Korthikanti's Table 5 do — the compute
+# term lacks that dependence. Their pipelines may also interleave (v is not reported, v = 1 assumed),
+# so their bubble may be too large. `tests/test_published_runs.py` holds each miss to its own band
+# and fails if one starts meeting the goal, so the list above is kept honest.
+#
+# The four runs this chapter names, per GPU and end to end (days where the paper gives them):
 
 # %%
 checks = ch07.published_check()
-for r in checks:  # the bound: the calibration rows' own 25 % (one efficiency for every matrix size,
-    # no overlap, no interleaved schedule, and for LLaMA an assumed layout)
+for r in checks:  # within the held-out set's ±25 % (for the sanity rows, an assumed layout)
     assert r["estimate"]["fits"] and r["estimate"]["dominant"] == "compute", r["case"]
     assert abs(r["rate_error"]) <= 0.25 and abs(r["time_error"]) <= 0.25, r
 by_use = {r["use"]: r for r in checks}
@@ -139,15 +178,13 @@ print(f"out of sample, MT-NLG 530B on the paper's layout: {mtnlg['modelled_time'
       f"({mtnlg['rate_error']:+.0%})")
 print(f"sanity check, LLaMA-65B on a layout the model chose: {llama['modelled_time']:.1f} days against "
       f"about {llama['published_time']:g} ({llama['time_error']:+.0%})")
+assert llama["rate_error"] < 0 < llama["time_error"]  # slower than reported (the text below)
 
 # %% [markdown]
-# One test point and one sanity check are not a validation: they say the model is good to about a
-# quarter on Megatron-style runs of A100s, not to a few percent, and the errors printed above do not
-# all have one sign. One efficiency for every matrix size is the likeliest reason — LLaMA's matrices
-# (h = 8192) are smaller than GPT-3's, yet its kernels evidently ran faster than 50 % of peak, and
-# it overlapped its all-reduces with computation, which this check does not model.
-
-# %% [markdown]
+# LLaMA-65B comes out slower than reported (fewer tokens/s, more days): it overlapped its
+# all-reduces with computation and used memory-efficient attention (Touvron et al., §2.4), neither
+# modelled for its row, and its layout is assumed — a sanity check, not a test.
+#
 # ## 2. The talk's chart, for GPT-3 on 1,024 A100s
 #
 # One model (GPT-3: 175B parameters, 300B tokens; Brown et al., 2020), one cluster (1,024 A100
@@ -204,16 +241,22 @@ assert verdicts["every-milestone"]["verdict"] == "holds at none"  # the talk's s
 #   the pipeline, whose bubble no overlap removes. Which of the two wins is a question about the
 #   implementation, not one this chart can settle, so we assert neither.
 # * **What holds at both bounds.** The memory verdicts (overlap moves no byte of memory), the single
-#   parameter server's hotspot, the sharded server matching the ring on twice the machines, and LAMB:
-#   a **4× larger batch** quarters the steps and so the bytes per token, taking at least a quarter off
+#   parameter server's hotspot, the sharded server matching the ring on twice the machines — and
+#   LAMB, but only on the chart's micro-batches. Its **4× larger batch** gives each replica 6
+#   sequences per step, and the chart runs them as **one micro-batch of 6 sequences**: ZeRO-3 gathers
+#   the parameters once per micro-batch, so once per step, at 48.9 GB per device (the activations of 6
+#   sequences). That quarters the steps and so the gathers per token, taking at least a quarter off
 #   ZeRO-3's days at both bounds — *if* it reaches the same loss in the same tokens, which You et al.
 #   (2020) showed for BERT but which stops holding past a critical batch size (McCandlish et al., 2018).
+#   Run as **6 micro-batches of 1**, ZeRO-3 gathers the parameters 6 times per step, and LAMB is
+#   *slower* than the chart's ZeRO-3 at both overlaps. So "LAMB holds at every overlap" is a verdict
+#   about one micro-batch of 6, not about LAMB; the table after the next cell prints both.
 # * **What holds at neither.** The talk's "time falls with every milestone": with nothing hidden
 #   ZeRO-3 is slower than the pipeline before it; with everything hidden compression saves nothing
 #   over LAMB, since there is no exposed traffic left to shrink.
 
 # %%
-for name in ("memory", "ps-hotspot", "ps-sharded", "lamb"):  # the conclusions that hold at both bounds
+for name in ("memory", "ps-hotspot", "ps-sharded", "lamb"):  # hold at both bounds (LAMB: one micro-batch of 6)
     assert verdicts[name]["verdict"] == "holds at every overlap", verdicts[name]
 for by in (rows, full):
     assert not any(by[m]["fits"] for m in ("parameter-server", "ps-sharded", "ring", "zero-1", "zero-2"))
@@ -234,6 +277,23 @@ print(f"memory per device: ring {ring['memory']['total'] / 1e12:.2f} TB "
 print(f"machines: ring {ring['machines']:,}, single server {one['machines']:,}, "
       f"sharded {sharded['machines']:,} "
       f"({sharded['machine_days'] / ring['machine_days']:.2f}× the ring's machine-days)")
+
+# %% [markdown]
+# LAMB's bar with its micro-batches explicit, beside the chart's ZeRO-3 bar (each replica's 1.5
+# sequences as one micro-batch), at both overlaps:
+
+# %%
+lamb = ch07.lamb_microbatches()
+
+# %%
+for ov in ch07.OVERLAPS:
+    of6, of1 = lamb[0, ov], lamb[1, ov]  # one micro-batch of 6; six micro-batches of 1
+    assert (of6["lamb"]["plan"].microbatches, of6["lamb"]["plan"].sequences_per_microbatch) == (1, 6)
+    assert of6["lamb"]["days"] == {0.0: rows, 1.0: full}[ov]["lamb"]["days"]  # the chart's bar
+    assert of6["lamb"]["days"] <= 0.75 * of6["zero-3"]["days"]  # at least a quarter off ZeRO-3's days
+    assert of1["lamb"]["plan"].microbatches == 6 and of1["lamb"]["days"] > of1["zero-3"]["days"]  # slower
+    assert of1["lamb"]["memory"]["total"] < of6["lamb"]["memory"]["total"]  # for less memory
+assert round(lamb[0, 0.0]["lamb"]["memory"]["total"] / 1e9, 1) == 48.9
 
 # %% [markdown]
 # Between the two extremes, the sharded server's days fall as 1/K until K = N, while its server
@@ -344,7 +404,7 @@ assert not at[8, "zero-2 + offload"]["fits"] and at[8, "zero-3"]["fits"]
 #
 # ### The tensor-parallel term
 #
-# The published runs above use t = 8, one DGX node; the chart uses t = 1. Each transformer block's
+# The published runs above use t = 8, one DGX node (for GPT-3 assumed); the chart uses t = 1. Each transformer block's
 # tensor-parallel all-reduces (chapter 8: two of one activation forward, two backward, two more when
 # the forward is recomputed) run on NVLink and are never hidden, so they are a term of their own,
 # `tensor`. Sequence parallelism (Korthikanti et al., 2022) turns each all-reduce into a
@@ -354,7 +414,7 @@ assert not at[8, "zero-2 + offload"]["fits"] and at[8, "zero-3"]["fits"]
 # %%
 for sp in (False, True):
     e = costmodel.estimate(costmodel.published_plan("gpt3-175b", sequence_parallel=sp))
-    print(f"GPT-3, t = 8, p = 8, sequence parallel {'on ' if sp else 'off'}: "
+    print(f"GPT-3, t = 8, p = 8 (assumed), sequence parallel {'on ' if sp else 'off'}: "
           + ", ".join(f"{k} {e['terms'][k]:.2f} s" for k in costmodel.TERMS)
           + f"; activations {e['memory']['activations'] / 1e9:.1f} GB per device")
 print(costmodel.assumptions(e["plan"])[-1])
@@ -554,8 +614,8 @@ exercises["pingpong"].submit(ping_pong)
 #
 # What showed each of this chapter's objectives:
 #
-# 1. **training time by hand** — §1's calibration, the out-of-sample MT-NLG test on its paper's layout, the LLaMA-65B sanity check, and your GPT-3 days.
-# 2. **the chart** — §2's days per milestone at no and at full overlap, which conclusions hold at both (asserted) and which flip, the compression bar as a bound, "from months to days" in the chart's numbers, the tensor-parallel term, and §3's calculator.
+# 1. **training time by hand** — §1's closed form, the efficiency fitted on SC21 Table 1 alone, every held-out run (Korthikanti Table 5, MT-NLG, Llama 3 405B) drawn against its prediction on its paper's layout with each error printed (all within ±25 %, at least half within ±15 %, asserted), the GPT-3 and LLaMA-65B sanity checks, and your GPT-3 days.
+# 2. **the chart** — §2's days per milestone at no and at full overlap, which conclusions hold at both (asserted) and which flip, LAMB's verdict with its micro-batches explicit, the compression bar as a bound, "from months to days" in the chart's numbers, the tensor-parallel term, and §3's calculator.
 # 3. **memory and the dominant term** — §2's offload table (ZeRO-Offload fits 13B on one V100; at a trillion parameters ZeRO-3 fits where ZeRO-2 with offload does not, asserted) and your ZeRO stage and link answers.
 # 4. **measured side by side** — §4's table (every milestone to the same loss, asserted) and §5's predictions beside it.
 #
