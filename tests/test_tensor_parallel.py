@@ -183,3 +183,47 @@ def test_pytorchs_device_mesh_stack_equals_ours(sp, ref, clusters):
         assert gap <= tol["params"]
         assert t["param_numel"] < ours[0]["param_numel"]  # FSDP2 shards over dp what TP left whole
         assert t["norm_rows"] == CFG.seq // (2 if sp else 1)  # SequenceParallel: each norm sees seq / t
+
+
+def _moe_by_hand(x, router, w1, w2, capacity, k):
+    """A mixture-of-experts layer written out token by token, sharing no code with moe.py: softmax
+    router, top-k with GShard's renormalised gates, every token's first choice served before any
+    second choice, an expert over capacity drops the assignment; the balancing loss E·Σ f·P with f
+    the share of FIRST choices (GShard's convention)."""
+    T, E = x.shape[0], router.shape[1]
+    probs = torch.softmax(x @ router, dim=-1)
+    choices = [sorted(range(E), key=lambda e: (-float(probs[t, e]), e))[:k] for t in range(T)]
+    used, out = [0] * E, torch.zeros_like(x)
+    for j in range(k):
+        for t in range(T):
+            e = choices[t][j]
+            if used[e] < capacity:
+                gate = probs[t, e] / sum(probs[t, c] for c in choices[t]) if k > 1 else probs[t, e]
+                out[t] += gate * (torch.nn.functional.gelu(x[t] @ w1[e]) @ w2[e])
+            used[e] += 1
+    first = torch.tensor([sum(1 for t in range(T) if choices[t][0] == e) / T for e in range(E)])
+    return out, E * float((first * probs.mean(0)).sum())
+
+
+@pytest.mark.parametrize("k, cf", [(1, 1.0), (2, 1.0), (2, 2.0)])
+def test_the_single_process_moe_equals_one_written_out_by_hand(k, cf):
+    cfg = moe.MoEConfig(capacity_factor=cf, top_k=k).check(2)
+    w, xs = moe.weights(cfg), moe.tokens(cfg, 2)
+    y, routes = moe.moe_reference(xs, w["router"], w["w1"], w["w2"], cfg)
+    for g in range(2):
+        want, aux = _moe_by_hand(xs[g], w["router"], w["w1"], w["w2"], cfg.capacity, k)
+        assert torch.allclose(y[g], want, atol=1e-5), (k, cf, g)
+        assert abs(float(routes[g]["aux"]) - aux) < 1e-5, (k, g)
+
+
+def test_the_top_2_balancing_loss_worked_by_hand():
+    """4 tokens, 2 experts, router scores chosen so probabilities are exact: every token's first
+    choice is expert 0 (f = (1, 0)) and each also picks expert 1 second. P = mean of (0.75, 0.25)
+    rows = (0.75, 0.25), so the loss is 2·(1·0.75 + 0·0.25) = 1.5; counting every assignment
+    instead (f = (0.5, 0.5)) would give 2·(0.5·0.75 + 0.5·0.25) = 1.0."""
+    import math
+
+    x = torch.ones(4, 1)
+    router = torch.tensor([[math.log(3.0), 0.0]])  # softmax(log 3, 0) = (0.75, 0.25)
+    r = moe.route(x, router, capacity=4, top_k=2)
+    assert float(r["aux"]) == pytest.approx(1.5, abs=1e-6)
