@@ -301,20 +301,42 @@ def only_one_way(send, recv):
         comm.recv(recv, 0)
 
 
+def replies_before_the_ping_arrives(send, recv):  # once accepted: right values from a stale buffer
+    if dist.get_rank() == 0:
+        comm.send(send, 1)
+        comm.recv(recv, 1)
+    else:
+        reply = dist.isend(recv, 0)  # posted before the ping has arrived
+        dist.recv(recv, 0)
+        reply.wait()
+
+
+def echoes_and_overlaps_correctly(send, recv):  # right: rank 0 posts its receive first, then sends
+    if dist.get_rank() == 0:
+        back = dist.irecv(recv, 1)
+        dist.send(send, 1)
+        back.wait()
+    else:
+        dist.recv(recv, 0)
+        dist.send(recv, 0)
+
+
 def both_receive_first(send, recv):
     other = 1 - dist.get_rank()
     comm.recv(recv, other)
     comm.send(send, other)
 
 
-def test_pingpong_accepts_torch_point_to_point_too(exercises):
-    v = exercises["pingpong"].submit(torch_send_recv)
+@pytest.mark.parametrize("fn", [torch_send_recv, echoes_and_overlaps_correctly])
+def test_pingpong_accepts_torch_point_to_point_too(exercises, fn):
+    v = exercises["pingpong"].submit(fn)
     assert v.ok and "one message each way" in v.message, v.message
 
 
 @pytest.mark.parametrize("fn, says", [
     (echoes_its_own_buffer, "must return what it received"),
     (only_one_way, "one message each way"),
+    (replies_before_the_ping_arrives, "before its receive of the ping"),
     pytest.param(both_receive_first, "WorkerTimeout", marks=pytest.mark.slow),  # waits out a timeout
 ])
 def test_pingpong_rejects_plausible_mistakes(exercises, fn, says):

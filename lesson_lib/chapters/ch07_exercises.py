@@ -126,18 +126,21 @@ PING_REPS = 5
 
 def pingpong_harness(fn, sizes=PING_SIZES, reps: int = PING_REPS) -> dict:
     """On each of 2 ranks: rank 0's ``send`` holds a pattern, rank 1's zeros; after each of the
-    learner's round trips both ranks' ``recv`` must hold the pattern. Times ``reps`` round trips,
-    and observes the messages (:func:`~lesson_lib.exercises.observe`), whichever API sent them."""
+    learner's first two round trips (another pattern each time, so a stale buffer cannot pass) both
+    ranks' ``recv`` must hold that round's pattern. Then times ``reps`` round trips, and observes the
+    messages (:func:`~lesson_lib.exercises.observe`), whichever API sent them, with their times."""
     rank = dist.get_rank()
     barrier = unobserved(dist.barrier)  # the checker's own: not the learner's messages
     rows = []
     with observe() as log:
         for size in sizes:
-            pattern = torch.arange(size // 4, dtype=torch.float32) + 1
-            send = pattern.clone() if rank == 0 else torch.zeros(size // 4)
-            recv = torch.zeros(size // 4)
-            fn(send, recv)  # the first round opens the connection: checked, not timed
-            ok = torch.equal(recv, pattern)
+            ok = True
+            for round_ in range(UNTIMED):  # the first round opens the connection: checked, not timed
+                pattern = torch.arange(size // 4, dtype=torch.float32) + 1 + round_ * size
+                send = pattern.clone() if rank == 0 else torch.zeros(size // 4)
+                recv = torch.zeros(size // 4)
+                fn(send, recv)
+                ok = ok and torch.equal(recv, pattern)
             barrier()
             t0 = time.perf_counter()
             for _ in range(reps):
@@ -149,22 +152,38 @@ def pingpong_harness(fn, sizes=PING_SIZES, reps: int = PING_REPS) -> dict:
             "recv": sum(c["bytes"] for c in calls if c["op"] == "recv")}
 
 
+UNTIMED = 2  # checked round trips per size, each with its own pattern
+
+
 def _arrives(outs: list[dict]) -> str | None:
     for o in outs:
         bad = [r["size"] for r in o["rows"] if not r["ok"]]
         if bad:
             who = "rank 1 did not receive rank 0's message" if o["rank"] == 1 else \
                 "rank 0 did not get its own message back: rank 1 must return what it received"
-            return f"{who} (at {bad[0]:,} bytes)"
+            return f"{who} (at {bad[0]:,} bytes, in one of the first {UNTIMED} round trips)"
+
+
+def _reply_after_the_ping(outs: list[dict]) -> str | None:
+    """Rank 1's k-th reply leaves after its k-th receive has completed: a round trip's reply cannot
+    start before the ping has arrived (a reply posted early sends whatever the buffer held before)."""
+    calls = outs[1]["calls"]
+    sends = [c for c in calls if c["op"] == "send"]
+    recvs = [c for c in calls if c["op"] == "recv"]
+    for k, (got, reply) in enumerate(zip(recvs, sends)):
+        if got["done"] is None or reply["start"] < got["done"]:
+            return (f"rank 1 started reply {k + 1} ({reply['api']}) before its receive of the ping "
+                    f"({got['api']}) had completed: a reply that leaves before the ping arrives sends what "
+                    "the buffer held before, right only when the last message happened to be the same")
 
 
 def _one_message_each_way(outs: list[dict]) -> str | None:
-    expected = (PING_REPS + 1) * sum(PING_SIZES)
+    expected = (PING_REPS + UNTIMED) * sum(PING_SIZES)
     for o in outs:
         if (o["sent"], o["recv"]) != (expected, expected):
             return (f"rank {o['rank']} sent {o['sent']:,} B and received {o['recv']:,} B over all "
-                    f"{PING_REPS + 1} round trips of each size ({summary(o['calls'])}); one round trip is "
-                    f"one message each way, {expected:,} B in all")
+                    f"{PING_REPS + UNTIMED} round trips of each size ({summary(o['calls'])}); one round trip "
+                    f"is one message each way, {expected:,} B in all")
 
 
 def _check_pingpong(fn) -> Verdict:
@@ -174,6 +193,7 @@ def _check_pingpong(fn) -> Verdict:
     case = on_ranks("2 ranks", 2, pingpong_harness, fn, timeout_s=10, then=lambda o: outs.extend(o) or o)
     v = judge([case], [
         Property("one message each way per round trip", _one_message_each_way),
+        Property("rank 1 replies only after the ping has arrived", _reply_after_the_ping),
         Property("rank 0's message reaches rank 1 and comes back", _arrives)])
     if not v:
         return v
