@@ -76,22 +76,64 @@ def crossover(c: dict) -> float:
     return 8 * (c["bytes_none"] - c["bytes_powersgd"]) / extra / 1e9
 
 
+def _as_printed(case: dict) -> dict:
+    """The case as the prompt prints it (4 significant digits): what a learner computes from."""
+    return {k: float(f"{v:.4g}") for k, v in case.items()}
+
+
+def _no_latency(c: dict) -> float:
+    """The crossover with the messages·α term left out (a common slip)."""
+    return 8 * (c["bytes_none"] - c["bytes_powersgd"]) / (c["compute_powersgd_s"] - c["compute_none_s"]) / 1e9
+
+
+def _variations(case: dict) -> list[dict]:
+    """The case, and others in which each term matters more: a formula must hold for all of them."""
+    return [case, {**case, "latency_s": case["latency_s"] * 10}, {**case, "messages_powersgd": 12},
+            {**case, "compute_powersgd_s": case["compute_powersgd_s"] * 2}]
+
+
+def _check_formula(fn, case: dict) -> Verdict | None:
+    """A callable answer ``fn(case) -> Gbit/s`` judged as a formula, on several cases."""
+    for c in _variations(case):
+        want = crossover(c)
+        try:
+            got = number(fn(dict(c)), "a bandwidth in Gbit/s")
+        except Exception as e:  # the learner's formula raised: say so, naming the case
+            return Verdict(False, f"your formula raised {type(e).__name__}: {e} on {c}")
+        if not math.isclose(got, want, rel_tol=1e-6):
+            slip = (" — it leaves out PowerSGD's extra messages·α"
+                    if math.isclose(got, _no_latency(c), rel_tol=1e-6) else "")
+            return Verdict(False, f"on {c} your formula gives {got:.4g} Gbit/s, the model {want:.4g}{slip}")
+    return None
+
+
 def _check_crossover(answer, case: dict, run_check: bool = True) -> Verdict:
-    g = number(answer, "one number: the bandwidth in Gbit/s")
+    formula = callable(answer) and not isinstance(answer, torch.Tensor)
+    if formula:
+        wrong = _check_formula(answer, case)
+        if wrong is not None:
+            return wrong
+        answer = answer(dict(case))
+    g = number(answer, "one number (the bandwidth in Gbit/s), or a function of the case that returns it")
     want = crossover(case)
     if want <= 0:
         return Verdict(False, "with these measurements PowerSGD never costs more time than it saves; "
                               "rerun the sweep (a noisy machine) and use its numbers")
-    if not math.isclose(g, want, rel_tol=0.05):
-        no_latency = 8 * (case["bytes_none"] - case["bytes_powersgd"]) / (
-            case["compute_powersgd_s"] - case["compute_none_s"]) / 1e9
+    wants = (want, crossover(_as_printed(case)))  # exact, or from the printed (rounded) numbers
+    on_it = any(math.isclose(g, w, rel_tol=0.003) for w in wants)
+    slips = [_no_latency(c) for c in (case, _as_printed(case))]
+    if not on_it or (any(math.isclose(g, s, rel_tol=0.003) for s in slips)
+                     and not math.isclose(slips[0], want, rel_tol=0.01)):
         if math.isclose(g, want / 8, rel_tol=0.05) or math.isclose(g, want * 8, rel_tol=0.05):
             hint = "bytes or bits? A Gbit/s link moves 10⁹/8 bytes per second"
-        elif math.isclose(g, no_latency, rel_tol=0.05):
+        elif any(math.isclose(g, s, rel_tol=0.003) for s in slips):
             hint = "PowerSGD also sends more messages, and each pays the latency α"
+        elif math.isclose(g, want, rel_tol=0.05):
+            hint = ("near it but not on it: work it out from the numbers above without rounding them "
+                    "(3 significant figures at least), with every term")
         else:
             hint = "set compute + messages·α + bytes/B equal for the two and solve for B"
-        return Verdict(False, f"{g:.3g} Gbit/s is not where the α-β model puts it — {hint}")
+        return Verdict(False, f"{g:.3g} Gbit/s is not where the α-β model puts it ({hint})")
     if not run_check:
         return Verdict(True, f"{g:.3g} Gbit/s")
     # the emulated link: both compressors just below and just above your answer
@@ -108,8 +150,10 @@ def _check_crossover(answer, case: dict, run_check: bool = True) -> Verdict:
             if fast_pays else "PowerSGD was not faster even at a third of it") +
            " — on shared cores its extra computation and the ranks' scheduling cost more than the "
            "model's compute term says; rerun, or try a larger gap")
-    return Verdict(True, f"{g:.3g} Gbit/s by the model (your formula is right); measured: "
-                         + "; ".join(said) + f". {how}")
+    judged = "your formula gives the model's crossover on every case tried" if formula else \
+        "the α-β model's crossover"
+    return Verdict(True, f"{g:.3g} Gbit/s: {judged}. What the emulated link measured (not part of the "
+                         f"verdict): " + "; ".join(said) + f". {how}")
 
 
 # --------------------------------------------------------------------------- on real ranks
@@ -258,7 +302,9 @@ def exercises(case: dict | None = None) -> dict[str, Exercise]:
             prompt="Measured on this machine (per step; bytes a rank sends; latency per emulated message): "
                    f"{numbers}. With chapter 2's α-β model, step time = compute + messages·α + bytes·8/B for "
                    "a link of B bit/s. Below which B (in Gbit/s) is PowerSGD faster than the uncompressed "
-                   "ring? The check then runs both on the emulator just below and above your answer.",
+                   "ring? Answer the number, or a function <code>f(case)</code> of these numbers that "
+                   "returns it. The check judges it against the model, then runs both on the emulator at a "
+                   "third and at three times your answer and says whether this machine agrees.",
             check=lambda a: _check_crossover(a, x), hint="Set the two step times equal and solve for B.",
             solution="B = 8·(bytes_none − bytes_powersgd) / (compute_powersgd − compute_none + "
                      f"(messages_powersgd − messages_none)·α), in bit/s; divide by 10⁹: {crossover(x):.4g}.",

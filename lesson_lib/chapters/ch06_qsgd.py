@@ -85,17 +85,29 @@ def _check_qsgd(fn, draws: int = 3000) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(qsgd)")
     x = _qsgd_case()
-    return judge([locally(f"s = {s}", _qsgd_draws, fn, x, s, draws) for s in (1, 4)], [
+    verdict = judge([locally(f"s = {s}", _qsgd_draws, fn, x, s, draws) for s in (1, 4)], [
         Property("a tensor shaped like x", _qsgd_shaped),
         Property("every value on the grid ‖x‖·l/s, l an integer", _qsgd_grid),
         Property("levels from −s to s", _qsgd_levels),
         Property("rounding at random", _qsgd_random),
         Property("each element rounded by its own coin", _qsgd_independent),
         Property(f"unbiased: the mean of {draws} draws is x", _qsgd_unbiased)])
+    if not verdict:
+        return verdict
+    try:
+        zero = torch.as_tensor(fn(torch.zeros(16), 4), dtype=torch.float32).reshape(-1)
+    except Exception as e:  # the learner's code may raise here: that is the feedback
+        return Verdict(False, f"on an all-zero vector your function raised {type(e).__name__}: {e}")
+    if zero.numel() != 16 or not torch.equal(zero, torch.zeros(16)):
+        return Verdict(False, "an all-zero vector (a layer whose gradient is zero) must come back as zeros, "
+                              f"but yours gave {zero[:4].tolist()}…: ‖x‖ = 0, so guard the division by it")
+    return verdict
 
 
 def qsgd(x, s):
     norm = x.norm()
+    if norm == 0:  # nothing to quantize (and 0/0 below)
+        return torch.zeros_like(x)
     scaled = x.abs() / norm * s  # in [0, s]
     low = scaled.floor()
     level = low + (torch.rand_like(x) < scaled - low)  # up with probability = the fraction
