@@ -129,6 +129,17 @@ def test_zero1_rejects_an_answer_right_at_one_world_size_only():
     assert not v and v.message.startswith("3 ranks"), v.message  # passes both 4-rank cases first
 
 
+def zero1_returns_the_neighbours_slice(params, grad, step):  # once told only "its length is wrong"
+    rank, n = dist.get_rank(), dist.get_world_size()
+    size = params.numel() // n
+    mine = torch.empty(size)
+    dist.reduce_scatter_single(mine, grad)
+    step(params[rank * size:(rank + 1) * size], mine / n)
+    dist.all_gather_single(params, params[rank * size:(rank + 1) * size].clone())
+    k = (rank + 1) % n
+    return params[k * size:(k + 1) * size]
+
+
 def zero1_raises(params, grad, step):
     return params[dist.get_rank()] + undefined_name  # noqa: F821
 
@@ -141,6 +152,7 @@ def zero1_raises(params, grad, step):
     (zero1_wrong_slice, "own slice"),
     (zero1_returns_nothing, "returned None"),
     (zero1_raises, "undefined_name"),
+    (zero1_returns_the_neighbours_slice, "rank 1's slice, not the parameters"),
     (zero1_all_reduce_then_gather, "ran dist.all_reduce ×1 (48 bytes) + comm.ring_all_gather"),
 ])
 def test_zero1_rejects_wrong_answers(answer, words):
@@ -364,6 +376,7 @@ def test_gpipe_accepts_another_correct_order():
     (gpipe_last_stage_halves_the_loss, "Look first at the last stage"),
     (gpipe_first_microbatch_only, "stage 0 sent 1 activation(s) to stage 1"),
     (gpipe_input_without_grad, "rank"),  # x.grad is None: the send fails, the verdict names the rank
+    (gpipe_input_without_grad, "requires_grad_()"),  # ... and says why, not only "got NoneType"
 ])
 def test_gpipe_rejects_wrong_answers(answer, words):
     v = verdict(EX3["gpipe"], answer)

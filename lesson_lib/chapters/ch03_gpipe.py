@@ -82,9 +82,15 @@ def check_gpipe(fn: Callable, stages: int = 4, timeout_s: float = 10) -> Verdict
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. exercises['gpipe'].submit(my_gpipe_stage)")
 
+    def advice(e) -> str:  # what a GPipe learner most likely did when a rank failed
+        if "NoneType" in str(e) and "send" in str(e):
+            return ("A stage sent None: x.grad stays None unless the activation it received was marked "
+                    "with requires_grad_() before the stage ran on it, so autograd keeps its gradient.")
+        return ""
+
     def case(m: int, p: int = stages):
         cfg = pp.Config.tiny(stages=p, microbatches=m, schedule="gpipe")
-        return on_ranks(f"{p} stages, M = {m}", p, gpipe_job, fn, cfg, timeout_s=timeout_s,
+        return on_ranks(f"{p} stages, M = {m}", p, gpipe_job, fn, cfg, timeout_s=timeout_s, advice=advice,
                         then=lambda outs: {"m": m, "stages": outs, "ref": reference_grads(cfg)})
 
     # two world sizes: a schedule that only works for one number of stages does not pass

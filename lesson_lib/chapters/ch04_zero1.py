@@ -112,6 +112,11 @@ def _same_as_sgd(outs: list[dict]) -> str | None:
         before, mean, got = (torch.tensor(o[k]) for k in ("before", "mean", "params"))
         want = before - ZERO1_LR * mean
         if got.shape != want.shape:
+            if got.numel() == size:
+                whose = next((f"rank {k}'s slice" for k in range(n) if torch.equal(got, _chunk(want, k, size))
+                              or torch.equal(got, _chunk(before, k, size))), "one slice's worth")
+                return (f"rank {r} returned {size} values, {whose}, not the parameters: return the whole "
+                        f"tensor of {numel}, every rank's updated slice gathered back into it (all-gather)")
             return f"rank {r} returned {got.numel()} values; the parameters have {numel}"
         if torch.equal(got, want):
             continue
