@@ -527,7 +527,7 @@ def test_the_crossover_verdict_says_when_the_runs_contradict_the_model(monkeypat
     # three times the crossover (13.29 vs 13.47 ms)
     from types import SimpleNamespace
 
-    from lesson_lib.chapters import ch06_exercises as ex6
+    from lesson_lib.chapters import ch06_crossover as ex6
 
     def fake_run(cfg):  # none: 2 ms at every bandwidth; PowerSGD: below, then above the crossover
         ms = 2.0 if cfg.compressor == "none" else powersgd_ms[cfg.link_gbps > want]
