@@ -256,7 +256,7 @@ assert verdicts["every-milestone"]["verdict"] == "holds at none"  # the talk's s
 #   over LAMB, since there is no exposed traffic left to shrink.
 
 # %%
-for name in ("memory", "ps-hotspot", "ps-sharded", "lamb"):  # hold at both bounds (LAMB: one micro-batch of 6)
+for name in ("memory", "ps-hotspot", "ps-sharded", "lamb"):  # hold at both bounds (LAMB: 1 micro-batch of 6)
     assert verdicts[name]["verdict"] == "holds at every overlap", verdicts[name]
 for by in (rows, full):
     assert not any(by[m]["fits"] for m in ("parameter-server", "ps-sharded", "ring", "zero-1", "zero-2"))
