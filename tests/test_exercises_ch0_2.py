@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from lesson_lib import close_all, comm
 from lesson_lib.chapters import ch00_exercises, ch01, ch02_exercises
+from lesson_lib.exercises.answers import shown
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -196,6 +197,50 @@ def _futures_and_one_hook_late(model):  # right, in other forms: futures, and a 
     return finish
 
 
+def _broadcasts_rank_0s_gradient(model):  # once told "is it the whole batch's size?"
+    for p in model.parameters():
+        dist.broadcast(p.grad, src=0)
+
+
+def test_ch0_average_gradients_that_only_copies_is_told_it_never_sums():
+    v = ch00_exercises.exercises()["average_gradients"].check(_broadcasts_rank_0s_gradient)
+    assert not v.ok and "never adds the ranks' gradients together" in v.message, v.message
+
+
+def _only_the_last_layer_overlaps(model):  # the last layer's all-reduces in hooks, the rest after
+    world, params, in_flight = dist.get_world_size(), list(model.parameters()), []
+    def now(p):
+        in_flight.append(dist.all_reduce(p.grad, async_op=True))
+
+    for p in params[-2:]:  # the last layer's gradients are ready first: only these overlap
+        p.register_post_accumulate_grad_hook(now)
+
+    def finish():
+        for work in in_flight:
+            work.wait()
+        in_flight.clear()
+        for p in params[:-2]:
+            dist.all_reduce(p.grad)
+        for p in params:
+            p.grad /= world
+    return finish
+
+
+def _functional_collectives(model):  # right: funcol's all_reduce is asynchronous, waited when used
+    import torch.distributed._functional_collectives as funcol
+
+    world, pending = dist.get_world_size(), []
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(
+            lambda p: pending.append((p, funcol.all_reduce(p.grad, "sum", dist.group.WORLD))))
+
+    def finish():
+        for p, summed in pending:
+            p.grad.copy_(summed / world)  # using the result waits for it
+        pending.clear()
+    return finish
+
+
 @pytest.fixture(scope="module")
 def ch0_overlap():
     return ch00_exercises.exercises()["start_overlap"]
@@ -208,6 +253,8 @@ def test_ch0_overlap_reference_is_accepted(ch0_overlap):
     assert v.ok, v.message
     v = ch0_overlap.check(_futures_and_one_hook_late)
     assert v.ok, v.message
+    v = ch0_overlap.check(_functional_collectives)  # once told "each all-reduce blocked inside its hook"
+    assert v.ok, v.message
 
 
 @pytest.mark.numerics
@@ -216,10 +263,11 @@ def test_ch0_overlap_reference_is_accepted(ch0_overlap):
     pytest.param(_blocks_in_the_hook, "blocked", marks=pytest.mark.slow),  # waits for a timeout
     (_all_after_the_backward, "after the backward"),
     (lambda m: _overlap(m, divide=False), "whole batch"),
-    (lambda m: _overlap(m, skip_bias=True), "drifted apart"),
+    (lambda m: _overlap(m, skip_bias=True), "never summed across the ranks"),
     (lambda m: _overlap(m, wait=False), "without waiting"),
     (_waits_in_the_hook, "waited for each all-reduce inside its hook"),
     (_reduces_a_copy, "drifted apart"),
+    (_only_the_last_layer_overlaps, "every gradient"),  # once accepted: one overlapping layer sufficed
 ])
 def test_ch0_overlap_wrong_answers_are_rejected(ch0_overlap, wrong, words):
     v = ch0_overlap.check(wrong)
@@ -382,7 +430,7 @@ def test_ch1_average_and_traffic_references_and_wrong_numbers(ch1):
     # catches (here and below): a checker that rejects for the wrong reason, or crashes, passing
     for wrong in (2 * 1000, 4 * 1000, 2 * 4 * 1000 + 8):  # one worker; push only; off by a little
         v = ch1["traffic"].check(wrong)
-        assert not v.ok and v.message == f"you said {wrong:g} bytes; check your formula", v.message
+        assert not v.ok and v.message == f"you said {shown(wrong)} bytes; check your formula", v.message
     assert ch1["traffic"].submit(...).message == "not answered yet"
     assert ch1["divergence"].submit(...).message == "not answered yet"
     for wrong in (0, 50):  # out of range: rejected before any run
@@ -526,8 +574,10 @@ def test_ch2_reduce_scatter_deadlock_ends_with_the_timeout_message(ch2, monkeypa
 
     monkeypatch.setattr(ch02_exercises, "TIMEOUT_S", 3.0)
     v = ch2["reduce_scatter"].check(only_rank_0)
-    assert not v.ok and "did not finish within timeout_s=3 s" in v.message, v.message
-    assert "rank 0:" in v.message and "wait" in v.message, v.message  # where it waits
+    # rank 1 returns without the receive rank 0 waits on, and says so at once (runtime/checked.py)
+    assert not v.ok and "unmatched call on the link from rank 1 to rank 0" in v.message, v.message
+    assert "rank 0: recv from rank 1" in v.message and "would wait" in v.message, v.message  # where it waits
+    assert "as many sends as its neighbour posts receives" in v.message, v.message
 
 
 @pytest.mark.ch2
@@ -567,7 +617,7 @@ def test_ch2_bytes_and_crossover(ch2):
     for wrong in (alpha / beta, 4 * alpha / beta, alpha * beta, 2 * alpha / beta * 1.05):
         v = ch2["crossover"].check(wrong)  # forgot N (N = 2); 2N; α·β; 5 % off
         # catches: a crossover checker rejecting for another reason than the value, or crashing
-        assert not v.ok and v.message == f"you said {wrong:g} bytes; check your formula", v.message
+        assert not v.ok and v.message == f"you said {shown(wrong)} bytes; check your formula", v.message
     assert ch2["crossover"].submit(...).message == "not answered yet"
     # catches: S* = 2α/β (the bandwidth term's /N dropped) accepted: at N = 2 it is the right number
     four = ch02_exercises.exercises(alpha=alpha, beta=beta, world_size=4)["crossover"]

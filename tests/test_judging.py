@@ -31,7 +31,8 @@ from lesson_lib.runtime import warm_cluster
 
 THE_SAME_NUMBER = [1500000, 1.5e6, "1.5e6", " 1500000 ", "1_500_000", "1,500,000", np.float32(1.5e6),
                    np.int64(1500000), np.array(1.5e6), torch.tensor(1.5e6), torch.tensor([1500000]),
-                   torch.tensor(1.5e6, dtype=torch.float64), Fraction(3000000, 2), Decimal("1.5e6")]
+                   torch.tensor(1.5e6, dtype=torch.float64), Fraction(3000000, 2), Decimal("1.5e6"),
+                   "3000000/2", " 3000000 / 2 "]
 
 
 @pytest.mark.parametrize("answer", THE_SAME_NUMBER, ids=lambda a: f"{type(a).__name__}:{a!r}")
@@ -50,6 +51,15 @@ def test_what_is_not_a_number_says_what_was_given(answer, says):
     with pytest.raises(AnswerError, match=None) as e:
         number(answer, "the bandwidth in Gbit/s")
     assert says in str(e.value) and "the bandwidth in Gbit/s" in str(e.value), str(e.value)
+
+
+def test_a_fraction_typed_as_text_is_a_number_and_a_near_miss_is_shown_as_typed():
+    # once refused: "3/11" for a bubble fraction; once told "you said 354624 bytes" for 354,624.4
+    assert number("3/11") == 3 / 11 and number("-3 / 4") == -0.75
+    with pytest.raises(AnswerError, match="division by zero"):
+        number("1/0")
+    v = close_to(354_624, rel=0)(354_624.4)
+    assert not v and "354,624.4" in v.message, v.message
 
 
 def test_whole_numbers_pairs_and_choices():
@@ -141,7 +151,9 @@ def _every_call_style_job():
         dist.send(x, other) if rank == 0 else dist.recv(got, other)
         funcol.wait_tensor(funcol.all_reduce(x, "sum", dist.group.WORLD))  # reaches Gloo from C++
         funcol.all_gather_tensor(x, 0, dist.group.WORLD).sum()
-    return [(c["api"], c["op"], c["bytes"], c["peer"], c["async"]) for c in log.as_data()["calls"]]
+    calls = log.as_data()["calls"]
+    assert all(c["done"] is not None for c in calls[-2:]), calls[-2:]  # waited for: wait_tensor, .sum()
+    return [(c["api"], c["op"], c["bytes"], c["peer"], c["async"]) for c in calls]
 
 
 def test_every_way_of_calling_torch_distributed_is_seen_and_counted():
@@ -152,8 +164,8 @@ def test_every_way_of_calling_torch_distributed_is_seen_and_counted():
     head = [("dist.all_reduce", "all_reduce", 16, None, False)] * 2 + \
         [("dist.all_gather_into_tensor", "all_gather", 48, None, False)]
     batch = "dist.batch_isend_irecv"
-    functional = [("funcol.all_reduce", "all_reduce", 16, None, False),
-                  ("funcol.all_gather_into_tensor", "all_gather", 16, None, False)]
+    functional = [("funcol.all_reduce", "all_reduce", 16, None, True),  # asynchronous by design
+                  ("funcol.all_gather_into_tensor", "all_gather", 16, None, True)]
     assert zero == head + [(batch, "send", 16, 1, True), (batch, "recv", 16, 1, True),
                            ("dist.send", "send", 16, 1, False)] + functional
     assert one == head + [(batch, "recv", 16, 0, True), (batch, "send", 16, 0, True),

@@ -70,7 +70,7 @@ def test_the_start_counts_each_process_up_before_the_group_forms():
     c = Cluster.__new__(Cluster)
     alive = SimpleNamespace(exitcode=None)
     c.world_size, c.backend, c._procs, c._out_q = 2, "gloo", [alive] * 2, q
-    c._tmp = c._report = c._native = None
+    c._tmp = c._report = c._native = c._ledger = None
     seen = []
     c._collect(0, kinds=(Kind.READY,), on_ready=lambda ready, started: seen.append((ready, started)))
     assert (0, 2) in seen and all(s >= r for r, s in seen), seen
@@ -94,11 +94,13 @@ def _writes_below_python():
 
 
 @pytest.mark.slow
-def test_a_rank_gloo_aborts_is_named_with_its_last_words_and_nothing_leaks(capfd):
+def test_a_rank_gloo_aborts_is_named_with_its_last_words_and_nothing_leaks(capfd, monkeypatch):
     # catches: "terminate called after throwing an instance of 'gloo::EnforceNotMet'" spilled unmarked
-    # into the cell beside the runtime's own message
-    from lesson_lib.runtime import Cluster, WorkerError
+    # into the cell beside the runtime's own message. The collective check would name the mismatch
+    # before Gloo sees it (test_collective_mismatch.py): recorded only, Gloo aborts as it would.
+    from lesson_lib.runtime import Cluster, WorkerError, ledger
 
+    monkeypatch.setenv(ledger.ENV, "record")
     with Cluster(2, quiet=True) as c:
         with pytest.raises(WorkerError) as e:
             c.run(_gloo_size_mismatch, timeout_s=20)

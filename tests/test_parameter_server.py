@@ -169,7 +169,7 @@ def test_exercise_references_pass_and_wrong_answers_fail():
     v = ex["average"].check(lambda shard, grads, lr: None)
     assert not v and "— but your function returned None" in v.message, v.message  # the case comes first
     assert ex["traffic"].check(ex["traffic"].reference())
-    assert ex["traffic"].check(2 * 1000).message == "you said 2000 bytes; check your formula"
+    assert ex["traffic"].check(2 * 1000).message == "you said 2,000 bytes; check your formula"
     ex["traffic"].submit(...)  # unanswered: says so, does not fail
     assert not ex["traffic"].passed
     ex["traffic"].submit(2 * 4 * 1000)

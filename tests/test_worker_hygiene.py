@@ -173,3 +173,53 @@ def test_a_killed_kernel_leaves_no_rendezvous_folder():
     while os.path.exists(folder) and time.monotonic() < end:
         time.sleep(0.1)
     assert not os.path.exists(folder), "the rendezvous folder outlived a SIGKILLed parent"
+
+
+@_cell
+def _seed_and_draw(seed):
+    import random
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    return torch.rand(4), random.random()
+
+
+@_cell
+def _draw():
+    import random
+
+    return torch.initial_seed(), torch.rand(4), random.random()
+
+
+def _fresh_process_draws(_):
+    return torch.initial_seed(), torch.rand(4).tolist()
+
+
+def test_each_job_draws_as_a_fresh_process_would_not_from_the_jobs_before_it(cluster):
+    # bug caught: a torch.manual_seed in one job carried into the next, and every rank of a warm
+    # cluster drew the same numbers (all forked from one fork server, which seeded torch once)
+    seeded = cluster.run(_seed_and_draw, 123)
+    after = cluster.run(_draw)
+    torch.manual_seed(123)
+    first, then = torch.rand(4), torch.rand(4)  # the seed's draws, and what would have followed
+    assert all(torch.equal(t, first) for t, _ in seeded)
+    for seed, t, r in after:
+        assert seed != 123 and not torch.equal(t, first) and not torch.equal(t, then)
+        assert r != seeded[0][1]  # Python's random too
+    # torch seeds each fresh process's CPU generator non-deterministically: two spawned processes
+    # (no code of ours) draw differently, and so do the ranks
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(2) as pool:
+        fresh = pool.map(_fresh_process_draws, range(2))
+    assert fresh[0][0] != fresh[1][0] and fresh[0][1] != fresh[1][1], fresh
+    assert after[0][0] != after[1][0] and not torch.equal(after[0][1], after[1][1]), after
+    again = cluster.run(_draw)
+    assert again[0][0] != after[0][0]  # each job afresh, not one stream carried on
+
+
+def test_ranks_that_seed_alike_draw_alike(cluster):
+    # what a tensor-parallel group with one seed does (the bug chapter 8 warns of), on purpose
+    outs = cluster.run(_seed_and_draw, 7)
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][0], torch.rand(4, generator=torch.Generator().manual_seed(7)))

@@ -70,8 +70,12 @@ def _train(setup: Callable, task: dict, all_reduce: Callable | None = None) -> d
 
 
 def train_with(average_gradients: Callable, task: dict) -> dict:
-    """:func:`_train` calling the learner's ``average_gradients(model)`` after each backward."""
-    return _train(lambda model: lambda: average_gradients(model), task)
+    """:func:`_train` calling the learner's ``average_gradients(model)`` after each backward, the
+    communication it makes observed."""
+    loss_sum = unobserved(dist.all_reduce)  # the loop's own sum of the losses, left out of the log
+    with observe() as log:
+        out = _train(lambda model: lambda: average_gradients(model), task, all_reduce=loss_sum)
+    return {**out, **log.as_data()}
 
 
 def reference_losses() -> list[float]:
@@ -108,6 +112,12 @@ def _whole_batch(outs: list[dict]) -> str | None:
     if max(gaps) > tol:
         s = next(i for i, g in enumerate(gaps) if g > tol)
         a, b = pair(outs[0]["losses"][s], ref[s])
+        ops = {c["op"] for c in outs[0].get("calls", [])}
+        if ops and not ops & {"all_reduce", "reduce_scatter", "reduce"}:
+            return (f"at step {s} the loss is {a}, single-process training's {b}: your code ran "
+                    f"{summary(outs[0]['calls'])}, which copies or moves gradients but never adds the ranks' "
+                    "gradients together. The whole batch's gradient is their mean: all-reduce them, then "
+                    "divide by the number of ranks")
         return (f"at step {s} the loss is {a}, single-process training's {b} (within {tol:.1e}): is each "
                 "gradient that of the whole batch — its size included?")
 
@@ -176,6 +186,23 @@ def _overlapped(outs: list[dict]) -> str | None:
                 "produced the next gradient: keep the handles and wait for them in finish()")
 
 
+def _every_gradient_in_backward(outs: list[dict]) -> str | None:
+    """Every gradient's bytes were all-reduced by a call started during the backward, each step."""
+    for r, o in enumerate(outs):
+        need = TASK["steps"] * sum(4 * p.numel() for p in o["params"])
+        reduces = [c for c in o["calls"] if c["op"] == "all_reduce"]
+        total = sum(c["bytes"] for c in reduces)
+        early = sum(c["bytes"] for c in reduces if c["in_backward"])
+        if total < need:
+            return (f"on rank {r} all-reduces carried {total:,} of the {need:,} gradient bytes of "
+                    f"{TASK['steps']} steps: some gradients were never summed across the ranks. Every "
+                    "parameter's gradient needs its all-reduce")
+        if early < need:
+            return (f"on rank {r} all-reduces started during the backward carried {early:,} of the "
+                    f"{need:,} gradient bytes of {TASK['steps']} steps: the rest waited for the backward to "
+                    "finish. Start every gradient's all-reduce from its own hook")
+
+
 def _finished(outs: list[dict]) -> str | None:
     """Every all-reduce started before finish() returned had been waited for by then."""
     for r, o in enumerate(outs):
@@ -197,6 +224,7 @@ def check_start_overlap(fn: Callable) -> Verdict:
         return Verdict(False, "submit your function, e.g. ex.submit(start_overlap)")
     return judge(_cases(fn, train_overlapped_with), [
         Property("an all-reduce is still running while autograd produces later gradients", _overlapped),
+        Property("every gradient's all-reduce starts during the backward", _every_gradient_in_backward),
         Property("finish() waits for every all-reduce", _finished),
         SAME_MODEL, WHOLE_BATCH])
 

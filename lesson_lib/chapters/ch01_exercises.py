@@ -83,15 +83,15 @@ def train_with(worker_step: Callable, task: dict, servers: int) -> dict:
 
 def _unmatched(e) -> str:
     """What a worker's learner most likely did when a rank crashed or the ranks waited for each other."""
-    from ..runtime import WorkerTimeout
+    from ..runtime import WorkerMismatch, WorkerTimeout
 
-    if isinstance(e, WorkerTimeout):
+    if isinstance(e, WorkerTimeout) or getattr(e, "waits", False):
         return ("Does every worker push to each server before it waits for that server's reply, and pull "
                 "exactly what the server sends?")
-    if "SIGABRT" in str(e):  # what Gloo does when a message does not fit the receive buffer
-        return ("Gloo aborts a rank whose receive buffer has another size than the message that arrives: "
-                "does the slice you send server k, and the one you receive into, have the size of shard k "
-                "(chunk_bounds(numel, servers)[k])?")
+    if isinstance(e, WorkerMismatch) or "SIGABRT" in str(e):  # a message that does not fit the receive
+        return ("A receive buffer must have the size of the message that arrives (Gloo aborts a rank "
+                "otherwise): does the slice you send server k, and the one you receive into, have the size "
+                "of shard k (chunk_bounds(numel, servers)[k])?")
     return ""
 
 

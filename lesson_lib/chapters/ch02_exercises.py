@@ -30,7 +30,7 @@ from ..exercises import (
     solution_text,
     summary,
 )
-from ..runtime import WorkerError, WorkerTimeout
+from ..runtime import WorkerError, WorkerMismatch, WorkerTimeout
 
 # (world size, tensor length): lengths that do not divide evenly, and one shorter than the ring.
 CASES = ((2, 7), (3, 10), (4, 13), (4, 3))
@@ -104,11 +104,11 @@ def _summed_in_place(outs: list[dict]) -> str | None:
 
 def _unpaired(e: WorkerError) -> str:
     """What a ring's learner most likely did when a rank failed or the ranks waited for each other."""
-    if isinstance(e, WorkerTimeout):
+    if isinstance(e, WorkerTimeout) or getattr(e, "waits", False):
         return "Does every rank post as many sends as its neighbour posts receives?"
-    if "SIGABRT" in str(e):  # what Gloo does when a message does not fit the receive buffer
-        return ("Gloo aborts a rank whose receive buffer has another size than the message that arrives: "
-                "is the chunk you receive into the one your left neighbour sends?")
+    if isinstance(e, WorkerMismatch) or "SIGABRT" in str(e):  # a message that does not fit the receive
+        return ("A receive buffer must have the size of the message that arrives (Gloo aborts a rank "
+                "otherwise): is the chunk you receive into the one your left neighbour sends?")
     return ""
 
 

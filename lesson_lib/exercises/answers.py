@@ -1,8 +1,9 @@
 """One reading of a learner's answer for every exercise: :func:`number` and :func:`whole_number`.
 
 Accepted: ``int``, ``float``, ``Fraction``, ``Decimal``, numpy scalars, one-element tensors, and
-numeric strings (``"1.5e6"``, ``"1_000_000"``, ``"1,000,000"``); not bools. A whole number may be
-``2.0``. Anything else raises :class:`AnswerError` with a message saying what is expected.
+numeric strings (``"1.5e6"``, ``"1_000_000"``, ``"1,000,000"``, a fraction ``"3/11"``); not bools.
+A whole number may be ``2.0``. Anything else raises :class:`AnswerError` with a message saying
+what is expected.
 :func:`compare` is the one tolerance test, :func:`mismatch` the one message for a wrong number.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 from .verdict import Verdict
 
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(,\d{3})+(\.\d*)?([eE][-+]?\d+)?")
+_FRACTION = re.compile(r"([-+]?\d+(?:\.\d*)?)\s*/\s*(\d+(?:\.\d*)?)")
 
 
 class AnswerError(ValueError):
@@ -44,8 +46,11 @@ def number(answer: Any, what: str = "a number") -> float:
                 raise AnswerError(f"you gave {_describe(answer)}; the answer is {what}, written with a point "
                                   "for decimals (commas only between thousands, as in 1,000,000)")
             text = text.replace(",", "")
+        fraction = _FRACTION.fullmatch(text)
+        if fraction and float(fraction.group(2)) == 0:
+            raise AnswerError(f"you gave {_describe(answer)}, a division by zero; the answer is {what}")
         try:
-            value = float(text)
+            value = float(fraction.group(1)) / float(fraction.group(2)) if fraction else float(text)
         except ValueError:
             raise AnswerError(f"you gave {_describe(answer)}, which does not read as a number; "
                               f"the answer is {what}") from None
@@ -105,6 +110,16 @@ def pair(value: float, expected: float) -> tuple[str, str]:
     return repr(value), repr(expected)
 
 
+def shown(value: float) -> str:
+    """``value`` as the learner typed it: the fewest significant digits (at least 6) that give the
+    same float back, with thousands separators — 354,624.4 stays 354,624.4, never 354624."""
+    for digits in range(6, 18):
+        text = f"{value:,.{digits}g}"
+        if float(text.replace(",", "")) == value:
+            return text
+    return repr(value)
+
+
 def mismatch(value: float, expected: float, unit: str = "", rel: float = 0.0, said: str = "you said") -> str:
     """"you said …; expected … (within …)", never two equal-looking numbers. For a function's
     result on a given input (``said="ring_bytes(4, 1e6) returned"``); a direct answer's expected
@@ -120,6 +135,6 @@ def close_to(expected: float, rel: float = 0.01, unit: str = "", hint: str = "ch
     def check(answer: Any) -> Verdict:
         value = number(answer, what)
         ok = compare(value, expected, rel)
-        return Verdict(ok, f"you said {value:g}{unit}" + ("" if ok else f"; {hint}"))
+        return Verdict(ok, f"you said {shown(value)}{unit}" + ("" if ok else f"; {hint}"))
 
     return check

@@ -24,18 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# a process group's method -> what it is
-PG_OPS = {
-    **dict.fromkeys(("allreduce", "allreduce_coalesced"), "all_reduce"),
-    **dict.fromkeys(("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
-                     "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced"), "reduce_scatter"),
-    **dict.fromkeys(("allgather", "_allgather_base", "all_gather_single", "allgather_coalesced",
-                     "allgather_into_tensor_coalesced", "all_gather_single_coalesced"), "all_gather"),
-    **dict.fromkeys(("alltoall", "alltoall_base", "all_to_all_single"), "all_to_all"),
-    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-    "send": "send", "recv": "recv", "recv_anysource": "recv", "barrier": "barrier",
-    "monitored_barrier": "barrier",
-}
+from ..runtime.checked import PG_OPS  # a process group's method -> what it is
+
 # a functional collective's operator (torch.ops._c10d_functional.<name>) begins with what it is
 FUNCTIONAL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 COMM_OPS = {
@@ -233,28 +223,51 @@ def _wrap_group(method, name: str, log: Log):
 
 
 class _Functional(TorchDispatchMode):
-    """Records the functional collectives' operators; done when the call returned."""
+    """Records the functional collectives' operators. They are asynchronous by design: the call
+    returns at once and the result is waited for when it is first used (by ``wait_tensor`` or by an
+    operator on the AsyncCollectiveTensor), so a call is done when its output is first used."""
 
     def __init__(self, log: Log):
         super().__init__()
         self.log = log
+        self.pending: dict[int, dict] = {}  # output's data_ptr → its call, until waited for
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func._overloadpacket.__name__ if getattr(func, "namespace", "") == "_c10d_functional" else ""
         op = next((o for o in FUNCTIONAL_OPS if name.startswith(o)), None)
+        if op is None and self.pending and name != "_wrap_tensor_autograd":
+            waited = [self.pending.pop(ptr) for ptr in self._pointers(args, kwargs) if ptr in self.pending]
+            out = func(*args, **kwargs)  # an AsyncCollectiveTensor waits for its result here
+            for call in waited:
+                call["done"] = time.perf_counter()
+            return out
         if op is None or getattr(_STATE, "depth", 0):
             return func(*args, **kwargs)
         call = {"op": op, "api": f"funcol.{name}", "bytes": _nbytes(args, kwargs),
-                "async": False, "peer": None, "in_backward": torch._C._current_graph_task_id() != -1,
+                "async": True, "peer": None, "in_backward": torch._C._current_graph_task_id() != -1,
                 "start": time.perf_counter(), "done": None}
         self.log.append(call)
         _STATE.depth = getattr(_STATE, "depth", 0) + 1
         try:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
         finally:
             _STATE.depth -= 1
-            call["done"] = time.perf_counter()
+        for t in out if isinstance(out, list | tuple) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.pending[t.data_ptr()] = call
+        return out
+
+    @staticmethod
+    def _pointers(args, kwargs) -> list[int]:
+        """The storage of every tensor argument, looking inside funcol's AsyncCollectiveTensor
+        (whose own pointer is 0: it wraps the collective's output)."""
+        out = []
+        for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+            inner = getattr(a, "elem", a) if type(a).__name__ == "AsyncCollectiveTensor" else a
+            if isinstance(inner, torch.Tensor):
+                out.append(inner.data_ptr())
+        return out
 
 
 @contextmanager

@@ -2,12 +2,13 @@
 
 Milestones hand a function to :class:`Cluster.run` (or :class:`TorchrunCluster.run`, same
 contract) and never touch ports or processes. Modules: ``errors``, ``placement``, ``messages``,
-``pickling``, ``worker`` (``context()`` in a rank), ``diagnosis``, ``failures``, ``silence``,
+``pickling``, ``worker`` (``context()`` in a rank), ``checked`` and ``ledger`` (each collective
+compared with the peers' before it starts), ``diagnosis``, ``failures``, ``silence``,
 ``cluster``, ``pool``, ``torchrun``. See docs/runtime.md.
 """
 
 from .cluster import Cluster, close_all
-from .errors import RunInterrupted, WorkerError, WorkerTimeout
+from .errors import RunInterrupted, WorkerError, WorkerMismatch, WorkerTimeout
 from .pickling import pack_job
 from .placement import (
     BACKENDS,
@@ -26,7 +27,7 @@ from .worker import WorkerContext, context
 
 __all__ = [
     "BACKENDS", "MAX_WARM_RANKS", "MAX_WORLD_SIZE", "Cluster", "Placement", "RunInterrupted",
-    "TorchrunCluster", "WorkerContext", "WorkerError", "WorkerTimeout", "choose_placement",
+    "TorchrunCluster", "WorkerContext", "WorkerError", "WorkerMismatch", "WorkerTimeout", "choose_placement",
     "close_all", "context", "cpu_count", "describe", "launched_by_torchrun", "pack_job",
     "threads_per_rank", "validate_backend", "validate_world_size", "warm_cluster",
 ]

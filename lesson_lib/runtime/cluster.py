@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from . import folders, output, start
 from .errors import MAIN_GUARD_HELP, RunInterrupted, WorkerTimeout
 from .failures import check_alive, raise_failure, raise_timeout
+from .ledger import Ledger, mode
 from .messages import Kind
 from .pickling import pack_job
 from .placement import choose_placement, cpu_count, oversubscribed, threads_per_rank, validate_world_size
@@ -70,6 +71,7 @@ class Cluster:
         self._alive = None  # the write end of the pipe that tells the workers this process is alive
         self._tmp: str | None = None
         self._native: output.NativeStderr | None = None
+        self._ledger: Ledger | None = None  # each rank's collective calls (ledger.py), read after a crash
         self._job_id = 0
         self._mark: str | None = None  # the main-guard mark of start.starting
         self.start_seconds = float("nan")
@@ -127,12 +129,14 @@ class Cluster:
             self._out_q = ctx.Queue()
             self._report = ctx.Value("i", 0, lock=False)  # asks the ranks where they are: += 1
             self._job_qs = [ctx.Queue() for _ in range(self.world_size)]
+            checks = mode() if self.backend == "gloo" else "off"  # Gloo aborts a rank on a mismatch
+            self._ledger = None if checks == "off" else Ledger(self.world_size, ctx, check=checks == "on")
             for rank in range(self.world_size):
                 p = ctx.Process(
                     target=worker_main, name=f"lesson_lib-rank{rank}", daemon=True,
                     args=(rank, self.world_size, self.backend, init_method, self.timeout_s,
                           self.threads, self._job_qs[rank], self._out_q, os.getpid(), alive,
-                          self._report, env),
+                          self._report, env, self._ledger),
                 )
                 p.start()
                 self._procs.append(p)
@@ -237,7 +241,8 @@ class Cluster:
             now = time.monotonic()
             if now >= next_check:  # also while events stream in: liveness and deadline first
                 next_check = now + 0.05
-                check_alive(self._procs, pending, self._out_q, self.backend, guard_file, self._native)
+                check_alive(self._procs, pending, self._out_q, self.backend, guard_file, self._native,
+                            self._ledger)
                 if deadline is not None and now > deadline:
                     raise_timeout(self._out_q, self._report, job_id, pending, timeout_s)
                 if on_ready is not None:
@@ -261,7 +266,8 @@ class Cluster:
             elif msg.kind is Kind.OUTPUT:
                 output.show(msg.rank, *msg.data)
             elif msg.kind is Kind.ERROR:
-                raise_failure(self._procs, self._out_q, msg.rank, msg.data, self._report, job_id, pending)
+                raise_failure(self._procs, self._out_q, msg.rank, msg.data, self._report, job_id, pending,
+                              self._ledger)
             elif msg.kind in kinds and msg.job == job_id:
                 values[msg.rank] = pickle.loads(msg.data) if msg.kind is Kind.DONE else None
                 pending.discard(msg.rank)

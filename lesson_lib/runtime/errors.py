@@ -28,6 +28,24 @@ class WorkerTimeout(WorkerError):
     """A job outlived ``Cluster.run(..., timeout_s=...)``; the message says where each rank waited."""
 
 
+class CollectiveMismatch(RuntimeError):
+    """Raised on a rank whose collective call cannot pair up with a peer's (another op, size, dtype,
+    root or split), before the call is made: Gloo would abort a rank instead (:mod:`.checked`). Or
+    raised as a rank returns from its job while a peer waits on a call it never made."""
+
+
+class WorkerMismatch(WorkerError):
+    """What the notebook gets for a :class:`CollectiveMismatch`; ``waits``: a rank would have waited
+    for a call never made (a deadlock named early), else two calls did not pair up."""
+
+    def __init__(self, rank: int, message: str, remote_traceback: str = "", others: tuple = ()):
+        super().__init__(rank, message, remote_traceback, others)
+        self.waits = message.startswith(UNMATCHED)
+
+
+UNMATCHED = "unmatched call on "  # how a CollectiveMismatch's message begins for a call a peer never makes
+
+
 class RunInterrupted(KeyboardInterrupt):
     """The kernel was interrupted during a run; the workers were stopped (one line, no traceback)."""
 

@@ -14,8 +14,10 @@ import time
 
 from . import output
 from .diagnosis import is_collective_timeout, is_peer_fallout, relabel_cells, where
-from .errors import MAIN_GUARD_HELP, WorkerError, WorkerTimeout
+from .errors import MAIN_GUARD_HELP, WorkerError, WorkerMismatch, WorkerTimeout
 from .messages import Kind
+
+RAISED = ".CollectiveMismatch: "  # how a rank's traceback names an errors.CollectiveMismatch
 
 
 def _show_output(msg) -> None:
@@ -28,9 +30,10 @@ def _how(code: int) -> str:
 
 
 def check_alive(procs: list, pending: set, out_q, backend: str, guard_file: str | None,
-                native=None) -> None:
+                native=None, ledger=None) -> None:
     """Raise if a worker that still owes an answer has exited, quoting its last words below Python
-    (``native``: :class:`~.output.NativeStderr`), such as Gloo's reason for an abort."""
+    (``native``: :class:`~.output.NativeStderr`), such as Gloo's reason for an abort, and each rank's
+    last collective call (``ledger``: :class:`~.ledger.Ledger`)."""
     for rank, p in enumerate(procs):
         if rank in pending and p.exitcode is not None:
             if guard_file and os.path.exists(guard_file):
@@ -41,7 +44,7 @@ def check_alive(procs: list, pending: set, out_q, backend: str, guard_file: str 
                     msg = out_q.get(timeout=0.3)
                     _show_output(msg)
                     if msg.kind is Kind.ERROR:
-                        raise_failure(procs, out_q, msg.rank, msg.data)
+                        raise_failure(procs, out_q, msg.rank, msg.data, ledger=ledger)
             except queue.Empty:
                 pass
             code = p.exitcode
@@ -54,15 +57,16 @@ def check_alive(procs: list, pending: set, out_q, backend: str, guard_file: str 
             if said:
                 lines = said.splitlines()[-4:]
                 how += "; its last words: " + " | ".join(line.strip() for line in lines)[-600:]
-            raise WorkerError(rank, f"worker process {how} while running a job")
+            raise WorkerError(rank, f"worker process {how} while running a job" + _postmortem(ledger))
 
 
 def raise_failure(procs: list, out_q, rank: int, tb: str, report=None, job_id: int = 0,
-                  pending: set = frozenset()) -> None:
+                  pending: set = frozenset(), ledger=None) -> None:
     """Gather the errors that arrive right after the first one and blame the root cause:
     the rank whose traceback is not just "my peer went away". When it is a collective that timed
     out, say which ranks never arrived (``pending``: those that had not finished the job) and where
-    they were instead (``report``: see :func:`ask_stacks`)."""
+    they were instead (``report``: see :func:`ask_stacks`); when a rank died, what each rank called
+    last (``ledger``)."""
     errors = {rank: tb}
     end = time.monotonic() + 0.5
     while time.monotonic() < end:
@@ -82,16 +86,25 @@ def raise_failure(procs: list, out_q, rank: int, tb: str, report=None, job_id: i
                     if p.exitcode is not None and r not in errors]
             if dead:
                 r, code = dead[0]
-                raise WorkerError(r, f"worker process was killed ({_how(code)}) while running a job",
-                                  others=tuple(errors))
+                raise WorkerError(r, f"worker process was killed ({_how(code)}) while running a job"
+                                  + _postmortem(ledger), others=tuple(errors))
             time.sleep(0.05)
         roots = [rank]
     root = roots[0]
     tb = relabel_cells(errors[root])
     last = tb.strip().splitlines()[-1] if tb.strip() else "failed"
+    others = tuple(r for r in errors if r != root)
+    if RAISED in tb:  # its message has several lines: both calls, then what to do
+        raise WorkerMismatch(root, tb.rsplit(RAISED, 1)[1].strip(), tb, others=others)
     if job_id and is_collective_timeout(tb):
         last += _absent(out_q, report, job_id, [r for r in range(len(procs)) if r not in errors], pending)
-    raise WorkerError(root, last, tb, others=tuple(r for r in errors if r != root))
+    raise WorkerError(root, last, tb, others=others)
+
+
+def _postmortem(ledger) -> str:
+    """Each rank's last collective call, after a rank died (Gloo aborts on a mismatched receive)."""
+    said = ledger.postmortem() if ledger is not None else ""
+    return relabel_cells("\nwhat each rank called last:" + said) if said else ""
 
 
 def _absent(out_q, report, job_id: int, others: list[int], pending: set) -> str:

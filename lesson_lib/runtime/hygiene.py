@@ -3,12 +3,15 @@
 After each job a worker puts back what it can (default dtype and device, grad mode, threads,
 environment, working folder, :func:`undo_after_job` registrations such as ``comm.set_link``); what
 it cannot (a replaced process group, threads left running) makes it ask to be replaced, with a reason.
+Before each job, its random generators start as a fresh process's would (:func:`fresh_random`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures.thread
 import os
+import random
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -37,13 +40,29 @@ class Baseline:
     cwd: str
     env: dict = field(repr=False)
     thread_ids: set = field(repr=False)
+    cuda_rng: list | None = field(default=None, repr=False)  # CUDA generators' start-up states
 
 
 def baseline() -> Baseline:
     """The worker's state once it joined the process group (call before the first job)."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # CPU ranks: no CUDA call
     return Baseline(dist.get_rank(), dist.get_world_size(), torch.get_default_dtype(),
                     torch.get_default_device(), torch.is_grad_enabled(), torch.get_num_threads(),
-                    os.getcwd(), dict(os.environ), {t.ident for t in threading.enumerate()})
+                    os.getcwd(), dict(os.environ), {t.ident for t in threading.enumerate()}, cuda)
+
+
+def fresh_random(base: Baseline) -> None:
+    """Before each job: random numbers as a freshly started process draws them, whatever earlier jobs
+    seeded. torch seeds a process's CPU generator non-deterministically (so ranks differ, as under
+    torchrun; forked from one fork server they would all share its seed) and its CUDA generators
+    with a fixed default (so GPU ranks agree). Python's ``random`` and NumPy's, if imported, are
+    reseeded from the OS as well."""
+    torch.random.default_generator.seed()
+    if base.cuda_rng is not None:
+        torch.cuda.set_rng_state_all(base.cuda_rng)
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
 
 
 def broken(base: Baseline) -> str | None:

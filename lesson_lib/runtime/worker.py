@@ -22,7 +22,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from . import folders, hygiene, output
+from . import checked, folders, hygiene, output
 from .diagnosis import format_exception, user_frames
 from .messages import Kind, Message
 from .pickling import unpack_job
@@ -155,10 +155,11 @@ def _join(rank, world_size, backend, init_method, timeout_s, threads, out_q) -> 
 
 
 def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_q, out_q, parent_pid,
-                alive, report=None, env=None):
+                alive, report=None, env=None, ledger=None):
     """The target of every worker process (started by :class:`~.cluster.Cluster`). ``alive``: see
     :func:`_watch_parent`. ``env``: the variables this cluster's ranks need (a fork server's children
-    inherit the server's, not the kernel's of the moment)."""
+    inherit the server's, not the kernel's of the moment). ``ledger``: where this rank posts its
+    collective calls (:mod:`.checked`), or None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:  # out of the kernel's process group, which Jupyter kills as one (SIGKILL, at shutdown):
         os.setpgid(0, 0)  # we outlive it by the moment it takes to clean up after it
@@ -176,6 +177,8 @@ def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_
     torch.set_num_threads(threads)
     try:
         _join(rank, world_size, backend, init_method, timeout_s, threads, out_q)
+        if ledger is not None:
+            checked.install(ledger, rank)
         base = hygiene.baseline()
         output.flush()
         out_q.put(Message(Kind.READY, rank, 0))
@@ -191,7 +194,10 @@ def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_
         try:
             fn, args, kwargs = unpack_job(payload)
             state["job"] = job_id
+            hygiene.fresh_random(base)  # no job's random numbers depend on the jobs before it
+            checked.begin(job_id)
             value = fn(*args, **kwargs)
+            checked.end()  # raises if a peer waits on a call this rank never made
         except BaseException as e:
             _CTX.flush_events()
             output.flush()
