@@ -12,6 +12,7 @@ from . import (
     common,
     compression,
     consistency,
+    fp8,
     impact,
     large_batch,
     memory,
@@ -21,5 +22,5 @@ from . import (
     training,
 )
 
-__all__ = ["alpha_beta", "checkpoint", "collectives", "common", "compression", "consistency", "impact",
+__all__ = ["alpha_beta", "checkpoint", "collectives", "common", "compression", "consistency", "fp8", "impact",
            "large_batch", "memory", "parallelism", "pipeline", "precision", "training"]

@@ -1,0 +1,198 @@
+"""What notebooks/09_fp8.ipynb calls: each function runs one section's measurement (on a warm
+cluster where ranks are involved), prints it, draws it and returns the data the notebook asserts
+on. The algorithms are in :mod:`lesson_lib.milestones.fp8`; no presets here.
+"""
+
+from __future__ import annotations
+
+import torch
+from IPython.display import display
+
+from .. import plots
+from ..costmodel import Plan
+from ..costmodel.fp8 import STATE_BYTES, fp8_step
+from ..milestones.fp8 import allgather, errors, formats, tolerances, train
+from ..runtime import warm_cluster
+
+
+def formats_table() -> list[dict]:
+    """§1: range and precision of the five formats, and the two FP8 grids drawn."""
+    rows = formats.table()
+    print(
+        f"{'format':<6}{'exp':>4}{'man':>4}{'largest':>12}{'smallest normal':>17}{'smallest subnormal':>20}"
+        f"{'eps':>10}{'binades':>9}"
+    )
+    for r in rows:
+        print(
+            f"{r['format']:<6}{r['exponent_bits']:>4}{r['mantissa_bits']:>4}{r['max']:>12.4g}"
+            f"{r['smallest_normal']:>17.4g}{r['smallest_subnormal']:>20.4g}"
+            f"{r['eps']:>10.3g}{r['binades']:>9.1f}"
+        )
+    print(
+        "eps: the step from 1 to the next value (2^-mantissa bits); binades: powers of two from the "
+        "smallest subnormal to the largest value"
+    )
+    display(plots.fp8.grids({name: formats.grid(name) for name in ("e4m3", "e5m2")}))
+    return rows
+
+
+def format_choice(seed: int = 0) -> list[dict]:
+    """§1: each FP8 format's mean elementwise error on activation-like and gradient-like tensors."""
+    rows = errors.format_choice(seed)
+    print(
+        f"mean |x̂ − x| / |x| after a per-tensor scaled cast (seed {seed})\n"
+        f"{'tensor':<12}{'e4m3':>8}{'e5m2':>8}"
+    )
+    for r in rows:
+        print(f"{r['tensor']:<12}{r['e4m3']:>8.3f}{r['e5m2']:>8.3f}")
+    return rows
+
+
+def recipes(seed: int = 0) -> dict:
+    """§2: each recipe's matmul error on activations with outliers; no scaling's overflow and
+    underflow; the outlier sweep drawn."""
+    case = errors.outlier_case(seed)
+    rows = errors.matmul_errors(case)
+    print(
+        f"a [128×256] with {case['outliers']} outliers ×200, w [128×256] ~ N(0, 0.02²), seed {seed}: "
+        "mean relative error per row of a @ wᵀ against fp32"
+    )
+    for r in rows:
+        print(f"  {r['recipe']:<30}{r['error']:>8.4f}")
+    demo = errors.no_scaling_demo(seed)
+    print(
+        f"\n{'cast without a scale':<20}{'over max':>9}{'→ inf':>7}{'→ 0':>7}"
+        f"{'error':>8}{'scaled error':>14}"
+    )
+    for r in demo:
+        print(
+            f"{r['tensor']:<20}{r['over']:>9.2%}{r['inf']:>7}{r['under']:>7.0%}{r['error']:>8.3f}"
+            f"{r['scaled_error']:>14.3f}"
+        )
+    sweep = errors.outlier_sweep(seed=seed)
+    display(plots.fp8.outlier_sweep(sweep))
+    return {"rows": {r["recipe"]: r["error"] for r in rows}, "no_scaling": demo, "sweep": sweep}
+
+
+def training(world_size: int = 2, cfg: train.Config | None = None) -> dict:
+    """§3: the same MLP, data and seeds in fp32, bf16 and FP8 on ``world_size`` ranks, each against
+    one process; then with gradients 1,024× smaller, FP8 with and without scaling."""
+    cfg = (cfg or train.Config.tiny()).check(world_size)
+    small = train.Config(**{**cfg.__dict__, "loss_divisor": 1024.0})
+    runs, rows = {}, []
+    for c, precision in (
+        (cfg, "fp32"),
+        (cfg, "bf16"),
+        (cfg, "fp8"),
+        (small, "fp8"),
+        (small, "fp8 unscaled"),
+        (small, "fp32"),
+    ):
+        outs = warm_cluster(world_size).run(train.train_job, c, precision)
+        ref = train.reference(c, precision, world_size)
+        label = precision + (", loss ÷ 1024" if c.loss_divisor != 1 else "")
+        runs[label] = outs[0]["losses"]
+        rows.append(
+            {
+                "label": label,
+                "losses": outs[0]["losses"],
+                "dp_gap": max(abs(a - b) for o in outs for a, b in zip(o["losses"], ref["losses"])),
+                "dp_tolerance": tolerances.data_parallel(ref["losses"], world_size),
+                "zero_grads": outs[0]["zero_grad_share"],
+            }
+        )
+    fp32 = runs["fp32"]
+    for r in rows:
+        base = runs["fp32, loss ÷ 1024"] if "÷" in r["label"] else fp32
+        r["gap"] = max(abs(a - b) for a, b in zip(r["losses"], base))
+    tol = {
+        "bf16": tolerances.loss_gap(fp32, torch.bfloat16),
+        "fp8": tolerances.loss_gap(fp32, torch.float8_e4m3fn),
+    }
+    print(
+        f"{cfg.steps} steps of SGD, {world_size} ranks × {cfg.batch // world_size} samples, "
+        f"seed {cfg.seed}\n"
+        f"{'run':<26}{'final loss':>11}{'gap to fp32':>12}{'ranks vs 1 process':>19}{'zero grads':>11}"
+    )
+    for r in rows:
+        print(
+            f"{r['label']:<26}{r['losses'][-1]:>11.4f}{r['gap']:>12.4f}{r['dp_gap']:>19.1e}"
+            f"{r['zero_grads']:>11.0%}"
+        )
+    print(f"allowed gap to fp32 (u·max loss): bf16 {tol['bf16']:.4f}, fp8 {tol['fp8']:.4f}")
+    display(
+        plots.fp8.losses(
+            runs, "The same MLP, data and seeds: FP8 follows fp32; without scaling, small gradients vanish"
+        )
+    )
+    return {"rows": {r["label"]: r for r in rows}, "tolerance": tol}
+
+
+def all_gather(world_sizes=(2, 4), seed: int = 0) -> list[dict]:
+    """§4: the MLP's weights sharded, gathered in FP8 with their scales, against the unsharded FP8
+    model; bytes against bf16 and the formula."""
+    g = torch.Generator().manual_seed(seed)
+    weights = [0.1 * torch.randn(64, 32, generator=g), 0.1 * torch.randn(32, 64, generator=g)]
+    x = torch.randn(16, 32, generator=g)
+    ref = allgather.unsharded_forward(weights, x)
+    rows = []
+    for n in world_sizes:
+        outs = warm_cluster(n).run(allgather.sharded_forward_job, weights, x)
+        sent = outs[0]["sent"]
+        rows.append(
+            {
+                "ranks": n,
+                "equal": all(torch.equal(o["y"], ref) for o in outs),
+                "fp8": sent["fp8_all_gather"] + sent["fp8_amax_gather"],
+                "bf16": sent["bf16_all_gather"],
+                "fp8_formula": sum(allgather.gather_bytes(w.numel(), n, "fp8") for w in weights),
+                "bf16_formula": sum(allgather.gather_bytes(w.numel(), n, "bf16") for w in weights),
+            }
+        )
+    print(
+        f"{'N':>2}{'bit-equal to unsharded':>24}{'FP8 + scales (formula)':>25}"
+        f"{'bf16 (formula)':>17}{'ratio':>7}"
+    )
+    for r in rows:
+        print(
+            f"{r['ranks']:>2}{str(r['equal']):>24}{r['fp8']:>14,} ({r['fp8_formula']:,}){r['bf16']:>8,} "
+            f"({r['bf16_formula']:,}){r['fp8'] / r['bf16']:>7.3f}"
+        )
+    return rows
+
+
+def at_scale(devices_list=(1024, 1536), params: float = 70e9) -> list[dict]:
+    """§5: chapter 7's cost model, a 70B model on H100s (t = 8, FSDP/ZeRO-3), bf16 against FP8."""
+    rows = []
+    for n in devices_list:
+        plan = Plan(
+            params=params, tokens=1.4e12, devices=n, device="h100-sxm", tensor=8, zero=3, micro_batch=0
+        )
+        for precision, t in fp8_step(plan).items():
+            rows.append(
+                {
+                    "label": f"{n} GPUs, {precision}",
+                    "devices": n,
+                    "precision": precision,
+                    "terms": {k: t[k] for k in ("compute", "bandwidth", "latency", "tensor")},
+                    "step": t["step"],
+                    "dominant": t["dominant"],
+                }
+            )
+    print(f"{'plan':<20}{'compute s':>10}{'bandwidth s':>12}{'tensor s':>9}{'step s':>8}  dominant")
+    for r in rows:
+        t = r["terms"]
+        print(
+            f"{r['label']:<20}{t['compute']:>10.2f}{t['bandwidth']:>12.2f}"
+            f"{t['tensor']:>9.2f}{r['step']:>8.2f}  "
+            f"{r['dominant']}"
+        )
+    print("\nbytes per parameter that FP8 does not shrink:")
+    for name, b in STATE_BYTES.items():
+        print(f"  {name:<36}" + ", ".join(f"{k} {v}" for k, v in b.items()) + f" = {sum(b.values())}")
+    display(
+        plots.fp8.terms(
+            rows, "A 70B model's step on H100s: FP8 halves compute; the gathers become the largest term"
+        )
+    )
+    return rows

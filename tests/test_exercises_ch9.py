@@ -1,0 +1,103 @@
+"""Chapter 9's exercises on real ranks: each accepts its reference and other right forms, and rejects
+plausible wrong answers with a message that points at the mistake."""
+
+import pytest
+import torch
+
+from lesson_lib.chapters import ch09_exercises
+
+pytestmark = pytest.mark.ch9
+EX = ch09_exercises.exercises()
+
+
+@pytest.mark.parametrize("key", list(EX))
+def test_every_reference_is_accepted(key):
+    assert EX[key].submit(EX[key].reference())
+
+
+def cast_float_scale(x):  # a right answer: a Python float scale, torch.finfo for the max
+    top = torch.finfo(torch.float8_e4m3fn).max
+    amax = float(x.abs().max()) or top
+    return (x * (top / amax)).clamp(-top, top).to(torch.float8_e4m3fn), amax / top
+
+
+def cast_zero_scale(x):
+    s = x.abs().max() / 448
+    return (x / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+
+def cast_unscaled(x):
+    return x.clamp(-448, 448).to(torch.float8_e4m3fn), torch.tensor(1.0)
+
+
+def cast_wrong_dtype(x):
+    s = x.abs().max().clamp_min(1e-12) / 57344
+    return (x / s).to(torch.float8_e5m2), s
+
+
+def test_cast_accepts_another_form():
+    assert EX["cast"].submit(cast_float_scale)
+
+
+@pytest.mark.parametrize(
+    "answer, says",
+    [
+        (cast_zero_scale, "scale of 1"),
+        (cast_unscaled, "not x"),
+        (cast_wrong_dtype, "not torch.float8_e4m3fn"),
+    ],
+)
+def test_cast_rejects_wrong_answers_saying_why(answer, says):
+    v = EX["cast"].submit(answer)
+    assert not v and says in v.message, v.message
+
+
+@pytest.mark.parametrize(
+    "answer", [("e4m3", "e5m2"), (torch.float8_e4m3fn, torch.float8_e5m2), ["E4M3", "fp8_e5m2"]]
+)
+def test_formats_accepts_every_spelling(answer):
+    assert EX["formats"].submit(answer)
+
+
+@pytest.mark.parametrize(
+    "answer, says",
+    [
+        (("e5m2", "e5m2"), "activations in e5m2"),
+        (("e4m3", "e4m3"), "gradients in e4m3"),
+        (("e5m2", "e4m3"), "activations in e5m2"),
+        (("bf16", "e5m2"), "answer with"),
+    ],
+)
+def test_formats_rejects_wrong_answers_saying_why(answer, says):
+    v = EX["formats"].submit(answer)
+    assert not v and says in v.message, v.message
+
+
+def blocks_per_tensor(w):
+    s = w.abs().max() / 448
+    return (w / s).to(torch.float8_e4m3fn), s.expand(2, 2)
+
+
+def blocks_transposed(w):
+    w8, s = ch09_exercises.block_quantize(w)
+    return w8, s.t()
+
+
+def blocks_loops(w):  # a right answer written with loops
+    w8, s = torch.empty(w.shape, dtype=torch.float8_e4m3fn), torch.empty(2, 2)
+    for i in range(2):
+        for j in range(2):
+            blk = w[128 * i : 128 * i + 128, 128 * j : 128 * j + 128]
+            s[i, j] = blk.abs().max() / 448
+            w8[128 * i : 128 * i + 128, 128 * j : 128 * j + 128] = (blk / s[i, j]).to(torch.float8_e4m3fn)
+    return w8, s
+
+
+def test_blocks_accepts_loops():
+    assert EX["blocks"].submit(blocks_loops)
+
+
+@pytest.mark.parametrize("answer, says", [(blocks_per_tensor, "per-tensor"), (blocks_transposed, "order")])
+def test_blocks_rejects_wrong_answers_saying_why(answer, says):
+    v = EX["blocks"].submit(answer)
+    assert not v and says in v.message, v.message

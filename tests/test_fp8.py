@@ -1,0 +1,82 @@
+"""Chapter 9's library against references that share no code with it: torch's own float8 casts,
+hand-worked values, fp32 math written out; ranks against one process; bad input named."""
+
+import pytest
+import torch
+
+from lesson_lib import warm_cluster
+from lesson_lib.milestones.fp8 import allgather, errors, formats, scaling, tolerances, train
+
+pytestmark = pytest.mark.ch9
+E4M3 = torch.float8_e4m3fn
+
+
+def test_formats_hand_worked():
+    e4m3, e5m2 = formats.describe("e4m3"), formats.describe("e5m2")
+    assert (e4m3["max"], e4m3["smallest_subnormal"], e4m3["eps"]) == (448.0, 2.0**-9, 2.0**-3)
+    assert (e5m2["max"], e5m2["smallest_subnormal"], e5m2["eps"]) == (57344.0, 2.0**-16, 2.0**-2)
+    g = formats.grid("e4m3")
+    assert len(g) == 127 and g[1] == 2.0**-9 and g[-1] == 448 and float(g[g > 1][0]) == 1.125
+
+
+def test_bad_input_names_the_parameter():
+    for call, name in (
+        (lambda: formats.dtype_of("e3m4"), "fmt"),
+        (lambda: formats.grid("bf16"), "name"),
+        (lambda: scaling.DelayedScaling(0), "history"),
+        (lambda: allgather.gather_bytes(10, 3, "fp8"), "numel"),
+        (lambda: train.Config(batch=63).check(2), "batch"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            call()
+
+
+def test_scaled_cast_against_torchs_own_cast():
+    x = torch.tensor([[0.0, 1.0, -3.0, 1000.0]])
+    x8, s = scaling.quantize(x)
+    assert abs(float(s) - 1000.0 / 448) <= 1e-6 * 1000.0 / 448
+    s = torch.tensor(float(s))
+    assert torch.equal(x8.float(), (x / (1000.0 / 448)).to(E4M3).float())
+    z8, zs = scaling.quantize(torch.zeros(3))
+    assert float(zs) == 1.0 and torch.equal(z8.float(), torch.zeros(3))
+    assert float(scaling.saturating_cast(torch.tensor([1e6]), torch.tensor(1.0)).float()) == 448.0
+
+
+def test_blockwise_product_equals_its_dequantized_fp32_product():
+    g = torch.Generator().manual_seed(0)
+    a, w = torch.randn(8, 256, generator=g), torch.randn(128, 256, generator=g)
+    a8, sa = scaling.quantize_blocks(a, 1, 128)
+    w8, sw = scaling.quantize_blocks(w, 128, 128)
+    deq_a = torch.cat([a8[:, k * 128 : (k + 1) * 128].float() * sa[:, k : k + 1] for k in range(2)], 1)
+    deq_w = torch.cat([w8[:, k * 128 : (k + 1) * 128].float() * sw[0, k] for k in range(2)], 1)
+    assert torch.allclose(scaling.blockwise_mm(a, w), deq_a @ deq_w.t(), rtol=1e-5, atol=1e-4)
+
+
+def test_hybrid_choice_is_what_the_errors_say():
+    acts, grads = errors.format_choice(0)
+    assert acts["e4m3"] < acts["e5m2"] and grads["e5m2"] < grads["e4m3"]
+
+
+@pytest.mark.numerics
+def test_fp8_training_on_ranks_equals_one_process_and_sits_near_fp32():
+    cfg = train.Config(steps=10)
+    fp32 = train.reference(cfg, "fp32", 2)["losses"]
+    for n in (2, 4):
+        outs = warm_cluster(n).run(train.train_job, cfg, "fp8")
+        ref = train.reference(cfg, "fp8", n)["losses"]
+        assert max(abs(a - b) for a, b in zip(outs[0]["losses"], ref)) <= tolerances.data_parallel(ref, n)
+    assert max(abs(a - b) for a, b in zip(ref, fp32)) <= tolerances.loss_gap(fp32, E4M3)
+
+
+def test_fp8_all_gather_bit_equal_and_bytes_by_formula():
+    g = torch.Generator().manual_seed(1)
+    ws, x = [torch.randn(16, 8, generator=g), torch.randn(8, 16, generator=g)], torch.randn(4, 8, generator=g)
+    ref = allgather.unsharded_forward(ws, x)
+    for n in (2, 4):
+        outs = warm_cluster(n).run(allgather.sharded_forward_job, ws, x)
+        assert all(torch.equal(o["y"], ref) for o in outs)
+        sent = outs[0]["sent"]
+        assert sent["fp8_all_gather"] + sent["fp8_amax_gather"] == sum(
+            (n - 1) * (w.numel() // n + 4) for w in ws
+        )
+        assert sent["bf16_all_gather"] == sum((n - 1) * 2 * (w.numel() // n) for w in ws)
