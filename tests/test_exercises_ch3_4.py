@@ -377,6 +377,7 @@ def test_gpipe_accepts_another_correct_order():
     (gpipe_first_microbatch_only, "stage 0 sent 1 activation(s) to stage 1"),
     (gpipe_input_without_grad, "rank"),  # x.grad is None: the send fails, the verdict names the rank
     (gpipe_input_without_grad, "requires_grad_()"),  # ... and says why, not only "got NoneType"
+    (gpipe_input_without_grad, "TypeError: Invalid function argument"),  # the headline is whole
 ])
 def test_gpipe_rejects_wrong_answers(answer, words):
     v = verdict(EX3["gpipe"], answer)

@@ -364,3 +364,16 @@ def test_a_deadlock_report_names_the_learners_line_not_the_library_frame_below_i
     assert text == ("waiting in lesson_lib.comm.p2p wait(), called from 123.py, line 7: "
                     "exchange(a, b).wait()"), text
     assert _where(frames[:2]) == "running 123.py, line 7: exchange(a, b).wait()"
+
+
+def test_a_rank_error_headline_keeps_a_message_that_spans_lines():
+    """Once cut to 'rank 3: but got <class 'NoneType'> instead.': torch's TypeError for a None sent
+    continues on an indented line; the headline is the exception's type and its whole message."""
+    from lesson_lib.runtime.failures import exception_line
+
+    tb = ("Traceback (most recent call last):\n  File \"cell\", line 3, in f\n    dist.send(x.grad, 0)\n"
+          "TypeError: Invalid function argument. Expected parameter `tensor` of type torch.Tensor\n"
+          "             but got <class 'NoneType'> instead.\n")
+    assert exception_line(tb) == ("TypeError: Invalid function argument. Expected parameter `tensor` of type "
+                                  "torch.Tensor but got <class 'NoneType'> instead.")
+    assert exception_line("Traceback\n  File \"a\"\n    x\nValueError: bad") == "ValueError: bad"

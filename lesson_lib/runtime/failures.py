@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import time
 
@@ -92,13 +93,24 @@ def raise_failure(procs: list, out_q, rank: int, tb: str, report=None, job_id: i
         roots = [rank]
     root = roots[0]
     tb = relabel_cells(errors[root])
-    last = tb.strip().splitlines()[-1] if tb.strip() else "failed"
+    last = exception_line(tb)
     others = tuple(r for r in errors if r != root)
     if RAISED in tb:  # its message has several lines: both calls, then what to do
         raise WorkerMismatch(root, tb.rsplit(RAISED, 1)[1].strip(), tb, others=others)
     if job_id and is_collective_timeout(tb):
         last += _absent(out_q, report, job_id, [r for r in range(len(procs)) if r not in errors], pending)
     raise WorkerError(root, last, tb, others=others)
+
+
+def exception_line(tb: str) -> str:
+    """The traceback's exception, type and whole message on one line. A message may span lines
+    (torch's "Expected parameter `tensor` of type torch.Tensor\n  but got <class 'NoneType'>"):
+    its last line alone would lose what failed."""
+    lines = tb.strip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if re.match(r"[A-Za-z_][\w.]*(: |:?$)", lines[i]):  # the exception's first line, unindented
+            return " ".join(part.strip() for part in lines[i:] if part.strip())
+    return lines[-1].strip() if lines else "failed"
 
 
 def _postmortem(ledger) -> str:
