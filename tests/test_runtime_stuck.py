@@ -29,6 +29,23 @@ def quiet_loop(seconds):
     return dist.get_rank()
 
 
+def progressing_quietly(seconds):  # a long computation that emits nothing, but moves: phases of work
+    def phase_a():
+        time.sleep(0.011)
+
+    def phase_b():
+        time.sleep(0.013)
+
+    def phase_c():
+        time.sleep(0.017)
+
+    end, i = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        (phase_a, phase_b, phase_c)[i % 3]()
+        i += 1
+    return dist.get_rank()
+
+
 @_cell
 def barrier_on_rank_0():
     if dist.get_rank() == 0:
@@ -55,6 +72,14 @@ def test_a_silent_job_gets_one_line_naming_the_busy_ranks_where_they_are_and_how
     assert "rank 0: running" in line and "while time.monotonic() < end:" in line, line
     assert "interrupt the kernel" in line and "timeout_s=" in line, line
     assert clusters(2).run(quiet_loop, 0.0) == [0, 1]  # a quick job: no word
+    assert "has sent nothing" not in capsys.readouterr().out
+
+
+def test_a_quiet_job_that_is_moving_gets_no_notice(clusters, monkeypatch, capsys):
+    # bug caught: "has sent nothing for 20 s ... interrupt the kernel" printed in chapter 2's Run All on
+    # a cell that was computing and then finished: its stacks changed between samples
+    monkeypatch.setattr(silence, "SILENCE_S", 0.5)
+    assert clusters(2).run(progressing_quietly, 2.5) == [0, 1]
     assert "has sent nothing" not in capsys.readouterr().out
 
 

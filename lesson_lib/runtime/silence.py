@@ -1,8 +1,10 @@
 """A job that has said nothing for a while: one line saying which ranks are busy, and where.
 
 Past :data:`SILENCE_S` without a message, the parent asks the running ranks for their stacks
-(:func:`~.worker._report_stacks`) and prints, once per job, where each is and how to stop it,
-while it goes on reading the job's messages.
+(:func:`~.worker._report_stacks`) :data:`SAMPLES` times, a moment apart. If a rank's stack changed
+between them the job is making progress (a long computation that emits nothing): no word, and the
+watch starts again. If every sample is the same (a deadlock, a spinning loop), it prints, once per
+job, where each rank is and how to stop it, while it goes on reading the job's messages.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from .messages import Kind
 
 SILENCE_S = 20.0  # seconds without a word from any rank before the notice
 ANSWER_S = 1.5  # how long the ranks have to say where they are
+SAMPLES = 3  # stacks compared before speaking: any change means the job is moving
+APART_S = 1.0  # between two samples (a quarter of SILENCE_S when that is shorter)
 
 
 class Silence:
@@ -26,6 +30,8 @@ class Silence:
         self.asked: float | None = None
         self.said = False
         self.stacks: dict[int, list] = {}
+        self.samples: list[dict[int, tuple]] = []  # each rank's stack, per sample
+        self.asked_at = 0.0
 
     def heard(self, msg) -> None:
         if msg.kind is Kind.STACK:
@@ -33,17 +39,28 @@ class Silence:
                 self.stacks[msg.rank] = msg.data
         else:
             self.last = time.monotonic()
+            self.samples.clear()
 
     def tick(self, pending: set) -> None:
         if self.said or self.report is None or not pending:
             return
         now = time.monotonic()
         if self.asked is None:
-            if now - self.last >= self.after_s:
-                self.asked = now
+            apart = min(APART_S, self.after_s / 4)
+            due = self.asked_at + apart if self.samples else self.last + self.after_s
+            if now >= due:
+                self.asked = self.asked_at = now
+                self.stacks = {}
                 self.report.value += 1  # each worker's _report_stacks thread answers
             return
-        if pending <= self.stacks.keys() or now - self.asked > ANSWER_S:
+        if not (pending <= self.stacks.keys() or now - self.asked > ANSWER_S):
+            return
+        self.asked = None
+        self.samples.append({r: tuple(map(tuple, self.stacks[r])) for r in pending if r in self.stacks})
+        first = self.samples[0]
+        if any(s[r] != first[r] for s in self.samples[1:] for r in s.keys() & first.keys()):  # moved
+            self.last, self.samples = now, []
+        elif len(self.samples) >= SAMPLES:
             self.said = True
             print(notice(self.what, now - self.last, sorted(pending), self.stacks), flush=True)
 
