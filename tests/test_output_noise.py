@@ -2,6 +2,7 @@
 
 import IPython.display
 import pytest
+import torch.distributed as dist
 from IPython.core.formatters import DisplayFormatter
 
 from lesson_lib.exercises import Exercise, Verdict
@@ -118,3 +119,22 @@ def test_what_a_rank_writes_below_python_reaches_the_cell_marked(capfd):
         assert c.run(_writes_below_python) == [1, 1]
         err = capfd.readouterr().err
     assert "[rank 0] native hello" in err and "[rank 1] native hello" in err, err
+
+
+def _warns_like_torch():
+    import warnings
+
+    warnings.warn("this collective is deprecated", FutureWarning, stacklevel=1)
+    return dist.get_rank()
+
+
+def test_a_warning_from_every_rank_is_shown_once_per_kernel(clusters, capfd):
+    # bug caught: 8-16 lines of the same FutureWarning, one per rank and job
+    from lesson_lib.runtime import output
+
+    output._WARNED.clear()
+    for _ in range(2):
+        assert clusters(2).run(_warns_like_torch) == [0, 1]
+    err = capfd.readouterr().err
+    assert err.count("FutureWarning: this collective is deprecated") == 1, err
+    assert "[rank" not in err.split("this collective is deprecated")[0].splitlines()[-1], err

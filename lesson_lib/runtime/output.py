@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -89,8 +90,21 @@ def flush() -> None:
             pass
 
 
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ", re.MULTILINE)
+_WARNED: set[str] = set()  # warnings already shown in this kernel, from any rank
+
+
 def show(rank: int, stream: str, text: str) -> None:
-    """In the parent: print a rank's text, each line marked ``[rank N]``."""
+    """In the parent: print a rank's text, each line marked ``[rank N]``. A Python warning (torch's
+    FutureWarning for a deprecated collective, say) is shown once per kernel, not once per rank and
+    job: every rank would print the same lines."""
+    if stream == "stderr" and _WARNING.search(text):
+        if text in _WARNED:
+            return
+        _WARNED.add(text)
+        sys.stderr.write(text.rstrip("\n") + "\n  (a warning from the ranks: shown once per kernel)\n")
+        sys.stderr.flush()
+        return
     out = sys.stderr if stream == "stderr" else sys.stdout
     lines = text.split("\n")
     end = "\n" if text.endswith("\n") else ""
