@@ -293,9 +293,12 @@ def test_scaling_exercise_without_the_run(ex):
 
 
 @pytest.mark.slow
-def test_scaling_exercise_confirms_with_a_real_run(ex):
+def test_scaling_exercise_judges_the_rule_and_reports_its_real_run(ex):
+    # once "confirms it with a real run" while its runs lost a quarter of the accuracy
     verdict = ex["scaling"].submit(ex["scaling"].reference())
     assert verdict and "held-out accuracy" in verdict.message
+    assert "judged by the rule, not by the run" in verdict.message
+    assert "confirms" not in ex["scaling"].prompt
 
 
 def test_zero_choice_exercise(ex):

@@ -107,8 +107,9 @@ def measured_bubble(m: int, stages: int = 4) -> str:
     """What a real 1F1B run with ``m`` micro-batches measured (the smallest_m exercise's reward)."""
     r = run_warm(pp.Config.laptop(stages=stages, microbatches=m, schedule="1f1b", steps=3,
                                   global_batch=8 * m))
-    return (f"the formula gives {r['bubble_formula']:.1%}; the run measured {r['bubble_busy']:.1%} replayed "
-            f"from busy time and {r['bubble_wall']:.1%} on the wall clock. The formula assumes every "
+    return (f"by the formula, {r['bubble_formula']:.1%}: the answer. What a real run of it measured (not "
+            f"part of the verdict): {r['bubble_busy']:.1%} replayed from busy time and "
+            f"{r['bubble_wall']:.1%} on the wall clock. The formula assumes every "
             "forward and backward takes the same time; measured ones vary, and in 1F1B's steady state each "
             "stage waits for the slower of its neighbours, so the variation becomes idle time (the wall "
             "clock adds the cores the stages share)")
@@ -186,8 +187,9 @@ def exercises(stages: int = 4, run: bool = True) -> dict[str, Exercise]:
         "smallest_m": Exercise(
             key="smallest_m", title="a bubble under 10%",
             prompt=f"With P = {P} stages, what is the smallest number of micro-batches M that brings the "
-                   "bubble under 10%? The check confirms your answer with a real run (8 samples per "
-                   "micro-batch).",
+                   "formula's bubble (P−1)/(M+P−1) under 10%? The check judges it by the formula, then runs "
+                   "it for real (8 samples per micro-batch) and shows what the run measured: real stages "
+                   "are not equal, so a measured bubble sits above the formula's (§5).",
             check=check_smallest_m(P, run), hint="Solve (P−1)/(M+P−1) < 0.1 for M.",
             solution=f"(P−1)/(M+P−1) < 0.1 ⇔ M > 9(P−1) = {9 * (P - 1)}, so M = {m_star}.",
             reference=lambda: m_star),
