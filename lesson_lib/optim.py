@@ -6,9 +6,9 @@
   u = r + λw, w ← w − γ · φ(‖w‖)/‖u‖ · u.
 
 A param group with ``adapt=False`` skips the trust ratio (:func:`param_groups`); ``trust_clip``
-caps it; LAMB's ``eps_inside_sqrt`` and ``bias_correction`` select other implementations'
-variants. ``last_stats`` holds (‖w‖, ‖update‖, ratio) per parameter after each step. Under ZeRO,
-``norm`` is replaced by one that all-reduces partial sums of squares.
+caps it; LAMB's ``bias_correction=False`` and ``phi_clamp`` give torch-optimizer's variant.
+``last_stats`` holds (‖w‖, ‖update‖, ratio) per parameter after each step. Under ZeRO, ``norm`` is
+replaced by one that all-reduces partial sums of squares.
 """
 
 from __future__ import annotations
@@ -122,13 +122,12 @@ class LARS(_LayerWise):
 
 class LAMB(_LayerWise):
     """LAMB (You et al., ICLR 2020, Algorithm 2). ``phi_clamp=(lo, hi)``: φ(‖w‖) = clamp(‖w‖, lo, hi)
-    (identity by default); ``bias_correction=False`` / ``eps_inside_sqrt=True``: other
-    implementations' variants (the tests say which matches whom)."""
+    (identity by default); ``bias_correction=False``: torch-optimizer's variant (tests/test_optim.py)."""
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0, trust_clip: float | None = None,
                  phi_clamp: tuple[float, float] | None = None, bias_correction: bool = True,
-                 eps_inside_sqrt: bool = False, norm=None, record_stats: bool = True):
+                 norm=None, record_stats: bool = True):
         for i, b in enumerate(betas):
             _check(f"betas[{i}]", b, high=1.0)
         _check("eps", eps)
@@ -136,7 +135,7 @@ class LAMB(_LayerWise):
             raise ValueError(f"phi_clamp must be (low, high) with 0 <= low < high, got {phi_clamp!r}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         trust_clip=trust_clip, phi_clamp=phi_clamp, bias_correction=bias_correction,
-                        eps_inside_sqrt=eps_inside_sqrt, adapt=True)
+                        adapt=True)
         super().__init__(params, defaults, norm, record_stats)
 
     def _update(self, w, g, state, group):
@@ -152,7 +151,7 @@ class LAMB(_LayerWise):
         m_hat, v_hat = m, v
         if group["bias_correction"]:
             m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
-        r = m_hat / ((v_hat + eps).sqrt() if group["eps_inside_sqrt"] else v_hat.sqrt().add_(eps))
+        r = m_hat / v_hat.sqrt().add_(eps)
         u = r.add_(w, alpha=group["weight_decay"]) if group["weight_decay"] else r
         w_norm = float(self.norm(w))
         lo, hi = group["phi_clamp"] or (0.0, math.inf)
