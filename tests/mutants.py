@@ -130,6 +130,9 @@ def main(argv=None) -> int:
     chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
     if unknown := set(args.names) - {m.name for m in MUTANTS}:
         ap.error(f"unknown mutants: {sorted(unknown)}")
+    # one commit for every mutant, whatever lands meanwhile
+    args.rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.rev], capture_output=True, text=True,
+                              check=True).stdout.strip()
     if not args.no_baseline:
         base = run(None, args.timeout, args.rev)
         print(f"baseline (no mutant): exit {base['exit']} in {base['seconds']} s", flush=True)
