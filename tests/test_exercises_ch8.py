@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import all_reduce, all_to_all_single
 
-from lesson_lib.chapters import ch08_exercises
+from lesson_lib.chapters import ch08_exercises, ch08_plan
 
 pytestmark = pytest.mark.ch8
 EX = ch08_exercises.exercises()
@@ -192,4 +192,165 @@ def test_dispatch_accepts_other_right_forms(answer):
 ], ids=["nothing", "all-gather", "reversed", "wrong-shape"])
 def test_dispatch_rejects_wrong_answers_saying_why(answer, says):
     v = EX["dispatch"].submit(answer)
+    assert not v and says in v.message, v.message
+
+
+# --------------------------------------------------------------------------- merge (online softmax)
+
+
+def test_the_new_templates_are_not_answered_yet():
+    def merge(m_a, l_a, o_a, m_b, l_b, o_b):
+        ...
+
+    def block_plan():
+        ...
+
+    for key, answer in (("merge", merge), ("plan", block_plan)):
+        v = EX[key].submit(answer)
+        assert not v and v.message == "not answered yet"
+
+
+def merge_lse(out_a, lse_a, out_b, lse_b):  # the log-sum-exp form
+    lse = torch.logaddexp(lse_a, lse_b)
+    return torch.exp(lse_a - lse) * out_a + torch.exp(lse_b - lse) * out_b, lse
+
+
+def merge_list(m_a, l_a, o_a, m_b, l_b, o_b):  # a list, the maximum taken with torch.where
+    m = torch.where(m_a > m_b, m_a, m_b)
+    return [m, l_a * (m_a - m).exp() + l_b * (m_b - m).exp(), o_a * (m_a - m).exp() + o_b * (m_b - m).exp()]
+
+
+def merge_average(out_a, lse_a, out_b, lse_b):
+    return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+
+def merge_average_state(m_a, l_a, o_a, m_b, l_b, o_b):
+    return torch.maximum(m_a, m_b), torch.ones_like(l_a), (o_a / l_a + o_b / l_b) / 2
+
+
+def merge_no_rescale(m_a, l_a, o_a, m_b, l_b, o_b):
+    return torch.maximum(m_a, m_b), l_a + l_b, o_a + o_b
+
+
+def merge_one_side(m_a, l_a, o_a, m_b, l_b, o_b):  # the running state rescaled, the new block not
+    m = torch.maximum(m_a, m_b)
+    a = torch.exp(m_a - m)
+    return m, l_a * a + l_b, o_a * a + o_b
+
+
+def merge_unnormalised(out_a, lse_a, out_b, lse_b):  # unnormalised sums added, never divided
+    return torch.exp(lse_a) * out_a + torch.exp(lse_b) * out_b, torch.logaddexp(lse_a, lse_b)
+
+
+def merge_sum_not_rescaled(m_a, l_a, o_a, m_b, l_b, o_b):
+    m = torch.maximum(m_a, m_b)
+    a, b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, l_a + l_b, o_a * a + o_b * b
+
+
+def merge_unstable(m_a, l_a, o_a, m_b, l_b, o_b):  # right for small scores; exp(200) overflows
+    ea, eb = torch.exp(m_a), torch.exp(m_b)
+    return torch.zeros_like(m_a), l_a * ea + l_b * eb, o_a * ea + o_b * eb
+
+
+def merge_unstable_lse(out_a, lse_a, out_b, lse_b):
+    lse = torch.log(torch.exp(lse_a) + torch.exp(lse_b))
+    return torch.exp(lse_a - lse) * out_a + torch.exp(lse_b - lse) * out_b, lse
+
+
+def merge_lse_max(out_a, lse_a, out_b, lse_b):  # right output at 2 ranks, a wrong lse carried on
+    lse = torch.logaddexp(lse_a, lse_b)
+    return torch.exp(lse_a - lse) * out_a + torch.exp(lse_b - lse) * out_b, torch.maximum(lse_a, lse_b)
+
+
+def merge_output_only(m_a, l_a, o_a, m_b, l_b, o_b):
+    m = torch.maximum(m_a, m_b)
+    return o_a * torch.exp(m_a - m) + o_b * torch.exp(m_b - m)
+
+
+@pytest.mark.parametrize("answer", [merge_lse, merge_list], ids=["log-sum-exp", "list-where"])
+def test_merge_accepts_other_right_forms(answer):
+    assert EX["merge"].submit(answer)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (merge_average, "plain average"),
+    (merge_average_state, "plain average"),
+    (merge_no_rescale, "forgot to rescale by exp(m_old − m_new)"),
+    (merge_one_side, "right when both blocks have the same maximum"),
+    (merge_unnormalised, "do not add up to 1"),
+    (merge_sum_not_rescaled, "do not add up to 1"),
+    (merge_unstable, "overflows float32"),
+    (merge_unstable_lse, "overflows float32"),
+    (merge_lse_max, "log-sum-exp"),
+    (merge_output_only, "return the merged state (m, l, o)"),
+    (lambda a, b: a, "takes 2 arguments"),
+], ids=["average", "average-state", "no-rescale", "one-side", "unnormalised", "sum-not-rescaled", "unstable",
+        "unstable-lse", "lse-max", "output-only", "two-arguments"])
+def test_merge_rejects_wrong_answers_saying_why(answer, says):
+    v = EX["merge"].submit(answer)
+    assert not v and says in v.message, v.message
+
+
+# --------------------------------------------------------------------------- plan (parallelize_module)
+
+
+def plan_sequence_parallel():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    gather = PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),))
+    return {**ch08_plan.block_plan(), "ln1": SequenceParallel(sequence_dim=0),
+            "ln2": SequenceParallel(sequence_dim=0), "attn": gather, "mlp": gather,
+            "attn.o": RowwiseParallel(output_layouts=Shard(0)),
+            "mlp.fc2": RowwiseParallel(output_layouts=Shard(0))}
+
+
+def plan_swapped():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {**ch08_plan.block_plan(), "attn.q": RowwiseParallel(), "attn.o": ColwiseParallel()}
+
+
+def plan_o_column():
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return {**ch08_plan.block_plan(), "mlp.fc2": ColwiseParallel()}
+
+
+def plan_mlp_missing():  # runs and trains right: the MLP stays whole on every rank
+    plan = ch08_plan.block_plan()
+    del plan["mlp.fc1"], plan["mlp.fc2"]
+    return plan
+
+
+def plan_partial_output():  # right placements; o's partial sums handed on without the all-reduce
+    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    return {**ch08_plan.block_plan(), "attn.o": RowwiseParallel(output_layouts=Partial())}
+
+
+def plan_full_names():
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return {"blocks.0.attn.q": ColwiseParallel()}
+
+
+@pytest.mark.parametrize("answer", [ch08_plan.block_plan(), plan_sequence_parallel],
+                         ids=["dict", "sequence-parallel"])
+def test_plan_accepts_other_right_forms(answer):
+    assert EX["plan"].submit(answer)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (plan_swapped, "attn.q is row-wise"),
+    (plan_o_column, "mlp.fc2 is column-wise"),
+    (plan_mlp_missing, "mlp.fc1 is not in your plan"),
+    (plan_partial_output, "blocks.0.attn.o's output"),
+    (plan_full_names, "not a module of a block"),
+    ({"attn.q": "colwise"}, "ParallelStyle"),
+], ids=["swapped", "row-as-column", "mlp-missing", "partial-output", "full-names", "strings"])
+def test_plan_rejects_wrong_answers_saying_why(answer, says):
+    v = EX["plan"].submit(answer)
     assert not v and says in v.message, v.message

@@ -189,7 +189,7 @@ def ring(world_sizes=(2, 4), batch: int = 2, heads: int = 2, seq: int = 32, dim:
             gap = float((torch.cat([o["out"] for o in outs], 2) - ref).abs().max())
             rows.append({"ranks": c, "causal": causal, "gap": gap,
                          "tolerance": tolerances.attention(seq, dim, ref),
-                         "counted": [o["sent"] for o in outs],
+                         "counted": [o["sent"] for o in outs], "held": [o["held"] for o in outs],
                          "formula": formulas.ring_attention(batch, heads, seq, dim, c)})
     print(f"{'c':>2} {'mask':>6} {'gap to one softmax':>19} {'allowed':>8} {'bytes sent (formula)':>21}")
     for r in rows:
@@ -197,6 +197,10 @@ def ring(world_sizes=(2, 4), batch: int = 2, heads: int = 2, seq: int = 32, dim:
         print(f"{r['ranks']:>2} {'causal' if r['causal'] else 'full':>6} {r['gap']:>19.1e} "
               f"{r['tolerance']:>8.1e} {sent:>21}")
     print("bytes: what each rank sent; formula (c−1)·2·b·h·(s/c)·d·4")
+    shown = next(r for r in rows if r["ranks"] == max(world_sizes) and r["causal"])
+    display(plots.parallelism.ring_blocks(
+        shown["held"], True, f"Which key/value block each of {shown['ranks']} ranks held at each step "
+                             "(recorded in the causal run above)"))
     return {"rows": rows}
 
 

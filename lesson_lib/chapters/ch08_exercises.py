@@ -1,6 +1,7 @@
 """Chapter 8's exercises on real ranks (notebooks/08_beyond_data_parallel.ipynb): g written as an
-autograd Function, and the all-to-all that carries tokens to their experts. Each is judged on what
-the ranks computed and sent, against the single process.
+autograd Function, and the all-to-all that carries tokens to their experts; the online-softmax merge
+(:mod:`.ch08_merge`), the ``parallelize_module`` plan (:mod:`.ch08_plan`) and the layout
+(:mod:`.ch08_grid`). Each is judged on what the ranks computed and sent, against the single process.
 
 Nothing here imports IPython: the ``*_job`` functions run inside the workers.
 """
@@ -25,6 +26,8 @@ from ..exercises import (
 )
 from ..milestones.tensor_parallel import moe
 from .ch08_grid import layout_exercise
+from .ch08_merge import merge_exercise
+from .ch08_plan import plan_exercise
 
 G_ROWS, G_IN, G_OUT = 6, 8, 5  # small integers throughout: every sum below is exact in float32
 
@@ -243,5 +246,7 @@ def exercises() -> dict[str, Exercise]:
             check=check_dispatch,
             hint="dist.all_to_all_single(output, input) does exactly this with equal splits.",
             solution=solution_text(exchange), reference=lambda: exchange),
+        "merge": merge_exercise(),
+        "plan": plan_exercise(),
         "layout": layout_exercise(),
     }

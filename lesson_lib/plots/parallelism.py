@@ -46,3 +46,24 @@ def expert_load(loads: list[list[int]], capacity: int, title: str) -> go.Figure:
     fig.update_layout(barmode="group", title=wrap(title, 80), yaxis_title="tokens routed", height=400,
                       margin={"t": 90}, legend={"orientation": "h", "y": -0.2})
     return fig
+
+
+def ring_blocks(held: list[list[int]], causal: bool, title: str) -> go.Figure:
+    """held[rank][step]: the K/V block each rank held at each step of the ring; under ``causal``,
+    the blocks of later tokens (block > rank) are marked skipped, the rank's own one triangular."""
+    ranks, steps = len(held), len(held[0])
+
+    def label(r: int, j: int) -> str:
+        if not causal or j < r:
+            return f"block {j}"
+        return f"block {j}<br>(own: triangle)" if j == r else f"block {j}<br>(skipped: later)"
+
+    fig = go.Figure(go.Heatmap(
+        z=held, x=[f"step {s}" for s in range(steps)], y=[f"rank {r}" for r in range(ranks)],
+        text=[[label(r, j) for j in row] for r, row in enumerate(held)], texttemplate="%{text}",
+        colorscale="Viridis", zmin=0, zmax=ranks - 1, xgap=3, ygap=3,
+        colorbar={"title": "K/V block", "tickvals": list(range(ranks))},
+        hovertemplate="%{y}, %{x}: %{text}<extra></extra>"))
+    fig.update_layout(title=wrap(title, 80), height=120 + 70 * ranks, margin={"t": 90},
+                      yaxis={"autorange": "reversed"})
+    return fig

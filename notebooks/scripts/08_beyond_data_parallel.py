@@ -40,12 +40,12 @@
 #
 # 1. write tensor parallelism's conjugate operators f and g as autograd Functions and build column- and row-parallel layers that train a transformer on 2 and 4 real ranks as one process does, with two all-reduces per block each way (§1, g exercise);
 # 2. send tokens to experts on other ranks with an all-to-all, and read a mixture of experts' capacity, dropped tokens and load-balancing loss (§2, dispatch exercise);
-# 3. turn each all-reduce into a reduce-scatter and an all-gather (sequence parallelism) and measure the activations per rank fall about t-fold; pass keys and values round a ring so that no rank holds the whole sequence (§3–4);
-# 4. compose data, pipeline and tensor parallelism on one rank grid of 8 ranks, set each group's counted bytes beside the cost model's terms, check PyTorch's `DeviceMesh` stack against ours, pick a layout for a memory budget, and say why tensor parallelism stays inside a node (§5–6, layout exercise).
+# 3. turn each all-reduce into a reduce-scatter and an all-gather (sequence parallelism) and measure the activations per rank fall about t-fold; pass keys and values round a ring so that no rank holds the whole sequence, and derive and write the online softmax's merge of two partial results (§3–4, merge exercise);
+# 4. compose data, pipeline and tensor parallelism on one rank grid of 8 ranks, set each group's counted bytes beside the cost model's terms, write a `parallelize_module` plan and check PyTorch's `DeviceMesh` stack against ours, pick a layout for a memory budget, and say why tensor parallelism stays inside a node (§5–6, plan and layout exercises).
 #
 # **Before it:** chapters 0, 2 and 4 (all-reduce, reduce-scatter, all-gather, FSDP2).
-# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
-# (beside `notebooks/`); the exercises come on top.
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
 
 # %%
 import torch
@@ -60,17 +60,25 @@ from lesson_lib.milestones.tensor_parallel import mappings, moe, ring_attention
 # %% [markdown]
 # ## 1. Tensor parallelism: f and g
 #
-# Cut an MLP `y = gelu(x·W₁ᵀ)·W₂ᵀ` between t ranks. Rank r keeps the r-th slice of W₁'s rows, its
-# share of the hidden units. That layer is **column-parallel**: each rank computes some of the output
-# columns `h = x·W₁ᵀ`. Rank r also keeps the matching columns of W₂. That layer is **row-parallel**:
-# each rank holds some rows of W₂ᵀ and computes a partial sum of the whole output. Then
-# `hᵣ = gelu(x·W₁,ᵣᵀ)` needs no communication at all, and `y = Σᵣ hᵣ·W₂,ᵣᵀ` is one sum over the ranks.
+# Cut an MLP `y = gelu(x·W₁ᵀ)·W₂ᵀ` between t ranks. A PyTorch `Linear`'s weight is stored
+# **[out_features, in_features]**: row i of W holds the weights of output feature i, column j those
+# of input feature j. So the names refer to the product `x·Wᵀ`, not to W as stored:
+#
+# * **column-parallel** splits the *output features*: rank r keeps the r-th slice of W₁'s **rows**
+#   (dim 0), its share of the hidden units, and computes those columns of `h = x·W₁ᵀ` from the whole x;
+# * **row-parallel** splits the *input features*: rank r keeps the matching slice of W₂'s **columns**
+#   (dim 1), which are rows of W₂ᵀ, and from its own hidden units computes a partial sum of the whole
+#   output.
+#
+# Then `hᵣ = gelu(x·W₁,ᵣᵀ)` needs no communication at all, and `y = Σᵣ hᵣ·W₂,ᵣᵀ` is one sum over the
+# ranks.
 #
 # Megatron-LM (Shoeybi et al., 2019) writes the two places where ranks meet as two operators that
 # mirror each other:
 #
 # * **f** before the column layer: identity forward (every rank already has x); in the backward,
-#   each rank's gradient of x is a partial sum through its own rows, so **all-reduce** it;
+#   each rank's gradient of x is a partial sum through its own rows of W₁ (its hidden units), so
+#   **all-reduce** it;
 # * **g** after the row layer: **all-reduce** forward (each rank holds a partial sum); in the
 #   backward every rank already holds the whole gradient of y, so identity.
 #
@@ -275,10 +283,39 @@ assert whole["block_activations"] / sp4["block_activations"] > 0.75 * t, mem["ro
 # layer with the backward's; heads must divide by c). **All-gather context parallelism** (Llama 3,
 # 2024) gathers every rank's keys and values, small under grouped-query attention, before attending
 # with its own queries: one collective, not c − 1 steps, but no overlap of sending and computing.
+#
+# ### The online softmax, derived
+#
+# Take one query and its scores sⱼ = q·kⱼ/√d against the keys of two disjoint blocks A and B. What
+# `block_update` keeps for block A is its **partial state**:
+#
+# * mₐ = max over j in A of sⱼ (the running maximum),
+# * lₐ = Σ over j in A of exp(sⱼ − mₐ) (the sum, measured against mₐ),
+# * oₐ = Σ over j in A of exp(sⱼ − mₐ)·vⱼ (the output, not yet divided by the sum),
+#
+# and the same for B. Over A ∪ B the softmax's output is Σⱼ exp(sⱼ)·vⱼ / Σⱼ exp(sⱼ). Measure every
+# term against one maximum m = max(mₐ, m_b): for j in A, exp(sⱼ − m) = exp(sⱼ − mₐ)·exp(mₐ − m). So
+#
+# * l = lₐ·exp(mₐ − m) + l_b·exp(m_b − m),
+# * o = oₐ·exp(mₐ − m) + o_b·exp(m_b − m),
+# * the output is o / l, divided once at the end.
+#
+# Each factor exp(m_old − m_new) is at most 1, so nothing overflows, however large the scores. (In
+# `block_update` the running state is A and the arriving block B, its own m_b = max of its scores.)
+# The same state is often kept as a normalised output and its **log-sum-exp**, outₐ = oₐ / lₐ and
+# lseₐ = mₐ + log lₐ = log Σ exp(sⱼ): then lse = log(exp(lseₐ) + exp(lse_b)) and out = exp(lseₐ −
+# lse)·outₐ + exp(lse_b − lse)·out_b, which FlashAttention keeps for the backward. The merge exercise
+# below asks for exactly this step.
 
 # %%
 show_source(ring_attention.block_update)
 show_source(ring_attention.ring_attention)
+
+# %% [markdown]
+# The run records which key/value block each rank holds at each step, recognised from the tensors it
+# received (the `watch` argument): the figure below is that record for 4 ranks. Each block moves one
+# rank along per step, so rank r holds block (r − step) mod c; under causal masking only the blocks
+# left of the diagonal are used whole.
 
 # %%
 ring = ch08.ring(world_sizes=(2, 4))
@@ -287,6 +324,8 @@ ring = ch08.ring(world_sizes=(2, 4))
 for row in ring["rows"]:
     assert row["gap"] <= row["tolerance"], row  # equal to one softmax over the whole sequence
     assert all(b == row["formula"] for b in row["counted"]), row  # (c − 1) K and V blocks per rank
+    c = row["ranks"]  # every block passed one rank along per step: rank r held block (r − step) mod c
+    assert row["held"] == [[(r - step) % c for step in range(c)] for r in range(c)], row["held"]
 
 # %% [markdown]
 # Under **causal masking** (each token attends only to the tokens before it), rank 0's queries need
@@ -326,7 +365,8 @@ show_source(tp.Grid.__init__)
 #
 # Once more with sequence parallelism, torchtitan's Llama plan: `SequenceParallel(sequence_dim=0)` on
 # the norms, and `PrepareModuleInput` all-gathering the sequence into attention and the MLP, whose row
-# layers reduce-scatter it back out (`RowwiseParallel(output_layouts=Shard(0))`):
+# layers reduce-scatter it back out (`RowwiseParallel(output_layouts=Shard(0))`). The plan exercise
+# below asks you to write the block's part of it:
 
 # %%
 show_source(tp.dtensor.plan)
@@ -432,7 +472,7 @@ assert by[("NVLink 3", 8)] < 0.1 < by[("InfiniBand HDR", 8)], by  # t = 8 inside
 # %% [markdown]
 # ## Exercises
 #
-# All three run on real ranks, and the checker judges what they computed and sent, against the
+# All five run on real ranks, and the checker judges what they computed and sent, against the
 # single process or the formulas.
 
 # %%
@@ -463,6 +503,26 @@ def exchange(buf):
 exercises["dispatch"].submit(exchange)
 
 # %%
+exercises["merge"]
+
+# %%
+def merge(m_a, l_a, o_a, m_b, l_b, o_b):
+    ...  # §4's derivation: the state (m, l, o) over both key blocks
+
+
+exercises["merge"].submit(merge)
+
+# %%
+exercises["plan"]
+
+# %%
+def block_plan():  # from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    ...  # {"attn.q": ColwiseParallel(), ...}: which layers read the whole activation?
+
+
+exercises["plan"].submit(block_plan)
+
+# %%
 exercises["layout"]
 
 # %%
@@ -478,8 +538,8 @@ exercises["layout"].submit(my_layout)
 #
 # 1. **f and g** — §1's MLP written in a cell and the transformer on 2 and 4 ranks (equal to one process, two all-reduces per block each way, the formula's bytes, asserted), and your g.
 # 2. **experts** — §2's all-to-all MoE equal to one process with the same drops, its bytes counted, fewer tokens dropped as the capacity factor grows (asserted), and your dispatch.
-# 3. **sequence and context** — §3's reduce-scatter + all-gather with the all-reduces' bytes, §1's measured activations about t-fold smaller, and §4's ring attention equal to one softmax.
-# 4. **one grid, and scale** — §5's dp × tp grid and PyTorch's `DeviceMesh` stack equal to ours, the dp × pp × tp grid on 8 ranks equal to one process with every group's bytes equal to the cost model's terms (asserted), your layout for a memory budget, and §6's table of a block's all-reduces on NVLink against InfiniBand.
+# 3. **sequence and context** — §3's reduce-scatter + all-gather with the all-reduces' bytes, §1's measured activations about t-fold smaller, §4's ring attention equal to one softmax with the blocks each rank held recorded, and your merge.
+# 4. **one grid, and scale** — §5's dp × tp grid and PyTorch's `DeviceMesh` stack equal to ours, your `parallelize_module` plan, the dp × pp × tp grid on 8 ranks equal to one process with every group's bytes equal to the cost model's terms (asserted), your layout for a memory budget, and §6's table of a block's all-reduces on NVLink against InfiniBand.
 #
 # **On a real cluster:** tensor (and sequence) parallelism inside a node, pipeline and data parallelism between nodes, experts and context where the model or the sequence demands them — PTD-P in Narayanan et al.'s words ("3D" in DeepSpeed's), today 4D or 5D, all built from one rank grid.
 #

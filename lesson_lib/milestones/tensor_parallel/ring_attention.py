@@ -28,9 +28,10 @@ def block_update(q, k, v, m, denom, o, mask=None):
     return m_new, denom * scale + p.sum(-1, keepdim=True), o * scale + p @ v
 
 
-def ring_attention(q, k, v, causal: bool = True, group=None):
+def ring_attention(q, k, v, causal: bool = True, group=None, update=block_update, watch=None):
     """This rank's block of the attention output, ``[b, heads, s/c, d]``, from its own blocks of
-    q, k, v; rank r holds tokens r·s/c … (r+1)·s/c − 1."""
+    q, k, v; rank r holds tokens r·s/c … (r+1)·s/c − 1. ``update`` folds a block in (chapter 8's
+    merge exercise swaps in the learner's); ``watch(step, kv)`` sees each block held (its figure)."""
     r, c = dist.get_rank(group), dist.get_world_size(group)
     m = q.new_full((*q.shape[:-1], 1), float("-inf"))
     denom, o = q.new_zeros((*q.shape[:-1], 1)), torch.zeros_like(q)
@@ -40,12 +41,14 @@ def ring_attention(q, k, v, causal: bool = True, group=None):
         if step < c - 1:  # pass it on while I compute on it
             nxt = torch.empty_like(kv)
             pending = comm.exchange(kv, (r + 1) % c, nxt, (r - 1) % c, group, op="cp_ring")
+        if watch is not None:
+            watch(step, kv)
         if not causal or src < r:
-            m, denom, o = block_update(q, kv[0], kv[1], m, denom, o)
+            m, denom, o = update(q, kv[0], kv[1], m, denom, o)
         elif src == r:  # my own block: the causal triangle
             n = q.shape[-2]
             causal_mask = torch.ones(n, n, dtype=torch.bool).triu(1)
-            m, denom, o = block_update(q, kv[0], kv[1], m, denom, o, causal_mask)
+            m, denom, o = update(q, kv[0], kv[1], m, denom, o, causal_mask)
         # src > r: keys from later tokens, all masked under causality (a zig-zag layout balances this)
         if step < c - 1:
             pending.wait()
@@ -75,11 +78,19 @@ def check_sequence(seq: int, ranks: int) -> None:
 
 
 def ring_job(batch: int, heads: int, seq: int, dim: int, causal: bool = True) -> dict:
-    """On every rank: my block of q, k, v → my block of the output; the bytes the ring sent."""
+    """On every rank: my block of q, k, v → my block of the output; the bytes the ring sent; and
+    ``held[step]``, the K/V block this rank held at each step, recognised from its contents."""
     r, c = dist.get_rank(), dist.get_world_size()
     check_sequence(seq, c)
+    whole_k = qkv(batch, heads, seq, dim)[1].chunk(c, dim=2)
     q, k, v = (t.chunk(c, dim=2)[r] for t in qkv(batch, heads, seq, dim))
+    held = []
+
+    def watch(step, kv):
+        held.append(next((j for j, block in enumerate(whole_k) if torch.equal(block, kv[0])), -1))
+
     counters().reset()
-    out = ring_attention(q, k, v, causal)
+    out = ring_attention(q, k, v, causal, watch=watch)
     ops = counters().as_dict()
-    return {"out": out, "sent": ops.get("cp_ring", {}).get("bytes_sent", 0), "kv_block_bytes": 2 * k.nbytes}
+    return {"out": out, "sent": ops.get("cp_ring", {}).get("bytes_sent", 0), "kv_block_bytes": 2 * k.nbytes,
+            "held": held}
