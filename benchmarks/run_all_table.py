@@ -7,7 +7,7 @@ in run-all.md come from there only, never typed by hand.
 
     make test                                                    # every chapter, or one:
     BROWSER_TEST_NOTEBOOK=05_large_batch.ipynb .venv/bin/pytest tests/test_browser.py
-    .venv/bin/python benchmarks/run_all_table.py                 # then commit benchmarks/run-all.md
+    .venv/bin/python benchmarks/run_all_table.py   # then commit benchmarks/ and notebooks/run-all.md
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TIMES = ROOT / "artifacts" / "browser" / "run_all_times.json"
 OUT = ROOT / "benchmarks" / "run-all.md"
+COPY = ROOT / "notebooks" / "run-all.md"  # JupyterLab opens on notebooks/: the chapters link this copy
 NOTEBOOKS = ROOT / "notebooks"
 
 COLUMNS = [  # (heading, key in an entry)
@@ -87,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
               "BROWSER_TEST_NOTEBOOK=<name>.ipynb pytest tests/test_browser.py)", file=sys.stderr)
         return 1
     chapters = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    args.out.write_text(render(times, chapters, time.strftime("%Y-%m-%d")), encoding="utf-8")
-    print(f"wrote {args.out}: {len(times)} notebook(s)")
+    page = render(times, chapters, time.strftime("%Y-%m-%d"))
+    args.out.write_text(page, encoding="utf-8")
+    if args.out == OUT:
+        COPY.write_text(page, encoding="utf-8")
+    print(f"wrote {args.out}" + (f" and {COPY}" if args.out == OUT else "") + f": {len(times)} notebook(s)")
     return 0
 
 

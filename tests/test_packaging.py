@@ -231,3 +231,14 @@ def test_the_start_page_links_every_chapter_and_make_lab_opens_it():
     assert links and all((NOTEBOOKS / link).exists() for link in links), links
     assert sorted(links) == sorted(p.name for p in NOTEBOOKS.glob("[0-9]*.ipynb"))
     assert "--LabApp.default_url=/lab/tree/README.md" in (ROOT / "Makefile").read_text(encoding="utf-8")
+
+
+def test_the_run_all_table_is_reachable_from_jupyterlab():
+    """JupyterLab opens on notebooks/, which cannot reach ../benchmarks: the chapters link
+    notebooks/run-all.md, a copy that benchmarks/run_all_table.py writes beside the original."""
+    root = Path(__file__).resolve().parents[1]
+    copy, original = root / "notebooks" / "run-all.md", root / "benchmarks" / "run-all.md"
+    assert copy.read_text(encoding="utf-8") == original.read_text(encoding="utf-8")
+    for script in sorted((root / "notebooks" / "scripts").glob("[0-9][0-9]_*.py")):
+        text = script.read_text(encoding="utf-8")
+        assert "benchmarks/run-all.md" not in text, f"{script.name} links a page JupyterLab cannot open"

@@ -35,8 +35,8 @@
 # 4. start each gradient's all-reduce from a hook during the backward and show on a timeline how much communication it hid (§4, second exercise).
 #
 # **Before it:** a PyTorch training loop (a model, `loss.backward()`, `optimizer.step()`); no distributed code.
-# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
-# (beside `notebooks/`); the exercises come on top.
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
 
 # %%
 from lesson_lib.chapters import ch00

@@ -55,8 +55,8 @@
 # 5. explain what a dead server or worker does to each mode, and how a replicated shard survives its primary's death (§6).
 #
 # **Before it:** chapter 0 (ranks, `send`/`recv`, data-parallel training).
-# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
-# (beside `notebooks/`); the exercises come on top.
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
 
 # %%
 import torch
@@ -306,6 +306,13 @@ shards = ch01.sharding(workers=2, server_counts=(1, 2, 4))
 # %%
 for row in shards:   # the busiest shard carries 2·N·S/K, up to rounding of uneven shards
     assert abs(row["counted"] - row["formula"]) <= 2 * 2 * 4 * row["servers"], row
+
+# %% [markdown]
+# The bytes per server fall as K grows, but the step time here does not: it can rise. With K servers
+# and 2 workers there are K + 2 processes on this machine's 2 cores, so every server added is one more
+# process taking turns on the same cores, and each worker now waits for K replies, from K processes
+# that must each be scheduled, instead of one. Sharding pays where each server is its own machine
+# with its own link, which a laptop cannot show: here, trust the counted bytes, not the clock.
 
 # %% [markdown]
 # ## 6. A single point of failure

@@ -45,8 +45,8 @@
 # 4. predict from a real interconnect's α and β how the ring, a tree and halving-doubling scale to 1,024 ranks (§8).
 #
 # **Before it:** chapter 0 (all-reduce, data parallelism); chapter 1 helps (the root's traffic).
-# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
-# (beside `notebooks/`); the exercises come on top.
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
 
 # %%
 import torch
@@ -505,8 +505,12 @@ for r in scale:
 
 # %% [markdown]
 # On one machine the "network" is memory copies made by the same cores, so the server's single link is
-# not a separate bottleneck the way it is on a real cluster, and step times are noisy. The counted bytes
-# show the structural difference, and §8 what it means at scale.
+# not a separate bottleneck the way it is on a real cluster. And with more ranks than cores the ranks
+# take turns: each of the ring's 2(N−1) steps needs every rank to run, so at N = 4 on 2 cores each
+# step also waits for ranks that are off their core, while the server takes the workers' messages as
+# they come. So here the ring's step can be slower than the server's although it moves far fewer
+# bytes through any one rank. The counted bytes show the structural difference; on a cluster, one
+# device per rank, the busiest link sets the time, and §8 shows what that means at scale.
 #
 # ## 10. Try it yourself
 #

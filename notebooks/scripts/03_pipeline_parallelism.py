@@ -46,8 +46,8 @@
 # 4. compare the activations GPipe and 1F1B hold, and check our schedules against `torch.distributed.pipelining` (§6–7).
 #
 # **Before it:** chapter 0 (backward passes, `send`/`recv`).
-# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
-# (beside `notebooks/`); the exercises come on top.
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
 
 # %%
 from fractions import Fraction
@@ -220,6 +220,11 @@ assert runs["gpipe"]["bubble_busy"] < 0.6 and runs["1f1b"]["bubble_busy"] < 0.6
 # stage works in M of them. The idle share of every stage, the **bubble**, is (P−1)/(M+P−1). More
 # micro-batches, smaller bubble. Below, the measured bubble for P = 2 and 4 stages as M grows: on the
 # wall clock (crosses) and replayed from busy time (dots), beside the formula (dotted).
+#
+# The **busy-time** bubble is what shrinks (asserted below). The wall clock need not: here 4 stages
+# share 2 cores, so a stage also waits for a core, and that wait does not shrink with M: the crosses
+# may even rise from one M to the next. On a cluster, one device per stage, the wall clock follows
+# the busy time plus the messages.
 
 # %%
 sweep = ch03.bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8))

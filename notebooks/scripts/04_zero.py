@@ -60,8 +60,8 @@
 # 5. run PyTorch's FSDP2 (`fully_shard`) on the same model and name which of its steps does what our ZeRO-3 does, count hybrid sharding's bytes per group and the bytes a bf16 reduction saves (§8), and checkpoint its shards so that training survives a killed rank (§9).
 #
 # **Before it:** chapters 0 and 2 (all-reduce, reduce-scatter, all-gather).
-# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
-# (beside `notebooks/`); the exercises come on top.
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
 
 # %%
 import torch

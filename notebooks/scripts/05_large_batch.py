@@ -46,8 +46,8 @@
 # 5. reach a large batch in the memory of a small one by gradient accumulation — k micro-batches, one all-reduce — and measure that it trains the same, sends the same bytes per step and needs one micro-batch's activations (§7, last exercise).
 #
 # **Before it:** chapter 0 (data-parallel training); optimizers (SGD with momentum, Adam).
-# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
-# (beside `notebooks/`); the exercises come on top.
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
 
 # %%
 import torch

@@ -47,8 +47,8 @@
 # 5. write the QSGD quantizer and check it is unbiased (QSGD exercise).
 #
 # **Before it:** chapters 0 and 2 (all-reduce, all-gather, the α–β model).
-# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
-# (beside `notebooks/`); the exercises come on top.
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
 
 # %%
 import torch

@@ -39,8 +39,8 @@
 # 5. measure α and β with your own ping-pong and feed them to the cost model (ping-pong exercise).
 #
 # **Before it:** chapters 0–6 (each milestone); this chapter puts them side by side.
-# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
-# (beside `notebooks/`); the exercises come on top.
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
 
 # %%
 import math

@@ -35,8 +35,8 @@
 # 4. all-gather FP8 weights with their scales as FSDP2 does, count half of bf16's bytes exactly, and say from chapter 7's cost model how the dominant term moves when compute halves (§4–5).
 #
 # **Before it:** chapters 4 (FSDP, bf16 and loss scaling), 7 (the cost model) and 8.
-# **Time:** Run All's measured time for each chapter is in the course's `benchmarks/run-all.md`
-# (beside `notebooks/`); the exercises come on top.
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
 
 # %%
 import torch
