@@ -58,7 +58,8 @@ def test_figures_and_widgets_become_what_they_last_showed():
 
 
 def test_unknown_chapters_are_refused_by_name():
-    assert [p.name[:2] for p in site.chapters()] == [f"{i:02d}" for i in range(9)]
+    numbers = [p.name[:2] for p in site.chapters()]  # every chapter, in order, none missing
+    assert numbers == [f"{i:02d}" for i in range(len(numbers))] and len(numbers) >= 10, numbers
     assert [p.name[:2] for p in site.chapters(["07", "00"])] == ["00", "07"]
     with pytest.raises(ValueError, match="chapters: no notebook starts with 9, 42"):
         site.chapters(["9", "42", "00"])
