@@ -11,6 +11,7 @@ from IPython.display import display
 from .. import plots
 from ..costmodel import devices, links, ring_time
 from ..milestones.tensor_parallel import formulas, moe, ring_attention, tolerances, train
+from ..milestones.tensor_parallel import ops as op_names
 from ..milestones.tensor_parallel.dtensor import dtensor_job
 from ..milestones.tensor_parallel.grid import Layout
 from ..milestones.tensor_parallel.memory import memory_job
@@ -49,7 +50,7 @@ def tensor_parallel(world_sizes=(2, 4), cfg: Config | None = None) -> dict:
         row = compare(cfg, layout, outs, ref)
         want = formulas.tensor_parallel(cfg, n)
         for phase in ("forward", "backward"):
-            ops = outs[0][phase].get("tp_all_reduce", {"calls": 0, "bytes_sent": 0})
+            ops = outs[0][phase].get(op_names.TP_ALL_REDUCE, {"calls": 0, "bytes_sent": 0})
             row[phase] = {"calls": ops["calls"], "counted": ops["bytes_sent"], "formula": want[phase]}
             traffic.append({"label": f"t = {n}, {phase}", "counted": ops["bytes_sent"],
                             "formula": want[phase]})
@@ -113,11 +114,11 @@ def sequence_parallel(world_sizes=(2, 4), cfg: Config | None = None) -> dict:
         row = compare(cfg, layout, outs, ref)
         step = outs[0]["step"]
         b = {op: s["bytes_sent"] for op, s in step.items()}.get
-        row["halves"] = b("sp_all_gather", 0) + b("sp_reduce_scatter", 0)
+        row["halves"] = b(op_names.SP_ALL_GATHER, 0) + b(op_names.SP_REDUCE_SCATTER, 0)
         row["tp_formula"] = sum(formulas.tensor_parallel(cfg, n)[k] for k in ("forward", "backward"))
-        row["regather"] = b("sp_regather", 0)
+        row["regather"] = b(op_names.SP_REGATHER, 0)
         row["regather_formula"] = formulas.sequence_parallel(cfg, n)["regather"]
-        row["ends"], row["norm_grads"] = b("sp_ends", 0), b("sp_norm_grads", 0)
+        row["ends"], row["norm_grads"] = b(op_names.SP_ENDS, 0), b(op_names.SP_NORM_GRADS, 0)
         rows.append(row)
     _print_gaps(rows, world_sizes, "with sequence parallelism: largest gaps to one process")
     print(f"\nbytes per rank per step\n{'t':>2} {'RS + AG':>9} {'TP all-reduces':>15} {'re-gather':>10} "
@@ -147,7 +148,7 @@ def experts(world_sizes=(2, 4), capacity_factors=(1.0, 1.25, 2.0), top_ks=(1, 2)
                "router_grad": outs[0]["router_grad"]}
         tol = tolerances.moe(cfg, ref)
         gaps = {k: float((got[k] - ref[k]).abs().max()) for k in got}
-        sent = outs[0]["step"]["ep_all_to_all"]
+        sent = outs[0]["step"][op_names.EP_ALL_TO_ALL]
         rows.append({"ranks": n, "top_k": top, "capacity_factor": cf, "capacity": cfg.capacity,
                      "experts_per_rank": e,
                      "gaps": gaps, "equal": all(gaps[k] <= tol[k] for k in gaps),
@@ -219,8 +220,8 @@ def composed(cfg: Config | None = None, dp: int = 2, tp: int = 2) -> dict:
     step = ours[0]["step"]
     row["bytes"] = {op: s["bytes_sent"] for op, s in step.items()}
     want = formulas.tensor_parallel(cfg, tp, dp)
-    row["formula"] = {"tp_all_reduce": want["forward"] + want["backward"],
-                      "dp_grad_all_reduce": formulas.data_parallel(ours[0]["param_numel"], dp)}
+    row["formula"] = {op_names.TP_ALL_REDUCE: want["forward"] + want["backward"],
+                      op_names.DP_GRAD_ALL_REDUCE: formulas.data_parallel(ours[0]["param_numel"], dp)}
     row["param_numel"] = {"ours": ours[0]["param_numel"], "fsdp2+tp": theirs[0]["param_numel"],
                           "unsharded": ref["param_numel"]}
     print(f"dp = {dp} × tp = {tp} on {dp * tp} ranks: equal to one process: {row['equal']} (parameters "

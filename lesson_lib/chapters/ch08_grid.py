@@ -11,14 +11,16 @@ from IPython.display import display
 from .. import plots
 from ..exercises import AnswerError, Exercise, Verdict
 from ..milestones.tensor_parallel import formulas, three_d, tolerances, train
+from ..milestones.tensor_parallel import ops as op_names
 from ..milestones.tensor_parallel.grid import Layout
 from ..milestones.tensor_parallel.model import Config
 from ..numerics import max_gap
 from ..runtime import warm_cluster
 
-GROUPS = {"tp": ("tp_all_reduce", "sp_all_gather", "sp_reduce_scatter", "sp_regather"),
-          "pp": ("pp_activation", "pp_gradient"), "dp": ("dp_grad_all_reduce",)}
-UNMODELLED = ("sp_ends", "sp_norm_grads")  # sequence parallelism's entry/exit and norm gradients
+GROUPS = {"tp": (op_names.TP_ALL_REDUCE, op_names.SP_ALL_GATHER, op_names.SP_REDUCE_SCATTER,
+                 op_names.SP_REGATHER),
+          "pp": (op_names.PP_ACTIVATION, op_names.PP_GRADIENT), "dp": (op_names.DP_GRAD_ALL_REDUCE,)}
+UNMODELLED = (op_names.SP_ENDS, op_names.SP_NORM_GRADS)  # entering/leaving sequence parallelism, norm grads
 
 
 def counted(outs: list[dict], steps: int) -> dict[str, float]:

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import comm
+from . import ops as op_names
 from .mappings import (
     GatherToReplicated,
     LinearGatherSequence,
@@ -153,7 +154,7 @@ def sync_sequence_parallel(params, group=None) -> None:
     sequence parallelism), as Megatron-LM does after the backward: one all-reduce of them all."""
     grads = [p.grad for p in params if getattr(p, "sequence_parallel", False)]
     if grads:
-        all_reduce_flat(grads, group, "sp_norm_grads")
+        all_reduce_flat(grads, group, op_names.SP_NORM_GRADS)
 
 
 def gather_full(model: nn.Module, group=None, grads: bool = False) -> dict[str, torch.Tensor]:

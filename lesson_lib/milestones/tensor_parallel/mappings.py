@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ... import comm
+from . import ops as op_names
 
 
 def _all_reduce(t: torch.Tensor, group, op: str) -> torch.Tensor:
@@ -55,7 +56,7 @@ class CopyToTensorRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group, "tp_all_reduce"), None
+        return _all_reduce(grad, ctx.group, op_names.TP_ALL_REDUCE), None
 
 
 class ReduceFromTensorRegion(torch.autograd.Function):
@@ -63,7 +64,7 @@ class ReduceFromTensorRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        return _all_reduce(x, group, "tp_all_reduce")
+        return _all_reduce(x, group, op_names.TP_ALL_REDUCE)
 
     @staticmethod
     def backward(ctx, grad):
@@ -80,13 +81,13 @@ class LinearGatherSequence(torch.autograd.Function):
     def forward(ctx, x, weight, bias, group):
         ctx.group = group
         ctx.save_for_backward(x, weight)
-        return torch.nn.functional.linear(_all_gather_seq(x, group, "sp_all_gather"), weight, bias)
+        return torch.nn.functional.linear(_all_gather_seq(x, group, op_names.SP_ALL_GATHER), weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        full = _all_gather_seq(x, ctx.group, "sp_regather")  # not kept from the forward
-        grad_x = _reduce_scatter_seq(grad @ weight, ctx.group, "sp_reduce_scatter")
+        full = _all_gather_seq(x, ctx.group, op_names.SP_REGATHER)  # not kept from the forward
+        grad_x = _reduce_scatter_seq(grad @ weight, ctx.group, op_names.SP_REDUCE_SCATTER)
         grad_w = grad.reshape(-1, grad.shape[-1]).t() @ full.reshape(-1, full.shape[-1])
         return grad_x, grad_w, grad.sum(dim=tuple(range(grad.dim() - 1))), None
 
@@ -97,11 +98,11 @@ class ReduceScatterToSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return _reduce_scatter_seq(x, group, "sp_reduce_scatter")
+        return _reduce_scatter_seq(x, group, op_names.SP_REDUCE_SCATTER)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather_seq(grad.contiguous(), ctx.group, "sp_all_gather"), None
+        return _all_gather_seq(grad.contiguous(), ctx.group, op_names.SP_ALL_GATHER), None
 
 
 class ScatterToSequence(torch.autograd.Function):
@@ -115,7 +116,7 @@ class ScatterToSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather_seq(grad.contiguous(), ctx.group, "sp_ends"), None
+        return _all_gather_seq(grad.contiguous(), ctx.group, op_names.SP_ENDS), None
 
 
 class GatherToReplicated(torch.autograd.Function):
@@ -125,7 +126,7 @@ class GatherToReplicated(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return _all_gather_seq(x.contiguous(), group, "sp_ends")
+        return _all_gather_seq(x.contiguous(), group, op_names.SP_ENDS)
 
     @staticmethod
     def backward(ctx, grad):

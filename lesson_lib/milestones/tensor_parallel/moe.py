@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ...metrics import counters
+from . import ops as op_names
 
 
 @dataclass(kw_only=True)
@@ -129,7 +130,7 @@ def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
     t0 = time.perf_counter()
     dist.all_to_all_single(out, x, group=group)
     moved = x.numel() * x.element_size() * (n - 1) // n
-    counters().record("ep_all_to_all", moved, moved, time.perf_counter() - t0)
+    counters().record(op_names.EP_ALL_TO_ALL, moved, moved, time.perf_counter() - t0)
     return out
 
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from ... import comm
 from ...metrics import counters
+from . import ops as op_names
 
 
 def block_update(q, k, v, m, denom, o, mask=None):
@@ -40,7 +41,7 @@ def ring_attention(q, k, v, causal: bool = True, group=None, update=block_update
         src = (r - step) % c  # whose block I hold now
         if step < c - 1:  # pass it on while I compute on it
             nxt = torch.empty_like(kv)
-            pending = comm.exchange(kv, (r + 1) % c, nxt, (r - 1) % c, group, op="cp_ring")
+            pending = comm.exchange(kv, (r + 1) % c, nxt, (r - 1) % c, group, op=op_names.CP_RING)
         if watch is not None:
             watch(step, kv)
         if not causal or src < r:
@@ -92,5 +93,5 @@ def ring_job(batch: int, heads: int, seq: int, dim: int, causal: bool = True) ->
     counters().reset()
     out = ring_attention(q, k, v, causal, watch=watch)
     ops = counters().as_dict()
-    return {"out": out, "sent": ops.get("cp_ring", {}).get("bytes_sent", 0), "kv_block_bytes": 2 * k.nbytes,
-            "held": held}
+    return {"out": out, "sent": ops.get(op_names.CP_RING, {}).get("bytes_sent", 0),
+            "kv_block_bytes": 2 * k.nbytes, "held": held}

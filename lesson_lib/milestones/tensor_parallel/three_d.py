@@ -14,6 +14,7 @@ import torch.distributed as dist
 from ... import comm
 from ...metrics import counters
 from ...peakmem import PeakMemory
+from . import ops as op_names
 from .grid import Grid, Layout
 from .layers import ParallelTransformer, all_reduce_flat, gather_full, sync_sequence_parallel
 from .model import Config, Transformer, batch, loss_fn
@@ -56,7 +57,7 @@ def gpipe_step(model, blocks, grid, cfg: Config, micro: int, step: int) -> float
             x = model.embed(tokens[:, cols])
         else:
             x = torch.empty(shape)
-            comm.recv(x, k - 1, grid.pp_group, op="pp_activation")
+            comm.recv(x, k - 1, grid.pp_group, op=op_names.PP_ACTIVATION)
             x.requires_grad_()
         y = x
         for block in blocks:
@@ -64,7 +65,7 @@ def gpipe_step(model, blocks, grid, cfg: Config, micro: int, step: int) -> float
         if k == P - 1:
             y = loss_fn(model.finish(y), targets[:, cols]) / micro  # the mean over micro-batches
         else:
-            comm.send(y.detach(), k + 1, grid.pp_group, op="pp_activation")
+            comm.send(y.detach(), k + 1, grid.pp_group, op=op_names.PP_ACTIVATION)
         ins.append(x)
         outs.append(y)
     for m in reversed(range(micro)):  # every backward, the last micro-batch first
@@ -72,10 +73,10 @@ def gpipe_step(model, blocks, grid, cfg: Config, micro: int, step: int) -> float
             outs[m].backward()
         else:
             grad = torch.empty(shape)
-            comm.recv(grad, k + 1, grid.pp_group, op="pp_gradient")
+            comm.recv(grad, k + 1, grid.pp_group, op=op_names.PP_GRADIENT)
             outs[m].backward(grad)
         if k > 0:
-            comm.send(ins[m].grad, k - 1, grid.pp_group, op="pp_gradient")
+            comm.send(ins[m].grad, k - 1, grid.pp_group, op=op_names.PP_GRADIENT)
     return sum(float(y.detach()) for y in outs) if k == P - 1 else 0.0
 
 
@@ -96,7 +97,7 @@ def train_3d_job(cfg: Config, layout: Layout, micro: int = 2) -> dict:
             loss = gpipe_step(model, blocks, grid, cfg, micro, step)
             sync_sequence_parallel(mine, grid.tp_group)
             if layout.dp > 1:
-                all_reduce_flat([p.grad for p in mine], grid.dp_group, "dp_grad_all_reduce", layout.dp)
+                all_reduce_flat([p.grad for p in mine], grid.dp_group, op_names.DP_GRAD_ALL_REDUCE, layout.dp)
             with torch.no_grad():
                 for p in mine:
                     p -= cfg.lr * p.grad

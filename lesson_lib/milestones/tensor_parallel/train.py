@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ...metrics import counters
+from . import ops as op_names
 from .grid import Grid, Layout
 from .layers import ParallelTransformer, all_reduce_flat, gather_full, sync_sequence_parallel
 from .model import Config, Transformer, batch, loss_fn, sgd
@@ -50,7 +51,7 @@ def train_job(cfg: Config, layout: Layout) -> dict:
         sync_sequence_parallel(model.parameters(), grid.tp_group)
         backward = _ops()
         if layout.dp > 1:  # average the replicas' gradients: one all-reduce of them all
-            all_reduce_flat([p.grad for p in model.parameters()], grid.dp_group, "dp_grad_all_reduce",
+            all_reduce_flat([p.grad for p in model.parameters()], grid.dp_group, op_names.DP_GRAD_ALL_REDUCE,
                             layout.dp)
         if step == 0:
             first = {"logits": logits.detach(), "grads": gather_full(model, grid.tp_group, grads=True),
