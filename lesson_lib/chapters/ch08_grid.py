@@ -10,7 +10,7 @@ from IPython.display import display
 
 from .. import plots
 from ..exercises import AnswerError, Exercise, Verdict
-from ..milestones.tensor_parallel import formulas, three_d, tolerances, train
+from ..milestones.tensor_parallel import formulas, layout_search, three_d, tolerances, train
 from ..milestones.tensor_parallel import ops as op_names
 from ..milestones.tensor_parallel.grid import Layout
 from ..milestones.tensor_parallel.model import Config
@@ -100,28 +100,14 @@ def wide_cfg() -> Config:
 
 
 def feasible(cfg: Config, world: int, budget: int, micro: int) -> dict[tuple[int, int, int], dict]:
-    """Every (dp, pp, tp) that runs and fits ``budget`` parameters per rank: its step bytes here and
-    its modelled step time at GPT-3's width (``"time"``, :func:`formulas.step_time`)."""
-    out = {}
-    for dp in range(1, world + 1):
-        for pp in range(1, world + 1):
-            tp, rest = divmod(world, dp * pp)
-            if rest:
-                continue
-            try:
-                three_d.check(cfg, Layout(dp=dp, pp=pp, tp=tp), micro)
-            except ValueError:
-                continue
-            if max(formulas.stage_params(cfg, tp, pp, s) for s in range(pp)) <= budget:
-                out[dp, pp, tp] = {**formulas.step_bytes(cfg, dp, pp, tp, micro),
-                                   "time": formulas.step_time(wide_cfg(), dp, pp, tp, micro)}
-    return out
+    """The exercise's options (:func:`~lesson_lib.milestones.tensor_parallel.layout_search.feasible`):
+    bytes for ``cfg`` as it runs, time at GPT-3's width."""
+    return layout_search.feasible(cfg, world, budget, micro, timed=wide_cfg())
 
 
 def best_layout() -> tuple[int, int, int]:
     c = LAYOUT_CASE
-    options = feasible(case_cfg(), c["world"], c["budget"], c["micro"])
-    return min(options, key=lambda k: options[k]["time"]["step"])
+    return layout_search.fastest(feasible(case_cfg(), c["world"], c["budget"], c["micro"]))
 
 
 def _time(t: dict) -> str:
@@ -154,7 +140,7 @@ def _check_layout(answer) -> Verdict:
     sent = sum(row["counted"][g] for g in GROUPS)
     options = feasible(cfg, c["world"], c["budget"], c["micro"])
     mine, best = options[dp, pp, tp], best_layout()
-    fewest = min(options, key=lambda k: options[k]["total"])
+    fewest = layout_search.fewest_bytes(options)
     by = ", ".join(f"{g} {row['counted'][g]:,.0f}" for g in GROUPS)
     measured = f"measured on the ranks: {held:,} parameters per rank, {sent:,.0f} bytes per step ({by})"
     if mine["time"]["step"] > options[best]["time"]["step"] * (1 + 1e-9):
