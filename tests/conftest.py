@@ -34,7 +34,7 @@ def worker_children() -> list[psutil.Process]:
     return out
 
 
-def wait_no_workers(pids, timeout=5.0) -> list[int]:
+def wait_no_workers(pids, timeout=20.0) -> list[int]:
     """PIDs from ``pids`` still alive after ``timeout`` seconds."""
     end = time.monotonic() + timeout
     alive = list(pids)
@@ -92,7 +92,7 @@ def no_orphans():
     before = {p.pid for p in worker_children()}
     yield
     leftover = [p.pid for p in worker_children() if p.pid not in before]
-    assert not wait_no_workers(leftover, 5.0), f"orphan workers: {leftover}"
+    assert not wait_no_workers(leftover, 20.0), f"orphan workers: {leftover}"
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -116,3 +116,10 @@ def library_all_reduce_values(values: list[list[float]]) -> list[float]:
     t = torch.tensor(values[context().rank], dtype=torch.float32)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def as_cell(fn):
+    """``fn`` as if defined in a notebook cell: ``__module__ = "__main__"``, so it travels to the
+    workers by value and its lines are the ones a message must name."""
+    fn.__module__ = "__main__"
+    return fn

@@ -130,13 +130,9 @@ def test_zero1_rejects_an_answer_right_at_one_world_size_only():
 
 
 def zero1_returns_the_neighbours_slice(params, grad, step):  # once told only "its length is wrong"
-    rank, n = dist.get_rank(), dist.get_world_size()
-    size = params.numel() // n
-    mine = torch.empty(size)
-    dist.reduce_scatter_single(mine, grad)
-    step(params[rank * size:(rank + 1) * size], mine / n)
-    dist.all_gather_single(params, params[rank * size:(rank + 1) * size].clone())
-    k = (rank + 1) % n
+    params = zero1_torch_collectives(params, grad, step)  # right, then one slice returned
+    size = params.numel() // dist.get_world_size()
+    k = (dist.get_rank() + 1) % dist.get_world_size()
     return params[k * size:(k + 1) * size]
 
 

@@ -46,7 +46,7 @@ def test_each_cluster_gets_its_own_settings_whatever_started_the_server(method, 
         assert {g["iface"] for g in got} == {"lo"}
         if method == "forkserver":  # forked by the server, not by this process
             assert {g["ppid"] for g in got} != {os.getpid()}
-        assert not wait_no_workers(pids, 5.0)
+        assert not wait_no_workers(pids, 20.0)
 
 
 @pytest.mark.slow
@@ -64,7 +64,7 @@ def test_workers_exit_when_the_kernel_is_killed(method):
     finally:
         proc.kill()
         proc.wait()
-    assert not wait_no_workers(pids, 5.0), "workers outlived a SIGKILLed parent"
+    assert not wait_no_workers(pids, 20.0), "workers outlived a SIGKILLed parent"
 
 
 @pytest.mark.skipif("forkserver" not in METHODS, reason="Linux only")
