@@ -104,3 +104,17 @@ def test_at_gpt3_width_the_bubble_not_the_bytes_decides_the_layout():
     assert ch08_grid.best_layout() == (2, 2, 2)
     here = {k: formulas.step_time(ch08_grid.case_cfg(), *k, c["micro"])["step"] for k in options}
     assert min(here, key=here.get) == (2, 4, 1)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_the_pipeline_term_agrees_with_chapter_7_with_sequence_parallelism(tp):
+    """Between stages a rank sends, per micro-batch, its activation forward and its gradient back:
+    with sequence parallelism seq/t of the [seq, b, d] tensor, which is Megatron's scatter/gather
+    (SC21 §4.1) that chapter 7's planner counts, 2·m·(s·b·h/t) elements per rank of a middle stage;
+    without it, each tp rank sends the whole tensor, t times that."""
+    cfg = ch08_grid.case_cfg()
+    dp, pp, micro = 1, 4, 2
+    b = cfg.batch // dp // micro
+    megatron = 2 * micro * 4 * cfg.seq * b * cfg.d_model / tp  # float32 bytes
+    assert formulas.step_bytes(cfg, dp, pp, tp, micro, sequence_parallel=True)["pp"] == megatron
+    assert formulas.step_bytes(cfg, dp, pp, tp, micro)["pp"] == tp * megatron

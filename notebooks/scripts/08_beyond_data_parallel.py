@@ -393,7 +393,9 @@ assert composed["param_numel"]["fsdp2+tp"] < composed["param_numel"]["ours"]  # 
 # Inside a replica the stages run GPipe (chapter 3): the batch is cut into 2 **micro-batches**, and
 # each stage runs all their forwards, then all their backwards. Each tp rank sends its own copy of the
 # activation to its counterpart in the next stage (with sequence parallelism, its seq / t shard). The
-# step, on every rank:
+# t copies are the same tensor, so Megatron-LM sends each rank 1/t of it and all-gathers it inside the
+# next stage's node (SC21 §4.1, "scatter/gather"): the same bytes between stages as our sequence-
+# parallel run, and what chapter 7's planner counts for every layout. The step, on every rank:
 
 # %%
 show_source(tp.three_d.gpipe_step)
