@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,9 +83,10 @@ class Result:
         return [max(s.wall_s for s in per_step) for per_step in steps]
 
     def median_step_time(self) -> float:
-        """Median over steps (the warm-up step 0 skipped) of the slowest rank's step time."""
+        """Median over steps (the warm-up step 0 skipped) of the slowest rank's step time; NaN for a
+        run that recorded no steps (the impact experiment keeps its milestones' own records)."""
         times = self.step_times()
-        return statistics.median(times[1:] or times)
+        return statistics.median(times[1:] or times) if times else math.nan
 
     def median_step(self, key: str, skip_first: bool = True) -> list[float]:
         """Per rank, the median over steps of ``key`` (``wall_s``, ``comm_s``, ``busy_s``...).

@@ -74,11 +74,24 @@ def install(ledger: Ledger, rank: int) -> None:
     for name in PG_OPS:
         if name in vars(group) and name not in UNCHECKED:
             setattr(group, name, _checked(getattr(group, name), name))
+    if "recv_anysource" in vars(group):
+        group.recv_anysource = _any_source(group.recv_anysource)
+
+
+def _any_source(method):
+    """A receive from any rank cannot be paired in advance, and the messages it takes leave this
+    rank's count of each link behind its senders': point-to-point checks stop here for the job."""
+    def recv_anysource(group, *args, **kwargs):
+        _S["p2p_off"] = True
+        return method(group, *args, **kwargs)
+
+    recv_anysource.__doc__ = method.__doc__
+    return recv_anysource
 
 
 def begin(job: int) -> None:
     with _LOCK:
-        _S.update(job=job, counts={})
+        _S.update(job=job, counts={}, p2p_off=False)
 
 
 def end() -> None:
@@ -95,6 +108,8 @@ def end() -> None:
     for slot, q, key, seq, op, peer in ledger.heads(job):
         if q == me or seq <= counts.get(key, 0) or not (key in mine or (OPS[op] == "recv" and peer == me)):
             continue
+        if _S.get("p2p_off") and OPS[op] in ("send", "recv"):  # this rank received from any source
+            continue
         channel = mine.get(key) or f"the link from rank {me} to rank {q}"
         made = counts.get(key, 0)
         raise CollectiveMismatch(_returned(channel, ledger.read(slot, q, seq), me, made,
@@ -107,7 +122,7 @@ def _checked(method, name: str):
 
     def checked(group, *args, **kwargs):
         ledger = _S["ledger"]
-        if ledger is None or not _S["job"]:
+        if ledger is None or not _S["job"] or (_S.get("p2p_off") and kind in ("send", "recv")):
             return method(group, *args, **kwargs)
         try:
             key, parties, sig = _signature(name, kind, group, args, kwargs)
@@ -164,7 +179,7 @@ def _signature(name: str, kind: str, group, args: tuple, kwargs: dict):
         me = _S["rank"]
         peer, tag = ranks[int(a[1])], int(a[2]) if len(a) > 2 else 0
         src, dst = (me, peer) if kind == "send" else (peer, me)
-        key, ranks = f"p{src}>{dst}t{tag}", (src, dst)
+        key, ranks = f"p{src}>{dst}t{tag}@{key}", (src, dst)  # each group is a channel of its own
         tensors = _tensors(a[0])
     elif kind == "all_to_all":
         if name == "alltoall":
@@ -240,9 +255,12 @@ def _kind(filename: str) -> str:
 
 def _channel(key: str, group) -> str:
     if key.startswith("p"):
-        src, rest = key[1:].split(">")
-        dst, tag = rest.split("t")
-        return f"the link from rank {src} to rank {dst}" + (f" (tag {tag})" if tag != "0" else "")
+        src, rest = key[1:].split(">", 1)
+        dst, rest = rest.split("t", 1)
+        tag, _, _ = rest.partition("@")
+        world = group is None or group == dist.group.WORLD
+        return (f"the link from rank {src} to rank {dst}" + (f" (tag {tag})" if tag != "0" else "")
+                + ("" if world else f" in the group of ranks {dist.get_process_group_ranks(group)}"))
     if group is None or group == dist.group.WORLD:
         return "the default group"
     return f"the group of ranks {dist.get_process_group_ranks(group)}"
