@@ -93,3 +93,52 @@ def test_a_grid_run_that_differs_in_one_training_field_is_not_reused(field, monk
     else:
         other = "adam" if value != "adam" else "sgd"
     assert _from_grid(entry, {("lamb", 128): _GridRun(dict(same, **{field: other}))}) is None, field
+
+
+def _claims(fair: dict) -> None:
+    """The chapter's checks on the race (notebooks/scripts/05_large_batch.py §3), on any race's rows."""
+    best = fair["best"]
+    sgd_linear = [r for r in fair["rows"] if r["optimizer"] == "sgd" and r["rule"] == "linear"]
+    assert sgd_linear and all(r["diverged"] for r in sgd_linear), sgd_linear
+    assert all(b["eval_accuracy"] > 0.7 for b in best.values()), best
+    adaptive = [best[o]["eval_accuracy"] for o in ("adam", "lars", "lamb")]
+    assert max(adaptive) - min(adaptive) <= 0.04, best
+    assert best["lamb"]["rule"] == "sqrt", best["lamb"]
+
+
+def test_the_chapter_shows_a_dated_record_of_the_race_that_its_claims_hold_on():
+    import json
+
+    import ipywidgets as W
+
+    from lesson_lib.chapters import ch05_race
+
+    fair = json.loads(ch05_race.RECORD.read_text())
+    assert {"date", "machine", "nproc", "load_1min", "command", "seconds"} <= set(fair)
+    assert fair["command"] == ch05_race.COMMAND and len(fair["rows"]) == len(race.entries()) == fair["runs"]
+    assert fair["best"] == race.best(fair["rows"])  # the best is the rows', not typed
+    _claims(fair)
+    shown = []
+    from unittest import mock
+
+    with mock.patch.object(ch05_race, "display", side_effect=shown.append):
+        assert ch05_race.recorded() == fair
+    buttons = [w for box in shown if isinstance(box, W.VBox) for w in box.children if isinstance(w, W.Button)]
+    # one button, not "primary": the browser test takes the first primary button as the chapter's control
+    assert len(buttons) == 1 and buttons[0].button_style != "primary"
+
+
+def test_a_missing_record_names_the_command_that_writes_it(tmp_path):
+    from lesson_lib.chapters import ch05_race
+
+    with pytest.raises(FileNotFoundError, match="record_ch05_race"):
+        ch05_race.recorded(path=tmp_path / "none.json")
+
+
+@pytest.mark.slow
+def test_the_race_run_for_real_supports_the_chapters_claims(tmp_path):
+    from lesson_lib.chapters import ch05_race
+
+    fair = ch05_race.record(tmp_path / "race.json")  # what benchmarks/record_ch05_race.py runs
+    _claims(fair)
+    assert ch05_race.recorded(path=tmp_path / "race.json")["rows"] == fair["rows"]

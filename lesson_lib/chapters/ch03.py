@@ -103,12 +103,16 @@ def schedules(stages: int = 4, microbatches: int = 4) -> dict[str, Result]:
     return runs
 
 
-def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b") -> list[dict]:
-    """The measured bubble against M for each P, beside (P−1)/(M+P−1)."""
+def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b",
+                 steps: int = 3) -> list[dict]:
+    """The measured bubble against M for each P, beside (P−1)/(M+P−1): the median of ``steps`` − 1
+    steps (step 0 left out). The busy-time bubbles of neighbouring M differ by 9 points or more, so
+    two steps a run tell them apart; eight runs of the preset's 5 steps cost Run All seconds
+    (benchmarks/cell-times.md)."""
     rows, runs = [], []
     for p in stages:
         for m in microbatches:
-            r = run_warm(_cfg(p, m, schedule))
+            r = run_warm(_cfg(p, m, schedule, steps=steps))
             runs.append(r)
             rows.append({"stages": p, "microbatches": m, "wall": r["bubble_wall"],
                          "busy": r["bubble_busy"], "formula": r["bubble_formula"],
@@ -122,7 +126,9 @@ def bubble_sweep(stages=(2, 4), microbatches=(1, 2, 4, 8), schedule: str = "1f1b
     return rows
 
 
-CAUSES_STEPS = 3  # the preset's 6 steps cost 18 s of Run All; step 0 is left out, one is drawn
+# Step 0 is left out and the one step after it is measured and drawn: each of the 4 runs costs
+# Run All seconds (benchmarks/cell-times.md), and the cell's checks hold for any one step.
+CAUSES_STEPS = 2
 
 
 def bubble_causes(microbatches=(4, 8), schedule: str = "gpipe") -> list[dict]:

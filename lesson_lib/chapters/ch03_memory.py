@@ -73,7 +73,7 @@ def activation_memory(stages: int = 4, microbatches=(1, 2, 4, 8), rows_per_micro
 
 
 def recomputation(stages: int = 4, microbatches: int = 8, rows_per_microbatch: int = 128,
-                  timed_rows: int = 128, timed_steps: int = 3, rounds: int = 2) -> dict:
+                  timed_rows: int = 128, timed_steps: int = 2, rounds: int = 1) -> dict:
     """GPipe and 1F1B at M = ``microbatches`` with and without recomputation (``recompute=True``): the
     activations held, measured and inventoried; the training of the two, compared; and the busy time
     of the forwards and backwards, on the laptop preset with the meter off (its profiler costs every
@@ -83,7 +83,8 @@ def recomputation(stages: int = 4, microbatches: int = 8, rows_per_microbatch: i
     fixed cost, as on real hardware (a forward without autograd's bookkeeping costs less than one
     with it, and on small micro-batches the bookkeeping is much of the forward). Other processes on
     the same cores inflate single steps, so ``rounds`` runs of each, taking turns, time ``timed_steps``
-    steps after the first each, and each variant keeps its least disturbed step (least busy time)."""
+    steps after the first each, and each variant keeps its least disturbed step (least busy time).
+    One round of 2 keeps §6 to seconds of Run All (benchmarks/cell-times.md); more are steadier."""
     for name, value in (("timed_steps", timed_steps), ("rounds", rounds)):
         positive_int(SimpleNamespace(**{name: value}), name)  # the configs' own check
     rows, equal = [], {}

@@ -14,9 +14,10 @@ from ..milestones import large_batch as lb
 from .ch05_accumulate import compare as accumulation
 from .ch05_exercises import exercises
 from .ch05_race import race
+from .ch05_race import recorded as race_recorded
 
 __all__ = ["GRID", "accumulation", "epoch_cost", "exercises", "explorer", "grid", "noise_scale", "race",
-           "row", "run", "table", "trust_ratios"]
+           "race_recorded", "row", "run", "table", "trust_ratios"]
 
 # The chapter's main experiment, on 2 ranks: LAMB at B₀, 32·B₀ and at 64·B₀ and 128·B₀, where its
 # advantage ends; LARS at 32·B₀ (its trust ratios). LAMB's B₀ run also measures the noise scale. The
@@ -35,15 +36,31 @@ def row(name: str, batch: int, r: Result) -> dict:
             "grad_bytes_per_epoch_formula": r["grad_bytes_per_epoch_formula"]}
 
 
-def grid(batches: dict | None = None, preset: str = "long", noise_run=("lamb", 64), **options) -> dict:
+# LAMB at B₀ is 6,144 steps of 64 samples: one process takes each in about a quarter of a 2-rank
+# step's time here (no all-reduce, no wait for the other rank) and trains the same model to float
+# rounding (chapter 0). §4 counts the bytes on the wire per epoch, so B₀ also gets a short 2-rank run
+# for it (benchmarks/cell-times.md has the cell's time before and after).
+ONE_PROCESS = (("lamb", 64),)
+
+
+def grid(batches: dict | None = None, preset: str = "long", noise_run=("lamb", 64),
+         one_process=ONE_PROCESS, wire_epochs: int = 1, **options) -> dict:
     """Each optimizer at each of its batches (``batches``: optimizer → batches, default :data:`GRID`),
-    live; then the figures. ``noise_run``'s run also measures B_simple. Returns runs and table rows."""
+    live; then the figures. ``noise_run``'s run also measures B_simple. The runs in ``one_process``
+    train on one process, each with a 2-rank run of ``wire_epochs`` epochs for the wire.
+
+    Returns the runs, their table ``rows`` and the ``wire`` rows (§4): every row from a 2-rank run."""
     # B₀'s 6,144 steps: a redraw every 2 s (not 0.25 s) keeps the kernel's share of the 2 cores small
     live = plots.common.LiveRuns("Large batches: loss per step, live", min_interval_s=2.0)
     display(live)
     cfgs = {(o, b): lb.at_batch(o, b, preset, noise_scale=(o, b) == tuple(noise_run), **options)
-            for o, mine in (batches or GRID).items() for b in mine}  # all validated before any run
-    runs = {(o, b): run_warm(cfg, live, f"{o}, B={b}") for (o, b), cfg in cfgs.items()}
+            for o, mine in (batches or GRID).items() for b in mine}
+    cfgs = {k: (c.replace(world_size=1) if k in one_process else c).validate() for k, c in cfgs.items()}
+    wire_cfgs = {k: lb.at_batch(*k, preset, epochs=wire_epochs, eval_every=wire_epochs, **options).validate()
+                 for k, c in cfgs.items() if c.world_size == 1}  # all validated before any run
+    runs = {(o, b): run_warm(cfg, live, f"{o}, B={b}" + (", one process" if cfg.world_size == 1 else ""))
+            for (o, b), cfg in cfgs.items()}
+    wire = {k: run_warm(cfg) for k, cfg in wire_cfgs.items()}
     rows = [row(o, b, r) for (o, b), r in runs.items()]
     note = plots.common.oversubscription_note(list(runs.values()), busy_shown=False)
     display(plots.large_batch.curves(runs, note))
@@ -51,7 +68,11 @@ def grid(batches: dict | None = None, preset: str = "long", noise_run=("lamb", 6
     b_simple = noise["evals"][-1].get("b_simple") if noise is not None and noise["evals"] else None
     display(plots.large_batch.quality_vs_batch(rows, lb.BASE_BATCH, b_simple))
     print(table(rows))
-    return {"runs": runs, "rows": rows}
+    if wire:
+        print(f"one process: {', '.join(f'{o} at B={b}' for o, b in wire)}; on 2 ranks for §4's wire, "
+              f"{wire_epochs} epoch{'s' if wire_epochs > 1 else ''} each")
+    wire_rows = [row(o, b, wire.get((o, b), r)) for (o, b), r in runs.items()]
+    return {"runs": runs, "rows": rows, "wire": wire_rows}
 
 
 def noise_scale(result: Result, batches=(64, 2048, 8192)):
