@@ -8,7 +8,7 @@ import re
 import pytest
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
-CHAPTERS = sorted((NOTEBOOKS / "scripts").glob("0*.py"))
+CHAPTERS = sorted((NOTEBOOKS / "scripts").glob("[0-9][0-9]_*.py"))
 
 
 def objectives(text: str) -> list[str]:

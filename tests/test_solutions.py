@@ -25,6 +25,7 @@ from lesson_lib.chapters import (
     ch07_exercises,
     ch08_exercises,
     ch09_exercises,
+    ch10_exercises,
 )
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "notebooks" / "scripts"
@@ -39,6 +40,7 @@ CHAPTERS = {  # the chapter's exercises as its notebook builds them (measured nu
     "07": lambda: ch07_exercises.exercises(),
     "08": lambda: ch08_exercises.exercises(),
     "09": lambda: ch09_exercises.exercises(),
+    "10": lambda: ch10_exercises.exercises(),
 }
 CASES = [(ch, key) for ch, make in CHAPTERS.items() for key in make()]
 NUMBER = re.compile(r"(?<![\w.])[-−]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", re.IGNORECASE)

@@ -19,8 +19,10 @@ from . import (
     parallelism,
     pipeline,
     precision,
+    resilience,
     training,
 )
 
 __all__ = ["alpha_beta", "checkpoint", "collectives", "common", "compression", "consistency", "fp8", "impact",
-           "large_batch", "memory", "parallelism", "pipeline", "precision", "training"]
+           "large_batch", "memory", "parallelism", "pipeline", "precision", "resilience",
+           "training"]

@@ -1,0 +1,201 @@
+"""What notebooks/10_resilience.ipynb calls: each function runs one section's replicas or ranks,
+prints what it found, draws it, and returns the data the notebook asserts on. The algorithms are in
+:mod:`lesson_lib.milestones.resilience` and in the notebook's cells; no presets here."""
+
+from __future__ import annotations
+
+import torch
+from IPython.display import display
+
+from .. import plots
+from ..costmodel import days_from_throughput
+from ..milestones.resilience import failures, ft_step, replicas, torchft_glue
+from ..milestones.resilience import task as T
+from ..runtime import warm_cluster
+
+
+def failure_cost(world_size: int = 2, numel: int = 1_000_000, restart_s: float = 600.0) -> dict:
+    """§1: δ measured with DCP here; a job's MTBF against its size; Young's and Daly's intervals;
+    Llama 3 405B's days (chapter 7's throughput formula) with failures, checked against its report."""
+    save = failures.measure_save(warm_cluster(world_size), numel)
+    L = failures.LLAMA3
+    device_mtbf = failures.device_mtbf_from(L["unexpected"], L["gpus"], L["days"] * 24)
+    print(f"a DCP checkpoint of {numel:,} parameters + momentum per rank on {world_size} ranks: "
+          f"δ = {save['delta_s'] * 1e3:.0f} ms ({save['bytes'] / 1e6:.1f} MB, {save['gb_per_s']:.2f} GB/s)\n"
+          f"Llama 3: {L['unexpected']} unexpected interruptions in {L['days']} days on {L['gpus']:,} GPUs "
+          f"→ one GPU fails every {device_mtbf:,.0f} h ({device_mtbf / 8766:.1f} years)")
+    shard = 16 * L["params"] / L["gpus"]  # bf16 weights, fp32 master weights and Adam's two moments
+    per_rank = save["bytes"] / save["ranks"] / save["delta_s"]
+    m16 = failures.job_mtbf_h(device_mtbf, L["gpus"]) * 3600
+    print(f"at this machine's measured {per_rank / 1e9:.2f} GB/s per rank, Llama 3 405B's shard per GPU "
+          f"({shard / 1e9:.2f} GB) saves in δ = {shard / per_rank:.1f} s → Young's τ = "
+          f"{failures.young(shard / per_rank, m16) / 60:.1f} min at {L['gpus']:,} GPUs\n")
+    print(f"{'devices':>8} {'job MTBF':>10} {'Young τ':>9} {'Daly τ':>9} {'goodput':>8}   (δ scaled to "
+          "remote storage: 10 min; restart 10 min)")
+    delta_big = 600.0  # a 405B model's checkpoint to remote storage: minutes, not our milliseconds
+    table = []
+    for n in (8, 512, 16_384, 131_072):
+        m = failures.job_mtbf_h(device_mtbf, n) * 3600
+        tau, d = failures.young(delta_big, m), failures.daly(delta_big, m)
+        g = failures.goodput(tau, delta_big, m, restart_s)
+        table.append({"devices": n, "mtbf_h": m / 3600, "young_s": tau, "daly_s": d, "goodput": g})
+        print(f"{n:>8,} {m / 3600:>9,.1f}h {tau / 60:>8.1f}m {d / 60:>8.1f}m {g:>8.1%}")
+    days = days_from_throughput(L["tokens"], L["params"], L["gpus"], 400e12, flops_per_token_per_param=6)
+    run = failures.days_with_failures(days, L["gpus"], device_mtbf, delta_big, restart_s)
+    lo, hi = 1.0, delta_big  # the δ = R at which goodput is Llama 3's 90 %, by bisection
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if failures.days_with_failures(days, L["gpus"], device_mtbf, mid, mid)[
+            "goodput"] > L["effective_time"] else (lo, mid)
+    print(f"\nchapter 7's formula, 6·T·Ψ/(n·X) at 400 TFLOP/s per GPU: {days:.0f} days without failures;\n"
+          f"with a failure every {run['mtbf_h']:.1f} h, checkpoints of 10 min every "
+          f"{run['tau_s'] / 60:.0f} min "
+          f"and 10-min restarts: {run['days']:.0f} days, goodput {run['goodput']:.1%}\n"
+          f"check: Llama 3 reports over {L['effective_time']:.0%} effective training time; the model reaches "
+          f"it only with checkpoints and restarts under {lo:.0f} s each")
+    m = failures.job_mtbf_h(device_mtbf, L["gpus"]) * 3600
+    rows = [{"tau_s": t, "goodput": failures.goodput(t, delta_big, m, restart_s)}
+            for t in [60 * 1.15 ** k for k in range(40)]]
+    marks = {name: (tau, failures.goodput(tau, delta_big, m, restart_s))
+             for name, tau in (("Young", failures.young(delta_big, m)),
+                               ("Daly", failures.daly(delta_big, m)))}
+    display(plots.resilience.goodput_curve(rows, marks,
+                                           f"{L['gpus']:,} GPUs failing every {m / 3600:.1f} h, δ = 10 min, "
+                                           "restart 10 min: too rare loses work, too often loses time"))
+    save["delta_405b_s"] = shard / per_rank
+    return {"save": save, "device_mtbf_h": device_mtbf, "table": table, "llama3": run, "days": days,
+            "needed_s": lo}
+
+
+def survive(task: T.Task, n: int = 2, kill: tuple[int, int] = (1, 5), job=None,
+            restart_after_s: float = 0.4) -> dict:
+    """§2: our replicas (``job``, default :func:`ft_step.replica`), one SIGKILLed mid-exchange and
+    restarted from a hot spare; the survivors' stall, the returner's weights."""
+    job = job or ft_step.replica
+    out = replicas.run(job, n, task, kill, restart=(kill[0],), restart_after_s=restart_after_s,
+                       watch=lambda s, a, st: ft_step.lighthouse(s, a, st, n, task.steps - 1))
+    res = out["results"]
+    survivor = res[0] if kill[0] != 0 else res[1]
+    times = [t["s"] for t in survivor["times"]]
+    stall = max(t["s"] for t in survivor["times"] if t["discarded"])
+    usual = sorted(times)[len(times) // 2]
+    hold = survivor["times"][-1]["s"]
+    equal = all(torch.equal(r["params"], survivor["params"]) for r in res)
+    replay = torch.equal(ft_step.replay(task, survivor["log"]), survivor["params"])
+    healed = next(e for e in res[kill[0]]["log"] if "healed_at" in e)
+    alone = sum(1 for e in survivor["log"] if "step" in e and len(e["members"]) < n)
+    print(f"replica {kill[0]} SIGKILLed in step {kill[1]} (exit code {out['deaths'][0]['exitcode']}), "
+          f"its spare started {out['restarts'][0]['at_s'] - out['deaths'][0]['at_s']:.2f} s later\n"
+          f"the survivors: step {kill[1]} discarded after {stall * 1e3:.0f} ms (a median step: "
+          f"{usual * 1e3:.0f} ms), then {alone} steps without it\n"
+          f"the last step waited {hold:.2f} s for every replica (this chapter's rule, so that the run ends "
+          f"with all of them)\n"
+          f"replica {kill[0]} healed from replica {healed['from']} at step {healed['healed_at']}; at the end "
+          f"every replica's weights bit-equal: {equal}; equal to one process replaying the quorums: {replay}")
+    display(plots.resilience.replica_steps(
+        {f"replica {r['replica']}" + (" (killed, then healed)" if r["replica"] == kill[0] else ""): r["times"]
+         for r in res}, f"{n} replica groups, replica {kill[0]} SIGKILLed in step {kill[1]}: the survivor's "
+                        "step waits for the lighthouse to notice, then goes on alone"))
+    return {"out": out, "equal": equal, "replay": replay, "stall_s": stall, "median_s": usual, "hold_s": hold,
+            "healed": healed, "alone": alone}
+
+
+def with_torchft(task: T.Task, n: int = 2, job=None) -> dict:
+    """§2: the same replicas without failure, ours and torchft's (Manager.allreduce): final weights."""
+    ours = replicas.run(job or ft_step.replica, n, task,
+                        watch=lambda s, a, st: ft_step.lighthouse(s, a, st, n))
+    with torchft_glue.lighthouse(n) as addr:
+        ft = replicas.run(torchft_glue.replica, n, task, addr)
+    a, b = ours["results"][0]["params"], ft["results"][0]["params"]
+    equal = torch.equal(a, b) and all(torch.equal(r["params"], b) for r in ft["results"])
+    print(f"{task.steps} steps on {n} replica groups: ours {ours['wall_s']:.1f} s, torchft "
+          f"{ft['wall_s']:.1f} s (both mostly starting processes); weights bit-equal: {equal}")
+    return {"ours": ours, "torchft": ft, "equal": equal}
+
+
+def diloco_against_torchft(fn, task: T.Task, h: int, outer_lr: float, outer_momentum: float) -> dict:
+    """§3: the notebook's DiLoCo on 2 ranks against ``torchft.local_sgd.DiLoCo`` on 2 replicas."""
+    ours = warm_cluster(2).run(fn, task, h, outer_lr, outer_momentum)
+    with torchft_glue.lighthouse(2) as addr:
+        ft = replicas.run(torchft_glue.diloco, 2, task, addr, h, outer_lr, outer_momentum)["results"]
+    equal = all(torch.equal(o["params"], f["params"]) for o, f in zip(ours, ft))
+    print(f"{task.steps} inner steps, H = {h}, outer Nesterov (lr {outer_lr}, momentum {outer_momentum}): "
+          f"ours and torchft's weights bit-equal on both replicas: {equal}\n"
+          f"floats each replica sent: ours {ours[0]['floats_sent']:,}, torchft {ft[0]['floats_sent']:,}")
+    return {"ours": ours, "torchft": ft, "equal": equal}
+
+
+def sweep(fn, task: T.Task, hs=(None, 4, 16, 64), outer_lr: float = 0.5, outer_momentum: float = 0.5) -> dict:
+    """§3: held-out loss against floats sent, DDP (H = None) and DiLoCo at each H, same tokens."""
+    rows = []
+    for h in hs:
+        out = warm_cluster(2).run(fn, task, h, outer_lr, outer_momentum)[0]
+        rows.append({"label": "DDP" if h is None else f"H = {h}", "h": h, **out})
+    ddp = rows[0]
+    print(f"{'':>8} {'floats sent':>12} {'× fewer':>8} {'held-out loss':>14}")
+    for r in rows:
+        print(f"{r['label']:>8} {r['floats_sent']:>12,} {ddp['floats_sent'] / r['floats_sent']:>8.1f} "
+              f"{r['held_out']:>14.4f}")
+    display(plots.resilience.diloco_quality(
+        rows, f"2 replicas, {task.steps} steps of {task.batch} samples each: DDP and DiLoCo at several H "
+              f"(outer lr {outer_lr}, momentum {outer_momentum})"))
+    return {"rows": rows}
+
+
+def slow_link(fn, task: T.Task, gbps: float, h: int, outer_lr: float = 0.5,
+              outer_momentum: float = 0.5) -> dict:
+    """§3: DDP and DiLoCo over the course's emulated link (``comm.set_link``): time to a target loss."""
+    runs = {name: warm_cluster(2).run(fn, task, hh, outer_lr, outer_momentum, gbps)[0]
+            for name, hh in (("DDP", None), (f"DiLoCo, H = {h}", h))}
+    target = max(r["held_out"] for r in runs.values()) * 1.02
+    reach = {name: next((t for t, loss in r["curve"] if loss <= target), float("inf"))
+             for name, r in runs.items()}
+    for name, r in runs.items():
+        print(f"{name:>14}: target {target:.3f} reached after {reach[name]:.2f} s; final loss "
+              f"{r['held_out']:.4f} at {r['curve'][-1][0]:.2f} s")
+    display(plots.resilience.time_to_target(
+        {n: r["curve"] for n, r in runs.items()}, target,
+        f"2 replicas over an emulated {gbps * 1e3:g} Mbit/s link: time to the same held-out loss",
+        "The link is emulated (each transfer padded to bytes / bandwidth); compute here is a tiny MLP's, so "
+        "the gap is set by communication alone. On a real cluster, compute per step is far larger."))
+    return {"runs": runs, "target": target, "reach": reach}
+
+
+INTERNET = [  # as reported; see the notebook's §4 for the sources
+    {"label": "DiLoCo, H = 500 (Douillard et al., 2023)", "factor": 500},
+    {"label": "INTELLECT-1: H = 100, int8 (2024)", "factor": 400},
+    {"label": "Streaming DiLoCo: fragments, 4-bit (2025)", "factor": 100},
+]
+
+
+def internet_scale() -> None:
+    """§4: the reported reductions in bytes, one bar each, with what a CPU run here cannot show."""
+    display(plots.resilience.internet_scale(
+        INTERNET, "Training across the internet: times fewer bytes than data parallelism, as reported",
+        "Reported figures, not measured here. A CPU run here cannot show: the quality gap at billions of "
+        "parameters and trillions of tokens, real wide-area latency and jitter, stragglers, or overlapping "
+        "the outer step with compute (Streaming DiLoCo)."))
+
+
+def calculator(device_mtbf_h: float):
+    """§1: devices, checkpoint cost and restart cost → the job's MTBF, Young's interval and goodput."""
+    import ipywidgets as W
+
+    n = W.Dropdown(options=[8, 64, 512, 4096, 16_384, 65_536, 131_072], value=16_384, description="devices")
+    delta = W.Dropdown(options=[("5 s", 5), ("30 s", 30), ("1 min", 60), ("10 min", 600)], value=60,
+                       description="checkpoint δ")
+    restart = W.Dropdown(options=[("30 s", 30), ("3 min", 180), ("10 min", 600), ("30 min", 1800)], value=180,
+                         description="restart R")
+    out = W.HTML()
+
+    def update(*_):
+        m = failures.job_mtbf_h(device_mtbf_h, n.value) * 3600
+        tau = failures.young(delta.value, m)
+        g = failures.goodput(tau, delta.value, m, restart.value)
+        out.value = (f"a failure every <b>{m / 3600:,.1f} h</b>; checkpoint every <b>{tau / 60:,.1f} min</b> "
+                     f"(Young; Daly {failures.daly(delta.value, m) / 60:,.1f} min); goodput <b>{g:.1%}</b>")
+
+    for w in (n, delta, restart):
+        w.observe(update, "value")
+    update()
+    return W.VBox([n, delta, restart, out])

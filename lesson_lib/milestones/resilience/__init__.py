@@ -1,0 +1,8 @@
+"""Chapter 10: when machines fail and the network is slow.
+
+* :mod:`.failures` — MTBF, goodput, Young's and Daly's checkpoint intervals, a DCP save timed
+* :mod:`.task` — the small model and data every replica trains
+* :mod:`.ft_step` — per-step fault tolerance written out: lighthouse, quorum, discard, heal
+* :mod:`.replicas` — replica groups as processes that may die while the others carry on
+* :mod:`.torchft_glue` — the one place torchft is reached, held to loopback
+"""

@@ -1,0 +1,155 @@
+"""The one place the course reaches torchft (``torchft==0.2.0``; chapter 10 §2–3), held to loopback.
+
+What torchft would otherwise open beyond this machine, and how each is kept on 127.0.0.1:
+
+* the Lighthouse: ``LighthouseServer(bind="127.0.0.1:0")``; its ``address()`` names the host by
+  ``socket.gethostname()``, so replicas are given ``http://127.0.0.1:<port>`` instead;
+* the Manager's server: ``Manager`` binds ``[::]:<port>`` with no option to change the address (only
+  the port, ``TORCHFT_MANAGER_PORT``), so :func:`_loopback_server` replaces the ``ManagerServer``
+  it builds with one bound to ``127.0.0.1:0``, and ``hostname="127.0.0.1"`` is what it advertises;
+* the checkpoint transport: the default ``HTTPTransport`` serves on all interfaces at
+  ``socket.gethostname()``; ``PGTransport`` sends the state over the replicas' own process group;
+* each replica group's store: c10d's ``TCPStore`` binds ``::`` whatever host it is given, so it is
+  handed a socket already listening on 127.0.0.1 (``master_listen_fd``);
+* Gloo: ``GLOO_SOCKET_IFNAME=lo`` (set by :mod:`.replicas`).
+
+Quirks that change a number: ``use_async_quorum=False`` (the default async quorum lets a replica copy
+weights at step 0 while the sum still divides by 2: no longer equal to one process); DiLoCo with
+``init_sync=False`` (the default first copies replica 0's weights, equal anyway here, since every
+replica starts from one seed, but one more exchange to count). ``RUST_LOG=warn`` silences its logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import task as T
+
+
+@contextlib.contextmanager
+def lighthouse(min_replicas: int, heartbeat_timeout_ms: int = 2000, host: str = "127.0.0.1"):
+    """A Lighthouse on ``host`` (loopback unless a test says otherwise); yields its address."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind=f"{host}:0", min_replicas=min_replicas, join_timeout_ms=200,
+                              heartbeat_timeout_ms=heartbeat_timeout_ms)
+    try:
+        yield f"http://{host}:" + server.address().rsplit(":", 1)[1]
+    finally:
+        server.shutdown()
+
+
+def _bound_server(host: str):
+    """The Manager's server on ``host`` only (torchft hard-codes ``[::]``)."""
+    import torchft.manager as tm
+
+    real = tm.ManagerServer
+    original = getattr(real, "_course_original", real)
+
+    def on_loopback(*args, **kwargs):
+        kwargs["bind"] = f"{host}:0"
+        return original(*args, **kwargs)
+
+    on_loopback._course_original = original
+    tm.ManagerServer = on_loopback
+
+
+def manager(me: int, lighthouse_addr: str, model, opt, timeout_s: float = 5.0, init_sync: bool = True,
+            host: str = "127.0.0.1"):
+    """A replica group of one process: its store, its Gloo group and its ``Manager``, all on ``host``
+    (loopback; the real-network test gives a network namespace's own address)."""
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing.pg_transport import PGTransport
+
+    logging.getLogger("torchft").setLevel(logging.ERROR)  # its per-step INFO and flight-recorder notes
+    warnings.filterwarnings("ignore", module="torchft")  # torch deprecations raised inside torchft 0.2.0
+    _bound_server(host)
+    listener = socket.socket()
+    listener.bind((host, 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                          master_listen_fd=listener.detach(), use_libuv=True)
+    timeout = timedelta(seconds=timeout_s)
+    pg = ProcessGroupGloo(timeout=timeout)
+    mgr = Manager(
+        pg=pg, min_replica_size=1, use_async_quorum=False, rank=0, world_size=1,
+        store_addr=host, store_port=port, lighthouse_addr=lighthouse_addr, replica_id=f"r{me}",
+        hostname=host, timeout=timeout, init_sync=init_sync, quorum_timeout=timedelta(seconds=30),
+        load_state_dict=lambda s: (model.load_state_dict(s["model"]), opt.load_state_dict(s["opt"])),
+        state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict()},
+        checkpoint_transport=PGTransport(pg, timeout=timeout, device=torch.device("cpu")))
+    return mgr, store
+
+
+def replica(me: int, n: int, store_path: str, task: T.Task, lighthouse_addr: str,
+            kill: tuple[int, int] | None = None, host: str = "127.0.0.1") -> dict:
+    """Our task under torchft: ``Manager.allreduce`` on the flat gradient, commit if ``should_commit``.
+    ``kill = (replica, step)``: that replica SIGKILLs itself after its gradient, before the exchange."""
+    marks = dist.FileStore(store_path, -1)
+    fresh = marks.add(f"hello/{me}", 1) > 1
+    train, _ = T.data(task)
+    model, opt = T.build(task)
+    mgr, store = manager(me, lighthouse_addr, model, opt, host=host)
+    log, times = [], []
+    try:
+        while mgr.current_step() < task.steps:
+            t0 = time.monotonic()
+            mgr.start_quorum()
+            step = mgr.current_step()
+            if fresh:
+                log.append({"healed_at": step})
+                fresh = False
+            grad = T.gradient(model, T.batch(task, train, step, me))
+            if kill == (me, step) and marks.add(f"killed/{me}", 1) == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            mgr.allreduce(grad).wait()  # an average over the quorum's participants
+            if mgr.should_commit():
+                T.set_gradient(model, grad)
+                opt.step()
+                log.append({"step": step, "members": mgr.num_participants()})
+            else:
+                log.append({"discarded": step})
+            time.sleep(max(0.0, task.step_s - (time.monotonic() - t0)))
+            times.append({"step": step, "t": time.monotonic(), "s": time.monotonic() - t0})
+    finally:
+        mgr.shutdown()
+    return {"params": T.flat_params(model), "log": log, "times": times, "replica": me}
+
+
+def diloco(me: int, n: int, store_path: str, task: T.Task, lighthouse_addr: str, h: int,
+           outer_lr: float, outer_momentum: float) -> dict:
+    """Our task under ``torchft.local_sgd.DiLoCo``: ``task.steps`` inner SGD steps, an outer Nesterov
+    step every ``h``; the floats each replica all-reduced, counted."""
+    from torchft.local_sgd import DiLoCo
+
+    train, held = T.data(task)
+    model, inner = T.build(task)
+    outer = torch.optim.SGD(model.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=True)
+    mgr, store = manager(me, lighthouse_addr, model, inner, init_sync=False)
+    sent, real = [0], mgr.allreduce
+
+    def counted(t, *args, **kwargs):
+        sent[0] += t.numel()
+        return real(t, *args, **kwargs)
+
+    mgr.allreduce = counted
+    try:
+        with DiLoCo(mgr, [model], inner, outer, sync_every=h):
+            for step in range(task.steps):
+                T.set_gradient(model, T.gradient(model, T.batch(task, train, step, me)))
+                inner.step()
+    finally:
+        mgr.shutdown()
+    return {"params": T.flat_params(model), "floats_sent": sent[0], "held_out": T.held_out_loss(model, held)}

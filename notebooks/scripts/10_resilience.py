@@ -1,0 +1,317 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,scripts//py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
+
+# %% [markdown]
+# # Chapter 10 — When machines fail and the network is slow
+#
+# Every "days" figure in this course so far assumed that no machine ever fails and that the network
+# is a datacentre's. At the scale chapter 7 models, neither holds. Llama 3 405B's pre-training saw
+# 419 unexpected interruptions in a 54-day snapshot on 16,384 GPUs (Dubey et al., 2024, §3.3.4): one
+# every three hours. And since 2023, models have been trained across the internet, where a link is
+# a thousand times slower than InfiniBand. Chapter 4 checkpointed and restarted after a killed rank;
+# chapter 1 replicated a server shard. This chapter finishes the story: what failures cost, how
+# today's systems survive them without stopping (per-step fault tolerance, torchft), and how to
+# train when the network is the bottleneck (LocalSGD and DiLoCo).
+
+# %% [markdown]
+# **After this chapter you can:**
+#
+# 1. say why a job's mean time between failures falls with its size, measure a checkpoint's cost, and pick the interval that wastes least (Young, Daly), checked against Llama 3's report (§1, interval exercise);
+# 2. write per-step fault tolerance — a quorum each step, a step discarded when a peer vanishes mid-exchange, a returning replica healed from a live peer — run it with a replica SIGKILLed, and check torchft against it (§2, exchange exercise);
+# 3. write DiLoCo's outer step (Nesterov on the averaged pseudo-gradient), check it against torchft's, count H times fewer bytes, and weigh quality against data parallelism and time over a slow link (§3, outer-step exercise);
+# 4. read what INTELLECT-1 and Streaming DiLoCo report, and say what a CPU run here cannot show (§4).
+#
+# **Before it:** chapters 0, 4 (checkpoints with DCP) and 7 (the cost model's days).
+# **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
+# notebook (generated from the course's browser test); the exercises come on top.
+
+# %%
+import time
+
+import torch
+import torch.distributed as dist
+
+from lesson_lib import comm, show_source
+from lesson_lib.chapters import ch10, ch10_exercises
+from lesson_lib.milestones.resilience import failures, ft_step, torchft_glue
+from lesson_lib.milestones.resilience import task as T
+
+# %% [markdown]
+# ## 1. What failures cost
+#
+# Failures of independent devices add their rates: n GPUs that each fail once every M₁ hours fail,
+# as a job, once every **M = M₁ / n** hours. A GPU that fails once in six years makes a 16,384-GPU job
+# fail every three hours. A job that checkpoints every τ seconds, each checkpoint costing δ, and
+# restarting in R, loses per failure on average half an interval of work plus R, and δ per interval.
+# **Goodput**, useful time over wall time, is then about (1 − (R + τ/2)/M) · τ/(τ + δ). It is largest at
+# **τ = √(2δM)** (Young, 1974); Daly (2006) refines it for δ not small against M:
+
+# %%
+show_source(failures.young)
+show_source(failures.daly)
+show_source(failures.goodput)
+
+# %% [markdown]
+# δ measured here with `torch.distributed.checkpoint` (chapter 4's DCP) on 2 ranks, a GPU's failure
+# rate taken from Llama 3's report, and chapter 7's days for Llama 3 405B recomputed with failures:
+
+# %%
+cost = ch10.failure_cost()
+
+# %%
+assert cost["save"]["delta_s"] > 0 and cost["save"]["bytes"] > 8e6  # 2 ranks × 2 × 1M floats, written
+mtbf = [r["mtbf_h"] for r in cost["table"]]
+assert all(a > b for a, b in zip(mtbf, mtbf[1:]))  # more devices, failures more often
+assert cost["llama3"]["goodput"] > cost["table"][-1]["goodput"]  # 8× the GPUs: lower goodput
+assert cost["llama3"]["goodput"] < 0.9  # 10-minute checkpoints and restarts fall short of Llama 3's 90 %
+assert 10 < cost["needed_s"] < 300  # Llama 3's 90 % needs both in seconds to a few minutes
+
+# %% [markdown]
+# The failure rate came from Llama 3's own count, so the check is the goodput: with 10-minute
+# checkpoints and restarts the model loses about a third of the run, and Meta's over 90 % needs both
+# down to the figure printed, which is what its automated restarts and fast checkpoints bought. What
+# the model leaves out is the subject of §2: every restart stops *every* GPU.
+
+# %% [markdown]
+# Try other sizes and costs (a GPU failing as often as Llama 3's did):
+
+# %%
+ch10.calculator(cost["device_mtbf_h"])
+
+# %% [markdown]
+# ## 2. Per-step fault tolerance, written out
+#
+# Chapter 4 stopped the whole job and restarted it from the last checkpoint. Per-step fault tolerance
+# (torchft; Google's Pathways before it) keeps the job running: the model is trained by **replica
+# groups** (each one data-parallel copy, which may itself be sharded inside), and every step:
+#
+# 1. each live replica **joins** the step; a **lighthouse** (one small server) answers with the
+#    **quorum**, the replicas that take part, and which fresh one heals from which live one;
+# 2. a fresh replica **heals**: it copies a live peer's weights, optimizer state and step;
+# 3. the members **exchange** gradients; if a member vanishes before its gradient arrives, the step
+#    is **discarded** by every survivor (nobody can have all the gradients), and the next quorum is
+#    formed without it.
+#
+# Here it is, on a `FileStore` (a folder; nothing listens on a port). Each replica:
+
+# %%
+show_source(ft_step.exchange)
+show_source(ft_step.replica)
+
+# %% [markdown]
+# and the lighthouse, a thread beside them:
+
+# %%
+show_source(ft_step.lighthouse)
+
+# %% [markdown]
+# Two replica groups, each one process, 24 steps padded to 40 ms. Replica 1 SIGKILLs itself in step
+# 5, after replica 0 sent its gradient and before its own: mid-exchange. A spare process, started with
+# the others (as a cluster keeps spare machines), takes its place. The course's `warm_cluster` would
+# stop every rank when one dies — right for a job, wrong here — so these replicas are their own
+# processes (`lesson_lib.milestones.resilience.replicas`).
+
+# %%
+task = T.Task(steps=24, step_s=0.04)
+ours = ch10.survive(task, n=2, kill=(1, 5))
+
+# %%
+assert ours["out"]["deaths"][0]["exitcode"] == -9  # a real SIGKILL
+assert ours["equal"] and ours["replay"]  # all bit-equal, and equal to one process replaying the quorums
+assert ours["alone"] >= 1 and ours["healed"]["from"] == 0
+assert ours["stall_s"] < 1.0  # our lighthouse sees the process die: milliseconds, not a heartbeat timeout
+
+# %% [markdown]
+# The stall here is short: this lighthouse watches the processes themselves, so the discarded step
+# took about one step's time. torchft's lighthouse cannot (the replicas are on other machines): it
+# learns of a death from missed heartbeats (5 s by default, 2 s in this chapter), though a peer killed
+# mid-exchange closes its sockets, so the survivors' all-reduce fails at once and the step is dropped;
+# the course's tests kill a torchft replica that way (`tests/test_resilience.py`). The returner waited for its spare machine to start; the last step waiting for every replica
+# is this chapter's rule, so that the run ends with both to compare.
+#
+# Beside chapter 1's server, a single point of failure until it was replicated, and chapter 4's
+# stop-and-restart, which loses everything since the last checkpoint and a restart of every process:
+# here one replica's death cost the survivors one discarded step and a stall.
+#
+# ### torchft beside it
+#
+# torchft (PyTorch, 2025) is this design for real clusters: a `Lighthouse` (Rust) forms quorums from
+# heartbeats, a `Manager` per replica group joins them (`start_quorum`), reconfigures the process group
+# and heals a fresh replica, `Manager.allreduce` averages over the quorum, and `should_commit` says
+# whether the step stands. The course reaches it through one module, which keeps every server on
+# 127.0.0.1 (torchft binds all interfaces by default; the module's docstring lists how):
+
+# %%
+show_source(torchft_glue.replica)
+
+# %% [markdown]
+# Two quirks change a number here: the Manager's default `use_async_quorum=True` lets a replica copy
+# weights at step 0 while the sum still divides by 2, so the run is no longer equal to one process
+# (this chapter sets it `False`); and torchft's own `DistributedDataParallel` wrapper crashes the
+# survivor when its peer dies *during* the gradient exchange (torchft 0.2.0), so the failure
+# demonstrations use `Manager.allreduce`. The same task without failure, ours and torchft's:
+
+# %%
+same = ch10.with_torchft(T.Task(steps=8))
+
+# %%
+assert same["equal"]  # bit for bit
+
+# %% [markdown]
+# ## 3. Communicate less often: LocalSGD and DiLoCo
+#
+# Data parallelism sends every gradient every step. **LocalSGD** lets each replica take H steps alone,
+# then averages the weights. **DiLoCo** (Douillard et al., 2023) treats the change since the last sync
+# as a gradient: the **pseudo-gradient** Δ = start − local, averaged over the replicas, is fed to an
+# *outer* optimizer, SGD with Nesterov momentum (lr 0.7, momentum 0.9 in the paper), while the inner
+# optimizer runs every step. LocalSGD is DiLoCo with outer lr 1 and no momentum. Written in a cell,
+# DDP (H = None) beside it, every collective through the course's ring (`comm.all_reduce`), whose
+# emulated link (`comm.set_link`) we use below:
+
+# %%
+def my_diloco(task, h, outer_lr=0.7, outer_momentum=0.9, gbps=None):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    train, held = T.data(task)
+    model, inner = T.build(task)  # the same start on every replica (one seed)
+    outer = torch.optim.SGD(model.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=True)
+    start = [p.detach().clone() for p in model.parameters()]
+    if gbps:
+        comm.set_link(gbps)
+    sent, curve, t0 = 0, [], time.perf_counter()
+    for step in range(task.steps):
+        T.gradient(model, T.batch(task, train, step, rank))
+        if h is None:  # data parallel: every gradient averaged, every step
+            for p in model.parameters():
+                comm.all_reduce(p.grad)
+                p.grad /= n
+                sent += p.numel()
+        inner.step()
+        if h and (step + 1) % h == 0:  # the outer step, every h steps
+            for p, p0 in zip(model.parameters(), start):
+                delta = p0 - p.detach()  # the pseudo-gradient
+                comm.all_reduce(delta)
+                sent += delta.numel()
+                p.data.copy_(p0)
+                p.grad = delta / n
+            outer.step()
+            start = [p.detach().clone() for p in model.parameters()]
+        if step % 8 == 7:
+            curve.append((time.perf_counter() - t0, T.held_out_loss(model, held)))
+    return {"params": T.flat_params(model), "floats_sent": sent, "held_out": T.held_out_loss(model, held),
+            "curve": curve}
+
+
+# %% [markdown]
+# Against `torchft.local_sgd.DiLoCo` on two replica groups, the same settings (torchft's
+# `init_sync=False`: with the default, every replica first copies replica 0's weights, one exchange
+# more; equal here anyway, since all start from one seed):
+
+# %%
+versus = ch10.diloco_against_torchft(my_diloco, T.Task(steps=12), h=4, outer_lr=0.7, outer_momentum=0.9)
+
+# %%
+assert versus["equal"]
+assert versus["ours"][0]["floats_sent"] == versus["torchft"][0]["floats_sent"]
+
+# %% [markdown]
+# The same number of tokens (steps × batch per replica), DDP against DiLoCo at several H. The paper's
+# outer settings (lr 0.7, momentum 0.9) were tuned for H = 500 with AdamW inside; here, with SGD and
+# momentum inside and H = 4, they diverge (run `ch10.sweep(my_diloco, T.Task(steps=256),
+# outer_lr=0.7, outer_momentum=0.9)` to see it), so this sweep uses lr 0.5 and momentum 0.5 for every H:
+
+# %%
+swept = ch10.sweep(my_diloco, T.Task(steps=256), outer_lr=0.5, outer_momentum=0.5)
+
+# %%
+ddp, *dilocos = swept["rows"]
+for r in dilocos:
+    assert ddp["floats_sent"] == r["h"] * r["floats_sent"]  # H× fewer, counted
+assert all(r["held_out"] < 1.1 * ddp["held_out"] for r in dilocos[:2])  # H = 4, 16: within a tenth of DDP
+
+# %% [markdown]
+# Over a slow link: the course's emulated link at 10 Mbit/s (each transfer padded to bytes /
+# bandwidth), DDP against DiLoCo with H = 16, time to the same held-out loss:
+
+# %%
+slow = ch10.slow_link(my_diloco, T.Task(steps=128), gbps=0.01, h=16)
+
+# %%
+assert slow["reach"]["DiLoCo, H = 16"] < slow["reach"]["DDP"]
+
+# %% [markdown]
+# ## 4. At internet scale
+#
+# * **DiLoCo** (Douillard et al., 2023): 8 replicas, H = 500 inner steps, matching synchronous
+#   training's quality on C4 while communicating 500 times less.
+# * **INTELLECT-1** (Prime Intellect, Jaghouar et al., 2024): a 10B-parameter model trained on 1T
+#   tokens by DiLoCo across up to 14 nodes on three continents, H = 100 with int8 pseudo-gradients,
+#   about 400× less communication than data parallelism, reporting 83–96 % compute utilisation.
+# * **Streaming DiLoCo** (Douillard et al., 2025): the outer step is done one fragment of the
+#   parameters at a time and overlapped with the inner steps, with 4-bit outer gradients: similar
+#   quality with two orders of magnitude less bandwidth.
+#
+# What a CPU run here cannot show is said on the figure.
+
+# %%
+ch10.internet_scale()
+
+# %% [markdown]
+# ## Exercises
+#
+# The interval is a number; the outer step runs on real ranks (2 and 4), judged against the formula;
+# the exchange runs on 2 and 3 replica processes, one of which the checker SIGKILLs mid-exchange.
+
+# %%
+exercises = ch10_exercises.exercises()
+exercises["interval"]
+
+# %%
+exercises["interval"].submit(...)
+
+# %%
+exercises["outer"]
+
+# %%
+def outer_step(local, start, buf, lr, mu):
+    ...  # average start − local over the replicas, then one Nesterov step from start
+
+
+exercises["outer"].submit(outer_step)
+
+# %%
+exercises["exchange"]
+
+# %%
+def exchange(store, rnd, me, grad, members):
+    ...  # send yours, wait for every member's; None if dead/{rnd} appears while one is missing
+
+
+exercises["exchange"].submit(exchange)
+
+# %% [markdown]
+# ## Summary
+#
+# What showed each of this chapter's objectives:
+#
+# 1. **failures cost** — §1's MTBF table, δ measured with DCP, Young's and Daly's intervals on the goodput curve, Llama 3 405B's days with failures against its report (asserted), and your interval.
+# 2. **per-step fault tolerance** — §2's quorum, discard and heal written out, a replica SIGKILLed mid-exchange while its peer carried on, the stall measured, the returner bit-equal (asserted), torchft equal to ours, and your exchange surviving a killed peer.
+# 3. **DiLoCo** — §3's outer step in a cell equal to torchft's, H× fewer floats counted (asserted), held-out loss against DDP at several H, time to a target over a slow link, and your outer step.
+# 4. **internet scale** — §4's reported figures and what this CPU run cannot show.
+#
+# **On a real cluster:** a replica group is a whole FSDP or HSDP job of many GPUs, the lighthouse watches heartbeats across machines, a healed replica copies gigabytes from a peer, and the network between groups is the slowest in the system — which is why DiLoCo-style training exchanges rarely and quantized.
+#
+# Back to the [table of contents](README.md).

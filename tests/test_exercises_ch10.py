@@ -1,0 +1,214 @@
+"""Chapter 10's exercises: each accepts its reference answer and other right forms, and rejects
+plausible wrong answers with a message that points at the mistake. The numbers below are worked by
+hand from the question (4,096 GPUs, one GPU failing every 50,000 h, δ = 300 s)."""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import all_reduce
+
+from lesson_lib.chapters import ch10_exercises
+
+pytestmark = pytest.mark.ch10
+EX = ch10_exercises.exercises()
+M = 50_000 * 3600 / 4096  # 43,945.3 s: the job's MTBF
+YOUNG = math.sqrt(2 * 300 * M)  # 5,135 s
+
+
+@pytest.mark.parametrize("key", list(EX))
+def test_every_reference_is_accepted(key):
+    assert EX[key].submit(EX[key].reference())
+
+
+def test_the_outer_template_is_not_answered_yet():
+    def outer_step(local, start, buf, lr, mu):
+        ...
+
+    v = EX["outer"].submit(outer_step)
+    assert not v and v.message == "not answered yet"
+
+
+# --------------------------------------------------------------------------- the interval
+
+
+@pytest.mark.parametrize("answer", [5135, "5,135", 5130.0, 4937], ids=["int", "text", "rounded", "daly"])
+def test_interval_accepts_young_or_daly(answer):
+    assert EX["interval"].submit(answer)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (YOUNG / 60, "minutes"),
+    (math.sqrt(300 * M), "the 2 is missing"),
+    (math.sqrt(2 * 300 * 50_000 * 3600), "divided by the number of GPUs"),
+    (math.sqrt(2 * 5 * M), "same unit"),  # δ in minutes, M in seconds
+    (1000, "work out the job's MTBF"),
+], ids=["minutes", "no-2", "device-mtbf", "units", "other"])
+def test_interval_rejects_wrong_answers_saying_why(answer, says):
+    v = EX["interval"].submit(answer)
+    assert not v and says in v.message, v.message
+
+
+# --------------------------------------------------------------------------- the outer step
+
+
+def outer_imported(local, start, buf, lr, mu):
+    delta = start - local
+    all_reduce(delta)
+    delta = delta / dist.get_world_size()
+    buf = buf * mu + delta
+    return start - lr * delta - lr * mu * buf, buf
+
+
+def outer_with_torch_sgd(local, start, buf, lr, mu):  # torch's own optimizer does the Nesterov step
+    p = torch.nn.Parameter(start.clone())
+    opt = torch.optim.SGD([p], lr=lr, momentum=mu, nesterov=True)
+    opt.state[p]["momentum_buffer"] = buf.clone()
+    g = start - local
+    dist.all_reduce(g, op=dist.ReduceOp.AVG) if dist.get_backend() != "gloo" else dist.all_reduce(g)
+    p.grad = g / dist.get_world_size()
+    opt.step()
+    return p.detach(), opt.state[p]["momentum_buffer"]
+
+
+def outer_local_only(local, start, buf, lr, mu):
+    delta = start - local
+    buf = mu * buf + delta
+    return start - lr * (delta + mu * buf), buf
+
+
+def outer_heavy_ball(local, start, buf, lr, mu):
+    delta = start - local
+    dist.all_reduce(delta)
+    delta /= dist.get_world_size()
+    buf = mu * buf + delta
+    return start - lr * buf, buf
+
+
+def outer_wrong_sign(local, start, buf, lr, mu):
+    delta = start - local
+    dist.all_reduce(delta)
+    delta /= dist.get_world_size()
+    buf = mu * buf + delta
+    return start + lr * (delta + mu * buf), buf
+
+
+def outer_summed(local, start, buf, lr, mu):
+    delta = start - local
+    dist.all_reduce(delta)
+    buf = mu * buf + delta
+    return start - lr * (delta + mu * buf), buf
+
+
+def outer_halved(local, start, buf, lr, mu):  # right at 2 ranks only
+    delta = start - local
+    dist.all_reduce(delta)
+    delta /= 2
+    buf = mu * buf + delta
+    return start - lr * (delta + mu * buf), buf
+
+
+@pytest.mark.parametrize("answer", [outer_imported, outer_with_torch_sgd], ids=["imported", "torch-sgd"])
+def test_outer_accepts_other_right_forms(answer):
+    assert EX["outer"].submit(answer)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (outer_local_only, "all-reduce"),
+    (outer_heavy_ball, "heavy-ball"),
+    (outer_wrong_sign, "wrong way"),
+    (outer_summed, "summed, not averaged"),
+    (outer_halved, "4 ranks"),
+], ids=["no-all-reduce", "heavy-ball", "sign", "summed", "halved"])
+def test_outer_rejects_wrong_answers_saying_why(answer, says):
+    v = EX["outer"].submit(answer)
+    assert not v and says in v.message, v.message
+
+
+# --------------------------------------------------------------------------- the vanished peer
+# Each right or wrong answer below runs 2 and 3 replica processes, one SIGKILLed mid-exchange.
+
+
+def _get(store, key):
+    import io
+
+    return torch.load(io.BytesIO(store.get(key)), weights_only=False)
+
+
+def _put(store, key, t):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    store.set(key, buf.getvalue())
+
+
+def exchange_own_words(store, rnd, me, grad, members):  # right: its own serialization, sum by hand
+    import time
+
+    _put(store, f"grad/{rnd}/{me}", grad)
+    keys = [f"grad/{rnd}/{m}" for m in members]
+    while True:
+        if store.check(keys):
+            total = torch.zeros_like(grad)
+            for k in keys:
+                total = total + _get(store, k)
+            return total / len(members)
+        if store.check([f"dead/{rnd}"]):
+            return None
+        time.sleep(0.002)
+
+
+def exchange_partial(store, rnd, me, grad, members):  # averages whatever arrived once a peer is dead
+    import time
+
+    _put(store, f"grad/{rnd}/{me}", grad)
+    keys = [f"grad/{rnd}/{m}" for m in members]
+    while not store.check(keys):
+        if store.check([f"dead/{rnd}"]):
+            got = [k for k in keys if store.check([k])]
+            return sum(_get(store, k) for k in got) / len(got)
+        time.sleep(0.002)
+    return sum(_get(store, k) for k in keys) / len(members)
+
+
+def exchange_halves(store, rnd, me, grad, members):  # right at 2 replicas only
+    import time
+
+    _put(store, f"grad/{rnd}/{me}", grad)
+    keys = [f"grad/{rnd}/{m}" for m in members]
+    while not store.check(keys):
+        if store.check([f"dead/{rnd}"]):
+            return None
+        time.sleep(0.002)
+    return sum(_get(store, k) for k in keys) / 2
+
+
+def exchange_waits_forever(store, rnd, me, grad, members):
+    import time
+
+    _put(store, f"grad/{rnd}/{me}", grad)
+    keys = [f"grad/{rnd}/{m}" for m in members]
+    while not store.check(keys):
+        time.sleep(0.01)
+    return sum(_get(store, k) for k in keys) / len(members)
+
+
+def test_exchange_accepts_another_right_form(no_orphans):
+    assert EX["exchange"].submit(exchange_own_words)
+
+
+@pytest.mark.parametrize("answer, says", [
+    (exchange_partial, "was committed although"),
+    (exchange_halves, "by their number"),  # caught when the survivor goes on alone
+], ids=["partial", "halves"])
+def test_exchange_rejects_wrong_answers_saying_why(answer, says, no_orphans):
+    v = EX["exchange"].submit(answer)
+    assert not v and says in v.message, v.message
+
+
+@pytest.mark.slow  # waits out the replicas' 45 s limit
+def test_exchange_that_waits_forever_is_told_so(no_orphans):
+    v = EX["exchange"].submit(exchange_waits_forever)
+    assert not v and "dead/{rnd}" in v.message, v.message

@@ -1,0 +1,255 @@
+"""Chapter 10's library: the failure formulas against numbers worked by hand, our per-step fault
+tolerance with a replica SIGKILLed mid-exchange against a replay written here, torchft equal to it and
+its DiLoCo equal to a single-process simulation written here, every server on loopback, and nothing
+left behind. The replays share no code with what they check beyond the task's data and first weights."""
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lesson_lib.milestones.resilience import failures, ft_step, replicas, torchft_glue
+from lesson_lib.milestones.resilience import task as T
+
+pytestmark = pytest.mark.ch10
+
+
+def test_young_daly_and_goodput_by_hand():
+    assert failures.job_mtbf_h(50_000, 4096) == pytest.approx(12.207, abs=1e-3)
+    assert failures.young(300, 43_945.3125) == pytest.approx(5134.9, abs=0.1)  # √(2·300·43,945)
+    # Daly: 5,134.9 · (1 + ⅓·√0.0034133 + ⅑·0.0034133) − 300
+    assert failures.daly(300, 43_945.3125) == pytest.approx(5134.9 * (1 + 0.058424 / 3 + 0.0034133 / 9) - 300,
+                                                            abs=0.5)
+    assert failures.daly(100, 40) == 40  # δ ≥ 2M: checkpoint every M
+    # τ = 3600, δ = 60, M = 36,000, R = 600: (1 − (600 + 1830)/36,000) · 3600/3660
+    assert failures.goodput(3600, 60, 36_000, 600) == pytest.approx((1 - 2430 / 36_000) * 3600 / 3660)
+    assert failures.device_mtbf_from(419, 16_384, 54 * 24) == pytest.approx(50_677, abs=1)
+    best = failures.young(60, 36_000)
+    assert all(failures.goodput(best, 60, 36_000, 0) >= failures.goodput(best * f, 60, 36_000, 0) - 1e-4
+               for f in (0.5, 0.8, 1.25, 2))  # Young's τ is (to first order) the best
+
+
+def _replay(task, log):
+    """One process, by hand: each committed step averages its members' gradients in member order,
+    then SGD with momentum written out (buf = μ·buf + g; p −= lr·buf)."""
+    train, _ = T.data(task)
+    model, _ = T.build(task)
+    params = [p.detach().clone() for p in model.parameters()]
+    bufs = [None] * len(params)
+    for entry in log:
+        if "step" not in entry:
+            continue
+        grads = []
+        for m in entry["members"]:
+            ps = [p.clone().requires_grad_() for p in params]
+            x, y = T.batch(task, train, entry["step"], m)
+            F.cross_entropy(torch.func.functional_call(model, dict(zip(
+                [n for n, _ in model.named_parameters()], ps)), (x,)), y).backward()
+            grads.append([p.grad for p in ps])
+        avg = [sum(g[i] for g in grads) / len(grads) for i in range(len(params))]
+        for i, g in enumerate(avg):
+            bufs[i] = g.clone() if bufs[i] is None else task.momentum * bufs[i] + g
+            params[i] = params[i] - task.lr * bufs[i]
+    return torch.cat([p.reshape(-1) for p in params])
+
+
+def _leftovers():
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"lesson_lib_ch10_{os.getpid()}_*"))
+
+
+def _listening(pids):
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids}
+
+
+def _tree():
+    me = psutil.Process()
+    return {me.pid, *(p.pid for p in me.children(recursive=True))}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_replica_killed_mid_exchange_is_survived_and_healed(n, no_orphans):
+    task = T.Task(steps=16, step_s=0.03)
+    before = set(_leftovers())
+    out = replicas.run(ft_step.replica, n, task, (1, 4), restart=(1,), timeout_s=120, restart_after_s=0.3,
+                       watch=lambda s, a, st: ft_step.lighthouse(s, a, st, n, task.steps - 1))
+    assert [d["exitcode"] for d in out["deaths"]] == [-9]
+    res = out["results"]
+    assert all(torch.equal(r["params"], res[0]["params"]) for r in res)  # the returner bit-equal
+    log = res[0]["log"]
+    assert {"discarded": 4, "members": list(range(n))} in log  # the step with the vanished peer
+    assert any("step" in e and 1 not in e["members"] for e in log)  # the others went on without it
+    assert any("healed_at" in e for e in res[1]["log"])
+    torch.testing.assert_close(_replay(task, log), res[0]["params"], rtol=1e-6, atol=1e-7)
+    assert set(_leftovers()) <= before
+
+
+def test_torchft_equals_ours_and_listens_on_loopback_only(no_orphans):
+    task = T.Task(steps=5)
+    ours = replicas.run(ft_step.replica, 2, task, watch=lambda s, a, st: ft_step.lighthouse(s, a, st, 2))
+    seen = set()
+
+    def watch(store, alive, stop):
+        while not stop.is_set():
+            seen.update(_listening(_tree()))
+            time.sleep(0.05)
+
+    with torchft_glue.lighthouse(2) as addr:
+        ft = replicas.run(torchft_glue.replica, 2, task, addr, watch=watch)
+    assert all(torch.equal(r["params"], ours["results"][0]["params"]) for r in ft["results"])
+    assert len(seen) >= 4, seen  # the Lighthouse, two Managers' servers and stores, Gloo: really listed
+    assert {ip for ip, _ in seen} <= {"127.0.0.1"}, seen
+
+
+def _diloco_by_hand(task, h, lr, mu):
+    """Two replicas in one process: inner SGD by torch, the outer Nesterov step written out."""
+    train, _ = T.data(task)
+    models = [T.build(task) for _ in range(2)]
+    start = T.flat_params(models[0][0]).clone()
+    buf = torch.zeros_like(start)
+    sent = 0
+    for step in range(task.steps):
+        for r, (model, opt) in enumerate(models):
+            T.gradient(model, T.batch(task, train, step, r))
+            opt.step()
+        if (step + 1) % h == 0:
+            delta = sum(start - T.flat_params(m) for m, _ in models) / 2
+            sent += start.numel()
+            buf = mu * buf + delta if step + 1 > h else delta.clone()
+            start = start - lr * (delta + mu * buf)
+            for m, _ in models:
+                torch.nn.utils.vector_to_parameters(start.clone(), m.parameters())
+    return start, sent
+
+
+def test_torchft_diloco_equals_the_outer_step_by_hand(no_orphans):
+    task = T.Task(steps=12)
+    with torchft_glue.lighthouse(2) as addr:
+        ft = replicas.run(torchft_glue.diloco, 2, task, addr, 4, 0.7, 0.9)["results"]
+    want, sent = _diloco_by_hand(task, 4, 0.7, 0.9)
+    for r in ft:
+        torch.testing.assert_close(r["params"], want, rtol=1e-5, atol=1e-6)
+        assert r["floats_sent"] == sent == 3 * want.numel()  # one exchange per H = 4 steps
+
+
+def test_a_failed_launch_leaves_nothing(no_orphans):
+    def boom(me, n, path):
+        raise RuntimeError("no")
+
+    before = set(_leftovers())
+    with pytest.raises(RuntimeError, match="died"):
+        replicas.run(boom, 2, timeout_s=60)
+    assert set(_leftovers()) <= before
+
+
+NETNS = shutil.which("ip") and os.geteuid() == 0 and shutil.which("tc")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not NETNS, reason="needs root, `ip netns` and `tc` (network namespaces, a veth pair)")
+def test_two_machines_in_namespaces_over_a_rate_limited_veth(tmp_path):
+    """Two 'machines' (network namespaces) joined by a veth pair limited to 100 Mbit/s with tbf:
+    torchrun with Gloo crosses it, then two torchft replica groups (the Lighthouse in the first); the
+    addresses exist inside the namespaces only."""
+    tag = f"c10{os.getpid() % 100000}"
+    a, b = f"{tag}a", f"{tag}b"
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import time, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.ones(2_000_000)
+        dist.all_reduce(t)
+        t0 = time.perf_counter(); dist.all_reduce(t); s = time.perf_counter() - t0
+        assert float(t[0]) == 4.0
+        if dist.get_rank() == 0:
+            print(f"SECONDS {s:.3f}")
+        dist.destroy_process_group()
+    """))
+    run = lambda *c: subprocess.run(c, check=True, capture_output=True, text=True)
+    try:
+        run("ip", "netns", "add", a)
+        run("ip", "netns", "add", b)
+        run("ip", "link", "add", f"{tag}x", "netns", a, "type", "veth", "peer", "name", f"{tag}y", "netns", b)
+        for ns, dev, ip in ((a, f"{tag}x", "10.77.0.1/24"), (b, f"{tag}y", "10.77.0.2/24")):
+            run("ip", "-n", ns, "addr", "add", ip, "dev", dev)
+            run("ip", "-n", ns, "link", "set", dev, "up")
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+            run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", "100mbit",
+                "burst", "64kb", "latency", "50ms")
+        procs = []
+        for rank, (ns, dev) in enumerate(((a, f"{tag}x"), (b, f"{tag}y"))):
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": dev, "OMP_NUM_THREADS": "1"}
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                 "--nproc-per-node", "1", "--node-rank", str(rank), "--master-addr", "10.77.0.1",
+                 "--master-port", "29555", str(script)], env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True))
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        seconds = float(outs[0].split("SECONDS ")[1].split()[0])
+        assert seconds > 8e6 * 8 / 100e6 * 0.8, outs[0]  # 8 MB each way at 100 Mbit/s: the limit held
+        ft = tmp_path / "ft.py"
+        ft.write_text(textwrap.dedent(f"""
+            import hashlib, os, pathlib, shutil, sys, tempfile, time
+            from lesson_lib.milestones.resilience import task as T, torchft_glue as G
+            rank, host, shared = int(sys.argv[1]), sys.argv[2], pathlib.Path({str(tmp_path)!r})
+            d = tempfile.mkdtemp()
+            def go(addr):
+                out = G.replica(rank, 2, os.path.join(d, "s"), T.Task(steps=4), addr, host=host)
+                print("PARAMS", hashlib.sha256(out["params"].numpy().tobytes()).hexdigest(), flush=True)
+            try:
+                if rank == 0:
+                    with G.lighthouse(2, host=host) as addr:
+                        (shared / "lh").write_text(addr)
+                        go(addr)
+                        while not (shared / "done").exists():
+                            time.sleep(0.05)
+                else:
+                    while not (shared / "lh").exists():
+                        time.sleep(0.05)
+                    go((shared / "lh").read_text())
+                    (shared / "done").write_text("")
+            finally:
+                shutil.rmtree(d)
+        """))
+        procs = []
+        for rank, (ns, dev, ip) in enumerate(((a, f"{tag}x", "10.77.0.1"), (b, f"{tag}y", "10.77.0.2"))):
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": dev, "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"}
+            cmd = ["ip", "netns", "exec", ns, sys.executable, str(ft), str(rank), ip]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True, cwd=Path(__file__).resolve().parents[1]))
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        hashes = [o.split("PARAMS ")[1].split()[0] for o in outs]
+        assert hashes[0] == hashes[1], outs  # the two replica groups agree, across the limited veth
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert a not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.slow  # waits out torchft's heartbeat timeout
+def test_torchft_survives_a_replica_killed_mid_step_and_heals_it(no_orphans):
+    """torchft's Manager.allreduce (not its DDP wrapper): replica 1 SIGKILLed after its gradient, before
+    the exchange; replica 0 waits for the heartbeat, goes on alone, and the spare heals from it."""
+    task = T.Task(steps=30, step_s=0.05)
+    with torchft_glue.lighthouse(2, heartbeat_timeout_ms=2000) as addr:
+        out = replicas.run(torchft_glue.replica, 2, task, addr, (1, 4), restart=(1,), restart_after_s=0.3,
+                           timeout_s=240)
+    assert [d["exitcode"] for d in out["deaths"]] == [-9]
+    a, b = out["results"]
+    assert torch.equal(a["params"], b["params"])  # the returner bit-equal at the end
+    assert any("healed_at" in e for e in b["log"])
+    assert {"discarded": 4} in a["log"]  # should_commit() was False: the step with the dead peer dropped
+    steps = sorted(t["s"] for t in a["times"])
+    assert steps[-1] > 4 * steps[len(steps) // 2]  # the stall: a new quorum without the dead peer
