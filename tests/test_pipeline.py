@@ -453,3 +453,12 @@ def test_the_chapters_equality_checks_hold_within_the_pipeline_tolerance(cluster
     cfg = pp.Config.tiny(stages=stages, schedule=schedule, microbatches=4, chunks=chunks)
     g = pp.verify(cfg, clusters(stages))
     assert max(g.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.steps, depth=cfg.depth), g
+
+
+def test_the_live_timeline_refuses_bad_input_before_drawing_anything(monkeypatch):
+    # once: an empty live figure drawn, then the error
+    shown = []
+    monkeypatch.setattr(ch03, "display", shown.append)
+    with pytest.raises(ValueError, match="stages"):
+        ch03.live(stages=0)
+    assert shown == []

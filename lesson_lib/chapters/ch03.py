@@ -82,11 +82,13 @@ def equivalence(stages: int = 4, microbatches: int = 4) -> dict:
 
 
 def live(stages: int = 4, microbatches: int = 4, schedule: str = "gpipe") -> Result:
-    """The timeline drawn live as the stages report each step, then one step up close."""
+    """The timeline drawn live as the stages report each step, then one step up close. The
+    configuration is checked before the figure is drawn: bad input raises with no empty figure."""
+    cfg = _cfg(stages, microbatches, schedule).validate()
     gantt = plots.pipeline.LiveGantt(stages, f"{schedule}: {stages} stages, {microbatches} micro-batches, "
                                              "every step as it is measured (live)")
     display(gantt)
-    r = run_warm(_cfg(stages, microbatches, schedule), on_event=gantt.track())
+    r = run_warm(cfg, on_event=gantt.track())
     gantt.redraw()
     display(timeline(r, f"{schedule}, one step up close: numbers are micro-batches"))
     return r
