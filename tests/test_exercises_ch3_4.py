@@ -422,11 +422,17 @@ def gpipe_no_grad_back(stage, xs, ys):
     gpipe(stage, xs, ys, grad_back=False)
 
 
-@pytest.mark.parametrize("answer", [gpipe_both_receive_first, gpipe_no_grad_back])
 @pytest.mark.slow
-def test_gpipe_deadlock_ends_with_the_timeout_message(answer):
-    v = check_gpipe(answer, timeout_s=4)
+def test_gpipe_deadlock_ends_with_the_timeout_message():
+    v = check_gpipe(gpipe_both_receive_first, timeout_s=4)  # every stage waits: a true deadlock
     assert not v and v.message.startswith("4 stages, M = 4: WorkerTimeout") and "recv" in v.message, v.message
+
+
+def test_gpipe_that_never_sends_gradients_back_is_named_at_once():
+    # once waited out the timeout: a stage waits for a gradient its neighbour returned without sending
+    v = check_gpipe(gpipe_no_grad_back)
+    assert not v and "WorkerMismatch" in v.message and "never makes" in v.message, v.message
+    assert "recv from rank" in v.message, v.message
 
 
 def test_gpipe_template_is_not_answered_yet():
