@@ -311,6 +311,17 @@ def replies_before_the_ping_arrives(send, recv):  # once accepted: right values 
         reply.wait()
 
 
+def replies_before_its_receive_completes(send, recv):  # the receive posted first, the reply too soon
+    if dist.get_rank() == 0:
+        comm.send(send, 1)
+        comm.recv(recv, 1)
+    else:
+        ping = dist.irecv(recv, 0)
+        reply = dist.isend(recv, 0)  # after the receive was posted, before the ping has arrived
+        ping.wait()
+        reply.wait()
+
+
 def echoes_and_overlaps_correctly(send, recv):  # right: rank 0 posts its receive first, then sends
     if dist.get_rank() == 0:
         back = dist.irecv(recv, 1)
@@ -337,6 +348,7 @@ def test_pingpong_accepts_torch_point_to_point_too(exercises, fn):
     (echoes_its_own_buffer, "must return what it received"),
     (only_one_way, "one message each way"),
     (replies_before_the_ping_arrives, "before its receive of the ping"),
+    (replies_before_its_receive_completes, "before its receive of the ping"),
     pytest.param(both_receive_first, "WorkerTimeout", marks=pytest.mark.slow),  # waits out a timeout
 ])
 def test_pingpong_rejects_plausible_mistakes(exercises, fn, says):
