@@ -196,3 +196,28 @@ def at_scale(devices_list=(1024, 1536), params: float = 70e9) -> list[dict]:
         )
     )
     return rows
+
+
+def recipe_calculator(seed: int = 0):
+    """§2 as a control: a scaling recipe and the outliers' size → that matmul's error against fp32,
+    computed in real FP8 (``_scaled_mm``) on the same tensors as §2, beside bf16's."""
+    import ipywidgets as W
+
+    recipe = W.Dropdown(options=list(errors.RECIPES), value="per tensor", description="recipe")
+    size = W.Dropdown(options=[1, 10, 100, 1_000, 10_000, 100_000, 1_000_000], value=100,
+                      description="outliers ×")
+    out = W.HTML()
+
+    def update(*_):
+        case = errors.outlier_case(seed, outlier=float(size.value))
+        ref = case["a"] @ case["w"].t()
+        y = errors.recipe_product(case["a"], case["w"], recipe.value, case["history"])
+        got = errors.row_error(y, ref)
+        bf16 = errors.row_error(case["a"].bfloat16() @ case["w"].bfloat16().t(), ref)
+        out.value = (f"{recipe.value}, outliers ×{size.value:,}: mean relative error per row "
+                     f"<b>{got:.4f}</b> against fp32 (bf16: {bf16:.4f}), seed {seed}")
+
+    recipe.observe(update, "value")
+    size.observe(update, "value")
+    update()
+    return W.VBox([recipe, size, out])

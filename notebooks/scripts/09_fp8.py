@@ -124,6 +124,11 @@ assert big["per tensor"] > 10 * big["block-wise (1×128, 128×128)"]  # fine-gra
 # gradients of an LLM's size (~1e-6) all become zero. Per-tensor scaling holds until outliers push
 # the bulk of the values below e4m3's smallest normal; row-wise and block-wise scales confine an
 # outlier to its own row or tile. Delayed scaling trusts its history: a new, larger outlier saturates.
+#
+# Try a recipe against outliers of another size (each choice runs the real FP8 matmul again):
+
+# %%
+ch09.recipe_calculator()
 
 # %% [markdown]
 # ## 3. Training in FP8 on real ranks
