@@ -123,3 +123,13 @@ def as_cell(fn):
     workers by value and its lines are the ones a message must name."""
     fn.__module__ = "__main__"
     return fn
+
+
+@as_cell
+def barrier_on_rank_0():
+    """A collective on some ranks only: rank 0 waits in a barrier rank 1 never enters."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.barrier()
+    return dist.get_rank()

@@ -63,13 +63,6 @@ def agreeing_uneven_splits():
 
 
 @_cell
-def barrier_on_rank_0():
-    if dist.get_rank() == 0:
-        dist.barrier()
-    return dist.get_rank()
-
-
-@_cell
 def other_dtype():
     t = torch.ones(4, dtype=torch.float64 if dist.get_rank() == 1 else torch.float32)
     dist.all_reduce(t)
@@ -142,13 +135,13 @@ def test_a_collective_on_some_ranks_only_is_named_as_the_other_returns_not_at_th
     cluster = warm_cluster(2)
     t0 = time.monotonic()
     with pytest.raises(WorkerMismatch) as info:
-        cluster.run(barrier_on_rank_0, timeout_s=30)
+        cluster.run(probes.barrier_on_rank_0, timeout_s=30)
     assert time.monotonic() - t0 < 10  # not the collective timeout (30 s)
     head = str(info.value).split("--- traceback", 1)[0]
     assert info.value.waits and "unmatched call on the default group" in head, head
     assert "rank 1 returned from the function after 0 calls" in head, head
     assert "rank 0: barrier — " in head, head
-    assert f"line {_line(barrier_on_rank_0, 'dist.barrier()')}" in head, head
+    assert f"line {_line(probes.barrier_on_rank_0, 'dist.barrier()')}" in head, head
     assert cluster.run(two_tags_out_of_order, timeout_s=30) == [0, 1]  # and no false alarm on tags
 
 

@@ -45,13 +45,6 @@ def progressing_quietly(seconds):  # a long computation that emits nothing, but 
 
 
 @_cell
-def barrier_on_rank_0():
-    if dist.get_rank() == 0:
-        dist.barrier()
-    return dist.get_rank()
-
-
-@_cell
 def nested_cluster():
     with Cluster(1, quiet=True) as c:
         return c.run(int)
@@ -89,7 +82,7 @@ def test_a_barrier_called_on_rank_0_only_names_the_rank_that_never_arrived(no_or
     with Cluster(2, quiet=True, timeout_s=2) as c:
         t0 = time.monotonic()
         with pytest.raises(WorkerError) as info:
-            c.run(barrier_on_rank_0)
+            c.run(probes.barrier_on_rank_0)
         assert time.monotonic() - t0 < 2 + 6
         head = str(info.value).split("--- traceback", 1)[0]
         assert info.value.rank == 0 and "Timed out waiting" in head, head
