@@ -70,7 +70,7 @@ def test_a_quiet_job_that_is_moving_gets_no_notice(clusters, monkeypatch, capsys
     # bug caught: "has sent nothing for 20 s ... interrupt the kernel" printed in chapter 2's Run All on
     # a cell that was computing and then finished: its stacks changed between samples
     monkeypatch.setattr(silence, "SILENCE_S", 0.5)
-    assert clusters(2).run(progressing_quietly, 2.5) == [0, 1]
+    assert clusters(2).run(progressing_quietly, 1.5) == [0, 1]
     assert "has sent nothing" not in capsys.readouterr().out
 
 
