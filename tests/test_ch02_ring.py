@@ -302,7 +302,7 @@ def test_the_tree_term_and_its_limits(n):
     assert 2 * s / ring_b == pytest.approx(n / (n - 1))     # the tree's bytes: N/(N−1) the ring's
     if n & (n - 1) == 0:  # a power of two: halving-doubling has the tree's latency and the ring's bytes
         assert (hd_a, hd_b) <= (2 * log2n, 2 * s) and hd_b == ring_b
-    else:  # MPICH folds the ranks above p′ in and out (Thakur et al. 2005); issue 48: was 2⌊log₂N⌋α
+    else:  # MPICH folds the ranks above p′ in and out (Thakur et al. 2005); it was once 2⌊log₂N⌋α
         p2 = 2**log2n
         assert (hd_a, hd_b) == (2 * log2n + 2, pytest.approx((2 * (p2 - 1) / p2 + 2) * s))
 

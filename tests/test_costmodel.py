@@ -67,7 +67,7 @@ def test_each_milestone_changes_its_own_term():
     assert math.isclose(ps["bandwidth"], 2 * 8 / 2 * 2e9 * HDR)  # 2·N·S/K
     z2 = cm.step_time(cm.Plan(**base, zero=2))
     assert z2["bandwidth"] == ring["bandwidth"]  # ZeRO-1/2: reduce-scatter + all-gather = 2Ψ
-    # ZeRO-3: 3Ψ per micro-batch (issue 48: once per step was an unstated assumption): one micro-batch
+    # ZeRO-3: 3Ψ per micro-batch (once per step was an unstated assumption): one micro-batch
     # of the replica's 8 sequences is 1.5× the ring; 8 micro-batches of 1 gather 8 times
     z3 = cm.step_time(cm.Plan(**base, zero=3, micro_batch=0))
     assert math.isclose(z3["bandwidth"], 1.5 * ring["bandwidth"])
@@ -126,7 +126,7 @@ def test_published_end_to_end_figures_closed_form():
     """8·T·Ψ/(n·X) with the reported per-GPU rate X reproduces the reported days (Narayanan et al.,
     SC21 round to whole days: within 2 %); 3,072 × 163 TFLOP/s is the reported 502 PFLOP/s (the
     per-GPU rate is rounded to 3 digits: within 1 %)."""
-    # issue 48: the GPT-3 row is SC21 §5.1's text, not a Table 1 row, so it is no longer in-sample
+    # the GPT-3 row is SC21 §5.1's text, not a Table 1 row, so it is no longer in-sample
     assert CALIBRATION == ["gpt-1t"]
     for case in ("gpt3-175b", "gpt-1t"):
         p = cm.published()[case]

@@ -1,4 +1,4 @@
-"""Chapter 7's cost model, the terms of issue 48: each against a number its paper prints, or worked
+"""Chapter 7's cost model, new terms: each against a number its paper prints, or worked
 by hand in the test (never by calling the function under test for the expected value)."""
 
 import json
@@ -104,7 +104,7 @@ def test_mt_nlg_mfu_is_palms_table():
 
 
 def test_zero3_gathers_per_microbatch_and_holds_the_microbatch_it_runs():
-    """LAMB's bar (issue 48): 6 sequences per replica as one micro-batch hold 48.9 GB per device; as 6
+    """LAMB's bar: 6 sequences per replica as one micro-batch hold 48.9 GB per device; as 6
     micro-batches of 1 they gather the parameters 6 times and LAMB is slower than ZeRO-3 at both
     overlaps (the issue counted the gathers only: 80.6 / 50.2 days; gradients reduce-scattered per
     micro-batch as DeepSpeed does make it slower still)."""

@@ -1,4 +1,4 @@
-"""Edge cases every milestone meets (issue 49): a one-step run of every registered experiment, on
+"""Edge cases every milestone meets: a one-step run of every registered experiment, on
 its tiny preset, with the runtime's collective check on. A one-step run of the impact experiment once
 failed with a false collective mismatch (its async parameter server receives from any source)."""
 

@@ -1,4 +1,4 @@
-"""Chapter 7's one calibration and its held-out runs (issue 48): the efficiency is fitted once on the
+"""Chapter 7's one calibration and its held-out runs: the efficiency is fitted once on the
 in-sample set, every row of SC21 Table 1, and every ``out-of-sample`` run of data/published.csv is
 predicted from its paper's layout, each a test that fails when its error leaves the band stated here."""
 
@@ -9,7 +9,7 @@ from lesson_lib.costmodel import calibrate
 
 pytestmark = pytest.mark.ch7
 
-GOAL = 0.15  # issue 48's goal for every held-out run: within ±15 % of the published number
+GOAL = 0.15  # the goal for every held-out run: within ±15 % of the published number
 # Runs that miss the goal, each with the band it does hold and the term it misses. The model's one
 # efficiency is the same for every matrix size, so it cannot rise with h/t as SC21 Table 1 and
 # Korthikanti's Table 5 do (in-sample, the 530B and 1T rows are already 10-11 % slow); the

@@ -1,4 +1,4 @@
-"""Every checker that runs a learner's code on ranks judges it at two world sizes at least (issue 49):
+"""Every checker that runs a learner's code on ranks judges it at two world sizes at least:
 a wrong answer that is right at one world size (an average divided by 2, a ring that only works for
 N = 2) must not pass. Each reference is submitted with Cluster.run recorded; the world sizes its
 checker used are counted, from the runs themselves, not from the checker's code."""

@@ -15,7 +15,7 @@ from IPython.display import display
 from .. import costmodel
 from ..costmodel import calibrate
 
-GOAL = 0.15  # issue 48's goal for a held-out run: within ±15 % of its published number
+GOAL = 0.15  # the goal for a held-out run: within ±15 % of its published number
 GROUPS = {"in-sample": ("circle", "#4C78A8"), "out-of-sample": ("diamond", "#E45756"),
           "sanity-check": ("x-open", "#72B7B2")}
 

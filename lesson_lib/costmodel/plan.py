@@ -24,7 +24,7 @@ MILESTONE_PLANS = {
     "pipeline": {"pipeline": "auto"},
     # ZeRO-3 gathers the parameters once per micro-batch: these bars run each replica's share of the
     # batch as ONE micro-batch (micro_batch=0), so they gather once per step and hold that share's
-    # activations (LAMB: 6 sequences). Micro-batches of 1 would gather 6 times (issue 48).
+    # activations (LAMB: 6 sequences). Micro-batches of 1 would gather 6 times (chapter 7 says so).
     "zero-1": {"zero": 1}, "zero-2": {"zero": 2}, "zero-3": {"zero": 3, "micro_batch": 0},
     "lamb": {"zero": 3, "batch_scale": 4, "micro_batch": 0},
     "compression": {"zero": 3, "batch_scale": 4, "compression": 4, "micro_batch": 0},
