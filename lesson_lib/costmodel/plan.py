@@ -216,7 +216,8 @@ class Plan:
 
 def published_plan(case: str, **options) -> Plan:
     """The Plan of a published run (data/published.csv): its devices, links, layout (t, p, context,
-    chunks, micro-batch, ZeRO), batch, shape, recomputation and attention; ``options`` override them.
+    chunks, micro-batch, ZeRO), batch, shape, recomputation and attention, experts and precision;
+    ``options`` override them.
     Its efficiency is the one calibrated on the in-sample set (:mod:`.calibrate`), FLOPs on SC21's
     Eq. 3 basis (attention counted); a run with no tokens is modelled for one step."""
     p = published()[case]
@@ -233,6 +234,8 @@ def published_plan(case: str, **options) -> Plan:
                   vocab=int(num("vocab", 0)), recompute=recompute,
                   sequence_parallel=bool(num("sequence_parallel", 0)),
                   flash_attention=bool(num("flash_attention", 0)), attention_flops=True,
-                  efficiency=CALIBRATED_EFFICIENCY)
+                  experts=int(num("experts", 0)), expert_parallel=int(num("expert_parallel", 1)),
+                  top_k=int(num("top_k", 1)), active_params=num("active_params", 0.0),
+                  precision=p.get("precision") or "bf16", efficiency=CALIBRATED_EFFICIENCY)
     tokens = num("tokens", batch)
     return Plan(p["params"], tokens, int(p["devices"]), **{**chosen, **options}).validate()

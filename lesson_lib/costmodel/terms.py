@@ -106,7 +106,7 @@ def links() -> dict[str, dict]:
 def published() -> dict[str, dict]:
     """Training figures papers report (data/published.csv). ``use``: "calibration" (in the in-sample
     set), "out-of-sample" (held out, the paper's layout) or "sanity-check" (a layout assumed)."""
-    text = ("case", "device", "use", "source", "link", "intra_link", "rate_basis")
+    text = ("case", "device", "use", "source", "link", "intra_link", "rate_basis", "precision")
     return {r["case"]: {k: (v if k in text or v == "" else float(v))
                         for k, v in r.items()} for r in read_csv("published.csv")}
 
