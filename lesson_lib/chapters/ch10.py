@@ -113,6 +113,35 @@ def with_torchft(task: T.Task, n: int = 2, job=None) -> dict:
     return {"ours": ours, "torchft": ft, "equal": equal}
 
 
+def torchft_survives(task: T.Task, kill: tuple[int, int] = (1, 4), heartbeat_ms: int = 2000) -> dict:
+    """§2: torchft's ``Manager.allreduce`` with replica ``kill[0]`` SIGKILLed in step ``kill[1]``, after
+    its gradient and before the exchange; a spare restarts it. The survivor's stall, the discarded step,
+    the heal, and the weights at the end."""
+    with torchft_glue.lighthouse(2, heartbeat_timeout_ms=heartbeat_ms) as addr:
+        out = replicas.run(torchft_glue.replica, 2, task, addr, kill, restart=(kill[0],), restart_after_s=0.3,
+                           timeout_s=120)
+    res = out["results"]
+    survivor, returner = res[1 - kill[0]], res[kill[0]]
+    steps = sorted(t["s"] for t in survivor["times"])
+    stall, usual = steps[-1], steps[len(steps) // 2]
+    equal = torch.equal(survivor["params"], returner["params"])
+    healed = next((e["healed_at"] for e in returner["log"] if "healed_at" in e), None)
+    discarded = [e["discarded"] for e in survivor["log"] if "discarded" in e]
+    code = out["deaths"][0]["exitcode"]
+    print(f"torchft: replica {kill[0]} SIGKILLed in step {kill[1]} (exit code {code}); the survivor "
+          f"discarded step(s) {discarded} (should_commit() was False)\n"
+          f"its longest step {stall:.2f} s against a median {usual * 1e3:.0f} ms: the new quorum without the "
+          f"dead peer (heartbeat timeout {heartbeat_ms / 1e3:g} s)\n"
+          f"the spare healed from the live replica at step {healed}; at the end the weights bit-equal: "
+          f"{equal}")
+    display(plots.resilience.replica_steps(
+        {f"replica {r['replica']}" + (" (killed, then healed)" if r["replica"] == kill[0] else ""): r["times"]
+         for r in res}, f"torchft, 2 replica groups, replica {kill[0]} SIGKILLed in step {kill[1]}: the "
+                        "survivor waits for a quorum without it"))
+    return {"out": out, "equal": equal, "stall_s": stall, "median_s": usual, "healed_at": healed,
+            "discarded": discarded}
+
+
 def diloco_against_torchft(fn, task: T.Task, h: int, outer_lr: float, outer_momentum: float) -> dict:
     """§3: the notebook's DiLoCo on 2 ranks against ``torchft.local_sgd.DiLoCo`` on 2 replicas."""
     ours = warm_cluster(2).run(fn, task, h, outer_lr, outer_momentum)

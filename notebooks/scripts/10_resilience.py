@@ -139,9 +139,10 @@ assert ours["stall_s"] < 1.0  # our lighthouse sees the process die: millisecond
 # The stall here is short: this lighthouse watches the processes themselves, so the discarded step
 # took about one step's time. torchft's lighthouse cannot (the replicas are on other machines): it
 # learns of a death from missed heartbeats (5 s by default, 2 s in this chapter), though a peer killed
-# mid-exchange closes its sockets, so the survivors' all-reduce fails at once and the step is dropped;
-# the course's tests kill a torchft replica that way (`tests/test_resilience.py`). The returner waited for its spare machine to start; the last step waiting for every replica
-# is this chapter's rule, so that the run ends with both to compare.
+# mid-exchange closes its sockets, so the survivors' all-reduce fails and the step is dropped; the
+# next quorum waits for the lighthouse. torchft's run is below, beside its library. The returner
+# waited for its spare machine to start; the last step waiting for every replica is this chapter's
+# rule, so that the run ends with both to compare.
 #
 # Beside chapter 1's server, a single point of failure until it was replicated, and chapter 4's
 # stop-and-restart, which loses everything since the last checkpoint and a restart of every process:
@@ -170,6 +171,19 @@ same = ch10.with_torchft(T.Task(steps=8))
 
 # %%
 assert same["equal"]  # bit for bit
+
+# %% [markdown]
+# And with a failure: replica 1 SIGKILLs itself in step 4 under torchft, after computing its gradient
+# and before `Manager.allreduce`; a spare takes its place 0.3 s later. The lighthouse's heartbeat
+# timeout is 2 s here (5 s by default):
+
+# %%
+ft = ch10.torchft_survives(T.Task(steps=30, step_s=0.05), kill=(1, 4))
+
+# %%
+assert ft["out"]["deaths"][0]["exitcode"] == -9 and 4 in ft["discarded"]  # the step with the dead peer dropped
+assert ft["healed_at"] is not None and ft["equal"]  # healed from the live replica, bit-equal at the end
+assert ft["stall_s"] > 4 * ft["median_s"]  # the survivor waited for a quorum without it
 
 # %% [markdown]
 # ## 3. Communicate less often: LocalSGD and DiLoCo
@@ -308,7 +322,7 @@ exercises["exchange"].submit(exchange)
 # What showed each of this chapter's objectives:
 #
 # 1. **failures cost** — §1's MTBF table, δ measured with DCP, Young's and Daly's intervals on the goodput curve, Llama 3 405B's days with failures against its report (asserted), and your interval.
-# 2. **per-step fault tolerance** — §2's quorum, discard and heal written out, a replica SIGKILLed mid-exchange while its peer carried on, the stall measured, the returner bit-equal (asserted), torchft equal to ours, and your exchange surviving a killed peer.
+# 2. **per-step fault tolerance** — §2's quorum, discard and heal written out, a replica SIGKILLed mid-exchange while its peer carried on, the stall measured, the returner bit-equal (asserted), torchft equal to ours and surviving the same SIGKILL with the step discarded, the stall and the heal (asserted), and your exchange surviving a killed peer.
 # 3. **DiLoCo** — §3's outer step in a cell equal to torchft's, H× fewer floats counted (asserted), held-out loss against DDP at several H, time to a target over a slow link, and your outer step.
 # 4. **internet scale** — §4's reported figures and what this CPU run cannot show.
 #
