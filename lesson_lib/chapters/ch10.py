@@ -9,7 +9,7 @@ from IPython.display import display
 
 from .. import plots
 from ..costmodel import days_from_throughput
-from ..milestones.resilience import failures, ft_step, replicas, torchft_glue
+from ..milestones.resilience import failures, ft_diloco, ft_step, replicas, torchft_glue
 from ..milestones.resilience import task as T
 from ..runtime import warm_cluster
 
@@ -188,6 +188,34 @@ def slow_link(fn, task: T.Task, gbps: float, h: int, outer_lr: float = 0.5,
         "The link is emulated (each transfer padded to bytes / bandwidth); compute here is a tiny MLP's, so "
         "the gap is set by communication alone. On a real cluster, compute per step is far larger."))
     return {"runs": runs, "target": target, "reach": reach}
+
+
+def diloco_survives(task: T.Task, h: int, kill: tuple[int, int], outer_lr: float = 0.5,
+                    outer_momentum: float = 0.5) -> dict:
+    """§3: DiLoCo on 2 replica groups (:mod:`~lesson_lib.milestones.resilience.ft_diloco`), replica
+    ``kill[0]`` SIGKILLed in outer step ``kill[1]`` mid-exchange and restarted from a spare; beside the
+    same run without a failure. Rounds and who took part, the heal, the weights and held-out loss."""
+    rounds = task.steps // h
+    watch = lambda s, a, st: ft_step.lighthouse(s, a, st, 2, rounds - 1)
+    out = replicas.run(ft_diloco.replica, 2, task, h, outer_lr, outer_momentum, kill, restart=(kill[0],),
+                       restart_after_s=0.3, watch=watch, timeout_s=120)
+    clean = replicas.run(ft_diloco.replica, 2, task, h, outer_lr, outer_momentum, watch=watch, timeout_s=120)
+    res = out["results"]
+    survivor, returner = res[1 - kill[0]], res[kill[0]]
+    alone = [e["outer_step"] for e in survivor["log"] if "outer_step" in e and len(e["members"]) < 2]
+    discarded = [e["discarded"] for e in survivor["log"] if "discarded" in e]
+    healed = next(e for e in returner["log"] if "healed_at" in e)
+    equal = torch.equal(survivor["params"], returner["params"])
+    loss, base = survivor["held_out"], clean["results"][0]["held_out"]
+    print(f"DiLoCo, H = {h}, {rounds} outer steps on 2 replica groups; replica {kill[0]} SIGKILLed in outer "
+          f"step {kill[1]} (exit code {out['deaths'][0]['exitcode']})\n"
+          f"the survivor discarded outer step(s) {discarded}, redid them and went on alone for outer steps "
+          f"{alone[0]}–{alone[-1]}; the spare healed from replica {healed['from']} at outer step "
+          f"{healed['healed_at']} and took part from then on\n"
+          f"at the end both replicas' weights bit-equal: {equal}; held-out loss {loss:.4f}, against "
+          f"{base:.4f} for the same run without a failure ({loss / base - 1:+.1%})")
+    return {"out": out, "clean": clean, "alone": alone, "discarded": discarded, "healed": healed,
+            "equal": equal, "loss": loss, "clean_loss": base}
 
 
 INTERNET = [  # as reported; see the notebook's §4 for the sources
