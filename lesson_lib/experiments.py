@@ -5,7 +5,9 @@ per-rank dicts → ``milestone.summarize`` → :class:`Result` → plots.
 
 A milestone module has ``NAME``, a ``Config`` (a :class:`~lesson_lib.config.CommonConfig`),
 ``worker(cfg) -> dict`` (at least ``losses`` and ``per_rank``), ``summarize(cfg, outs) -> dict``
-and usually ``reference(cfg)``, the single-process answer.
+and usually ``reference(cfg)``, the single-process answer. ``summarize`` may return typed records
+(dataclasses with ``to_dict``, as chapter 8's :class:`~.milestones.tensor_parallel.GridRankResult`):
+:class:`Result` keeps them typed, its JSON file holds their dicts.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import importlib
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +32,8 @@ EXPERIMENTS = {
     "large-batch": "lesson_lib.milestones.large_batch",
     "impact": "lesson_lib.milestones.impact",
     "compression": "lesson_lib.milestones.compression",
+    # the package's own ``Config`` is the transformer's: the experiment is its milestone module
+    "tensor-parallel": "lesson_lib.milestones.tensor_parallel.milestone",
 }
 
 
@@ -64,7 +68,7 @@ class Result:
         return {"experiment": self.experiment, "world_size": self.world_size,
                 "backend": self.backend, "config": self.config, "losses": self.losses,
                 "per_rank": [p.to_dict() for p in self.per_rank], "oversubscribed": self.oversubscribed,
-                **self.extra}
+                **{k: _plain(v) for k, v in self.extra.items()}}
 
     def save_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -107,6 +111,15 @@ class Result:
                          f"{r.compute_s:>10.3f} {r.comm_s:>8.3f} {r.busy_s:>8.3f} "
                          f"{m['params'] / 1e6:>10.3f} {m['optimizer'] / 1e6:>9.3f}")
         return "\n".join(lines)
+
+
+def _plain(value: Any) -> Any:
+    """A milestone's typed records in ``extra`` (dataclasses, in lists too) as the JSON file's dicts."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return value.to_dict() if hasattr(value, "to_dict") else asdict(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 _FIELDS = ("experiment", "world_size", "backend", "config", "losses", "per_rank", "oversubscribed")

@@ -16,6 +16,7 @@ from ..milestones.tensor_parallel.dtensor import dtensor_job
 from ..milestones.tensor_parallel.grid import Layout
 from ..milestones.tensor_parallel.memory import memory_job
 from ..milestones.tensor_parallel.model import Config
+from ..milestones.tensor_parallel.results import GridRankResult
 from ..numerics import max_gap
 from ..runtime import warm_cluster
 
@@ -29,8 +30,12 @@ def compare(cfg: Config, layout: Layout, outs: list[dict], ref: dict) -> dict:
     parameters against one process, with the tolerances of :mod:`~.tensor_parallel.tolerances`."""
     tol = tolerances.transformer(cfg, ref)
     share = cfg.batch // layout.dp
-    logits = max(float((o["logits"] - ref["logits"][:, o["grid"][0] * share:(o["grid"][0] + 1) * share])
-                       .abs().max()) for o in outs)
+
+    def replica(o: dict) -> slice:  # the sequences of the rank's data-parallel replica
+        d = GridRankResult.of(o).dp_index
+        return slice(d * share, (d + 1) * share)
+
+    logits = max(float((o["logits"] - ref["logits"][:, replica(o)]).abs().max()) for o in outs)
     gaps = {"losses": max(max_gap(o["losses"], ref["losses"]) for o in outs), "logits": logits,
             "grads": max(_gap(o["grads"], ref["grads"]) for o in outs),
             "params": max(_gap(o["params"], ref["params"]) for o in outs)}

@@ -10,45 +10,31 @@ from IPython.display import display
 
 from .. import plots
 from ..exercises import AnswerError, Exercise, Verdict
-from ..milestones.tensor_parallel import formulas, layout_search, three_d, tolerances, train
-from ..milestones.tensor_parallel import ops as op_names
+from ..milestones.tensor_parallel import formulas, layout_search, three_d, train
 from ..milestones.tensor_parallel.grid import Layout
 from ..milestones.tensor_parallel.model import Config
-from ..numerics import max_gap
+from ..milestones.tensor_parallel.results import GROUPS, GridRankResult, equality
 from ..runtime import warm_cluster
 
-GROUPS = {"tp": (op_names.TP_ALL_REDUCE, op_names.SP_ALL_GATHER, op_names.SP_REDUCE_SCATTER,
-                 op_names.SP_REGATHER),
-          "pp": (op_names.PP_ACTIVATION, op_names.PP_GRADIENT), "dp": (op_names.DP_GRAD_ALL_REDUCE,)}
-UNMODELLED = (op_names.SP_ENDS, op_names.SP_NORM_GRADS)  # entering/leaving sequence parallelism, norm grads
 
-
-def counted(outs: list[dict], steps: int) -> dict[str, float]:
+def counted(outs: list[dict | GridRankResult], steps: int) -> dict[str, float]:
     """Per group, the busiest rank's bytes sent per step, as the ranks counted them."""
-    def sent(o, ops):
-        return sum(o["ops"].get(op, {}).get("bytes_sent", 0) for op in ops) / steps
-
-    out = {g: max(sent(o, ops) for o in outs) for g, ops in GROUPS.items()}
-    out["unmodelled"] = max(sent(o, UNMODELLED) for o in outs)
-    return out
+    ranks = [GridRankResult.of(o, steps) for o in outs]
+    return {g: max(r.bytes_per_group[g] for r in ranks) for g in (*GROUPS, "unmodelled")}
 
 
 def run_layout(cfg: Config, layout: Layout, micro: int, ref: dict | None = None) -> dict:
     """``layout`` on its ranks: equality with one process, bytes per group and memory per rank."""
     three_d.check(cfg, layout, micro)  # before any rank starts
     outs = warm_cluster(layout.world_size).run(three_d.train_3d_job, cfg, layout, micro)
-    row = {"layout": layout, "counted": counted(outs, cfg.steps),
+    ranks = [GridRankResult.of(o, cfg.steps) for o in outs]
+    row = {"layout": layout, "counted": counted(ranks, cfg.steps),
            "formula": formulas.step_bytes(cfg, layout.dp, layout.pp, layout.tp, micro,
                                           layout.sequence_parallel),
-           "params": [o["param_numel"] for o in outs], "peak": [o["peak"] for o in outs],
-           "param_formula": [formulas.stage_params(cfg, layout.tp, layout.pp, o["grid"][1]) for o in outs]}
+           "params": [r.param_numel for r in ranks], "peak": [r.peak for r in ranks],
+           "param_formula": [formulas.stage_params(cfg, layout.tp, layout.pp, r.pp_index) for r in ranks]}
     if ref is not None:
-        params = {n: t for o in outs for n, t in o["params"].items()}
-        tol = tolerances.transformer(cfg, ref)
-        row["gap"] = max(float((params[n] - ref["params"][n]).abs().max()) for n in ref["params"])
-        row["loss_gap"] = max(max_gap(o["losses"], ref["losses"]) for o in outs if o["losses"] is not None)
-        row["tolerance"] = tol["params"]
-        row["equal"] = row["gap"] <= tol["params"] and row["loss_gap"] <= tol["rel"] * max(ref["losses"])
+        row.update(equality(cfg, outs, ref))  # gap, loss_gap, tolerance, loss_tolerance, equal
     return row
 
 

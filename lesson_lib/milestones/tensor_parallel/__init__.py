@@ -8,15 +8,18 @@
 * :mod:`.moe` — expert parallelism; :mod:`.ring_attention` — context parallelism (Liu et al., 2023)
 * :mod:`.dtensor` — PyTorch's ``parallelize_module`` and ``fully_shard``
 * :mod:`.tolerances` — comparison tolerances from float32 rounding
+* :mod:`.results` — each rank's record typed (:class:`GridRankResult`); :mod:`.milestone` — the
+  registered experiment ``tensor-parallel`` (its own ``Config``: the layout and the model as options)
 """
 
-from . import formulas, three_d
+from . import formulas, milestone, three_d
 from .grid import Grid, Layout
 from .layers import ColumnParallelLinear, ParallelTransformer, RowParallelLinear
 from .mappings import CopyToTensorRegion, ReduceFromTensorRegion, f, g
 from .model import Config, Transformer
 from .moe import MoEConfig
+from .results import GridRankResult
 
-__all__ = ["ColumnParallelLinear", "Config", "CopyToTensorRegion", "Grid", "Layout", "MoEConfig",
-           "ParallelTransformer", "ReduceFromTensorRegion", "RowParallelLinear", "Transformer", "f",
-           "formulas", "g", "three_d"]
+__all__ = ["ColumnParallelLinear", "Config", "CopyToTensorRegion", "Grid", "GridRankResult", "Layout",
+           "MoEConfig", "ParallelTransformer", "ReduceFromTensorRegion", "RowParallelLinear", "Transformer",
+           "f", "formulas", "g", "milestone", "three_d"]

@@ -8,11 +8,13 @@ Gradients are then averaged over the dp group.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.distributed as dist
 
 from ... import comm
-from ...metrics import counters
+from ...metrics import StepRecorder, counters
 from ...peakmem import PeakMemory
 from . import ops as op_names
 from .grid import Grid, Layout
@@ -80,9 +82,10 @@ def gpipe_step(model, blocks, grid, cfg: Config, micro: int, step: int) -> float
     return sum(float(y.detach()) for y in outs) if k == P - 1 else 0.0
 
 
-def train_3d_job(cfg: Config, layout: Layout, micro: int = 2) -> dict:
+def train_3d_job(cfg: Config, layout: Layout, micro: int = 2, recorder: StepRecorder | None = None) -> dict:
     """On every rank: ``cfg.steps`` SGD steps of its stage's blocks, GPipe over ``micro``
-    micro-batches, tensor-parallel inside the stage, gradients averaged over dp."""
+    micro-batches, tensor-parallel inside the stage, gradients averaged over dp. A ``recorder``
+    times each step (and the last stage's loss), as the registered experiment's worker asks."""
     check(cfg, layout, micro)
     grid = Grid(layout)
     P, k = layout.pp, grid.pp_rank
@@ -94,17 +97,21 @@ def train_3d_job(cfg: Config, layout: Layout, micro: int = 2) -> dict:
     losses = []
     with PeakMemory() as meter:  # the training's allocations (the model was built before)
         for step in range(cfg.steps):
-            loss = gpipe_step(model, blocks, grid, cfg, micro, step)
-            sync_sequence_parallel(mine, grid.tp_group)
-            if layout.dp > 1:
-                all_reduce_flat([p.grad for p in mine], grid.dp_group, op_names.DP_GRAD_ALL_REDUCE, layout.dp)
-            with torch.no_grad():
-                for p in mine:
-                    p -= cfg.lr * p.grad
-                    p.grad = None
-            lt = torch.tensor([loss])
-            dist.all_reduce(lt, group=grid.dp_group)  # bookkeeping, not counted: the global loss
-            losses.append(float(lt) / layout.dp)
+            with recorder.step(step) if recorder is not None else nullcontext({}) as timed:
+                loss = gpipe_step(model, blocks, grid, cfg, micro, step)
+                sync_sequence_parallel(mine, grid.tp_group)
+                if layout.dp > 1:
+                    all_reduce_flat([p.grad for p in mine], grid.dp_group, op_names.DP_GRAD_ALL_REDUCE,
+                                    layout.dp)
+                with torch.no_grad():
+                    for p in mine:
+                        p -= cfg.lr * p.grad
+                        p.grad = None
+                lt = torch.tensor([loss])
+                dist.all_reduce(lt, group=grid.dp_group)  # bookkeeping, not counted: the global loss
+                losses.append(float(lt) / layout.dp)
+                if k == P - 1:
+                    timed["loss"] = losses[-1]
     params = gather_full(model, grid.tp_group)
     return {"rank": dist.get_rank(), "grid": [grid.dp_rank, grid.pp_rank, grid.tp_rank],
             "losses": losses if k == P - 1 else None, "ops": counters().as_dict(),
