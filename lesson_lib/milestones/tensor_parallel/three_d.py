@@ -16,6 +16,7 @@ import torch.distributed as dist
 from ... import comm
 from ...metrics import StepRecorder, counters
 from ...peakmem import PeakMemory
+from ..pipeline.schedules import stage_actions
 from . import ops as op_names
 from .grid import Grid, Layout
 from .layers import ParallelTransformer, all_reduce_flat, gather_full, sync_sequence_parallel
@@ -46,40 +47,41 @@ def activation_shape(cfg: Config, layout: Layout, micro: int) -> tuple[int, int,
 
 
 def gpipe_step(model, blocks, grid, cfg: Config, micro: int, step: int) -> float:
-    """One step's forwards and backwards on this stage (GPipe, chapter 3); the loss on the last
-    stage (0 elsewhere). Gradients are left in ``.grad``."""
+    """One step's forwards and backwards on this stage, in the order chapter 3's GPipe schedule gives
+    (:func:`~lesson_lib.milestones.pipeline.schedules.stage_actions`); the loss on the last stage (0
+    elsewhere). Gradients are left in ``.grad``."""
     P, k = grid.layout.pp, grid.pp_rank
     shape, size = activation_shape(cfg, grid.layout, micro), cfg.batch // grid.layout.dp // micro
     tokens, targets = batch(cfg, step)
     lo = grid.dp_rank * size * micro
-    ins, outs = [], []
-    for m in range(micro):  # every forward
-        cols = slice(lo + m * size, lo + (m + 1) * size)
-        if k == 0:
-            x = model.embed(tokens[:, cols])
+    ins, outs = {}, {}
+    for kind, m in stage_actions("gpipe", P, micro, k):
+        if kind == "F":
+            cols = slice(lo + m * size, lo + (m + 1) * size)
+            if k == 0:
+                x = model.embed(tokens[:, cols])
+            else:
+                x = torch.empty(shape)
+                comm.recv(x, k - 1, grid.pp_group, op=op_names.PP_ACTIVATION)
+                x.requires_grad_()
+            y = x
+            for block in blocks:
+                y = block(y)
+            if k == P - 1:
+                y = loss_fn(model.finish(y), targets[:, cols]) / micro  # the mean over micro-batches
+            else:
+                comm.send(y.detach(), k + 1, grid.pp_group, op=op_names.PP_ACTIVATION)
+            ins[m], outs[m] = x, y
         else:
-            x = torch.empty(shape)
-            comm.recv(x, k - 1, grid.pp_group, op=op_names.PP_ACTIVATION)
-            x.requires_grad_()
-        y = x
-        for block in blocks:
-            y = block(y)
-        if k == P - 1:
-            y = loss_fn(model.finish(y), targets[:, cols]) / micro  # the mean over micro-batches
-        else:
-            comm.send(y.detach(), k + 1, grid.pp_group, op=op_names.PP_ACTIVATION)
-        ins.append(x)
-        outs.append(y)
-    for m in reversed(range(micro)):  # every backward, the last micro-batch first
-        if k == P - 1:
-            outs[m].backward()
-        else:
-            grad = torch.empty(shape)
-            comm.recv(grad, k + 1, grid.pp_group, op=op_names.PP_GRADIENT)
-            outs[m].backward(grad)
-        if k > 0:
-            comm.send(ins[m].grad, k - 1, grid.pp_group, op=op_names.PP_GRADIENT)
-    return sum(float(y.detach()) for y in outs) if k == P - 1 else 0.0
+            if k == P - 1:
+                outs[m].backward()
+            else:
+                grad = torch.empty(shape)
+                comm.recv(grad, k + 1, grid.pp_group, op=op_names.PP_GRADIENT)
+                outs[m].backward(grad)
+            if k > 0:
+                comm.send(ins[m].grad, k - 1, grid.pp_group, op=op_names.PP_GRADIENT)
+    return sum(float(y.detach()) for y in outs.values()) if k == P - 1 else 0.0
 
 
 def train_3d_job(cfg: Config, layout: Layout, micro: int = 2, recorder: StepRecorder | None = None) -> dict:
