@@ -6,8 +6,8 @@ import torch
 from lesson_lib import WorkerError, numerics, run
 from lesson_lib.chapters import ch01
 from lesson_lib.milestones import parameter_server as ps
-from lesson_lib.milestones import ps_replicas
-from lesson_lib.milestones.ps_staleness import release
+from lesson_lib.milestones.parameter_server import replicas as ps_replicas
+from lesson_lib.milestones.parameter_server.staleness import release
 
 pytestmark = pytest.mark.ch1
 

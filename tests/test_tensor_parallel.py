@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from lesson_lib.chapters import ch08
-from lesson_lib.milestones.tensor_parallel import formulas, moe, ring_attention, tolerances, train
+from lesson_lib.milestones.context_parallel import ring_attention
+from lesson_lib.milestones.expert_parallel import moe
+from lesson_lib.milestones.tensor_parallel import formulas, tolerances, train
 from lesson_lib.milestones.tensor_parallel.dtensor import dtensor_job
 from lesson_lib.milestones.tensor_parallel.grid import Layout
 from lesson_lib.milestones.tensor_parallel.memory import memory_job

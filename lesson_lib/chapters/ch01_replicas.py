@@ -9,7 +9,7 @@ import torch
 from IPython.display import display
 
 from .. import numerics, plots
-from ..milestones import ps_replicas as pr
+from ..milestones.parameter_server import replicas as pr
 from ..runtime import warm_cluster
 
 

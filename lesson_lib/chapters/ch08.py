@@ -10,7 +10,9 @@ from IPython.display import display
 
 from .. import plots
 from ..costmodel import devices, links, ring_time
-from ..milestones.tensor_parallel import formulas, moe, ring_attention, tolerances, train
+from ..milestones.context_parallel import ring_attention
+from ..milestones.expert_parallel import moe
+from ..milestones.tensor_parallel import formulas, tolerances, train
 from ..milestones.tensor_parallel import ops as op_names
 from ..milestones.tensor_parallel.dtensor import dtensor_job
 from ..milestones.tensor_parallel.grid import Layout

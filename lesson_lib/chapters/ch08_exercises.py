@@ -24,7 +24,7 @@ from ..exercises import (
     summary,
     unanswered,
 )
-from ..milestones.tensor_parallel import moe
+from ..milestones.expert_parallel import moe
 from .ch08_grid import layout_exercise
 from .ch08_merge import merge_exercise
 from .ch08_plan import plan_exercise

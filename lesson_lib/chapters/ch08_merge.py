@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..exercises import AnswerError, Exercise, Property, Verdict, judge, on_ranks, solution_text
-from ..milestones.tensor_parallel import ring_attention
+from ..milestones.context_parallel import ring_attention
 from ..numerics import FP32_UNIT_ROUNDOFF
 
 BATCH, HEADS, SEQ, DIM = 1, 2, 16, 8

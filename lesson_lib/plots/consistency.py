@@ -41,7 +41,7 @@ def staleness_sweep(rows: list[dict], title: str) -> go.Figure:
 
 def failover(losses: dict[str, list[float]], fail_at: int, run: dict, title: str) -> go.Figure:
     """Left: loss per step of each run (label → losses), the primary's departure marked. Right: the
-    bytes of the failed run by kind, counted against the formula (``ps_replicas.summarize``)."""
+    bytes of the failed run by kind, counted against the formula (``parameter_server.replicas.summarize``)."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], subplot_titles=(
         "global training loss", "bytes over the run, counted (bars) and formula (dots)"))
     for i, (label, ys) in enumerate(losses.items()):

@@ -68,7 +68,8 @@ from lesson_lib import numerics, show_source, warm_cluster
 from lesson_lib.chapters import ch01
 from lesson_lib.data import batch_indices, shard, teacher_classification
 from lesson_lib.milestones import parameter_server as ps
-from lesson_lib.milestones import ps_replicas, ps_staleness
+from lesson_lib.milestones.parameter_server import replicas as ps_replicas
+from lesson_lib.milestones.parameter_server import staleness as ps_staleness
 from lesson_lib.models import mlp
 
 

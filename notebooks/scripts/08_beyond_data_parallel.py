@@ -55,7 +55,9 @@ import torch.nn.functional as F
 from lesson_lib import show_source, warm_cluster
 from lesson_lib.chapters import ch08, ch08_exercises, ch08_grid
 from lesson_lib.milestones import tensor_parallel as tp
-from lesson_lib.milestones.tensor_parallel import mappings, moe, ring_attention
+from lesson_lib.milestones.context_parallel import ring_attention
+from lesson_lib.milestones.expert_parallel import moe
+from lesson_lib.milestones.tensor_parallel import mappings
 
 # %% [markdown]
 # ## 1. Tensor parallelism: f and g

@@ -5,7 +5,8 @@
 * :mod:`.model` — the unsharded reference transformer, its data and Config
 * :mod:`.grid` — the rank grid ``arange(world).view(dp, pp, tp)`` and its groups
 * :mod:`.train`, :mod:`.memory` — training on a grid; :mod:`.three_d` — data × pipeline × tensor
-* :mod:`.moe` — expert parallelism; :mod:`.ring_attention` — context parallelism (Liu et al., 2023)
+* expert and context parallelism have packages of their own, beside this one: :mod:`..expert_parallel`
+  (mixture of experts) and :mod:`..context_parallel` (ring attention)
 * :mod:`.dtensor` — PyTorch's ``parallelize_module`` and ``fully_shard``
 * :mod:`.tolerances` — comparison tolerances from float32 rounding
 * :mod:`.results` — each rank's record typed (:class:`GridRankResult`); :mod:`.milestone` — the
@@ -17,9 +18,8 @@ from .grid import Grid, Layout
 from .layers import ColumnParallelLinear, ParallelTransformer, RowParallelLinear
 from .mappings import CopyToTensorRegion, ReduceFromTensorRegion, f, g
 from .model import Config, Transformer
-from .moe import MoEConfig
 from .results import GridRankResult
 
 __all__ = ["ColumnParallelLinear", "Config", "CopyToTensorRegion", "Grid", "GridRankResult", "Layout",
-           "MoEConfig", "ParallelTransformer", "ReduceFromTensorRegion", "RowParallelLinear", "Transformer",
+           "ParallelTransformer", "ReduceFromTensorRegion", "RowParallelLinear", "Transformer",
            "f", "formulas", "g", "milestone", "three_d"]

@@ -6,7 +6,7 @@ workers; all messages are counted point-to-point.
 
 * ``sync``: servers average the N slices and step (single-process SGD on the combined batch).
 * ``async``: servers apply each gradient on arrival; ``staleness_bound`` caps the staleness
-  (stale synchronous parallel, Ho et al., 2013; :mod:`.ps_staleness`).
+  (stale synchronous parallel, Ho et al., 2013; :mod:`.staleness`).
 
 A worker silent for ``lost_after_s`` is declared lost (sync fails naming it, async goes on).
 ``server_gbps`` gives each server an emulated link (:func:`comm.set_link`).
@@ -24,15 +24,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import comm
-from ..comm import chunk_bounds
-from ..config import TrainConfig, opt, parse_stragglers, positive_int
-from ..data import batch_indices, shard, teacher_classification
-from ..metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary
-from ..models import flat_views, mlp, mlp_param_count
-from ..runtime import context
-from .data_parallel import extra_work
-from .ps_staleness import release
+from ... import comm
+from ...comm import chunk_bounds
+from ...config import TrainConfig, opt, parse_stragglers, positive_int
+from ...data import batch_indices, shard, teacher_classification
+from ...metrics import ActivationMeter, StepRecorder, counters, memory_report, per_rank_summary
+from ...models import flat_views, mlp, mlp_param_count
+from ...runtime import context
+from ..data_parallel import extra_work
+from .staleness import release
 
 NAME = "parameter-server"
 
@@ -283,6 +283,6 @@ def summarize(cfg: Config, outs: list[dict]) -> dict:
 
 def reference(cfg: Config) -> list[float]:
     """Single-process SGD (momentum 0.9) on the combined batch: what sync PS must reproduce."""
-    from .data_parallel import reference as single_process
+    from ..data_parallel import reference as single_process
 
     return single_process(cfg, optimizer="sgd")

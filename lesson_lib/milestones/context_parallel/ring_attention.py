@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from ... import comm
 from ...metrics import counters
-from . import ops as op_names
+from ..tensor_parallel import ops as op_names
 
 
 def block_update(q, k, v, m, denom, o, mask=None):

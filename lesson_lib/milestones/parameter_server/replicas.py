@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import comm
-from ..config import TrainConfig, opt, positive_int
-from ..data import batch_indices, shard, teacher_classification
-from ..metrics import counters
-from ..models import flat_views, mlp, mlp_param_count
-from ..runtime import context
+from ... import comm
+from ...config import TrainConfig, opt, positive_int
+from ...data import batch_indices, shard, teacher_classification
+from ...metrics import counters
+from ...models import flat_views, mlp, mlp_param_count
+from ...runtime import context
 
 NAME = "parameter-server-replicas"
 PRIMARY, BACKUP, FIRST_WORKER = 0, 1, 2
@@ -202,6 +202,6 @@ def run(cfg: Config, cluster) -> dict:
 
 def reference(cfg: Config) -> list[float]:
     """Single-process SGD (momentum 0.9) on the combined batch: what the replicated run reproduces."""
-    from .data_parallel import reference as single_process
+    from ..data_parallel import reference as single_process
 
     return single_process(cfg, optimizer="sgd")

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ...metrics import counters
-from . import ops as op_names
+from ..tensor_parallel import ops as op_names
 
 
 @dataclass(kw_only=True)
