@@ -255,7 +255,7 @@ def test_torchft_survives_a_replica_killed_mid_step_and_heals_it(no_orphans):
     assert steps[-1] > 4 * steps[len(steps) // 2]  # the stall: a new quorum without the dead peer
 
 
-def _diloco_by_hand(task: T.Task, h: int, outer_lr: float, outer_momentum: float) -> torch.Tensor:
+def _two_diloco_replicas_by_hand(task: T.Task, h: int, outer_lr: float, outer_momentum: float):
     """Two DiLoCo replicas in one process, written out: each its own model and inner SGD from one seed,
     H inner steps on its own batches, then the averaged pseudo-gradient into one outer Nesterov SGD."""
     threads = torch.get_num_threads()
@@ -295,7 +295,7 @@ def test_diloco_survives_a_replica_killed_mid_exchange_and_heals_it(no_orphans):
     task, h = T.Task(steps=24), 4
     watch = lambda s, a, st: ft_step.lighthouse(s, a, st, 2, task.steps // h - 1)
     clean = replicas.run(ft_diloco.replica, 2, task, h, 0.5, 0.5, watch=watch, timeout_s=120)["results"]
-    ref = _diloco_by_hand(task, h, 0.5, 0.5)
+    ref = _two_diloco_replicas_by_hand(task, h, 0.5, 0.5)
     assert all(torch.equal(r["params"], ref) for r in clean)
     assert clean[0]["floats_sent"] == (task.steps // h) * ref.numel()
     out = replicas.run(ft_diloco.replica, 2, task, h, 0.5, 0.5, (1, 2), restart=(1,), restart_after_s=0.1,
