@@ -1,12 +1,14 @@
 """Every checker that runs a learner's code on ranks judges it at two world sizes at least:
 a wrong answer that is right at one world size (an average divided by 2, a ring that only works for
-N = 2) must not pass. Each reference is submitted with Cluster.run recorded; the world sizes its
-checker used are counted, from the runs themselves, not from the checker's code."""
+N = 2) must not pass. Each reference is submitted with Cluster.run recorded (and chapter 10's replica
+launcher, whose replica groups are processes that may die); the world sizes its checker used are
+counted, from the runs themselves, not from the checker's code."""
 
 import pytest
 from test_solutions import CASES, CHAPTERS
 
 from lesson_lib import close_all
+from lesson_lib.milestones.resilience import replicas as replicas_module
 from lesson_lib.runtime import cluster as cluster_module
 
 pytestmark = pytest.mark.slow  # every checker once, as test_solutions does
@@ -40,6 +42,13 @@ def world_sizes(monkeypatch):
         return run(self, *args, **kwargs)
 
     monkeypatch.setattr(cluster_module.Cluster, "run", recording)
+    launch = replicas_module.run
+
+    def recording_replicas(job, n, *args, **kwargs):
+        seen.append(n)
+        return launch(job, n, *args, **kwargs)
+
+    monkeypatch.setattr(replicas_module, "run", recording_replicas)
     return seen
 
 
