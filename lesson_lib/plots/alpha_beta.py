@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .collectives import ALG_COLORS
+from .common import log_axes
 
 
 def algorithms_at_scale(rows: list[dict], crossover: list[dict], sizes: list[float], nbytes: float,
@@ -40,7 +41,7 @@ def algorithms_at_scale(rows: list[dict], crossover: list[dict], sizes: list[flo
     fig.update_yaxes(type="log", title_text="ms (model)", row=1, col=1)
     fig.update_yaxes(type="log", title_text="message size S (MB)", row=1, col=2)
     fig.update_layout(title=title, height=450, margin={"t": 110})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def at_scale(rows: list[dict], link: str, title: str) -> go.Figure:
@@ -74,4 +75,4 @@ def at_scale(rows: list[dict], link: str, title: str) -> go.Figure:
     fig.update_yaxes(type="log", title_text="ms (model)", row=1, col=1)
     fig.update_yaxes(title_text="latency / total (model)", range=[0, 1], row=1, col=2)
     fig.update_layout(title=title, height=420)
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import _with_note
+from .common import _with_note, log_axes
 
 ALG_COLORS = {"ring": "#4C78A8", "pipelined-ring": "#72B7B2", "library": "#54A24B", "naive": "#E45756",
               "halving-doubling": "#B279A2", "parameter server": "#E45756", "tree": "#F58518"}
@@ -190,7 +190,7 @@ def allreduce_bandwidth(rows: list[dict], models: dict, note: str | None = None,
     fig.update_yaxes(type="log", showticklabels=True)  # every panel log scale, each with its labels
     fig.update_yaxes(title_text="GB/s", col=1)
     fig.update_layout(title=_with_note(title, note), height=440)
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def segments_plot(rows: list[dict], refs: dict, fit: tuple[float, float], title: str) -> go.Figure:
@@ -209,7 +209,7 @@ def segments_plot(rows: list[dict], refs: dict, fit: tuple[float, float], title:
     fig.update_xaxes(type="log", title="segments per chunk (1 = the plain ring's single message)")
     fig.update_yaxes(title="ms per all-reduce (median, slowest rank)")
     fig.update_layout(title=title, height=400)
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def ring_vs_parameter_server(rows: list[dict], note: str | None = None,

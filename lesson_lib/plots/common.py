@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import textwrap
 import time
 
@@ -59,6 +60,9 @@ class LiveRuns:
         base.add_annotation(text="", showarrow=False, xref="x domain", yref="y domain", x=1, y=1,
                             xanchor="right", yanchor="top", align="right", name="coincide",
                             font={"size": 11, "color": "#555"}, bgcolor="rgba(255,255,255,0.8)")
+        # until the first step arrives (the ranks start, the first batch runs), say so on the empty axes
+        base.add_annotation(text=self.WAITING, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                            name="waiting", font={"size": 14, "color": "#777"})
         self.fig = go.FigureWidget(base)
         self.progress = W.IntProgress(value=0, min=0, max=1, description="waiting",
                                       style={"description_width": "initial"})  # the run's whole label
@@ -69,6 +73,9 @@ class LiveRuns:
     def _ipython_display_(self):
         from IPython.display import display
 
+        from ..runtime.output import reserve
+
+        reserve()  # the banners of clusters the runs start go above the plot, not below it
         display(self.widget)
 
     def track(self, label: str, steps: int, world_size: int, loss_rank: int = 0):
@@ -116,7 +123,16 @@ class LiveRuns:
             run["final"] = True
             self._draw(run)
 
+    WAITING = "waiting for the first step: the ranks are starting"
+
+    @property
+    def waiting(self):
+        """The note on the empty axes before the first step is drawn (its text empty after)."""
+        return next(a for a in self.fig.layout.annotations if a.name == "waiting")
+
     def _draw(self, run: dict) -> None:
+        if self.waiting.text:
+            self.waiting.text = ""
         run["last"] = time.monotonic()
         self._redraw(run)
         self.progress.value = len(run["loss"])
@@ -190,6 +206,45 @@ class LiveRuns:
 
 
 DASHES = ["solid", "longdash", "dash", "dot", "dashdot", "longdashdot"]
+
+
+def _values(data) -> list[float]:
+    """The positive finite numbers of a trace's x or y (a list, a tuple or a NumPy array; else none)."""
+    try:
+        items = list(data) if data is not None and not isinstance(data, str) else []
+    except TypeError:
+        return []
+    return [float(v) for v in items if isinstance(v, numbers.Real) and 0 < v < math.inf]
+
+
+def log_axes(fig: go.Figure) -> go.Figure:
+    """Every log axis of ``fig`` labelled at powers of ten only, its 2…9 as unlabelled minor ticks,
+    where its data (or its set range) span a decade or more: plotly otherwise writes small "2" and
+    "5" labels between the decades, crowding the axis. An axis spanning less keeps plotly's labels
+    (they are then its only ones); ticks chosen by hand are kept. Returns ``fig``."""
+    for name in [k for k in fig.layout.to_plotly_json() if k[1:5] == "axis" and k[0] in "xy"]:
+        ax = fig.layout[name]
+        if ax.type != "log" or ax.dtick is not None or ax.tickvals is not None:
+            continue
+        if ax.range is not None and all(isinstance(r, numbers.Real) for r in ax.range):
+            lo, hi = sorted(ax.range)  # set by hand, in decades
+        else:
+            ref = name[0] + name[5:]  # "xaxis2" → "x2"
+            values = [v for t in fig.data if (getattr(t, f"{name[0]}axis", None) or name[0]) == ref
+                      for v in _values(getattr(t, name[0], None))]
+            if not values:
+                continue
+            lo, hi = math.log10(min(values)), math.log10(max(values))
+        if hi - lo >= 1:
+            ax.update(dtick=max(1, math.ceil((hi - lo) / 8)), minor={"ticks": "outside", "ticklen": 3})
+    return fig
+
+
+def legend_outside(fig: go.Figure) -> go.Figure:
+    """The legend at the right of the plot area, outside it (plotly widens the margin to fit): never
+    over bars or their category labels below the axis. Returns ``fig``."""
+    fig.update_layout(legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"})
+    return fig
 
 
 def wrap(text: str, width: int = 80) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import _with_note
+from .common import _with_note, log_axes
 
 COMP_COLORS = {"none": "#4C78A8", "fp16": "#72B7B2", "bf16": "#B279A2", "topk": "#F58518",
                "randomk": "#9D755D", "qsgd": "#EECA3B", "sign": "#E45756", "sign-allreduce": "#E45756",
@@ -35,7 +35,7 @@ def loss_curves(runs: dict, note: str | None = None) -> go.Figure:
     fig.update_layout(height=440, title=_with_note("Compressed vs uncompressed gradients (dotted: "
                                                    "without error feedback)", note),
                       legend={"orientation": "h", "y": -0.3}, margin={"t": 90})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def wire_bytes(rows: list[dict]) -> go.Figure:
@@ -53,7 +53,7 @@ def wire_bytes(rows: list[dict]) -> go.Figure:
     fig.update_layout(height=400, title="Bytes that really crossed per step (label: compression ratio "
                                         "against the fp32 ring)",
                       margin={"t": 60}, legend={"orientation": "h", "y": -0.3})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def bytes_vs_ranks(counted: dict, lines: dict, baselines: dict, stars: list,
@@ -84,7 +84,7 @@ def bytes_vs_ranks(counted: dict, lines: dict, baselines: dict, stars: list,
                       title=_with_note("Bytes per rank as ranks are added<br><sup>all-gathered: (N−1)·"
                                        "payload; all-reduced: 2(N−1)/N·payload; ★ where an all-gathered "
                                        "one stops saving against the fp32 ring, ☆ the bf16 ring</sup>", note))
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def bandwidth_sweep(panels: dict, latency_us: float, note: str | None = None) -> go.Figure:
@@ -110,7 +110,7 @@ def bandwidth_sweep(panels: dict, latency_us: float, note: str | None = None) ->
     fig.update_layout(height=480, margin={"t": 110}, legend={"orientation": "h", "y": -0.3},
                       title=_with_note(f"Time per step on an emulated link ({latency_us:g} µs per "
                                        "message): when compression pays", note))
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def time_to_target(rows: list[dict], target: float, latency_us: float, world_size: int) -> go.Figure:
@@ -127,4 +127,4 @@ def time_to_target(rows: list[dict], target: float, latency_us: float, world_siz
     fig.update_layout(height=420, margin={"t": 80}, legend={"orientation": "h", "y": -0.3},
                       title=f"Time to a training loss of {target:g}: steps it took (section 3) × time per "
                             f"step measured on the emulated link ({latency_us:g} µs, {world_size} ranks)")
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks

@@ -5,6 +5,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .common import log_axes
+
 COLORS = {"fp32": "#4C78A8", "bf16": "#F58518", "fp8": "#54A24B", "fp8 unscaled": "#E45756"}
 
 
@@ -26,7 +28,7 @@ def grids(values: dict) -> go.Figure:
         showlegend=False,
         margin={"t": 50},
     )
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def outlier_sweep(rows: list[dict]) -> go.Figure:
@@ -44,7 +46,7 @@ def outlier_sweep(rows: list[dict]) -> go.Figure:
         "outliers push the bulk into the subnormals",
         margin={"t": 50},
     )
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def losses(runs: dict, title: str) -> go.Figure:

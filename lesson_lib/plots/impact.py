@@ -8,7 +8,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, _with_note, level, wrap
+from .common import COLORS, _with_note, level, log_axes, wrap
 
 NO_FIT = "#BAB0AC"
 FITS = "#4C78A8"
@@ -85,7 +85,7 @@ def talk_chart(by_overlap: dict, title: str, assumptions: list[str]) -> go.Figur
     # below the rotated milestone names, whatever the plot's height (a shift in pixels, not paper units)
     fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=0, yshift=-185, showarrow=False,
                        align="left", xanchor="left", yanchor="top", font={"size": 10})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def dashboard(records: list[dict], target: float, note: str | None = None) -> go.Figure:

@@ -7,7 +7,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import _with_note, level
+from .common import _with_note, level, log_axes
 
 OPT_COLORS = {"sgd": "#E45756", "adam": "#4C78A8", "lars": "#F58518", "lamb": "#54A24B"}
 _DASHES = ["solid", "dash", "dot", "dashdot", "longdash"]
@@ -33,7 +33,7 @@ def curves(results: dict, note: str | None = None) -> go.Figure:
     fig.update_xaxes(title_text="seconds (slowest rank, summed over steps)", row=1, col=2)
     fig.update_layout(height=420, title=_with_note("Same budget of samples, growing batch", note),
                       legend={"orientation": "h", "y": -0.25}, margin={"t": 90})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def quality_vs_batch(rows: list[dict], base_batch: int, b_simple: float | None = None) -> go.Figure:
@@ -58,7 +58,7 @@ def quality_vs_batch(rows: list[dict], base_batch: int, b_simple: float | None =
     fig.update_yaxes(title_text="held-out accuracy", range=[0, 1])
     fig.update_layout(height=380, title="Quality at a fixed budget of samples, as the batch grows",
                       margin={"t": 60})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def trust_heatmap(ratios: list[list[float]], title: str) -> go.Figure:
@@ -89,7 +89,7 @@ def epoch_cost(rows: list[dict], note: str | None = None) -> go.Figure:
     fig.update_yaxes(type="log")
     fig.update_layout(height=380, title=_with_note("What a bigger batch saves per epoch", note),
                       margin={"t": 90}, legend={"orientation": "h", "y": -0.25})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def noise_scale(evals: list[dict], batches=()) -> go.Figure:
@@ -104,7 +104,7 @@ def noise_scale(evals: list[dict], batches=()) -> go.Figure:
     fig.update_xaxes(title_text="epoch of LAMB's B₀ run")
     fig.update_layout(height=360, title="The simple noise scale grows as the loss falls", margin={"t": 60},
                       legend={"orientation": "h", "y": -0.25})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def accumulation(rows: list[dict]) -> go.Figure:
@@ -151,4 +151,4 @@ def race(rows: list[dict], batch: int, small_batch_accuracy: float | None = None
     fig.update_layout(height=400, margin={"t": 60},
                       title=f"The same tuning budget for every optimizer at B = {batch:,}: "
                             "○ square-root rule, □ linear, ✕ diverged")
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks

@@ -7,7 +7,7 @@ import time
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, _annotate, wrap
+from .common import COLORS, _annotate, log_axes, wrap
 
 # "weight": the weight-gradient half of a split backward (zero-bubble schedules; "backward" is then B)
 PIPE_COLORS = {"forward": "#4C78A8", "backward": "#54A24B", "weight": "#B279A2", "send": "#F58518",
@@ -151,7 +151,7 @@ def bubble_vs_microbatches(rows: list[dict], title: str, note: str | None = None
     fig.update_yaxes(title="bubble: idle share of each stage's time", tickformat=".0%", rangemode="tozero")
     fig.update_layout(title=title, height=480)
     _annotate(fig, note)
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def bubble_causes(rows: list[dict], title: str, note: str | None = None) -> go.Figure:
@@ -188,7 +188,7 @@ def activation_peaks(rows: list[dict], title: str) -> go.Figure:
                      tickvals=sorted({r["microbatches"] for r in rows}))
     fig.update_yaxes(title="peak activation memory (MB, saved tensors)")
     fig.update_layout(title=title, height=420)
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def stage_params(rows: list[dict], unsplit_bytes: int, title: str) -> go.Figure:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .common import COLORS, wrap
+from .common import COLORS, log_axes, wrap
 
 
 def goodput_curve(rows: list[dict], marks: dict[str, float], title: str) -> go.Figure:
@@ -19,7 +19,7 @@ def goodput_curve(rows: list[dict], marks: dict[str, float], title: str) -> go.F
                         marker={"size": 11, "color": COLORS["comm"] if i else "#E45756"})
     fig.update_layout(title=wrap(title, 80), xaxis_title="checkpoint interval τ (minutes, log)",
                       xaxis_type="log", yaxis_title="useful time / wall time", height=420, margin={"t": 90})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def replica_steps(runs: dict[str, dict], title: str) -> go.Figure:
@@ -33,7 +33,7 @@ def replica_steps(runs: dict[str, dict], title: str) -> go.Figure:
     fig.update_layout(title=wrap(title, 80), xaxis_title="seconds since the replica's first step",
                       yaxis_title="the step's wall time (ms, log)", yaxis_type="log", height=420,
                       margin={"t": 90}, legend={"orientation": "h", "y": -0.2})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def diloco_quality(rows: list[dict], title: str) -> go.Figure:
@@ -44,7 +44,7 @@ def diloco_quality(rows: list[dict], title: str) -> go.Figure:
                     marker={"size": 12, "color": COLORS["comm"]}, showlegend=False)
     fig.update_layout(title=wrap(title, 80), xaxis_title="floats each replica sent (log)", xaxis_type="log",
                       yaxis_title="held-out loss after the same tokens", height=420, margin={"t": 90})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def time_to_target(curves: dict[str, list], target: float, title: str, note: str) -> go.Figure:
@@ -54,10 +54,10 @@ def time_to_target(curves: dict[str, list], target: float, title: str, note: str
         fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], name=name, mode="lines",
                         line={"color": [COLORS["compute"], COLORS["comm"], COLORS["busy"]][i % 3]})
     fig.add_hline(y=target, line={"dash": "dot", "color": "#E45756"}, annotation_text="target loss")
-    fig.add_annotation(text=wrap(note, 90), xref="paper", yref="paper", x=0, y=-0.32, showarrow=False,
-                       align="left")
+    fig.add_annotation(text=wrap(note, 90), xref="paper", yref="paper", x=0, y=-0.24, yanchor="top",
+                       showarrow=False, align="left")  # hung below the axis title, not over it
     fig.update_layout(title=wrap(title, 80), xaxis_title="wall seconds on the emulated link",
-                      yaxis_title="held-out loss", height=470, margin={"t": 90, "b": 140})
+                      yaxis_title="held-out loss", height=490, margin={"t": 90, "b": 150})
     return fig
 
 
@@ -70,4 +70,4 @@ def internet_scale(rows: list[dict], title: str, note: str) -> go.Figure:
                        align="left")
     fig.update_layout(title=wrap(title, 80), yaxis_title="times fewer bytes than data parallel (log)",
                       yaxis_type="log", height=480, margin={"t": 90, "b": 170})
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..results import RankResult
-from .common import COLORS, _annotate, oversubscription_note
+from .common import COLORS, _annotate, log_axes, oversubscription_note
 
 
 def model_growth(rows: list[dict]) -> go.Figure:
@@ -18,7 +18,7 @@ def model_growth(rows: list[dict]) -> go.Figure:
     fig.update_yaxes(type="log", title="parameters")
     fig.update_xaxes(title="year", dtick=1)
     fig.update_layout(title="Model size 2012–2021 (sources in data/model_sizes.csv)", height=420)
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def time_split(results: dict, title: str = "Where a step's time goes") -> go.Figure:
@@ -123,7 +123,7 @@ def comm_vs_size(rows: list[dict], title: str = "Communication grows with the mo
     fig.update_xaxes(type="log", title="parameters")
     fig.update_yaxes(type="log")
     fig.update_layout(title=title, height=380)
-    return fig
+    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
 def comm_share(rows: list[dict], title: str = "Share of the step spent communicating") -> go.Figure:

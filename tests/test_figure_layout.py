@@ -1,0 +1,104 @@
+"""Figures the chapters build read cleanly: log axes labelled at the decades only (no crowded "2" and
+"5" labels between them), legends outside the plot area and clear of the bar labels, and an empty
+live figure or explorer saying why it is empty. Built from small inputs, without starting workers."""
+
+import math
+
+import plotly.graph_objects as go
+import pytest
+
+from lesson_lib import plots
+from lesson_lib.chapters import ch05
+from lesson_lib.data import read_csv
+from lesson_lib.plots.common import log_axes
+
+
+def _axes(fig):
+    return [(k, fig.layout[k]) for k in fig.layout.to_plotly_json() if k[0] in "xy" and k[1:5] == "axis"]
+
+
+def _decades(fig, key) -> float:
+    ref = key[0] + key[5:]
+    values = [v for t in fig.data if (getattr(t, f"{key[0]}axis", None) or key[0]) == ref
+              for v in (getattr(t, key[0], None) or ()) if isinstance(v, (int, float)) and v > 0]
+    return math.log10(max(values) / min(values)) if values else 0.0
+
+
+def _problems(name: str, fig: go.Figure) -> list[str]:
+    out = []
+    for key, ax in _axes(fig):
+        if ax.type == "log" and ax.tickvals is None and _decades(fig, key) >= 1 and \
+                not (isinstance(ax.dtick, (int, float)) and ax.dtick >= 1):
+            out.append(f"{name}: {key} spans {_decades(fig, key):.1f} decades with plotly's minor labels "
+                       f"(dtick {ax.dtick!r})")
+    shown = [t for t in fig.data if t.showlegend is not False and t.name]
+    if len(shown) > 1 and fig.layout.showlegend is not False:
+        lg = fig.layout.legend
+        h = lg.orientation == "h"  # plotly's defaults: a vertical legend at the right, a horizontal one below
+        x = lg.x if lg.x is not None else 0 if h else 1.02
+        y = lg.y if lg.y is not None else -0.1 if h else 1
+        categories = any(isinstance(v, str) for t in fig.data for v in (getattr(t, "x", None) or ()))
+        outside = x >= 1 or y >= 1 or lg.yref == "container" or (y < 0 and h and not categories)
+        if not outside:
+            out.append(f"{name}: the legend at x={x}, y={y} overlaps the plot area or its bar labels")
+    return out
+
+
+def _chapter_figures():
+    """Figures as the chapters build them, from small inputs of the same shape."""
+    p = plots
+    labels = ["t = 2, forward", "dp 2 × pp 1 × tp 2 + SP: tensor-parallel all-reduce",
+              "unsharded (one process)"]
+    yield "ch0 model growth", p.training.model_growth(read_csv("model_sizes.csv"))
+    yield "ch8 bytes", p.parallelism.bytes_vs_formula(
+        [{"label": s, "counted": 1e4 * (i + 1), "formula": 1e4 * (i + 1)} for i, s in enumerate(labels)], "t")
+    yield "ch8 memory", p.parallelism.memory_per_rank(
+        [{"label": s, "params": 1e6, "block_activations": 2e6, "measured_peak": 3.5e6} for s in labels], "t")
+    yield "ch8 experts", p.parallelism.expert_load([[3, 5, 1, 7], [4, 4, 2, 6]], 6, "t")
+    yield "ch10 goodput", p.resilience.goodput_curve(
+        [{"tau_s": 60 * t, "goodput": 1 - 1 / (t + 2)} for t in (0.5, 1, 3, 10, 30, 100, 300)],
+        {"optimal": (600.0, 0.9), "hourly": (3600.0, 0.85)}, "t")
+    yield "ch10 replica steps", p.resilience.replica_steps(
+        {"a": [{"step": i, "t": 0.1 * i + 0.1, "s": 0.1 * (1 + 50 * (i == 3))} for i in range(8)],
+         "b": [{"step": i, "t": 0.1 * i + 0.1, "s": 0.12} for i in range(8)]}, "t")
+
+
+@pytest.mark.parametrize("name, fig", list(_chapter_figures()), ids=lambda v: v if isinstance(v, str) else "")
+def test_log_axes_label_the_decades_and_legends_sit_outside_the_plot(name, fig):
+    assert not _problems(name, fig)
+
+
+def test_chapter_8s_bar_labels_are_broken_into_lines_not_turned_sideways():
+    fig = dict(_chapter_figures())["ch8 bytes"]
+    assert all(len(line) <= 16 for label in fig.data[0].x for line in label.split("<br>"))
+    assert fig.layout.xaxis.tickangle == 0 and fig.layout.xaxis.automargin is True
+    assert fig.layout.legend.x > 1 and fig.layout.legend.xanchor == "left"
+
+
+def test_a_log_axis_spanning_less_than_a_decade_or_ticked_by_hand_keeps_its_labels():
+    fig = go.Figure([go.Scatter(x=[2, 3, 7], y=[1, 10, 1e5]), go.Scatter(x=[1, 2], y=[1, 2], xaxis="x2")])
+    fig.update_layout(xaxis={"type": "log"}, yaxis={"type": "log"},
+                      xaxis2={"type": "log", "tickvals": [1, 2], "overlaying": "x"})
+    log_axes(fig)
+    assert fig.layout.xaxis.dtick is None  # 2–7: plotly's own labels are its only ones
+    assert fig.layout.yaxis.dtick == 1 and fig.layout.yaxis.minor.ticks == "outside"  # five decades
+    assert fig.layout.xaxis2.dtick is None  # ticks chosen by hand
+    wide = log_axes(go.Figure(go.Scatter(x=[1, 2], y=[1e-3, 1e12])).update_yaxes(type="log"))
+    assert wide.layout.yaxis.dtick == 2  # fifteen decades: every second one labelled
+    ranged = log_axes(go.Figure(go.Scatter(x=[1], y=[5])).update_yaxes(type="log", range=[0, 3]))
+    assert ranged.layout.yaxis.dtick == 1  # a range set by hand: its three decades
+
+
+def test_a_live_figure_says_it_waits_for_the_first_step_until_one_is_drawn():
+    live = plots.common.LiveRuns("t")
+    assert "waiting for the first step" in live.waiting.text
+    cb = live.track("a", 2, 1)
+    for s in range(2):
+        cb({"kind": "step", "step": s, "rank": 0, "wall_s": 0.01, "busy_s": 0.008, "loss": 1.0})
+    assert live.waiting.text == ""
+
+
+def test_an_explorer_says_what_to_press_before_its_first_run():
+    out = ch05.explorer().children[-1]
+    [first] = out.outputs
+    assert first["data"]["text/plain"].startswith("Press Train")
