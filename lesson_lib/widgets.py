@@ -7,6 +7,7 @@ from typing import Callable
 import ipywidgets as W
 
 from .costmodel import PRECISIONS, accelerators, devices_needed, memory_bill
+from .runtime.output import notice_scope, reserve
 
 
 def memory_calculator(params: float = 1.5e9, precision: str = "mixed-precision Adam") -> W.VBox:
@@ -50,9 +51,15 @@ def run_button(description: str, controls: dict[str, W.Widget], action: Callable
         if hasattr(w, "style") and hasattr(w.style, "description_width"):
             w.style.description_width = f"{max(longest, 8) + 1}ch"
 
+    # before the first click, a line where the run's figures will be, not an empty area
+    out.outputs = ({"output_type": "display_data", "metadata": {},
+                    "data": {"text/plain": f"Press {description}: each click runs on real ranks; its figures "
+                                           "appear here."}},)
+
     def click(_):
         out.clear_output(wait=True)
-        with out:
+        with out, notice_scope(object()):
+            reserve()  # the clusters' banners above the figures this run shows, not among them
             action(**{k: w.value for k, w in controls.items()})
 
     button.on_click(click)

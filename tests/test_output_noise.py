@@ -138,3 +138,67 @@ def test_a_warning_from_every_rank_is_shown_once_per_kernel(clusters, capfd):
     err = capfd.readouterr().err
     assert err.count("FutureWarning: this collective is deprecated") == 1, err
     assert "[rank" not in err.split("this collective is deprecated")[0].splitlines()[-1], err
+
+
+def _says_hello():
+    print(f"hello from {dist.get_rank()}")
+    return dist.get_rank()
+
+
+def test_a_verdict_follows_the_banners_of_the_clusters_its_checker_started_whole(capsys):
+    # catches: each cluster's banner printed where it started, among the ranks' output of the
+    # checker's cases, instead of once, together, ahead of the verdict
+    from lesson_lib.runtime import Cluster
+
+    def check(answer):
+        for n in (2, 1):  # two cases, each on a cluster started for it
+            with Cluster(n) as c:
+                c.run(_says_hello)
+        return Verdict(False, "the first line of the verdict\nand its second line")
+
+    ex = Exercise(key="k", title="T", prompt="p", check=check, hint="h", solution="s")
+    assert not ex.submit(1)
+    lines = capsys.readouterr().out.strip().splitlines()
+    banners = [i for i, line in enumerate(lines) if line.startswith("lesson_lib: ")]
+    verdict = lines.index("[T] ✗ not yet — the first line of the verdict")
+    assert lines[verdict:] == ["[T] ✗ not yet — the first line of the verdict", "and its second line"]
+    assert [lines[i].split(" — ")[0] for i in banners] == ["lesson_lib: 2 rank(s)", "lesson_lib: 1 rank(s)"]
+    said = lines[banners[0]:verdict]  # the banners (a warning line may follow one), then the verdict
+    assert all(line.startswith(("lesson_lib: ", "  warning: ")) for line in said), lines
+    assert sum(line.startswith("[rank ") for line in lines[:banners[0]]) == 3, lines  # the ranks first
+
+
+def test_a_notice_is_said_once_per_cell(capsys, monkeypatch):
+    from lesson_lib.runtime import output
+
+    cell = ["cell", 1]
+    monkeypatch.setattr(output, "_scope", lambda: tuple(cell))
+    for _ in range(2):
+        output.notice("lesson_lib: 2 rank(s) — Gloo on CPU")
+    cell[1] = 2
+    output.notice("lesson_lib: 2 rank(s) — Gloo on CPU")
+    assert capsys.readouterr().out.count("lesson_lib: 2 rank(s)") == 2  # once in each cell
+
+
+def test_in_a_notebook_notices_go_to_the_place_kept_ahead_of_the_figure(capsys, monkeypatch):
+    # catches: a banner printed between a live plot and its caption, when the runs it shows start a
+    # cluster after the plot is on screen
+    from lesson_lib.runtime import output
+
+    shown = []
+
+    class Handle:
+        def update(self, obj, **kwargs):
+            shown.append(obj["text/plain"])
+
+    monkeypatch.setattr(output, "_shell", lambda: object())
+    monkeypatch.setattr(output, "_scope", lambda: ("cell", 7))
+    monkeypatch.setattr(output, "_NOTICES", {"said": set(), "held": None, "block": None, "scope": None})
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: Handle())
+    output.reserve()  # the live plot is about to be shown
+    print("the figure, then its caption")
+    output.notice("lesson_lib: 4 rank(s) — Gloo on CPU\n  warning: 4 ranks on 2 CPU cores")
+    output.notice("lesson_lib: 2 rank(s) — Gloo on CPU")
+    assert capsys.readouterr().out == "the figure, then its caption\n"
+    assert shown[-1] == ("lesson_lib: 4 rank(s) — Gloo on CPU\n  warning: 4 ranks on 2 CPU cores\n"
+                         "lesson_lib: 2 rank(s) — Gloo on CPU")

@@ -16,6 +16,7 @@ from .. import plots
 from ..milestones import large_batch as lb
 from ..milestones import large_batch_race as lbr
 from ..runtime import warm_cluster
+from ..runtime.output import notice_scope, reserve
 
 # The race's last result, shown until its button is pressed; a source checkout's benchmarks/records.
 RECORD = Path(__file__).resolve().parents[2] / "benchmarks" / "records" / "ch05-race.json"
@@ -115,7 +116,8 @@ def recorded(grid_runs: dict | None = None, path: Path = RECORD) -> dict:
 
     def click(_):
         out.clear_output(wait=True)
-        with out:
+        with out, notice_scope(object()):
+            reserve()  # the clusters' banners above the race's figure, not among its lines
             race(grid_runs, fair["batch"], fair["preset"])
 
     button.on_click(click)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..runtime.output import held
 from .answers import AnswerError
 from .verdict import Verdict
 
@@ -31,7 +32,8 @@ class Exercise:
     def submit(self, answer: Any) -> Verdict:
         """Check ``answer``, print the verdict and return it (``self.passed`` keeps it). An answer still
         holding the template's ``...`` is "not answered yet", so Run All goes through open exercises."""
-        verdict = assess(self.check, answer)
+        with held():  # a cluster's banner said before the verdict, never among its lines
+            verdict = assess(self.check, answer)
         if verdict is None:
             return self._not_yet()
         print(f"[{self.title}] {'✓ correct' if verdict.ok else '✗ not yet'} — {verdict.message}")

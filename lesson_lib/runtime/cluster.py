@@ -77,9 +77,9 @@ class Cluster:
         self.start_seconds = float("nan")
         note = (f"{world_size} ranks on {cpu_count()} CPU cores: ranks time-share the cores, so "
                 "wall-clock times stretch; compare each rank's busy (CPU) time where a figure shows it")
-        if not quiet:
-            print(f"lesson_lib: {world_size} rank(s) — {self.placement.reason}"
-                  + (f"\n  warning: {note}" if self.oversubscribed else ""))
+        if not quiet:  # once per cell, never inside a figure or a verdict (output.notice)
+            output.notice(f"lesson_lib: {world_size} rank(s) — {self.placement.reason}"
+                          + (f"\n  warning: {note}" if self.oversubscribed else ""))
         elif self.oversubscribed:
             warnings.warn(note, RuntimeWarning, stacklevel=2)
         if start:
@@ -212,7 +212,8 @@ class Cluster:
             self.close()  # those workers are exiting; the next run starts fresh ones
             for why in dict.fromkeys(w for w in broken.values() if w):
                 ranks = [r for r, w in broken.items() if w == why]
-                print(f"lesson_lib: {_ranks(ranks)}: {why}; the workers were replaced for the next run")
+                output.notice(f"lesson_lib: {_ranks(ranks)}: {why}; the workers were replaced for the "
+                              "next run")
         return [value for value, _ in done]
 
     def _collect_or_stop(self, what: str, *args, **kwargs) -> list:

@@ -4,6 +4,10 @@ A worker's ``sys.stdout``/``sys.stderr`` send whole lines to the parent, which p
 ``[rank 1] ...`` before the run returns (the raw file descriptor would arrive late and unmarked).
 Output below Python goes to a file per rank (:func:`redirect_native`), relayed after each job and
 quoted in the error when a rank dies.
+
+The runtime's own notices (a cluster's banner, the warning that ranks share the cores, workers
+replaced) go through :func:`notice`: once per cell, whole, and never between the parts of a figure or
+a verdict (:func:`held`, :func:`reserve`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import os
 import re
 import sys
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from .messages import Kind, Message
 
@@ -138,3 +143,93 @@ class StartProgress:
         if self.shown:  # padded, or the tail of a longer progress line (its ")") would stay on screen
             line = f"lesson_lib: {self.n} ranks started in {time.monotonic() - self.t0:.0f} s"
             print(f"\r{line.ljust(self.width)}")
+
+
+# --------------------------------------------------------------------------- the runtime's notices
+
+_NOTICES: dict = {"said": set(), "held": None, "block": None, "scope": None}
+
+
+def _shell():
+    """The IPython kernel's shell when running in a notebook, else None (a script, the tests)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
+
+
+def _scope() -> Any:
+    """Where "once" counts: a widget's click (:func:`notice_scope`), else the notebook cell running;
+    None outside a notebook (a script says each notice where it happens)."""
+    if _NOTICES["scope"] is not None:
+        return _NOTICES["scope"]
+    shell = _shell()
+    return None if shell is None else ("cell", shell.execution_count)
+
+
+def _emit(text: str) -> None:
+    block = _NOTICES["block"]
+    if block is not None and block["scope"] == _scope() and block["scope"] is not None:
+        block["lines"].append(text)  # the cell's block, placed ahead of its figure: said there
+        block["handle"].update({"text/plain": "\n".join(block["lines"])}, raw=True)
+        return
+    sys.stdout.write(text + "\n")  # one write: nothing lands between its lines
+    sys.stdout.flush()
+
+
+def notice(text: str) -> None:
+    """A runtime notice: said once per cell (or widget click), in one piece; inside :func:`held`,
+    kept until the block ends; in a cell with a place kept by :func:`reserve`, said there, ahead of
+    the figure that followed."""
+    text = text.rstrip("\n")
+    scope = _scope()
+    if scope is not None:
+        if (scope, text) in _NOTICES["said"]:
+            return
+        _NOTICES["said"].add((scope, text))
+    if _NOTICES["held"] is not None:
+        _NOTICES["held"].append(text)
+        return
+    _emit(text)
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Around a checker: notices raised while it runs (a cluster started for one of its cases) are
+    kept and said together as it ends, so that the verdict printed next follows them whole instead
+    of being preceded by banners scattered among the ranks' output. Nested blocks hold for the
+    outermost."""
+    if _NOTICES["held"] is not None:
+        yield
+        return
+    _NOTICES["held"] = []
+    try:
+        yield
+    finally:
+        kept, _NOTICES["held"] = _NOTICES["held"], None
+        for text in dict.fromkeys(kept):
+            _emit(text)
+
+
+def reserve() -> None:
+    """In a notebook, before showing a figure that runs will feed (a live plot, an explorer's
+    output): an empty output placed now, where this cell's later notices are said, ahead of the
+    figure instead of between it and its caption. Elsewhere, nothing."""
+    shell, scope = _shell(), _scope()
+    block = _NOTICES["block"]
+    if shell is None or (block is not None and block["scope"] == scope):
+        return
+    from IPython.display import display
+
+    handle = display({"text/plain": ""}, raw=True, display_id=True)
+    _NOTICES["block"] = {"scope": scope, "handle": handle, "lines": []}
+
+
+@contextmanager
+def notice_scope(key: Any) -> Iterator[None]:
+    """A widget's click: its own "once", and its own reserved place, apart from the cell it sits in."""
+    outer, outer_block = _NOTICES["scope"], _NOTICES["block"]
+    _NOTICES["scope"] = ("widget", key)
+    try:
+        yield
+    finally:
+        _NOTICES["scope"], _NOTICES["block"] = outer, outer_block
