@@ -109,9 +109,115 @@ def g_differentiable_all_reduce(x):  # torch's differentiable all_reduce also al
     return dnn.all_reduce(x)
 
 
-@pytest.mark.parametrize("answer", [GImported, g_as_function], ids=["imported-by-name", "function"])
+class GFunctional(torch.autograd.Function):  # a right answer: a functional collective, waited for
+    @staticmethod
+    def forward(ctx, x):
+        import torch.distributed._functional_collectives as funcol
+
+        return funcol.all_reduce(x, "sum", dist.group.WORLD).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GCourseRing(torch.autograd.Function):  # a right answer: chapter 2's ring all-reduce, in place
+    @staticmethod
+    def forward(ctx, x):
+        from lesson_lib import comm
+
+        out = x.clone()
+        comm.ring_all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GAsyncWaited(torch.autograd.Function):  # a right answer: async_op=True, waited for at once
+    @staticmethod
+    def forward(ctx, x):
+        out = x.clone()
+        dist.all_reduce(out, async_op=True).wait()
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GExtraAllReduce(torch.autograd.Function):  # right numbers, and an all-reduce thrown away
+    @staticmethod
+    def forward(ctx, x):
+        dist.all_reduce(x.clone())  # its result is never used: the bytes are sent for nothing
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GExtraAfter(torch.autograd.Function):  # right numbers; the sum all-reduced again, result dropped
+    @staticmethod
+    def forward(ctx, x):
+        out = x.clone()
+        dist.all_reduce(out)
+        dist.all_reduce(out.clone())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GExtraBroadcast(torch.autograd.Function):  # right numbers, a pointless broadcast of the sum
+    @staticmethod
+    def forward(ctx, x):
+        out = x.clone()
+        dist.all_reduce(out)
+        dist.broadcast(out, src=0)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GGatherThenSum(torch.autograd.Function):  # right numbers; every partial sum handed to every rank
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return torch.stack(parts).sum(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GChunked(torch.autograd.Function):  # right: the sum in two all-reduces of halves, same bytes
+    @staticmethod
+    def forward(ctx, x):
+        out = x.clone()
+        for half in out.chunk(2):
+            dist.all_reduce(half)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+@pytest.mark.parametrize("answer", [GImported, g_as_function, GFunctional, GCourseRing, GAsyncWaited,
+                                    GChunked],
+                         ids=["imported-by-name", "function", "functional", "course-ring", "async-waited",
+                              "chunked-same-bytes"])
 def test_g_accepts_other_right_forms(answer):
-    assert EX["g"].submit(answer)
+    v = EX["g"].submit(answer)
+    assert v, v.message
 
 
 @pytest.mark.parametrize("answer, says", [
@@ -120,7 +226,12 @@ def test_g_accepts_other_right_forms(answer):
     (GNoReduce, "partial sum"),
     (GAverages, "not averages"),
     (GBackwardDividedBack, "backward is the identity"),
-], ids=["all-reduce-backward", "torch-differentiable", "no-reduce", "averages", "backward-communicates"])
+    (GExtraAllReduce, "an extra all-reduce"),
+    (GExtraAfter, "an extra all-reduce"),
+    (GExtraBroadcast, "broadcast"),
+    (GGatherThenSum, "all-gather hands every rank"),
+], ids=["all-reduce-backward", "torch-differentiable", "no-reduce", "averages", "backward-communicates",
+        "extra-all-reduce", "extra-all-reduce-after", "extra-broadcast", "all-gather-then-sum"])
 def test_g_rejects_wrong_answers_saying_why(answer, says):
     v = EX["g"].submit(answer)
     assert not v and says in v.message, v.message

@@ -52,8 +52,9 @@ def g_job(fn, seed: int) -> dict:
     x, w, c = _g_case(seed, n)
     cols = slice(r * G_IN, (r + 1) * G_IN)
     x_r, w_r = x[:, cols].clone().requires_grad_(), w[:, cols].clone().requires_grad_()
+    part = x_r @ w_r.t()
     with observe() as log:
-        y = _apply(fn)(x_r @ w_r.t())
+        y = _apply(fn)(part)
         if not isinstance(y, torch.Tensor):
             return {"error": f"g returned a {type(y).__name__}, not a tensor"}
         log.mark("backward")
@@ -63,7 +64,8 @@ def g_job(fn, seed: int) -> dict:
     grads = [None if t.grad is None else t.grad.clone() for t in (x_r, w_r)]
     return {"y": y.detach().clone(), "x_grad": grads[0], "w_grad": grads[1], "cols": (cols.start, cols.stop),
             "forward": [cl for cl in log.as_data()["calls"] if cl["start"] < at],
-            "backward": [cl for cl in log.as_data()["calls"] if cl["start"] >= at], "seed": seed}
+            "backward": [cl for cl in log.as_data()["calls"] if cl["start"] >= at], "seed": seed,
+            "part_bytes": part.numel() * part.element_size()}
 
 
 def _g_forward(outs: list[dict]) -> str | None:
@@ -106,12 +108,32 @@ def _g_backward(outs: list[dict]) -> str | None:
 
 
 def _g_traffic(outs: list[dict]) -> str | None:
+    """What g must send, counted from the calls each rank made: one all-reduce of its partial sum
+    forward (calls and bytes), nothing backward."""
     for r, o in enumerate(outs):
-        if not o["forward"]:
+        fwd, part = o["forward"], o["part_bytes"]
+        if not fwd:
             return f"rank {r} made no communication in the forward"
         if o["backward"]:
             return (f"rank {r}'s backward ran {summary(o['backward'])}: g's backward is the identity "
                     "(its conjugate f all-reduces in the backward)")
+        reduces = [c for c in fwd if c["op"] == "all_reduce"]
+        others = [c for c in fwd if c["op"] != "all_reduce"]
+        need = f"g's forward is one all-reduce of the partial sum ({part:,} bytes)"
+        if not reduces:
+            gathered = " (an all-gather hands every rank all N partial sums to add up itself)" \
+                if any(c["op"] == "all_gather" for c in fwd) else ""
+            return f"rank {r}'s forward ran {summary(fwd)}: {need}; use dist.all_reduce{gathered}"
+        if others:
+            return (f"rank {r}'s forward ran {summary(fwd)}: {need} and nothing else; the {summary(others)} "
+                    "sends what the layer does not need (after the all-reduce every rank holds the sum)")
+        sent = sum(c["bytes"] for c in reduces)
+        if sent > part:
+            extra = len(reduces) - 1
+            return (f"rank {r}'s forward ran {summary(fwd)}: {need}, so this is an extra all-reduce"
+                    f"{'' if extra == 1 else f' ({extra} extra calls)'}: {sent - part:,} bytes more whose "
+                    "result the layer never uses, paid for in time on every rank. Remove it")
+        # (the sum cut into several all-reduces sends the same bytes: right, if slower by latency)
 
 
 def check_g(fn) -> Verdict:
@@ -123,7 +145,8 @@ def check_g(fn) -> Verdict:
     return judge(cases, [
         Property("every rank's output is the whole layer's x·Wᵀ", _g_forward),
         Property("every rank's gradients are the whole layer's, sliced", _g_backward),
-        Property("communication only in the forward", _g_traffic)],
+        Property("one all-reduce of the partial sum in the forward, no communication in the backward",
+                 _g_traffic)],
         done="f is its mirror image: identity forward, all-reduce backward.")
 
 
