@@ -514,6 +514,24 @@ def test_crossover_judges_numbers_to_their_precision_and_formulas_as_formulas():
         assert not v and says in v.message, (wrong, v.message)
 
 
+@pytest.mark.parametrize("factor, says", [
+    (1e9, "bit/s where Gbit/s was asked"), (1e-9, "divided by 10⁹ once too often"),
+    (1e9 / 8, "bytes per second"), (8e9, "bit/s where Gbit/s was asked"),
+    (1 / 8e9, "GB/s, not Gbit/s"), (8e-9, "divided by 10⁹ once too often"),
+    (8, "bytes or bits?"), (1 / 8, "bytes or bits?"),
+], ids=["bit/s", "divided-twice", "byte/s", "bit/s-x8", "GB/s-divided-twice", "x8-divided-twice", "x8",
+        "GB/s"])
+def test_crossover_names_a_bandwidth_off_by_a_unit(factor, says):
+    # a bandwidth in bit/s for Gbit/s (10⁹ off), bytes for bits (8 off) or both: each named in the verdict
+    c = CROSSOVER_CASE
+    want = exercises()["crossover"].reference()
+    for answer in (want * factor, f"{want * factor:.4g}"):
+        v = _check_crossover(answer, c, run_check=False)
+        assert not v and says in v.message, (factor, v.message)
+    v = _check_crossover(lambda case: _crossover_formula(case) * factor, c, run_check=False)
+    assert not v and says in v.message, (factor, v.message)
+
+
 @pytest.mark.slow
 def test_crossover_exercise_runs_the_emulator(ex):
     verdict = ex["crossover"].submit(ex["crossover"].reference())

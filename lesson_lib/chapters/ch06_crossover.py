@@ -43,6 +43,32 @@ def _no_latency(c: dict) -> float:
     return 8 * (c["bytes_none"] - c["bytes_powersgd"]) / (c["compute_powersgd_s"] - c["compute_none_s"]) / 1e9
 
 
+# a bandwidth off by a unit: (factor, what it means), the factor being answer / the model's Gbit/s
+_BITS = "bytes or bits? A Gbit/s link moves 10⁹/8 bytes per second"
+_UNIT_SLIPS = (
+    (8, f"{_BITS}; yours is 8× the model's"),
+    (1 / 8, f"{_BITS}; yours is 1/8 of the model's: GB/s, not Gbit/s"),
+    (1e9, "bit/s or Gbit/s? yours is 10⁹× the model's: a bandwidth in bit/s where Gbit/s was asked "
+          "(divide by 10⁹)"),
+    (1e-9, "bit/s or Gbit/s? yours is 10⁻⁹ of the model's: divided by 10⁹ once too often, as if the "
+           "bandwidth were in bit/s when it is already in Gbit/s"),
+    (1e9 / 8, "bit/s or Gbit/s, and bytes or bits? yours is 10⁹/8× the model's: a bandwidth in bytes per "
+              "second where Gbit/s was asked (×8 for bits, then ÷10⁹)"),
+    (8e9, "bit/s or Gbit/s, and bytes or bits? yours is 8·10⁹× the model's: bit/s where Gbit/s was asked "
+          "(÷10⁹), with the bytes turned into bits twice (÷8)"),
+    (1 / 8e9, "bit/s or Gbit/s, and bytes or bits? yours is 1/(8·10⁹) of the model's: divided by 10⁹ "
+              "once too often and by 8 (GB/s, not Gbit/s)"),
+    (8e-9, "bit/s or Gbit/s, and bytes or bits? yours is 8·10⁻⁹ of the model's: divided by 10⁹ once "
+           "too often and ×8 once too often"),
+)
+
+
+def _unit_slip(got: float, want: float, rel_tol: float = 0.05) -> str | None:
+    """The unit mix-up that turns the model's ``want`` Gbit/s into ``got``: a factor of 8 (bytes
+    for bits), 10⁹ (bit/s for Gbit/s, or the reverse), or both; ``None`` if none does."""
+    return next((says for k, says in _UNIT_SLIPS if math.isclose(got, want * k, rel_tol=rel_tol)), None)
+
+
 def _variations(case: dict) -> list[dict]:
     """The case, and others in which each term matters more: a formula must hold for all of them."""
     return [case, {**case, "latency_s": case["latency_s"] * 10}, {**case, "messages_powersgd": 12},
@@ -58,8 +84,9 @@ def _check_formula(fn, case: dict) -> Verdict | None:
         except Exception as e:  # the learner's formula raised: say so, naming the case
             return Verdict(False, f"your formula raised {type(e).__name__}: {e} on {c}")
         if not math.isclose(got, want, rel_tol=1e-6):
+            unit = _unit_slip(got, want, rel_tol=1e-6)
             slip = (" — it leaves out PowerSGD's extra messages·α"
-                    if math.isclose(got, _no_latency(c), rel_tol=1e-6) else "")
+                    if math.isclose(got, _no_latency(c), rel_tol=1e-6) else f" — {unit}" if unit else "")
             return Verdict(False, f"on {c} your formula gives {got:.4g} Gbit/s, the model {want:.4g}{slip}")
     return None
 
@@ -81,8 +108,9 @@ def _check_crossover(answer, case: dict, run_check: bool = True) -> Verdict:
     slips = [_no_latency(c) for c in (case, _as_printed(case))]
     if not on_it or (any(math.isclose(g, s, rel_tol=0.003) for s in slips)
                      and not math.isclose(slips[0], want, rel_tol=0.01)):
-        if math.isclose(g, want / 8, rel_tol=0.05) or math.isclose(g, want * 8, rel_tol=0.05):
-            hint = "bytes or bits? A Gbit/s link moves 10⁹/8 bytes per second"
+        unit = next(filter(None, (_unit_slip(g, w) for w in wants)), None)
+        if unit:
+            hint = unit
         elif any(math.isclose(g, s, rel_tol=0.003) for s in slips):
             hint = "PowerSGD also sends more messages, and each pays the latency α"
         elif math.isclose(g, want, rel_tol=0.05):
@@ -90,7 +118,8 @@ def _check_crossover(answer, case: dict, run_check: bool = True) -> Verdict:
                     "(3 significant figures at least), with every term")
         else:
             hint = "set compute + messages·α + bytes/B equal for the two and solve for B"
-        return Verdict(False, f"{g:.3g} Gbit/s is not where the α-β model puts it ({hint})")
+        said = f"{g:.3g}" if unit else f"{g:.3g} Gbit/s"  # a unit slip: its number is not in Gbit/s
+        return Verdict(False, f"{said} is not where the α-β model puts it ({hint})")
     if not run_check:
         return Verdict(True, f"{g:.3g} Gbit/s")
     # the emulated link: both compressors just below and just above your answer
