@@ -16,10 +16,11 @@ from ..data import read_csv
 from ..experiments import Result, run_warm
 from ..milestones import data_parallel as dp
 from .ch00_exercises import exercises
+from .ch00_seeds import seeding
 
 __all__ = ["model_growth", "memory_calculator", "memory_bill", "fits", "config", "data_parallel",
            "max_loss_gap", "comm_overhead", "overlap", "straggler", "straggler_explorer", "idle_resources",
-           "failure_demo", "exercises"]
+           "failure_demo", "seeding", "exercises"]
 
 
 def model_growth():

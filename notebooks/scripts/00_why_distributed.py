@@ -270,6 +270,36 @@ for n, losses in mine.items():
     assert gap <= tol, (n, gap, tol)
 
 # %% [markdown]
+# ### The same random numbers on every rank, or not
+#
+# Above, every rank started from the same weights because the model was built once and sent to each.
+# A training script usually builds it on every rank instead, after `torch.manual_seed(seed)` with the
+# seed from its config: the same seed on every rank, so **every rank draws the same random numbers**.
+# That is right wherever the ranks must agree: data parallelism needs identical initial weights on
+# every replica, and the batch order above (`batch_indices(..., cfg.seed)`) is the same on every rank
+# by design, each rank then taking its own slice. It is wrong wherever the ranks must differ: weight
+# shards that each rank of a tensor-parallel group initialises for its own slice of a layer (one seed
+# gives every slice the same values), dropout masks on the activations split across that group
+# (Megatron-LM keeps a second generator, seeded per tensor-parallel rank, for them), or random noise
+# and augmentation applied to each rank's own data. It happens at scale: the SmolLM3 run had a
+# tensor-parallel group initialised with one seed and needed a restart (Hugging Face, "The Smol Training
+# Playbook", 2025). The fix is a seed per rank where the numbers must differ:
+# `torch.manual_seed(base + rank)`.
+#
+# Without any seed, a process's CPU generator is seeded from the operating system when torch starts,
+# so CPU ranks differ; CUDA generators, by torch's source, start from one fixed default seed, so
+# unseeded GPU ranks all draw the same numbers (a CPU run here cannot show that case). The runtime here gives each job fresh generators, as a freshly started process
+# has: a seed set in one job does not carry into the next (the last line below checks it).
+# `ch00.seeding??` shows the jobs.
+
+# %%
+seeds = ch00.seeding(base=1234)  # torch.rand(4) on the 4 warm ranks, seeded three ways
+assert seeds["same"]["torch.manual_seed(base) on every rank"]  # one seed: every rank draws the same
+assert not seeds["same"]["torch.manual_seed(base + rank)"]  # a seed per rank: each its own numbers
+assert not seeds["same"]["not seeded"]  # CPU generators are seeded from the OS at start-up
+assert not seeds["carried_over"]  # the seed set in one job is gone in the next
+
+# %% [markdown]
 # The library's version, which the figures below run, is the same loop plus counters and timers. It
 # keeps all gradients in **one flat bucket** — a *bucket* is one contiguous buffer that holds several
 # gradients (`dp.build`) — so a single all-reduce per step moves them all, then divides. The
