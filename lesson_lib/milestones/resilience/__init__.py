@@ -5,4 +5,5 @@
 * :mod:`.ft_step` — per-step fault tolerance written out: lighthouse, quorum, discard, heal
 * :mod:`.replicas` — replica groups as processes that may die while the others carry on
 * :mod:`.torchft_glue` — the one place torchft is reached, held to loopback
+* :mod:`.compressed` — chapter 6's compressed data parallelism on this task, beside DiLoCo
 """
