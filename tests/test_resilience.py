@@ -18,8 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lesson_lib.milestones.resilience import failures, ft_step, replicas, torchft_glue
+from lesson_lib.milestones.resilience import failures, ft_step, torchft_glue
 from lesson_lib.milestones.resilience import task as T
+from lesson_lib.runtime import replicas
 
 pytestmark = pytest.mark.ch10
 
@@ -79,7 +80,7 @@ def _tree():
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_replica_killed_mid_exchange_is_survived_and_healed(n, no_orphans):
-    task = T.Task(steps=16, step_s=0.03)
+    task = T.Task(steps=32, hidden=2048, batch=512)
     before = set(_leftovers())
     out = replicas.run(ft_step.replica, n, task, (1, 4), restart=(1,), timeout_s=120, restart_after_s=0.3,
                        watch=lambda s, a, st: ft_step.lighthouse(s, a, st, n, task.steps - 1))
@@ -242,7 +243,7 @@ def test_two_machines_in_namespaces_over_a_rate_limited_veth(tmp_path):
 def test_torchft_survives_a_replica_killed_mid_step_and_heals_it(no_orphans):
     """torchft's Manager.allreduce (not its DDP wrapper): replica 1 SIGKILLed after its gradient, before
     the exchange; replica 0 waits for the heartbeat, goes on alone, and the spare heals from it."""
-    task = T.Task(steps=30, step_s=0.05)
+    task = T.Task(steps=48, hidden=2048, batch=512)
     with torchft_glue.lighthouse(2, heartbeat_timeout_ms=2000) as addr:
         out = replicas.run(torchft_glue.replica, 2, task, addr, (1, 4), restart=(1,), restart_after_s=0.3,
                            timeout_s=240)

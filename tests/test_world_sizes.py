@@ -8,8 +8,8 @@ import pytest
 from test_solutions import CASES, CHAPTERS
 
 from lesson_lib import close_all
-from lesson_lib.milestones.resilience import replicas as replicas_module
 from lesson_lib.runtime import cluster as cluster_module
+from lesson_lib.runtime import replicas as replicas_module
 
 pytestmark = pytest.mark.slow  # every checker once, as test_solutions does
 

@@ -9,9 +9,9 @@ from IPython.display import display
 
 from .. import plots
 from ..costmodel import days_from_throughput
-from ..milestones.resilience import compressed, failures, ft_diloco, ft_step, replicas, torchft_glue
+from ..milestones.resilience import compressed, failures, ft_diloco, ft_step, torchft_glue
 from ..milestones.resilience import task as T
-from ..runtime import warm_cluster
+from ..runtime import replicas, warm_cluster
 
 
 def failure_cost(world_size: int = 2, numel: int = 1_000_000, restart_s: float = 600.0) -> dict:

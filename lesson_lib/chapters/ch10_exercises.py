@@ -23,8 +23,9 @@ from ..exercises import (
     on_ranks,
     solution_text,
 )
-from ..milestones.resilience import ft_step, replicas
+from ..milestones.resilience import ft_step
 from ..milestones.resilience import task as T
+from ..runtime import replicas
 
 DELTA_S, DEVICES, DEVICE_MTBF_H = 300.0, 4096, 50_000.0  # the interval exercise's question
 NUMEL, LR, MU = 12, 0.5, 0.5  # small integers and powers of two: every value below is exact in float32
@@ -128,7 +129,8 @@ def outer_step(local, start, buf, lr, mu):
 
 # --------------------------------------------------------------------------- the vanished peer
 
-SURVIVE_TASK, KILL = T.Task(steps=10, step_s=0.03), (1, 3)
+# a wider MLP so that each step is a few milliseconds of real compute: the spare returns mid-run
+SURVIVE_TASK, KILL = T.Task(steps=24, hidden=2048, batch=512), (1, 3)
 
 
 def _survive_case(fn, n: int):

@@ -4,7 +4,8 @@ Milestones hand a function to :class:`Cluster.run` (or :class:`TorchrunCluster.r
 contract) and never touch ports or processes. Modules: ``errors``, ``placement``, ``messages``,
 ``pickling``, ``worker`` (``context()`` in a rank), ``checked`` and ``ledger`` (each collective
 compared with the peers' before it starts), ``diagnosis``, ``failures``, ``silence``,
-``cluster``, ``pool``, ``torchrun``. See docs/runtime.md.
+``cluster``, ``pool``, ``torchrun``; ``replicas``, the mode in which a rank may die and the others
+carry on (chapter 10). See docs/runtime.md.
 """
 
 from .cluster import Cluster, close_all

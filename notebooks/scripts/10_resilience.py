@@ -119,14 +119,15 @@ show_source(ft_step.replica)
 show_source(ft_step.lighthouse)
 
 # %% [markdown]
-# Two replica groups, each one process, 24 steps padded to 40 ms. Replica 1 SIGKILLs itself in step
-# 5, after replica 0 sent its gradient and before its own: mid-exchange. A spare process, started with
-# the others (as a cluster keeps spare machines), takes its place. The course's `warm_cluster` would
-# stop every rank when one dies — right for a job, wrong here — so these replicas are their own
-# processes (`lesson_lib.milestones.resilience.replicas`).
+# Two replica groups, each one process, 48 steps of a wider MLP (2,048 hidden units, 512 samples a
+# step, so each step is a few milliseconds of real compute). Replica 1 SIGKILLs itself in step 5, after
+# replica 0 sent its gradient and before its own: mid-exchange. A spare process, started with the
+# others (as a cluster keeps spare machines), takes its place. The course's `warm_cluster` stops every
+# rank when one dies — right for a job, wrong here — so these replicas run in the runtime's other
+# mode, in which a process may die and the others carry on (`lesson_lib.runtime.replicas`).
 
 # %%
-task = T.Task(steps=24, step_s=0.04)
+task = T.Task(steps=48, hidden=2048, batch=512)
 ours = ch10.survive(task, n=2, kill=(1, 5))
 
 # %%
@@ -178,7 +179,7 @@ assert same["equal"]  # bit for bit
 # timeout is 2 s here (5 s by default):
 
 # %%
-ft = ch10.torchft_survives(T.Task(steps=30, step_s=0.05), kill=(1, 4))
+ft = ch10.torchft_survives(T.Task(steps=48, hidden=2048, batch=512), kill=(1, 4))
 
 # %%
 assert ft["out"]["deaths"][0]["exitcode"] == -9 and 4 in ft["discarded"]  # that step dropped

@@ -109,7 +109,6 @@ def replica(me: int, n: int, store_path: str, task: T.Task, kill: tuple[int, int
         else:
             log.append({"discarded": step, "members": q["members"]})
         rnd += 1
-        time.sleep(max(0.0, task.step_s - (time.monotonic() - t0)))
         times.append({"step": step, "t": time.monotonic(), "s": time.monotonic() - t0,
                       "discarded": avg is None})
     return {"params": T.flat_params(model), "log": log, "times": times, "replica": me}

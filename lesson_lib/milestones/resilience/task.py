@@ -26,7 +26,6 @@ class Task:
     hidden: int = opt(64, "width of the MLP's hidden layer")
     lr: float = opt(0.05, "SGD learning rate (inner rate for DiLoCo)")
     momentum: float = opt(0.9, "SGD momentum")
-    step_s: float = opt(0.0, "each step padded to at least this long (s), standing in for compute")
     seed: int = opt(0, "model and data seed")
     samples: int = opt(4096, "training samples; 1,024 more are held out")
 

@@ -11,7 +11,7 @@ What torchft would otherwise open beyond this machine, and how each is kept on 1
   ``socket.gethostname()``; ``PGTransport`` sends the state over the replicas' own process group;
 * each replica group's store: c10d's ``TCPStore`` binds ``::`` whatever host it is given, so it is
   handed a socket already listening on 127.0.0.1 (``master_listen_fd``);
-* Gloo: ``GLOO_SOCKET_IFNAME=lo`` (set by :mod:`.replicas`).
+* Gloo: ``GLOO_SOCKET_IFNAME=lo`` (set by :mod:`lesson_lib.runtime.replicas`).
 
 Quirks that change a number: ``use_async_quorum=False`` (the default async quorum lets a replica copy
 weights at step 0 while the sum still divides by 2: no longer equal to one process); DiLoCo with
@@ -121,7 +121,6 @@ def replica(me: int, n: int, store_path: str, task: T.Task, lighthouse_addr: str
                 log.append({"step": step, "members": mgr.num_participants()})
             else:
                 log.append({"discarded": step})
-            time.sleep(max(0.0, task.step_s - (time.monotonic() - t0)))
             times.append({"step": step, "t": time.monotonic(), "s": time.monotonic() - t0})
     finally:
         mgr.shutdown()

@@ -1,4 +1,5 @@
-"""Replica groups as processes that may die while the others carry on (chapter 10 §2–3).
+"""The runtime's second mode: replica groups as processes that may die while the others carry on
+(chapter 10 §2–3).
 
 The course's clusters (:mod:`lesson_lib.runtime`) stop every rank when one dies: that is right for
 a job, and wrong for a demonstration of surviving one. Here each replica group is one process,
@@ -49,7 +50,7 @@ def _main(folder: str, replica: int, n: int, env: dict, spare: bool = False) -> 
 def _context():
     """Forked from a fork server that has imported torch (the one the course's clusters use, with the
     same preload), so a replica starts in a fraction of a second; spawned where there is none."""
-    from ...runtime.start import method, starting
+    from .start import method, starting
 
     if method("gloo") != "forkserver":
         return mp.get_context("spawn")
