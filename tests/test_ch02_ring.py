@@ -52,6 +52,9 @@ def test_ours_equal_dist_all_reduce_for_any_length_and_world_size(clusters, n, l
         size = length * torch.tensor([], dtype=getattr(torch, dtype)).element_size()
         formula = comm.formula_bytes_sent(r["algorithm"], size, n, r["rank"])
         assert abs(r["bytes_sent"] - formula) <= 4 * 8, r   # = the formula up to chunk rounding
+        # without the schedules: each of these all-reduces receives what it sends, up to chunk rounding
+        # (the ring's left neighbour sends as much; naive's root takes N−1 messages and sends N−1)
+        assert abs(r["bytes_recv"] - r["bytes_sent"]) <= 4 * 8, r
 
 
 def test_ring_matches_library_bit_for_bit_on_integers_and_closely_on_floats(clusters):
@@ -276,13 +279,18 @@ def test_cli_bad_input_is_a_clear_error(args, name):
 
 
 def test_fit_recovers_alpha_and_beta():
+    # The times are the ring's textbook cost written out here, 2(N−1)α + 2(N−1)/N·S·β (Patarasuk &
+    # Yuan, 2009), not costmodel.allreduce_time: the fit uses allreduce_terms as its model, so times
+    # made by the same terms would be recovered whatever those terms said.
     alpha, beta = 50e-6, 1 / 2e9
-    rows = [{"world_size": n, "size_bytes": s, "time_s": costmodel.allreduce_time("ring", n, s, alpha, beta)}
+    rows = [{"world_size": n, "size_bytes": s, "time_s": 2 * (n - 1) * alpha + 2 * (n - 1) / n * s * beta}
             for n in (2, 4) for s in (4096 * 4**k for k in range(8))]
     fit = costmodel.fit_alpha_beta(rows)
     assert fit["alpha_s"] == pytest.approx(alpha, rel=1e-6) and fit["beta_s_per_byte"] == pytest.approx(beta)
     assert fit["rms_rel_error"] < 1e-9
     s_star = costmodel.latency_crossover_bytes(4, alpha, beta)
+    # 2(N−1)α = 2(N−1)/N·S*·β gives S* = N·α/β = 4 × 50 µs × 2e9 B/s = 400,000 bytes
+    assert s_star == pytest.approx(400_000)
     a, b = costmodel.allreduce_terms("ring", 4, s_star)
     assert a * alpha == pytest.approx(b * beta)
     with pytest.raises(ValueError, match="algorithm"):

@@ -42,6 +42,50 @@ def test_real_ranks_equal_the_single_process_simulation(clusters, world, numel):
         assert state == ([numel + b - a for a, b in cm.block_chunks(numel, world)] if ef else [0] * world)
 
 
+def _scaled_sign(x: torch.Tensor) -> torch.Tensor:
+    """What the scaled sign code says about ``x`` (1-bit SGD, Seide et al., 2014, as 1-bit Adam uses
+    it), written out block by block: each block of 512 values (the last one shorter) becomes the
+    mean of its |x| times +1 where x ≥ 0, −1 elsewhere."""
+    out = torch.empty_like(x)
+    for lo in range(0, x.numel(), 512):
+        block = x[lo:lo + 512]
+        out[lo:lo + 512] = block.abs().mean() * torch.where(block >= 0, 1.0, -1.0)
+    return out
+
+
+def _by_hand(grads: list[list[torch.Tensor]], error_feedback: bool = True) -> list[torch.Tensor]:
+    """Tang et al. (2021)'s compressed all-reduce for N ranks in one process, sharing no code with
+    :mod:`lesson_lib.milestones.compression.allreduce`: every rank compresses its gradient plus its
+    worker residual; the codes are averaged; the average plus the server residual is compressed again,
+    which is what every rank receives. Chunks of whole blocks change no block, so none are cut here."""
+    n, numel = len(grads[0]), grads[0][0].numel()
+    worker, server, outs = [torch.zeros(numel) for _ in range(n)], torch.zeros(numel), []
+    for step in grads:
+        acc = [g + e if error_feedback else g for g, e in zip(step, worker)]
+        sent = [_scaled_sign(a) for a in acc]
+        if error_feedback:
+            worker = [a - s for a, s in zip(acc, sent)]
+        avg = sum(sent) / n + (server if error_feedback else 0)
+        out = _scaled_sign(avg)
+        if error_feedback:
+            server = avg - out
+        outs.append(out)
+    return outs
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("world, numel", [(1, 1000), (2, 700), (3, 3000), (4, 100), (4, 2 * 512)])
+def test_the_simulation_is_the_algorithm_written_out(world, numel):
+    # catches: the code's scale or signs wrong (a short last block averaged over 512, the sign of 0),
+    # a residual kept on one side only or not subtracted: the real ranks equal cm.simulate bit for bit
+    # (above), which shares sign_encode and sign_decode with them, so this is what checks those
+    g = grads(numel, world, 4)
+    for ef in (True, False):
+        for step, (got, want) in enumerate(zip(cm.simulate(g, error_feedback=ef), _by_hand(g, ef))):
+            # float32 sums of the same terms in another order: a few roundings of the O(1) values
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"{world}, {numel}, {ef}, {step}")
+
+
 def test_error_feedback_on_both_sides_is_what_makes_it_add_up():
     # Over many steps, what every rank received adds up to the sum of the average gradients, up to
     # what the two residuals still hold: Σ out = Σ mean(g) + mean(worker residuals) ... so the gap
@@ -58,6 +102,8 @@ def test_counted_bytes_equal_the_formula(clusters, world):
     outs = clusters(world).run(on_ranks, numel, 1)
     p = [cm.sign_bytes(b - a) for a, b in cm.block_chunks(numel, n)]
     assert sum(p) == cm.sign_bytes(numel)  # chunks of whole blocks: the payload P, split
+    # by hand: a float32 scale for each of ⌈76,810 / 512⌉ = 151 blocks, a bit for each value
+    assert sum(p) == 4 * 151 + 76_810 // 8 + 1 == 10_206
     # rank r sends its N−1 foreign chunks once and its compressed average to N−1 ranks, and receives
     # every rank's code of its chunk and every other rank's average: the same count
     want = [sum(p) - p[r] + (n - 1) * p[r] for r in range(n)]
@@ -90,8 +136,10 @@ def test_training_loop_with_it_agrees_on_every_rank_and_learns(clusters):
 
 def test_one_rank_is_two_codes_in_a_row():
     x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    x[3] = 0.0  # x ≥ 0 codes +1
     got = cm.SignAllReduce(error_feedback=False).reduce(x.clone())
     assert torch.equal(got, cm.sign_decode(cm.sign_encode(cm.sign_decode(cm.sign_encode(x), 1000)), 1000))
+    torch.testing.assert_close(got, _scaled_sign(_scaled_sign(x)), rtol=1e-6, atol=0)
     assert torch.equal(got, cm.simulate([[x]], error_feedback=False)[0])
 
 

@@ -94,14 +94,21 @@ def test_overlap_hides_communication_but_never_more_than_the_compute():
 
 def test_memory_per_device_follows_chapter_4_and_the_pipeline():
     base = dict(params=1e9, tokens=1e12, devices=8, batch_tokens=64 * 2048, layers=8, hidden=1024)
+    # ZeRO's bytes per parameter with mixed-precision Adam (Rajbhandari et al., 2020, §5), written out
+    # for Ψ = 1e9 over N = 8: 2Ψ + 2Ψ + 12Ψ, then the optimizer, the gradients, the weights ÷ N
+    by_hand = {0: (2e9, 2e9, 12e9), 1: (2e9, 2e9, 12e9 / 8), 2: (2e9, 2e9 / 8, 12e9 / 8),
+               3: (2e9 / 8, 2e9 / 8, 12e9 / 8)}
     for stage in (0, 1, 2, 3):
         mem = cm.memory(cm.Plan(**base, zero=stage))
+        assert (mem["params"], mem["grads"], mem["optimizer"]) == by_hand[stage], stage
         states = cm.zero_memory(1e9, 8, stage, "mixed")
         assert mem["params"] + mem["grads"] + mem["optimizer"] == states["total"]
     pp = cm.memory(cm.Plan(**base, pipeline=4))
     assert pp["params"] == 2 * 1e9 / 4 and pp["optimizer"] == 12 * 1e9 / 4
-    # recomputation keeps each layer's input (2·s·b·h) and one layer's full activations
-    layer = cm.activation_bytes(2048, 1, 1024, 8)
+    # recomputation keeps each layer's input (2·s·b·h) and one layer's full activations,
+    # s·b·h·(34 + 5as/h) = 2048·1024·(34 + 5·8·2048/1024) = 2048·1024·114 bytes (Korthikanti et al.)
+    layer = 2048 * 1024 * 114
+    assert cm.activation_bytes(2048, 1, 1024, 8) == layer
     assert cm.memory(cm.Plan(**base))["activations"] == 8 * 2 * 2048 * 1024 + layer
     assert cm.memory(cm.Plan(**base, recompute=False))["activations"] == 8 * layer
     assert cm.memory(cm.Plan(**base, comm="ps"))["optimizer"] == 0  # Adam lives on the servers
@@ -358,6 +365,10 @@ def test_tensor_parallel_term_by_hand():
     by_hand = cm.tensor_parallel_time(8, S, 96 / 8, plan.microbatches, node["alpha"], node["beta"],
                                       recompute=True)
     assert math.isclose(terms["tensor"], by_hand) and "tensor" in cm.TERMS
+    # written out: 96/8 = 12 blocks × M micro-batches × 6 ring all-reduces (recomputing), each
+    # 2(t−1)α + 2(t−1)/t·S·β with t = 8
+    ring = 2 * 7 * node["alpha"] + 2 * 7 / 8 * S * node["beta"]
+    assert math.isclose(terms["tensor"], 12 * plan.microbatches * 6 * ring)
     assert math.isclose(terms["step"], sum(terms[k] for k in cm.TERMS))
     assert cm.step_time(cm.Plan(1e9, 1e12, 8, batch_tokens=64 * 2048))["tensor"] == 0
     said = "\n".join(cm.assumptions(plan))

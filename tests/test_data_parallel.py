@@ -15,7 +15,7 @@ SMALL = dp.Config.PRESETS["tiny"]
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("allreduce", ["ring", "library"])
 def test_losses_equal_single_process_training(clusters, n, allreduce):
-    ref = dp.reference(dp.Config(world_size=1, **SMALL))
+    ref = dp.reference(dp.Config(world_size=1, **SMALL))  # = torch's loop: test_single_process_references
     r = run("data-parallel", dp.Config(world_size=n, allreduce=allreduce, **SMALL), cluster=clusters(n))
     torch.testing.assert_close(torch.tensor(r.losses), torch.tensor(ref), rtol=1e-5, atol=1e-6)
     assert len(r.losses) == SMALL["steps"] and r.losses[-1] < r.losses[0]

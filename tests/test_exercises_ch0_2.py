@@ -437,6 +437,8 @@ def test_ch1_average_accepts_right_answers_in_other_forms(ch1, right):
 def test_ch1_average_and_traffic_references_and_wrong_numbers(ch1):
     assert ch1["average"].check(ch1["average"].reference()).ok
     assert ch1["traffic"].check(ch1["traffic"].reference()).ok
+    # worked by hand: N = 4 workers each push S = 1,000 bytes in and pull 1,000 out: 2·4·1,000
+    assert ch1["traffic"].check(8000).ok
     # catches (here and below): a checker that rejects for the wrong reason, or crashes, passing
     for wrong in (2 * 1000, 4 * 1000, 2 * 4 * 1000 + 8):  # one worker; push only; off by a little
         v = ch1["traffic"].check(wrong)
@@ -624,6 +626,8 @@ def test_ch2_bytes_and_crossover(ch2):
     assert not v.ok and v.message == "submit a function ring_bytes(n, s)", v.message
     assert ch2["crossover"].check(ch2["crossover"].reference()).ok
     alpha, beta = 100e-6, 1 / 1.5e9
+    # worked by hand: S* = N·α/β = 2 × 100 µs × 1.5e9 B/s = 300,000 bytes
+    assert ch2["crossover"].check(300_000).ok
     for wrong in (alpha / beta, 4 * alpha / beta, alpha * beta, 2 * alpha / beta * 1.05):
         v = ch2["crossover"].check(wrong)  # forgot N (N = 2); 2N; α·β; 5 % off
         # catches: a crossover checker rejecting for another reason than the value, or crashing

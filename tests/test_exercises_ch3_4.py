@@ -452,8 +452,11 @@ def order(schedule, stage=1, m=6):
 
 def test_order_accepts_every_form_and_says_what_holds():
     want = stage_actions("1f1b", 4, 6, 1)
-    for answer in (order("1f1b"), order("1f1b").replace(" ", ", "), [f"{a}{i}" for a, i in want], want,
-                   [(a.lower(), i) for a, i in want]):
+    # worked by hand (Narayanan et al., 2021): stage 1 of 4 warms up with P − 1 − 1 = 2 forwards, then
+    # alternates one forward, one backward, and drains the last two backwards
+    by_hand = "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5"
+    for answer in (by_hand, order("1f1b"), order("1f1b").replace(" ", ", "), [f"{a}{i}" for a, i in want],
+                   want, [(a.lower(), i) for a, i in want]):
         v = verdict(EX3["order"], answer)
         assert v and "that is stage 1's 1F1B order" in v.message and "at most 3" in v.message, v.message
 

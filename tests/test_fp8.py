@@ -52,6 +52,33 @@ def test_blockwise_product_equals_its_dequantized_fp32_product():
     assert torch.allclose(scaling.blockwise_mm(a, w), deq_a @ deq_w.t(), rtol=1e-5, atol=1e-4)
 
 
+def _through(x: torch.Tensor, fmt) -> torch.Tensor:
+    """``x`` as a per-tensor scaled cast carries it, by torch's own cast: scale amax / max(fmt)."""
+    s = x.abs().max() / torch.finfo(fmt).max
+    return (x / s).to(fmt).float() * s
+
+
+@pytest.mark.numerics
+def test_fp8_matmul_is_the_product_of_what_the_casts_carry_forward_and_backward():
+    # The ranks' FP8 training and its one-process reference (below) share this layer, so it is checked
+    # here against the products of torch-cast operands: forward x·wᵀ in e4m3, backward the incoming
+    # gradient in e5m2 against the same e4m3 copies (Micikevicius et al., 2022). catches: a gradient
+    # cast to e4m3, a scale applied twice or not at all, a product against the unquantized copy
+    from lesson_lib.milestones.fp8.linear import FP8Matmul
+
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(8, 32, generator=g), torch.randn(16, 32, generator=g)
+    grad = torch.randn(8, 16, generator=g)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = FP8Matmul.apply(xr, wr, True)
+    y.backward(grad)
+    x8, w8, g8 = _through(x, E4M3), _through(w, E4M3), _through(grad, torch.float8_e5m2)
+    tol = dict(rtol=2**-7, atol=1e-3)  # the products come back through bf16 (8 bits of mantissa)
+    torch.testing.assert_close(y, x8 @ w8.t(), **tol)
+    torch.testing.assert_close(xr.grad, g8 @ w8, **tol)
+    torch.testing.assert_close(wr.grad, g8.t() @ x8, **tol)
+
+
 def test_hybrid_choice_is_what_the_errors_say():
     acts, grads = errors.format_choice(0)
     assert acts["e4m3"] < acts["e5m2"] and grads["e5m2"] < grads["e4m3"]

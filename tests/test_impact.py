@@ -84,6 +84,9 @@ def test_powersgd_bytes_follow_its_two_all_reduces(small):
     assert rec["compression"]["compression_ratio"] == pytest.approx(
         max(comm.ring_bytes_sent(psi, 4, n, r) for r in range(n))
         / max(sum(comm.ring_bytes_sent(m, 4, n, r) for m in POWERSGD_SIZES) for r in range(n)))
+    # by hand: both are ring all-reduces, so 2(N−1)/N cancels: Ψ = 1,242 elements against P and Q's
+    # 174 + 160 = 334, 3.72×, up to the rings' chunk rounding
+    assert psi == 1242 and rec["compression"]["compression_ratio"] == pytest.approx(1242 / 334, rel=0.01)
 
 
 def test_the_emulated_link_changes_time_only(small):
@@ -146,6 +149,10 @@ def test_predictions_follow_the_formulas_by_hand():
     assert math.isclose(ring["compute"], 6 * psi * b / n / 1e9)
     assert math.isclose(ring["comm"], costmodel.ring_time(4 * psi, n, 1e-3, 1e-9)
                         + costmodel.ring_time(4, n, 1e-3, 1e-9))
+    # the same, written out (chapter 2's ring, α = 1 ms, β = 1 ns/byte, N = 3): 2(N−1)α + 2(N−1)/N·S·β
+    # for the 4Ψ bytes of gradients and again for the 4-byte loss
+    by_hand = lambda nbytes: 2 * 2 * 1e-3 + 2 * 2 / 3 * nbytes * 1e-9
+    assert math.isclose(ring["comm"], by_hand(4 * psi) + by_hand(4))
     ps = impact.predict("parameter-server", subs["parameter-server"][1], probe)
     assert math.isclose(ps["comm"], 2 * 2 * (1e-3 + 4 * psi * 1e-9))  # 2·N·S/K with N=2, K=1
     z1, z3 = (impact.predict(m, subs[m][1], probe)["comm"] for m in ("zero-1", "zero-3"))
@@ -155,6 +162,7 @@ def test_predictions_follow_the_formulas_by_hand():
     assert math.isclose(psgd["compute"], ring["compute"])
     assert math.isclose(psgd["comm"], sum(costmodel.ring_time(4 * m, n, 1e-3, 1e-9) for m in POWERSGD_SIZES)
                         + loss)
+    assert math.isclose(psgd["comm"], sum(by_hand(4 * m) for m in POWERSGD_SIZES) + by_hand(4))
     # on the emulated 0.01 Gbit/s link with a fast real one: 3 all-reduces (P with the biases, Q, the
     # loss) of 2(N−1) = 4 messages, 100 µs each, + the bytes sent
     fast = {**probe, "alpha_s": 1e-7}
@@ -225,6 +233,18 @@ def exercises():
 def test_every_reference_answer_is_accepted(exercises):
     for key, e in exercises.items():
         assert e.submit(e.reference()).ok, key
+
+
+def test_days_and_link_accept_answers_worked_without_the_checkers_code(exercises):
+    # days: 8·T·Ψ/(n·X) = 8 × 300e9 × 175e9 / (1,024 × 140e12) s = 2.93e6 s = 33.9 days
+    assert exercises["days"].submit(33.9)
+    # link: the largest of the estimate's terms (each checked by tests/test_costmodel.py), and the step
+    # with only the bandwidth term divided by 10 — summed here, not by ch07_exercises.faster_link
+    t = ex7.link_case()["terms"]
+    largest = max(costmodel.TERMS, key=t.get)
+    assert largest == "bandwidth"
+    faster = sum(t[k] / (10 if k == "bandwidth" else 1) for k in costmodel.TERMS)
+    assert exercises["link"].submit((largest, faster))
 
 
 def test_templates_are_not_answered_yet(exercises):

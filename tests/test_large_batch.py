@@ -24,7 +24,7 @@ def test_two_ranks_equal_the_single_process_reference(clusters, optimizer):
     cfg = lb.Config(world_size=2, optimizer=optimizer, lr=0.01, warmup_steps=2, weight_decay=1e-3,
                     **SMALL)
     result = run("large-batch", cfg, cluster=clusters(2))
-    ref = lb.reference(cfg)
+    ref = lb.reference(cfg)  # = the loop in tests/single_process.py: test_single_process_references
     # Same batches, same model: only the order of the float32 sums differs (two halves added by the
     # all-reduce); over 16 steps of O(1) losses that stays far below 1e-4 of the loss.
     assert len(result.losses) == cfg.steps == 16
@@ -71,6 +71,9 @@ def test_counted_gradient_bytes_fall_with_the_batch_and_equal_the_formula(cluste
         r = run("large-batch", cfg, cluster=clusters(2))
         assert r["grad_bytes_per_epoch"] == r["grad_bytes_per_epoch_formula"]
         assert r["steps"] == 2 * 512 // batch
+        # by hand: on 2 ranks a ring all-reduce of S bytes sends S from each rank (2(N−1)/N = 1): the
+        # Ψ float32 gradients and the loss, 4·(Ψ + 1) bytes, once per step, 512 / B steps per epoch
+        assert r["grad_bytes_per_epoch"] == 512 // batch * 4 * (r["param_count"] + 1)
         per_epoch[batch] = r["grad_bytes_per_epoch"]
     assert per_epoch[32] == 4 * per_epoch[128] > 0
 
@@ -155,6 +158,7 @@ def test_noise_scale_on_two_ranks_equals_one_process_and_is_measured_at_each_eva
     counted = result.per_rank[0]["ops"]["noise_scale_all_reduce"]["bytes_sent"]
     psi = result["param_count"]
     assert counted == 2 * lb.comm.ring_bytes_sent(psi + 1, 8, 2, 0)  # two measurements, float64
+    assert counted == 2 * 8 * (psi + 1)  # by hand: on 2 ranks a ring all-reduce sends its S bytes once
 
 
 def test_lars_can_give_the_biases_a_trust_ratio_of_their_own():
@@ -201,6 +205,8 @@ def ex():
 
 def test_ratio_exercise(ex):
     assert ex["ratio"].submit(ex["ratio"].reference())
+    # worked by hand: λ = η‖w‖/(‖∇L‖ + β‖w‖) = 0.001·12/(0.05 + 5e-4·12) = 0.012/0.056 = 0.214
+    assert ex["ratio"].submit(0.214)
     from lesson_lib.chapters.ch05_exercises import LARS_CASE as case
 
     no_decay = case["eta"] * case["w_norm"] / case["g_norm"]

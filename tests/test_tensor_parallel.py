@@ -152,6 +152,29 @@ def test_ring_attention_equals_full_attention_and_counts_its_blocks(c, causal, c
     got = torch.cat([o["out"] for o in outs], 2)
     assert float((got - ref).abs().max()) <= tolerances.attention(32, 8, ref)
     assert all(o["sent"] == formulas.ring_attention(2, 2, 32, 8, c) for o in outs)
+    # by hand: c − 1 steps, each passing a K and a V block of 32/c tokens, [2, 2, 32/c, 8] float32
+    assert all(o["sent"] == (c - 1) * 2 * 4 * 2 * 2 * (32 // c) * 8 for o in outs)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_attention_references_are_torchs_scaled_dot_product_attention(causal):
+    # full_attention (the ring's reference above) and the online softmax's block_update, folding K/V
+    # blocks in one at a time as the ring does, against torch's own attention: neither shares code
+    # with it. catches: a wrong scale, mask or rescaling in either.
+    import torch.nn.functional as F
+
+    q, k, v = ring_attention.qkv(2, 2, 32, 8, seed=3)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    tol = dict(rtol=1e-5, atol=1e-5)  # float32 softmax and products, summed in another order
+    torch.testing.assert_close(ring_attention.full_attention(q, k, v, causal), want, **tol)
+    m = q.new_full((*q.shape[:-1], 1), float("-inf"))
+    denom, o = q.new_zeros((*q.shape[:-1], 1)), torch.zeros_like(q)
+    for lo in range(0, 32, 8):  # four blocks of 8 keys; causal: query i sees keys j ≤ i
+        mask = torch.arange(32)[:, None] < torch.arange(lo, lo + 8)[None, :] if causal else None
+        m, denom, o = ring_attention.block_update(q, k[..., lo:lo + 8, :], v[..., lo:lo + 8, :], m, denom, o,
+                                                  mask)
+    torch.testing.assert_close(o / denom, want, **tol)
 
 
 # --------------------------------------------------------------------------- memory and PyTorch's stack

@@ -108,9 +108,14 @@ def test_stage_3_holds_one_layers_gathered_parameters_at_a_time(stages, precisio
 @pytest.mark.parametrize("n", [2, 3])
 def test_counted_traffic_is_2_psi_and_3_psi_for_stage_3(stages, precision, n):
     training_ops = ("grad_reduce_scatter", "grad_all_gather", "param_all_gather")
+    esize = 4 if precision == "fp32" else 2
     for s in range(4):
         r = stages[precision, n, s]
         assert r["traffic_per_step"] == [r["traffic_formula_padded"]] * n
+        # written out (Rajbhandari et al., 2020): reduce-scatter + all-gather, (N−1)/N of the padded
+        # elements each; stage 3 gathers the parameters once more
+        by_hand = (3 if s == 3 else 2) * (n - 1) / n * r["padded_param_count"] * esize
+        assert r["traffic_per_step"] == [by_hand] * n, (s, by_hand)
         # catches: received bytes miscounted: padded to N equal chunks, each rank receives from its
         # left neighbour exactly what it sends on
         for rank in r.per_rank:

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.ch4, pytest.mark.ch5]
 @pytest.mark.parametrize("optimizer", ["lamb", "lars"])
 def test_every_stage_equals_single_process_training(clusters, optimizer):
     cfg = zero.Config(world_size=4, optimizer=optimizer, lr=0.01, weight_decay=1e-3, steps=6, hidden=32)
-    ref = zero.layerwise_reference(cfg)
+    ref = zero.layerwise_reference(cfg)  # = a loop written out: test_single_process_references
     # LAMB/LARS move each layer by about lr·‖w‖ per step, so after `steps` steps a real error (a
     # wrong norm, a missed shard) shows at ~lr·steps·‖w‖ ≈ 1e-2 of the weights; float32 rounding of
     # sums taken in another order stays below 1e-5 of the weights over these few steps.
