@@ -63,8 +63,8 @@ def nested_cluster():
 def test_a_silent_job_gets_one_line_naming_the_busy_ranks_where_they_are_and_how_to_stop(
         clusters, monkeypatch, capsys):
     # bug caught: a function looping without communicating ran 60 s with nothing in the cell
-    monkeypatch.setattr(silence, "SILENCE_S", 0.5)
-    assert clusters(2).run(quiet_loop, 2.5) == [0, 1]
+    monkeypatch.setattr(silence, "SILENCE_S", 0.4)
+    assert clusters(2).run(quiet_loop, 1.6) == [0, 1]
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if "has sent nothing" in line]
     assert len(lines) == 1, out  # once per job, not every half second

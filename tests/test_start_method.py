@@ -30,7 +30,9 @@ def test_cpu_ranks_on_linux_use_the_fork_server_and_the_variable_turns_it_off(mo
     assert start.method("gloo") == "spawn"
 
 
-@pytest.mark.parametrize("method", METHODS)
+# spawn starts each worker from a fresh interpreter (seconds); the fork server's case stays in the quick loop
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow)
+                                    if m == "spawn" and len(METHODS) > 1 else m for m in METHODS])
 def test_each_cluster_gets_its_own_settings_whatever_started_the_server(method, monkeypatch):
     """The fork server was started with one OpenMP thread; a cluster asking for 2 threads per rank
     gets 2 (caught: the variables set in the kernel around the start, which a forked worker never
