@@ -86,6 +86,24 @@ MUTANTS = (
     Mutant("ring-bytes-formula", "lesson_lib/comm/algorithms.py",
            "    return 2 * (n - 1) * nbytes / n\n", "    return 2 * (n - 1) * nbytes / n / n * 2\n",
            "the ring's textbook bytes, right at two ranks only"),
+    # from the audit of the tests' references (tests/AUDIT.md): each passed the suite before it
+    Mutant("alphabeta-ring-doubled", "lesson_lib/costmodel/alphabeta.py",
+           "        return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes",
+           "        return 4.0 * (n - 1), 4.0 * (n - 1) / n * nbytes",
+           "the ring's alpha-beta terms both doubled (the fit recovers them through the same terms)"),
+    Mutant("sign-short-block-scale", "lesson_lib/milestones/compression/compressors.py",
+           "(b.abs().sum(1) / counts)", "(b.abs().sum(1) / BLOCK)",
+           "a short last block's sign scale averaged over the full block size"),
+    Mutant("zero2-grads-unsharded", "lesson_lib/costmodel/terms.py",
+           '2: ("optimizer", "grads"), 3:', '2: ("optimizer",), 3:',
+           "ZeRO-2's memory no longer shards the gradients"),
+    Mutant("sgd-drops-momentum", "lesson_lib/optim.py",
+           "return torch.optim.SGD(groups, lr=lr, momentum=momentum)",
+           "return torch.optim.SGD(groups, lr=lr)",
+           "the optimizer factory's SGD drops its momentum (ranks and reference alike)"),
+    Mutant("fp8-grad-e4m3", "lesson_lib/milestones/fp8/linear.py",
+           "g8, sg = _cast(grad, E5M2, ctx.scaled)", "g8, sg = _cast(grad, E4M3, ctx.scaled)",
+           "FP8's backward casts gradients to the forward's format"),
 )
 
 
