@@ -70,7 +70,7 @@ def test_held_out_run_within_its_band(case):
 
 
 def test_llama3_rows_use_model_flops_and_say_what_is_assumed():
-    for case in ("llama3-405b-8k", "llama3-405b-16k"):
+    for case in ("llama3-405b-8k", "llama3-405b-16k", "llama3-405b-16k-cp16"):
         r = calibrate.compare(case)
         assert r["unit"] == "TFLOP/s (model)" and "ASSUMED" in r["source"]
         assert r["predicted"] == pytest.approx(r["mfu"] * 989, rel=1e-9)
@@ -111,3 +111,15 @@ def test_deepseek_v3_is_a_moe_in_fp8_and_its_miss_is_the_all_to_all():
     assert (p.experts, p.expert_parallel, p.top_k, p.active, p.precision) == (256, 64, 8, 37e9, "fp8")
     assert (p.tensor, p.pipeline, p.data_parallel) == (1, 16, 128)
     assert e["dominant"] == "expert" and r["error"] < -GOAL
+
+
+def test_llama3_long_context_row_runs_the_context_parallel_term():
+    """Table 4's CP = 16 row: 131,072-token sequences split over 16 ranks, keys and values all-gathered
+    (Llama 3 §3.3.2); d = 16,384 / (8 · 16 · 16) = 8 replicas of 16 sequences. The context term is
+    (c − 1)/c of a sequence's K and V per layer: non-zero, and smaller than the compute it sits beside."""
+    r = calibrate.compare("llama3-405b-16k-cp16")
+    p, t = r["estimate"]["plan"], r["estimate"]["terms"]
+    assert (p.context, p.context_algorithm, p.seq_len, p.data_parallel, p.microbatches) == \
+        (16, "all-gather", 131072, 8, 16)
+    assert 0 < t["context"] < t["compute"]
+    assert r["published"] == 380 and r["unit"] == "TFLOP/s (model)"
