@@ -42,6 +42,29 @@
       else if (ax.autorange !== false && (lo - r0 > 1 || r1 - hi > 1))  // a range set by hand is meant
         problems.push(`${name}: ${key} runs 10^${r0.toFixed(1)}–10^${r1.toFixed(1)}, more than a decade past its data (10^${lo.toFixed(1)}–10^${hi.toFixed(1)})`);
     }
+    // Text that fits: no label cut off at the figure's edge, and no legend drawn over a bar's label,
+    // an annotation or a tick label (read from the rendered boxes, in screen pixels)
+    const box = gd.getBoundingClientRect();
+    if (box.width < 50 || box.height < 50) continue;  // not laid out (a collapsed output)
+    const label = (el) => (el.textContent || "").trim().slice(0, 40);
+    const texts = [...gd.querySelectorAll(
+      ".textpoint text, .annotation-text-g text, .xtick text, .ytick text, .g-xtitle text, .g-ytitle text, .legendtext")]
+      .filter((el) => label(el) && el.getBoundingClientRect().width > 0);
+    for (const el of texts) {
+      const r = el.getBoundingClientRect();
+      if (r.left < box.left - 2 || r.right > box.right + 2 || r.top < box.top - 2 || r.bottom > box.bottom + 2)
+        problems.push(`${name}: the text "${label(el)}" is cut off at the figure's edge`);
+    }
+    const legend = gd.querySelector(".legend .bg") || gd.querySelector(".legend");
+    if (legend && L.showlegend !== false) {
+      const g = legend.getBoundingClientRect();
+      const covered = texts.filter((el) => !el.classList.contains("legendtext") && !el.closest(".legend")).find((el) => {
+        const r = el.getBoundingClientRect();
+        const w = Math.min(r.right, g.right) - Math.max(r.left, g.left), h = Math.min(r.bottom, g.bottom) - Math.max(r.top, g.top);
+        return w > 2 && h > 2;
+      });
+      if (covered) problems.push(`${name}: the legend is drawn over "${label(covered)}"`);
+    }
   }
   return problems;
 }

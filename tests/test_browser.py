@@ -1,7 +1,8 @@
 """Drive a real JupyterLab in headless Chromium the way a learner would, chapter by chapter:
 open the notebook, Run -> Run All Cells, and check that it ran without errors, that every plotly
-figure drew and every widget rendered, that the browser logged no error, that an animation steps
-when played, and that one control of the chapter changes its output when used.
+figure drew and every widget rendered, that no figure's text is cut off at its edge or covered by its
+legend (tests/figure_checks.js, on the rendered boxes), that the browser logged no error, that an
+animation steps when played, and that one control of the chapter changes its output when used.
 
 This is where `make test` runs each notebook with the machine's own kernels (nbval runs chapters 4
 and 6 again under ATen's portable kernels, `make test-numerics`).
@@ -570,7 +571,7 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
                 if bad_figures:  # a FigureWidget being redrawn is briefly empty: keep what persists
                     page.wait_for_timeout(3000)
                     bad_figures = [b for b in page.evaluate(FIGURE_CHECKS_JS, PANEL) if b in bad_figures]
-                assert not bad_figures, "figures that do not show their data:\n" + "\n".join(bad_figures)
+                assert not bad_figures, "figures that hide data or text:\n" + "\n".join(bad_figures)
 
                 # ipywidgets shows "Error displaying widget" (also with class jupyter-widgets)
                 # when the widget manager cannot render a model.

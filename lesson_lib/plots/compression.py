@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import _with_note, log_axes
+from .common import _with_note, legend_outside, log_axes
 
 COMP_COLORS = {"none": "#4C78A8", "fp16": "#72B7B2", "bf16": "#B279A2", "topk": "#F58518",
                "randomk": "#9D755D", "qsgd": "#EECA3B", "sign": "#E45756", "sign-allreduce": "#E45756",
@@ -52,8 +52,8 @@ def wire_bytes(rows: list[dict]) -> go.Figure:
     fig.update_yaxes(type="log", title_text="bytes per step, busiest rank (log)")
     fig.update_layout(height=400, title="Bytes that really crossed per step (label: compression ratio "
                                         "against the fp32 ring)",
-                      margin={"t": 60}, legend={"orientation": "h", "y": -0.3})
-    return log_axes(fig)  # decades labelled, 2…9 as minor ticks
+                      margin={"t": 60})
+    return log_axes(legend_outside(fig))  # decades labelled, 2…9 as minor ticks; legend clear of the bars
 
 
 def bytes_vs_ranks(counted: dict, lines: dict, baselines: dict, stars: list,

@@ -8,7 +8,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, _with_note, level, log_axes, wrap
+from .common import COLORS, _with_note, legend_outside, level, log_axes, wrap
 
 NO_FIT = "#BAB0AC"
 FITS = "#4C78A8"
@@ -111,10 +111,9 @@ def dashboard(records: list[dict], target: float, note: str | None = None) -> go
     if any(hatch):
         note = "; ".join(filter(None, [note, "hatched: an EMULATED link (comm.set_link), not a network"]))
     fig.update_layout(barmode="stack", height=480, title=_with_note(
-        "One model, one data set, every milestone — measured here", note),
-                      legend={"orientation": "h", "y": -0.45}, margin={"t": 130})
+        "One model, one data set, every milestone — measured here", note), margin={"t": 130})
     fig.update_xaxes(tickangle=-35)
-    return fig
+    return legend_outside(fig)  # not below, over the slanted milestone names
 
 
 def predicted_vs_measured(records: list[dict], note: str | None = None) -> go.Figure:
@@ -127,5 +126,5 @@ def predicted_vs_measured(records: list[dict], note: str | None = None) -> go.Fi
                 textposition="outside")
     fig.update_layout(barmode="group", height=420, yaxis_title="ms per step", title=_with_note(
         "The cost model, fed α, β and FLOP/s measured here, against the measured steps", note),
-                      legend={"orientation": "h", "y": -0.3}, margin={"t": 90})
-    return fig
+                      margin={"t": 90})
+    return legend_outside(fig)
