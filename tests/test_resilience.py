@@ -256,39 +256,10 @@ def test_torchft_survives_a_replica_killed_mid_step_and_heals_it(no_orphans):
     assert steps[-1] > 4 * steps[len(steps) // 2]  # the stall: a new quorum without the dead peer
 
 
-def _two_diloco_replicas_by_hand(task: T.Task, h: int, outer_lr: float, outer_momentum: float):
-    """Two DiLoCo replicas in one process, written out: each its own model and inner SGD from one seed,
-    H inner steps on its own batches, then the averaged pseudo-gradient into one outer Nesterov SGD."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train, _ = T.data(task)
-        pairs = [T.build(task) for _ in range(2)]
-        start = [p.detach().clone() for p in pairs[0][0].parameters()]
-        holder = [torch.nn.Parameter(g.clone()) for g in start]
-        outer = torch.optim.SGD(holder, lr=outer_lr, momentum=outer_momentum, nesterov=True)
-        for k in range(task.steps // h):
-            deltas = []
-            for r, (model, inner) in enumerate(pairs):
-                for i in range(h):
-                    T.gradient(model, T.batch(task, train, k * h + i, r))
-                    inner.step()
-                params = zip(model.parameters(), start)
-                deltas.append(torch.cat([(g - p.detach()).reshape(-1) for p, g in params]))
-            T.set_gradient(torch.nn.ParameterList(holder), sum(deltas) / 2)
-            outer.step()
-            start = [p.detach().clone() for p in holder]
-            for model, _ in pairs:
-                for p, g in zip(model.parameters(), start):
-                    p.data.copy_(g)
-        return torch.cat([g.reshape(-1) for g in start])
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.slow  # starts replica processes twice
 def test_diloco_survives_a_replica_killed_mid_exchange_and_heals_it(no_orphans):
-    """ft_diloco: without a failure, both replicas equal two replicas written out in one process; with
+    """ft_diloco: without a failure, both replicas equal two replicas written out in one process
+    (``_diloco_by_hand``, the outer Nesterov step written out); with
     replica 1 SIGKILLed mid-exchange in outer step 2, the round is discarded by the survivor, which goes
     on alone, the spare heals from it, and both end bit-equal."""
     from lesson_lib.milestones.resilience import ft_diloco
@@ -296,9 +267,14 @@ def test_diloco_survives_a_replica_killed_mid_exchange_and_heals_it(no_orphans):
     task, h = T.Task(steps=24), 4
     watch = lambda s, a, st: ft_step.lighthouse(s, a, st, 2, task.steps // h - 1)
     clean = replicas.run(ft_diloco.replica, 2, task, h, 0.5, 0.5, watch=watch, timeout_s=120)["results"]
-    ref = _two_diloco_replicas_by_hand(task, h, 0.5, 0.5)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each replica runs: the matmuls then add in the same order, bit for bit
+    try:
+        ref, sent = _diloco_by_hand(task, h, 0.5, 0.5)  # the reference torchft's DiLoCo is held to above
+    finally:
+        torch.set_num_threads(threads)
     assert all(torch.equal(r["params"], ref) for r in clean)
-    assert clean[0]["floats_sent"] == (task.steps // h) * ref.numel()
+    assert clean[0]["floats_sent"] == sent == (task.steps // h) * ref.numel()
     out = replicas.run(ft_diloco.replica, 2, task, h, 0.5, 0.5, (1, 2), restart=(1,), restart_after_s=0.1,
                        watch=watch, timeout_s=120)
     a, b = out["results"]

@@ -68,6 +68,13 @@ def failure_cost(world_size: int = 2, numel: int = 1_000_000, restart_s: float =
             "needed_s": lo}
 
 
+def _steps_figure(res: list[dict], kill: tuple[int, int], title: str) -> None:
+    """Each replica's step times, the killed one labelled (§2's two demonstrations)."""
+    display(plots.resilience.replica_steps(
+        {f"replica {r['replica']}" + (" (killed, then healed)" if r["replica"] == kill[0] else ""): r["times"]
+         for r in res}, title))
+
+
 def survive(task: T.Task, n: int = 2, kill: tuple[int, int] = (1, 5), job=None,
             restart_after_s: float = 0.4) -> dict:
     """§2: our replicas (``job``, default :func:`ft_step.replica`), one SIGKILLed mid-exchange and
@@ -93,10 +100,8 @@ def survive(task: T.Task, n: int = 2, kill: tuple[int, int] = (1, 5), job=None,
           f"with all of them)\n"
           f"replica {kill[0]} healed from replica {healed['from']} at step {healed['healed_at']}; at the end "
           f"every replica's weights bit-equal: {equal}; equal to one process replaying the quorums: {replay}")
-    display(plots.resilience.replica_steps(
-        {f"replica {r['replica']}" + (" (killed, then healed)" if r["replica"] == kill[0] else ""): r["times"]
-         for r in res}, f"{n} replica groups, replica {kill[0]} SIGKILLed in step {kill[1]}: the survivor's "
-                        "step waits for the lighthouse to notice, then goes on alone"))
+    _steps_figure(res, kill, f"{n} replica groups, replica {kill[0]} SIGKILLed in step {kill[1]}: the "
+                             "survivor's step waits for the lighthouse to notice, then goes on alone")
     return {"out": out, "equal": equal, "replay": replay, "stall_s": stall, "median_s": usual, "hold_s": hold,
             "healed": healed, "alone": alone}
 
@@ -135,10 +140,8 @@ def torchft_survives(task: T.Task, kill: tuple[int, int] = (1, 4), heartbeat_ms:
           f"dead peer (heartbeat timeout {heartbeat_ms / 1e3:g} s)\n"
           f"the spare healed from the live replica at step {healed}; at the end the weights bit-equal: "
           f"{equal}")
-    display(plots.resilience.replica_steps(
-        {f"replica {r['replica']}" + (" (killed, then healed)" if r["replica"] == kill[0] else ""): r["times"]
-         for r in res}, f"torchft, 2 replica groups, replica {kill[0]} SIGKILLed in step {kill[1]}: the "
-                        "survivor waits for a quorum without it"))
+    _steps_figure(res, kill, f"torchft, 2 replica groups, replica {kill[0]} SIGKILLed in step {kill[1]}: "
+                             "the survivor waits for a quorum without it")
     return {"out": out, "equal": equal, "stall_s": stall, "median_s": usual, "healed_at": healed,
             "discarded": discarded}
 

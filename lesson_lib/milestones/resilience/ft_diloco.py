@@ -12,16 +12,13 @@ optimizer state and the outer step. Every replica ends with the same global weig
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from . import task as T
-from .ft_step import exchange
+from .ft_step import die_mid_exchange, exchange
 
 
 def replica(me: int, n: int, store_path: str, task: T.Task, h: int, outer_lr: float, outer_momentum: float,
@@ -57,19 +54,12 @@ def replica(me: int, n: int, store_path: str, task: T.Task, h: int, outer_lr: fl
             start = [p.detach().clone() for p in model.parameters()]
             inner_steps(task, train, model, inner, k, h, me)  # then this round's H steps; the others wait
         elif q["heal"] and me == q["source"]:  # the round's start is the global state a returner needs
-            local = [p.detach().clone() for p in model.parameters()]
-            for p, p0 in zip(model.parameters(), start):
-                p.data.copy_(p0)
-            store.set(f"state/{rnd}", T.to_bytes({"model": model.state_dict(), "inner": inner.state_dict(),
+            weights = {name: p0 for (name, _), p0 in zip(model.named_parameters(), start)}
+            store.set(f"state/{rnd}", T.to_bytes({"model": weights, "inner": inner.state_dict(),
                                                   "outer": outer.state_dict(), "k": k}))
-            for p, p1 in zip(model.parameters(), local):
-                p.data.copy_(p1)
         delta = torch.cat([(p0 - p.detach()).reshape(-1) for p, p0 in zip(model.parameters(), start)])
-        if kill == (me, k) and store.add(f"killed/{me}", 1) == 1:
-            others = [f"grad/{rnd}/{m}" for m in q["members"] if m != me]
-            while not store.check(others):
-                time.sleep(0.001)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if kill == (me, k):
+            die_mid_exchange(store, rnd, me, q["members"])
         avg = exchange(store, rnd, me, delta, q["members"])
         sent += delta.numel()
         for p, p0 in zip(model.parameters(), start):

@@ -66,6 +66,17 @@ def exchange(store, rnd: int, me: int, grad: torch.Tensor, members: list[int]):
     return sum(T.from_bytes(store.get(k)) for k in keys) / len(members)
 
 
+def die_mid_exchange(store, rnd: int, me: int, members: list[int]) -> None:
+    """SIGKILL this process once the other members of round ``rnd`` have sent, before it sends its own:
+    a death mid-exchange (first life only: a restarted replica finds the mark and carries on)."""
+    if store.add(f"killed/{me}", 1) != 1:
+        return
+    others = [f"grad/{rnd}/{m}" for m in members if m != me]
+    while not store.check(others):
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def replica(me: int, n: int, store_path: str, task: T.Task, kill: tuple[int, int] | None = None,
             step_fn=None) -> dict:
     """One replica group. ``kill = (replica, step)``: that replica SIGKILLs itself mid-exchange,
@@ -95,11 +106,8 @@ def replica(me: int, n: int, store_path: str, task: T.Task, kill: tuple[int, int
             store.set(f"state/{rnd}", T.to_bytes({"model": model.state_dict(), "opt": opt.state_dict(),
                                                   "step": step}))
         grad = T.gradient(model, T.batch(task, train, step, me))
-        if kill == (me, step) and store.add(f"killed/{me}", 1) == 1:
-            others = [f"grad/{rnd}/{m}" for m in q["members"] if m != me]
-            while not store.check(others):
-                time.sleep(0.001)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if kill == (me, step):
+            die_mid_exchange(store, rnd, me, q["members"])
         avg = step_fn(store, rnd, me, grad, q["members"])
         if avg is not None:  # commit: every member applies the same average
             T.set_gradient(model, avg)
