@@ -18,7 +18,7 @@ TASK = T.Task(steps=5)
 
 
 def test_powersgd_sends_its_factors_and_the_biases(clusters):
-    out = clusters(2).run(compressed.replica, TASK, "powersgd", None, rank=2)
+    out = clusters(2).run(compressed.counted, compressed.replica, TASK, "powersgd", None, rank=2)
     # mlp(32, 64, 1, 10): W1 64×32 and W2 10×64 are compressed to P (rows·r) and Q (columns·r); the
     # biases (64 and 10) ride uncompressed with P. On 2 ranks a ring all-reduce of S floats sends
     # S·4 bytes from each rank (one half in the reduce-scatter, the other in the all-gather).

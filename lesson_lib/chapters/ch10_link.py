@@ -20,7 +20,7 @@ def slow_link(fn, task: T.Task, gbps: float, h: int, rank: int = 2, outer_lr: fl
     psgd = f"PowerSGD, rank {rank}"
     runs = {name: cluster.run(compressed.counted, fn, task, hh, outer_lr, outer_momentum, gbps)[0]
             for name, hh in (("DDP", None), (f"DiLoCo, H = {h}", h))}
-    runs[psgd] = cluster.run(compressed.replica, task, "powersgd", gbps, rank=rank)[0]
+    runs[psgd] = cluster.run(compressed.counted, compressed.replica, task, "powersgd", gbps, rank=rank)[0]
     target = max(r["held_out"] for r in runs.values()) * 1.02
     reach = {name: next((t for t, loss in r["curve"] if loss <= target), float("inf"))
              for name, r in runs.items()}
@@ -68,9 +68,9 @@ def bytes_and_quality(fn, task: T.Task, base: dict, hs=(4, 64), ranks=(1, 4), to
     rows = dict(base["runs"])
     for h in hs:
         rows[f"DiLoCo, H = {h}"] = cluster.run(compressed.counted, fn, task, h, outer_lr, outer_momentum)[0]
-    for r in ranks:
-        rows[f"PowerSGD, rank {r}"] = cluster.run(compressed.replica, task, "powersgd", rank=r)[0]
-    rows[f"top-k {topk:.0%}"] = cluster.run(compressed.replica, task, "topk", ratio=topk)[0]
+    squeezed = [(f"PowerSGD, rank {r}", "powersgd", {"rank": r}) for r in ranks]
+    for name, compressor, options in squeezed + [(f"top-k {topk:.0%}", "topk", {"ratio": topk})]:
+        rows[name] = cluster.run(compressed.counted, compressed.replica, task, compressor, **options)[0]
     ddp = rows["DDP"]["bytes_sent"]
     print(f"{'':>17} {'bytes sent':>11} {'× fewer':>8} {'final loss':>11}   ({task.steps} steps, the same "
           f"tokens; top-k: (index, value) pairs all-gathered)")

@@ -24,8 +24,8 @@ OP = "ch10.compressed"  # the counter the compressed exchange is recorded under
 def replica(task: T.Task, compressor: str = "powersgd", gbps: float | None = None, **options) -> dict:
     """One rank: every step the flat gradient is averaged by chapter 6's ``compressor`` (``options``:
     ``rank``, ``ratio``, ``error_feedback``… as :func:`~..compression.make` takes them), then the inner
-    SGD step. Returns what ``my_diloco`` returns, with what the comm layer counted for the exchange on
-    this rank: ``bytes_sent`` (``floats_sent``: those bytes over 4), ``collectives`` and ``comm_s``."""
+    SGD step. Returns what ``my_diloco`` returns; run it through :func:`counted`, as DDP and DiLoCo are,
+    for the bytes and collectives the comm layer saw."""
     rank = dist.get_rank()
     train, held = T.data(task)
     model, inner = T.build(task)
@@ -33,8 +33,6 @@ def replica(task: T.Task, compressor: str = "powersgd", gbps: float | None = Non
     squeeze = make(compressor, seed=task.seed, **options)
     if gbps:
         comm.set_link(gbps)
-    c = counters()
-    before = (c.ops[OP].bytes_sent, c.ops[OP].calls, c.ops[OP].seconds) if OP in c.ops else (0, 0, 0.0)
     curve, t0 = [], time.perf_counter()
     for step in range(task.steps):
         flat = T.gradient(model, T.batch(task, train, step, rank))
@@ -43,19 +41,16 @@ def replica(task: T.Task, compressor: str = "powersgd", gbps: float | None = Non
         inner.step()
         if step % 8 == 7:
             curve.append((time.perf_counter() - t0, T.held_out_loss(model, held)))
-    sent, calls, seconds = (now - then for now, then in zip(
-        (c.ops[OP].bytes_sent, c.ops[OP].calls, c.ops[OP].seconds), before))
-    return {"params": T.flat_params(model), "bytes_sent": sent, "floats_sent": sent // 4,
-            "collectives": calls, "comm_s": seconds, "held_out": T.held_out_loss(model, held),
-            "curve": curve}
+    return {"params": T.flat_params(model), "held_out": T.held_out_loss(model, held), "curve": curve}
 
 
-def counted(fn, *args) -> dict:
-    """``fn(*args)`` on this rank, its result with what the comm layer counted while it ran, not what
-    the function says: ``bytes_sent`` from this rank, ``collectives`` made and ``comm_s`` spent in them."""
+def counted(fn, *args, **kwargs) -> dict:
+    """``fn(*args, **kwargs)`` on this rank, its result with what the comm layer counted while it ran,
+    not what the function says: ``bytes_sent`` from this rank, ``collectives`` made and ``comm_s`` spent
+    in them."""
     c = counters()
     before = c.bytes_sent, sum(s.calls for s in c.ops.values()), c.seconds
-    out = fn(*args)
+    out = fn(*args, **kwargs)
     sent, calls, seconds = (now - then for now, then in zip(
         (c.bytes_sent, sum(s.calls for s in c.ops.values()), c.seconds), before))
     return {**out, "bytes_sent": sent, "collectives": calls, "comm_s": seconds}
