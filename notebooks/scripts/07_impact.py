@@ -174,7 +174,8 @@ print(f"OPT-175B: {opt['predicted']:.0f} TFLOP/s per GPU with one micro-batch of
 terms = deepseek["estimate"]["terms"]
 print(f"DeepSeek-V3: {deepseek['predicted']:.0f} tokens/s per GPU ({deepseek['error']:+.0%}); of its "
       f"{terms['step']:.1f} s step, {terms['expert']:.1f} s is the expert all-to-all, left exposed")
-hidden = deepseek["estimate"]["plan"].batch_tokens / (terms["step"] - terms["expert"]) / 2048
+plan = deepseek["estimate"]["plan"]
+hidden = plan.batch_tokens / (terms["step"] - terms["expert"]) / plan.devices
 print(f"  with the all-to-all hidden instead (DualPipe): {hidden:.0f} tokens/s per GPU "
       f"({hidden / deepseek['published'] - 1:+.0%}) — the sign flips")
 assert hidden > 1.15 * deepseek["published"]

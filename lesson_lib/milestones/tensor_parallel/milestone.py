@@ -21,7 +21,7 @@ from ...runtime import context
 from . import formulas, three_d, train
 from .grid import Layout
 from .model import Config as ModelConfig
-from .results import GROUPS, GridRankResult, equality
+from .results import GROUPS, GridRankResult
 
 NAME = "tensor-parallel"
 
@@ -138,10 +138,3 @@ def reference(cfg: Config) -> dict:
     the same SGD steps (``train.reference``, which runs none of the parallel code): ``losses``, the
     first step's ``logits`` and ``grads``, the final ``params``."""
     return train.reference(cfg.model())
-
-
-def verify(cfg: Config, cluster, ref: dict | None = None) -> dict:
-    """Run the worker on ``cluster`` and compare every rank's losses and parameters with
-    :func:`reference` (:func:`~.results.equality`)."""
-    cfg.validate()
-    return equality(cfg.model(), cluster.run(worker, cfg), ref or reference(cfg))
