@@ -13,11 +13,11 @@ import torch.distributed as dist
 
 from ..runtime import Cluster, warm_cluster
 
-# how each rank seeds before drawing: (seed, add the rank to it); None: not seeded in this job
+# how each rank seeds before drawing: None, not seeded in this job; else whether it adds its rank
 CASES = {
-    "not seeded": (None, False),
-    "torch.manual_seed(base) on every rank": (0, False),
-    "torch.manual_seed(base + rank)": (0, True),
+    "not seeded": None,
+    "torch.manual_seed(base) on every rank": False,
+    "torch.manual_seed(base + rank)": True,
 }
 
 
@@ -43,8 +43,8 @@ def seeding(world_size: int = 4, base: int = 1234, n: int = 4, cluster: Cluster 
     with ``base + rank``; then seed in one job and draw unseeded in the next, to see whether the seed
     carried over. Prints each rank's draws; returns them and whether the ranks agreed."""
     c = cluster or warm_cluster(world_size)
-    draws = {label: c.run(draws_job, None if seed is None else base + seed, per_rank, n)
-             for label, (seed, per_rank) in CASES.items()}
+    draws = {label: c.run(draws_job, None if per_rank is None else base, bool(per_rank), n)
+             for label, per_rank in CASES.items()}
     c.run(seed_job, base)  # the job after it draws unseeded: a fresh generator, or base's numbers?
     after = c.run(draws_job, None, False, n)
     seeded = torch.Generator().manual_seed(base)

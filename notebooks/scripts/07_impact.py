@@ -201,9 +201,9 @@ assert not llama["fits"] and mem["total"] < 1.25 * mem["device"]  # over, but by
 # at the FP8 peak with the one efficiency fitted on dense GEMMs, where DeepSeek-V3's experts are small
 # (7,168 × 2,048) and much of it runs in BF16. A MoE needs both terms, not one of them.
 #
-# Memory has a miss of its own. On Llama 3 405B's layout the model counts about 95 GB per GPU, most
-# of it activations: Korthikanti et al.'s count for the interleaved 1F1B schedule, in which the first
-# stage holds the activations of p = 16 micro-batches of 8,192 tokens. Meta trained that layout on
+# Memory has a miss of its own. On Llama 3 405B's layout the model counts more than 80 GB per GPU (the
+# line printed above), most of it activations: Korthikanti et al.'s count for the interleaved 1F1B
+# schedule, in which the first stage holds the activations of p = 16 micro-batches of 8,192 tokens. Meta trained that layout on
 # 80 GB GPUs with a pipeline schedule of its own (Llama 3 paper, §3.3.2); the model does not know what
 # that schedule holds, so its "does not fit" is the model's limit, not the run's. (Before selective
 # recomputation, FlashAttention and interleaving were modelled, it said 947 GB.)
