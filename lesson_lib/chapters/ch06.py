@@ -14,7 +14,7 @@ from IPython.display import display
 from .. import plots
 from ..experiments import Result, run_warm
 from ..milestones import compression as cm
-from ..runtime.placement import cpu_count
+from ..runtime.placement import cpu_count, share_note
 from .ch06_exercises import crossover_case, exercises  # noqa: F401  (the notebook calls them here)
 
 WORLD_SIZE = cm.Config.PRESETS["laptop"]["world_size"]
@@ -124,8 +124,8 @@ def scaling(worlds=SCALING_WORLDS, steps: int = 2, runs: dict | None = None, up_
     lines = {label: (xs, [formula(label, n) for n in xs]) for label in runs}
     baselines = {f"{name} ring 2(N−1)/N·{e}S": (xs, [cm.ring_busiest_bytes(S, e, n) for n in xs])
                  for name, e in (("fp32", 4), ("bf16", 2))}
-    note = (f"{big} ranks share {cpu_count()} CPU cores: time-shared, so no times here; the byte "
-            "counts are exact regardless" if any(r.oversubscribed for r in res.values()) else None)
+    note = (f"{big} ranks share {cpu_count()} CPU cores{share_note()}: time-shared, so no times here; "
+            "the byte counts are exact regardless" if any(r.oversubscribed for r in res.values()) else None)
     stars = [(label, n, (n - 1) * payload[label], ring) for ring, ev in (("fp32", even), ("bf16", even16))
              for label, n in ev.items() if n <= up_to]
     display(plots.compression.bytes_vs_ranks(counted, lines, baselines, stars, note))

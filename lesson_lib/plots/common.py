@@ -10,7 +10,7 @@ import time
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..runtime import cpu_count
+from ..runtime import cpu_count, share_note
 
 COLORS = {"compute": "#4C78A8", "comm": "#F58518", "busy": "#54A24B", "idle": "#BAB0AC",
           "params": "#4C78A8", "grads": "#72B7B2", "optimizer": "#F58518",
@@ -25,8 +25,8 @@ def oversubscription_note(results, busy_shown: bool = True) -> str | None:
     worst = max((r for r in results if r.oversubscribed), key=lambda r: r.world_size, default=None)
     if worst is None:
         return None
-    note = (f"CPU fallback: {worst.world_size} ranks share {cpu_count()} cores, so wall-clock times are "
-            "stretched by time-sharing.")
+    note = (f"CPU fallback: {worst.world_size} ranks share {cpu_count()} cores{share_note()}, so wall-clock "
+            "times are stretched by time-sharing.")
     return note + (" Busy time (CPU time of each rank) is shown beside them." if busy_shown else "")
 
 

@@ -18,6 +18,9 @@ from .placement import (
     choose_placement,
     cpu_count,
     describe,
+    env_limit,
+    memory_share,
+    share_note,
     threads_per_rank,
     validate_backend,
     validate_world_size,
@@ -29,6 +32,7 @@ from .worker import WorkerContext, context
 __all__ = [
     "BACKENDS", "MAX_WARM_RANKS", "MAX_WORLD_SIZE", "Cluster", "Placement", "RunInterrupted",
     "TorchrunCluster", "WorkerContext", "WorkerError", "WorkerMismatch", "WorkerTimeout", "choose_placement",
-    "close_all", "context", "cpu_count", "describe", "launched_by_torchrun", "pack_job",
+    "close_all", "context", "cpu_count", "describe", "env_limit", "launched_by_torchrun", "memory_share",
+    "pack_job", "share_note",
     "threads_per_rank", "validate_backend", "validate_world_size", "warm_cluster",
 ]

@@ -13,6 +13,7 @@ import pickle
 import queue
 import shutil
 import socket
+import threading
 import time
 import warnings
 import weakref
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from . import folders, output, start
+from . import folders, output, placement, start
 from .errors import MAIN_GUARD_HELP, RunInterrupted, WorkerTimeout
 from .failures import check_alive, raise_failure, raise_timeout
 from .ledger import Ledger, mode
@@ -75,8 +76,11 @@ class Cluster:
         self._job_id = 0
         self._mark: str | None = None  # the main-guard mark of start.starting
         self.start_seconds = float("nan")
-        note = (f"{world_size} ranks on {cpu_count()} CPU cores: ranks time-share the cores, so "
-                "wall-clock times stretch; compare each rank's busy (CPU) time where a figure shows it")
+        self._use = threading.RLock()  # held for a whole job: the idle reaper (idle.py) never closes mid-job
+        self.last_used, self.last_used_epoch = time.monotonic(), time.time()
+        note = (f"{world_size} ranks on {cpu_count()} CPU cores{placement.share_note()}: ranks time-share "
+                "the cores, so wall-clock times stretch; compare each rank's busy (CPU) time where a figure "
+                "shows it")
         if not quiet:  # once per cell, never inside a figure or a verdict (output.notice)
             output.notice(f"lesson_lib: {world_size} rank(s) — {self.placement.reason}"
                           + (f"\n  warning: {note}" if self.oversubscribed else ""))
@@ -198,6 +202,13 @@ class Cluster:
         if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
         payload = pack_job(fn, args, kwargs)
+        with self._use:
+            try:
+                return self._run(fn, payload, on_event, timeout_s)
+            finally:
+                self.last_used, self.last_used_epoch = time.monotonic(), time.time()
+
+    def _run(self, fn, payload, on_event, timeout_s) -> list:
         name = getattr(fn, "__qualname__", "the function")
         self.start()
         self._job_id += 1

@@ -32,14 +32,82 @@ class Placement:
 
 def cpu_count() -> int:
     """The CPUs this process may really use: the cores its affinity mask allows, capped by the
-    container's CPU quota. On JupyterHub on Kubernetes and on Binder the mask shows every core of the
-    host while a CFS quota limits the pod to a few: the quota decides (rounded up, at least 1)."""
+    container's CPU quota and by JupyterHub's per-user ``CPU_LIMIT``. On JupyterHub on Kubernetes
+    and on Binder the mask shows every core of the host while a CFS quota limits the pod to a few;
+    on a workshop server with a local spawner only ``CPU_LIMIT`` says what one learner's share is.
+    The tightest decides (rounded up, at least 1)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS
         cores = os.cpu_count() or 1
-    quota = cpu_quota()
-    return cores if quota is None else max(1, min(cores, math.ceil(quota - 1e-9)))
+    limits = [q for q in (cpu_quota(), env_limit("CPU_LIMIT")) if q is not None]
+    return cores if not limits else max(1, min(cores, math.ceil(min(limits) - 1e-9)))
+
+
+def env_limit(name: str, environ=None) -> float | None:
+    """JupyterHub's per-user limit ``CPU_LIMIT`` (cores, e.g. "1.5") or ``MEM_LIMIT`` (bytes), which
+    its spawner sets in each learner's environment whether or not it enforces it; ``None`` when
+    unset, empty, zero or unreadable (JupyterHub leaves it out when no limit is set)."""
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def memory_share(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> dict:
+    """Memory this process's user may fill, in bytes, and what limits it: the machine's RAM, the
+    cgroup's ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1), and ``MEM_LIMIT``."""
+    import psutil
+
+    found = {"machine": float(psutil.virtual_memory().total)}
+    cgroup = _cgroup_memory(root, membership)
+    if cgroup is not None:
+        found["cgroup"] = cgroup
+    env = env_limit("MEM_LIMIT")
+    if env is not None:
+        found["MEM_LIMIT"] = env
+    source = min(found, key=found.get)
+    return {"bytes": int(found[source]), "limited_by": source}
+
+
+def _cgroup_memory(root: str, membership: str) -> float | None:
+    try:
+        with open(membership) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            bases, name = [root], "memory.max"
+        elif "memory" in controllers.split(","):
+            bases = [os.path.join(root, controllers), os.path.join(root, "memory")]
+            name = "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for base in bases:
+            for depth in range(len(parts), -1, -1):
+                try:
+                    with open(os.path.join(base, *parts[:depth], name)) as f:
+                        raw = f.read().strip()
+                except OSError:
+                    continue
+                if raw.isdigit() and int(raw) < 2**60:  # v1 writes a huge number for "no limit"
+                    limits.append(float(raw))
+    return min(limits) if limits else None
+
+
+def share_note() -> str:
+    """" (this user's share: CPU_LIMIT=1)" when JupyterHub's ``CPU_LIMIT`` is what caps
+    :func:`cpu_count`, else "": added after "N CPU cores" in a figure's note or a warning."""
+    env = env_limit("CPU_LIMIT")
+    if env is None or math.ceil(env - 1e-9) != cpu_count():
+        return ""
+    return f" (this user's share: CPU_LIMIT={os.environ['CPU_LIMIT'].strip()})"
 
 
 def cpu_quota(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> float | None:
@@ -155,6 +223,28 @@ def oversubscribed(world_size: int, threads: int, backend: str) -> bool:
     return backend == "gloo" and world_size * threads > cpu_count()
 
 
+def _cpu_share_words() -> str:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    limits = {"cgroup quota": cpu_quota(), "CPU_LIMIT": env_limit("CPU_LIMIT")}
+    limits = {k: v for k, v in limits.items() if v is not None}
+    if not limits:
+        return f"all {cores} cores (no cgroup quota, no CPU_LIMIT)"
+    return (f"{cpu_count()} of {cores} cores for this user's ranks ("
+            + ", ".join(f"{k} {v:g}" for k, v in limits.items()) + ")")
+
+
+def _memory_share_words() -> str:
+    import psutil
+
+    share, total = memory_share(), psutil.virtual_memory().total
+    if share["limited_by"] == "machine":
+        return f"all {total / 1e9:.1f} GB (no cgroup limit, no MEM_LIMIT)"
+    return f"{share['bytes'] / 1e9:.1f} of {total / 1e9:.1f} GB ({share['limited_by']})"
+
+
 def describe() -> dict:
     """What the runtime sees: used by ``python -m lesson_lib doctor``."""
     return {
@@ -162,6 +252,8 @@ def describe() -> dict:
         "torch": torch.__version__,
         "cpu_cores": cpu_count(),
         "cpu_quota": cpu_quota(),
+        "cpu_share": _cpu_share_words(),
+        "memory_share": _memory_share_words(),
         "gpus": gpu_count(),
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available(),
