@@ -45,7 +45,7 @@ def talk_chart(names=costmodel.MILESTONES, overlaps=OVERLAPS, **overrides) -> di
     notes = [a for a in notes if "hidden behind compute" not in a] + [
         "overlap: " + " and ".join(f"{ov:.0%}" for ov in overlaps) + " of the data-parallel communication "
         "hidden behind compute (at most the compute's own time; chapters 0 and 4 measure buckets and "
-        "prefetch hiding it); pipeline and tensor-parallel messages never hidden",
+        "prefetch hiding it); pipeline messages never hidden; the chart has no tensor parallelism (t = 1)",
         "pipeline: the fewest stages (dividing the devices) at which the model fits; "
         "ps-sharded: as many server machines as workers; lamb and compression build on ZeRO-3"]
     display(plots.impact.talk_chart(by, title, notes))

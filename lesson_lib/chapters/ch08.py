@@ -9,7 +9,7 @@ import torch
 from IPython.display import display
 
 from .. import plots
-from ..costmodel import devices, links, ring_time
+from ..costmodel import CALIBRATED_EFFICIENCY, devices, links, ring_time
 from ..milestones.context_parallel import ring_attention
 from ..milestones.expert_parallel import moe
 from ..milestones.tensor_parallel import formulas, tolerances, train
@@ -244,7 +244,7 @@ def composed(cfg: Config | None = None, dp: int = 2, tp: int = 2) -> dict:
 
 
 def at_scale(hidden: int = 12288, seq: int = 2048, micro: int = 1, device: str = "a100-80gb",
-             efficiency: float = 0.5) -> list[dict]:
+             efficiency: float = CALIBRATED_EFFICIENCY) -> list[dict]:
     """§6: one transformer block's tensor-parallel all-reduces (bf16, 4 per step) against its compute
     (24·s·b·h² FLOPs forward, 3× that with the backward, shared by t devices) on each link."""
     flops = devices()[device]["peak_flops"] * efficiency
@@ -277,13 +277,14 @@ def scale_calculator():
 
     def update(*_):
         spec = links()[names[link.value]]
-        hidden, seq, flops = 12288, 2048, devices()["a100-80gb"]["peak_flops"] * 0.5
+        hidden, seq, flops = 12288, 2048, devices()["a100-80gb"]["peak_flops"] * CALIBRATED_EFFICIENCY
         comm_s = 4 * ring_time(2 * seq * hidden, t.value, spec["alpha"], spec["beta"])
         compute_s = 3 * 24 * seq * hidden ** 2 / t.value / flops
         out.value = (f"<b>{comm_s * 1e3:.2f} ms</b> of all-reduces against "
                      f"<b>{compute_s * 1e3:.2f} ms</b> of compute per block: communication is "
                      f"{comm_s / (comm_s + compute_s):.0%} of the step "
-                     "if nothing overlaps (width 12,288, 2,048 tokens, bf16, A100 at 50% of peak)")
+                     "if nothing overlaps (width 12,288, 2,048 tokens, bf16, A100 at "
+                     f"{CALIBRATED_EFFICIENCY:.0%} of peak, chapter 7's calibrated efficiency)")
 
     link.observe(update, "value")
     t.observe(update, "value")

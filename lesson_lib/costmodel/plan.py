@@ -64,7 +64,7 @@ class Plan:
     layers: int = 0                    # 0: from Ψ ≈ 12·L·h² with h = 128·L (GPT-3's shape)
     hidden: int = 0
     heads: int = 0                     # 0: h / 128
-    efficiency: float = 0.5            # share of peak FLOP/s the math reaches (assumed)
+    efficiency: float = CALIBRATED_EFFICIENCY  # share of peak FLOP/s reached (fitted: calibrate.py)
     recompute: bool | str = True       # none | selective | full (True: full, False: none)
     overlap: float = 0.0               # share of data-parallel communication hidden behind compute
     offload: bool = False              # ZeRO-Offload: gradients, Adam and its step on the host (Ren 2021)
@@ -72,7 +72,7 @@ class Plan:
     host_gb: float = 256.0             # host memory per device (assumed; DGX A100: 2 TB for 8 GPUs)
     chunks: int = 1                    # v, model chunks per pipeline rank (interleaved 1F1B; SC21)
     flash_attention: bool = False      # attention's s×s scores never stored (Dao et al., 2022)
-    attention_flops: bool = False      # count attention's 12·L·h·s FLOPs per token (SC21 Eq. 3)
+    attention_flops: bool = True       # count attention's 12·L·h·s FLOPs per token (SC21 Eq. 3)
     vocab: int = 0                     # V, for SC21 Eq. 3's logit layer (0: inside Ψ, not split out)
     tp_overlap: float = 0.0            # share of tensor-parallel communication hidden behind compute
     context: int = 1                   # c, context-parallel ranks: each holds s/c of every sequence

@@ -36,7 +36,9 @@ def assumptions(plan: Plan) -> list[str]:
         f"between nodes: {net['name']}, {1e-9 / net['beta']:g} GB/s each way per device, "
         f"α = {net['alpha'] * 1e6:g} µs — {net['source']}",
         f"{plan.overlap:.0%} of the data-parallel communication hidden behind compute (assumed; chapters "
-        "0 and 4 measure buckets and prefetch hiding it); pipeline and tensor-parallel messages never hidden",
+        "0 and 4 measure buckets and prefetch hiding it); pipeline messages never hidden; "
+        f"{plan.tp_overlap:.0%} of the tensor-parallel messages hidden (tp_overlap: 0 is the bound in which "
+        "none is; Megatron-Core's tp_comm_overlap hides part of them, chapter 8)",
         "memory: 2 + 2 + 12 bytes per parameter (bf16 weights and gradients, fp32 Adam; "
         "Rajbhandari et al. 2020), activations s·b·h·(10 + 24/t + 5as/(ht)) per layer "
         "(Korthikanti et al. 2022)" + {"full": "; recomputing, only each layer's input, 2·s·b·h bytes"

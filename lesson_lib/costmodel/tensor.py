@@ -1,9 +1,10 @@
 """The tensor-parallel term of chapter 7's cost model, after chapter 8.
 
 Megatron's tensor parallelism (Shoeybi et al., 2019): two all-reduces of one activation per block
-forward and two backward, on the node's link, never hidden. Sequence parallelism (Korthikanti et
-al., 2022) makes each a reduce-scatter plus all-gather (same bytes), splits the activations between
-blocks by t, and re-gathers the column layers' inputs in the backward (§4.2.2).
+forward and two backward, on the node's link. How much of that hides behind compute is the plan's
+``tp_overlap`` (planner.py; 0, none hidden, is the bound chapter 7 prints). Sequence parallelism
+(Korthikanti et al., 2022) makes each a reduce-scatter plus all-gather (same bytes), splits the
+activations between blocks by t, and re-gathers the column layers' inputs in the backward (§4.2.2).
 """
 
 from __future__ import annotations

@@ -189,9 +189,12 @@ assert whole["block_activations"] > tp4["block_activations"] > sp4["block_activa
 # tokens / E⌉` tokens from a rank; the **capacity factor** is the slack above an even share. The rest
 # are **dropped**: they skip the expert and pass through on the residual stream. Capacity exists
 # because GShard and Switch ran under XLA on TPUs, where every buffer's shape is fixed before the
-# step: an expert that is chosen more often than its share must drop tokens. Today's systems drop
-# none: MegaBlocks (Gale et al., 2023) computes each expert's batch, whatever its size, as a
-# block-sparse product, and DeepSeek-V3 (2024) trains without dropping any token. Then one
+# step: an expert that is chosen more often than its share must drop tokens. Some of today's systems
+# drop none: MegaBlocks (Gale et al., 2023) computes each expert's batch, whatever its size, as a
+# block-sparse product ("dropless"), and DeepSeek-V3 (2024, §2.1.2) drops no token in training or
+# inference. Others still drop: Megatron-Core offers a capacity factor with dropping
+# (`--moe-expert-capacity-factor`; dropless when it is unset), and DeepSeek-V2 (2024) dropped tokens
+# per device in training to bound each device's compute. Then one
 # **all-to-all** (every rank sends a different chunk to every other) sends chunk j of the buffer to
 # rank j, which holds those experts. A second all-to-all brings the outputs back.
 #
@@ -201,8 +204,10 @@ assert whole["block_activations"] > tp4["block_activations"] > sp4["block_activa
 # router's mean probability for e. It is 1 when the router is uniform, and near E only when every
 # token goes to one expert *and* the router is sure of it. Because Pₑ is a mean probability, the loss
 # is not a measure of imbalance by itself: all tokens on one expert with an unsure router score
-# about 1, as the cell after the run shows. DeepSeek-V3 drops the loss for a per-expert bias added
-# to the routing scores, raised while an expert is under-loaded and lowered while it is over-loaded.
+# about 1, as the cell after the run shows. DeepSeek-V3 (2024, §2.1.2) balances mainly with a
+# per-expert bias added to the routing scores, raised while an expert is under-loaded and lowered
+# while it is over-loaded, and keeps a sequence-wise balancing loss with a very small weight only to
+# stop a single sequence from being extremely unbalanced.
 
 # %%
 show_source(moe.route)
@@ -469,8 +474,8 @@ assert by[("NVLink 3", 8)] < 0.1 < by[("InfiniBand HDR", 8)], by  # t = 8 inside
 # (chapters 3 and 4) between nodes: their traffic is smaller per byte of compute, or overlaps with it.
 # Expert parallelism's all-to-all crosses nodes. DeepSeek-V3 bounds that traffic by **node-limited
 # routing**: each token's experts are chosen from at most 4 nodes, so its all-to-all reaches at
-# most 4 nodes whatever k is. (Capacity, §2, is a different matter: fixed shapes and load imbalance,
-# and DeepSeek-V3 drops no token.) Context parallelism overlaps each ring step with a block of attention, so
+# most 4 nodes whatever k is. (Capacity, §2, is a different matter: fixed shapes and load imbalance;
+# DeepSeek-V3 drops no token, while Megatron-Core's capacity factor and DeepSeek-V2 drop some.) Context parallelism overlaps each ring step with a block of attention, so
 # it pays whenever a block's attention takes longer than sending it.
 
 # %% [markdown]
