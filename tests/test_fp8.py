@@ -1,10 +1,14 @@
 """Chapter 9's library against references that share no code with it: torch's own float8 casts,
 hand-worked values, fp32 math written out; ranks against one process; bad input named."""
 
+import math
+
 import pytest
 import torch
 
 from lesson_lib import warm_cluster
+from lesson_lib.costmodel import Plan
+from lesson_lib.costmodel.fp8 import fp8_step, matmul_share_for
 from lesson_lib.milestones.fp8 import allgather, errors, formats, scaling, tolerances, train
 
 pytestmark = pytest.mark.ch9
@@ -79,9 +83,73 @@ def test_fp8_matmul_is_the_product_of_what_the_casts_carry_forward_and_backward(
     torch.testing.assert_close(wr.grad, g8.t() @ x8, **tol)
 
 
-def test_hybrid_choice_is_what_the_errors_say():
-    acts, grads = errors.format_choice(0)
-    assert acts["e4m3"] < acts["e5m2"] and grads["e5m2"] < grads["e4m3"]
+def test_format_errors_are_torchs_casts_by_hand():
+    # by hand: e4m3 scaled so 1.0 → 448 holds 1, 1/3 (→ 149.33 → 144 or 152: e4m3 steps by 8 there)
+    x = torch.tensor([1.0, 1 / 3, -0.01])
+    row = errors.format_errors({"x": x})[0]
+    want = {f: float((((x / (1 / torch.finfo(f).max)).to(f).float() * (1 / torch.finfo(f).max) - x).abs()
+                      / x.abs()).mean()) for f in (E4M3, torch.float8_e5m2)}
+    assert row["e4m3"] == pytest.approx(want[E4M3]) and row["e5m2"] == pytest.approx(want[torch.float8_e5m2])
+    assert row["span"] == pytest.approx(math.log2(100))
+    acts, wide = errors.format_choice(0)
+    assert acts["e4m3"] < acts["e5m2"] and wide["e5m2"] < wide["e4m3"]
+
+
+def test_captured_output_gradients_are_what_the_backward_receives():
+    # the layer-2 output-gradient of an MSE loss is 2·(y − target)/numel, written out here
+    cfg = train.Config(steps=2, capture_steps=(1,))
+    outs = warm_cluster(2).run(train.train_job, cfg, "fp32")
+    assert all(list(o["output_grads"]) == [1] and len(o["output_grads"][1]) == 3 for o in outs)
+    model, opt = train._model(cfg, "fp32")
+    (x0, y0), (x1, y1) = train.batches(cfg)
+    for r, o in enumerate(outs):
+        model, opt = train._model(cfg, "fp32")
+        for p in model.parameters():  # step 0 on the whole batch = the ranks' averaged step
+            p.grad = None
+        torch.nn.functional.mse_loss(model(x0), y0).backward()
+        opt.step()
+        part = slice(r * 32, (r + 1) * 32)
+        out = model(x1[part])
+        want = 2 * (out - y1[part]) / out.numel()
+        torch.testing.assert_close(o["output_grads"][1][2], want.detach(), rtol=1e-4, atol=1e-7)
+
+
+def _h100_70b(overlap, link="ib-hdr"):
+    # every input the hand-worked numbers use is pinned here, not taken from Plan's defaults
+    return Plan(params=70e9, tokens=1.4e12, devices=1536, device="h100-sxm", tensor=8, zero=3, micro_batch=0,
+                overlap=overlap, link=link, intra_link="nvlink3", efficiency=0.5, attention_flops=False,
+                recompute="full", batch_tokens=1536 * 2048, seq_len=2048, layers=0, hidden=0, compression=1.0)
+
+
+def test_fp8_gathers_are_hidden_as_step_time_hides_them_by_hand():
+    # 70B on 1,536 H100s, t = 8, ZeRO-3, one micro-batch, HDR (25 GB/s, 5 µs), every matmul at 1,979 TFLOP/s.
+    # GPT-3's shape for 70B: L = round((70e9 / (12·128²))^(1/3)) = 71; d = 1536 / 8 = 192; Ψ/t = 8.75e9.
+    # compute: 8Ψ FLOPs per token (full recomputation) × 1536 × 2048 tokens / (1536 × 1979e12 × 0.5)
+    compute = 8 * 70e9 * 2048 / (1979e12 * 0.5)  # 1.15905 s
+    # FP8 gathers, twice per micro-batch at 1 byte, bf16 reduce-scatter: 191/192 · (2·8.75e9 + 2·8.75e9) bytes
+    bw = 191 / 192 * (2 * 8.75e9 + 2 * 8.75e9) / 25e9  # 1.39271 s
+    lat = 3 * 71 * 191 * 5e-6  # 0.20342 s: 3 ring collectives of 191 steps per block
+    hidden = compute / (bw + lat)  # overlap 1: compute hides 72.6 % of the exchange
+    out = fp8_step(_h100_70b(1.0), matmul_share=1.0)["fp8"]
+    assert out["compute"] == pytest.approx(compute, rel=1e-9)
+    assert out["bandwidth"] == pytest.approx((1 - hidden) * bw, rel=1e-6)  # 0.3814 s, not 1.03 s
+    assert out["latency"] == pytest.approx((1 - hidden) * lat, rel=1e-6)
+    assert out["bandwidth"] + out["latency"] == pytest.approx(1.39271 + 0.20342 - 1.15905, abs=2e-5)  # exchange − compute
+    zero = fp8_step(_h100_70b(0.0), matmul_share=1.0)["fp8"]  # overlap 0: the whole FP8 exchange shows
+    assert zero["bandwidth"] == pytest.approx(bw, rel=1e-6)
+    assert zero["latency"] == pytest.approx(lat, rel=1e-6)
+
+
+def test_fp8_speeds_up_only_the_matmul_share_and_rowwise_gathers_bf16():
+    bf16_compute = 8 * 70e9 * 2048 / (989e12 * 0.5)  # 2.31927 s at the bf16 peak
+    out = fp8_step(_h100_70b(0.0), matmul_share=0.6)
+    assert out["fp8"]["compute"] == pytest.approx(bf16_compute * (0.4 + 0.6 * 989 / 1979), rel=1e-9)
+    assert out["bf16"]["compute"] == pytest.approx(bf16_compute, rel=1e-9)
+    row = fp8_step(_h100_70b(0.0), matmul_share=0.6, recipe="rowwise")["fp8"]
+    assert row["bandwidth"] == pytest.approx(191 / 192 * 6 * 8.75e9 / 25e9, rel=1e-6)  # bf16 gathers
+    assert matmul_share_for(0.70) == pytest.approx(0.30 / (1 - 989 / 1979))
+    with pytest.raises(ValueError, match="matmul_share"):
+        fp8_step(_h100_70b(0.0), matmul_share=1.5)
 
 
 @pytest.mark.numerics

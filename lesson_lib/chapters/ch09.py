@@ -5,14 +5,15 @@ on. The algorithms are in :mod:`lesson_lib.milestones.fp8`; no presets here.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from IPython.display import display
 
 from .. import plots
-from ..costmodel import Plan
-from ..costmodel.fp8 import STATE_BYTES, fp8_step
 from ..milestones.fp8 import allgather, errors, formats, tolerances, train
 from ..runtime import warm_cluster
+from .ch09_scale import at_scale  # noqa: F401  (the notebook calls it here)
 
 
 def formats_table() -> list[dict]:
@@ -37,15 +38,24 @@ def formats_table() -> list[dict]:
 
 
 def format_choice(seed: int = 0) -> list[dict]:
-    """§1: each FP8 format's mean elementwise error on activation-like and gradient-like tensors."""
-    rows = errors.format_choice(seed)
-    print(
-        f"mean |x̂ − x| / |x| after a per-tensor scaled cast (seed {seed})\n"
-        f"{'tensor':<12}{'e4m3':>8}{'e5m2':>8}"
-    )
+    """§1: each FP8 format's mean elementwise error on an activation-like tensor and on a tensor built
+    to span 24 binades (more than e4m3's range)."""
+    return _print_formats(errors.format_choice(seed), f"synthetic tensors, seed {seed}")
+
+
+def _print_formats(rows: list[dict], what: str) -> list[dict]:
+    print(f"mean |x̂ − x| / |x| after a per-tensor scaled cast ({what})\n"
+          f"{'tensor':<34}{'span (binades)':>15}{'e4m3':>8}{'e5m2':>8}")
     for r in rows:
-        print(f"{r['tensor']:<12}{r['e4m3']:>8.3f}{r['e5m2']:>8.3f}")
+        print(f"{r['tensor']:<34}{r['span']:>15.1f}{r['e4m3']:>8.3f}{r['e5m2']:>8.3f}")
     return rows
+
+
+def gradient_formats(outs: list[dict]) -> list[dict]:
+    """§3: both formats' errors on the output-gradients each rank's FP8Matmul cast in the run."""
+    tensors = {f"rank {r}, layer {i}, step {s}": g for r, o in enumerate(outs)
+               for s, gs in o["output_grads"].items() for i, g in enumerate(gs)}
+    return _print_formats(errors.format_errors(tensors), "this run's output-gradients, cast in the backward")
 
 
 def recipes(seed: int = 0) -> dict:
@@ -78,8 +88,8 @@ def training(world_size: int = 2, cfg: train.Config | None = None) -> dict:
     """§3: the same MLP, data and seeds in fp32, bf16 and FP8 on ``world_size`` ranks, each against
     one process; then with gradients 1,024× smaller, FP8 with and without scaling."""
     cfg = (cfg or train.Config.tiny()).check(world_size)
-    small = train.Config(**{**cfg.__dict__, "loss_divisor": 1024.0})
-    runs, rows = {}, []
+    small = replace(cfg, loss_divisor=1024.0)
+    runs, rows, grads = {}, [], None
     for c, precision in (
         (cfg, "fp32"),
         (cfg, "bf16"),
@@ -88,7 +98,9 @@ def training(world_size: int = 2, cfg: train.Config | None = None) -> dict:
         (small, "fp8 unscaled"),
         (small, "fp32"),
     ):
-        outs = warm_cluster(world_size).run(train.train_job, c, precision)
+        capture = (0, c.steps - 1) if (c, precision) == (cfg, "fp8") else ()  # what the backward casts
+        outs = warm_cluster(world_size).run(train.train_job, replace(c, capture_steps=capture), precision)
+        grads = outs if capture else grads
         ref = train.reference(c, precision, world_size)
         label = precision + (", loss ÷ 1024" if c.loss_divisor != 1 else "")
         runs[label] = outs[0]["losses"]
@@ -125,7 +137,8 @@ def training(world_size: int = 2, cfg: train.Config | None = None) -> dict:
             runs, "The same MLP, data and seeds: FP8 follows fp32; without scaling, small gradients vanish"
         )
     )
-    return {"rows": {r["label"]: r for r in rows}, "tolerance": tol}
+    print()
+    return {"rows": {r["label"]: r for r in rows}, "tolerance": tol, "gradients": gradient_formats(grads)}
 
 
 def all_gather(world_sizes=(2, 4), seed: int = 0) -> list[dict]:
@@ -158,43 +171,6 @@ def all_gather(world_sizes=(2, 4), seed: int = 0) -> list[dict]:
             f"{r['ranks']:>2}{str(r['equal']):>24}{r['fp8']:>14,} ({r['fp8_formula']:,}){r['bf16']:>8,} "
             f"({r['bf16_formula']:,}){r['fp8'] / r['bf16']:>7.3f}"
         )
-    return rows
-
-
-def at_scale(devices_list=(1024, 1536), params: float = 70e9) -> list[dict]:
-    """§5: chapter 7's cost model, a 70B model on H100s (t = 8, FSDP/ZeRO-3), bf16 against FP8."""
-    rows = []
-    for n in devices_list:
-        plan = Plan(
-            params=params, tokens=1.4e12, devices=n, device="h100-sxm", tensor=8, zero=3, micro_batch=0
-        )
-        for precision, t in fp8_step(plan).items():
-            rows.append(
-                {
-                    "label": f"{n} GPUs, {precision}",
-                    "devices": n,
-                    "precision": precision,
-                    "terms": {k: t[k] for k in ("compute", "bandwidth", "latency", "tensor")},
-                    "step": t["step"],
-                    "dominant": t["dominant"],
-                }
-            )
-    print(f"{'plan':<20}{'compute s':>10}{'bandwidth s':>12}{'tensor s':>9}{'step s':>8}  dominant")
-    for r in rows:
-        t = r["terms"]
-        print(
-            f"{r['label']:<20}{t['compute']:>10.2f}{t['bandwidth']:>12.2f}"
-            f"{t['tensor']:>9.2f}{r['step']:>8.2f}  "
-            f"{r['dominant']}"
-        )
-    print("\nbytes per parameter that FP8 does not shrink:")
-    for name, b in STATE_BYTES.items():
-        print(f"  {name:<36}" + ", ".join(f"{k} {v}" for k, v in b.items()) + f" = {sum(b.values())}")
-    display(
-        plots.fp8.terms(
-            rows, "A 70B model's step on H100s: FP8 halves compute; the gathers become the largest term"
-        )
-    )
     return rows
 
 

@@ -1,5 +1,6 @@
 """Chapter 9's exercises (notebooks/09_fp8.ipynb), judged on real ranks at two world sizes: the
-per-tensor scaled cast, the format for activations and for gradients, block-wise scaling. Each rank
+per-tensor scaled cast, a tensor's format chosen by its measured error (on each rank's own
+gradients from the chapter's FP8 training), block-wise scaling. Each rank
 tries its own tensors; the references are torch's own float8 casts and fp32 math written out.
 
 Nothing here imports IPython: the ``*_job`` functions run inside the workers.
@@ -10,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..exercises import AnswerError, Exercise, Property, Verdict, judge, on_ranks, solution_text
-from ..milestones.fp8 import errors
+from ..exercises import Exercise, Property, Verdict, judge, on_ranks, solution_text
+from .ch09_formats import check_formats, choose_format
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 TOP = 448.0
@@ -20,12 +21,8 @@ TOP = 448.0
 def _cases(seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(64, 128, generator=g)
-    return {
-        "outliers": torch.where(torch.rand(64, 128, generator=g) < 0.01, 300 * x, x),
-        "zeros": torch.zeros(16, 16),
-        "beyond e4m3": 2000 * x,
-        "tiny": 1e-6 * x,
-    }
+    return {"outliers": torch.where(torch.rand(64, 128, generator=g) < 0.01, 300 * x, x),
+            "zeros": torch.zeros(16, 16), "beyond e4m3": 2000 * x, "tiny": 1e-6 * x}
 
 
 class _Wire:
@@ -77,25 +74,19 @@ def _cast_values(outs):
             x8, s = _got(pair)
             back = x8.float()
             if not torch.isfinite(back).all() or not torch.isfinite(s) or s <= 0:
-                return (
-                    f"rank {r}, {name}: NaN or inf came out (a zero tensor needs a scale of 1, "
-                    "not amax / 448 = 0; values beyond 448 must be clamped)"
-                )
+                return (f"rank {r}, {name}: NaN or inf came out (a zero tensor needs a scale of 1, "
+                        "not amax / 448 = 0; values beyond 448 must be clamped)")
             amax = float(x.abs().max())
             if amax == 0:
                 continue
             if float(back.abs().max()) < TOP / 2:
-                return (
-                    f"rank {r}, {name}: the largest value became {float(back.abs().max()):g}, far below "
-                    "e4m3's 448: the scale must map the amax to 448 (scale = amax / 448; divide x by it)"
-                )
+                return (f"rank {r}, {name}: the largest value became {float(back.abs().max()):g}, far below "
+                        "e4m3's 448: the scale must map the amax to 448 (scale = amax / 448; divide x by it)")
             want = (x / (amax / TOP)).clamp(-TOP, TOP).to(E4M3).float() * (amax / TOP)  # torch's own cast
             if not torch.allclose(back * s, want, rtol=0.07, atol=amax * 2**-9 / TOP * 2):
-                return (
-                    f"rank {r}, {name}: x8 · scale is not x (largest gap "
-                    f"{float((back * s - x).abs().max()):.3g}): divide by the scale before the cast, "
-                    "multiply after"
-                )
+                return (f"rank {r}, {name}: x8 · scale is not x (largest gap "
+                        f"{float((back * s - x).abs().max()):.3g}): divide by the scale before the cast, "
+                        "multiply after")
 
 
 def check_cast(fn) -> Verdict:
@@ -103,10 +94,8 @@ def check_cast(fn) -> Verdict:
         return Verdict(False, "submit your function fp8_cast(x) returning (x8, scale)")
     return judge(
         [on_ranks(f"{n} ranks", n, cast_job, fn, timeout_s=30) for n in (2, 4)],
-        [
-            Property("returns (x8 in e4m3, one scale)", _cast_form),
-            Property("x8 · scale recovers x, using e4m3's whole range, with no NaN or inf", _cast_values),
-        ],
+        [Property("returns (x8 in e4m3, one scale)", _cast_form),
+         Property("x8 · scale recovers x, using e4m3's whole range, with no NaN or inf", _cast_values)],
         done="This is the per-tensor current scaling of torchao's tensorwise recipe.",
     )
 
@@ -117,58 +106,6 @@ def fp8_cast(x):
     scale = amax / 448 if amax > 0 else torch.tensor(1.0)
     x8 = (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
     return x8, scale
-
-
-# --------------------------------------------------------------------------- formats
-
-
-def _fmt(a, what: str) -> str:
-    names = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", "e4m3fn": "e4m3"}
-    if isinstance(a, torch.dtype):
-        a = names.get(a, str(a))
-    key = str(a).strip().lower().replace("torch.", "").replace("float8_", "").replace("fp8_", "")
-    key = names.get(key, key)
-    if key not in ("e4m3", "e5m2"):
-        raise AnswerError(f"you gave {a!r} for {what}; answer with 'e4m3' or 'e5m2' (or the torch dtype)")
-    return key
-
-
-def formats_job(choice: tuple) -> dict:
-    """On every rank: both formats' errors on its own activation-like and gradient-like tensors."""
-    seed = dist.get_rank() + 10 * dist.get_world_size()
-    out = {}
-    for name, x in (("activations", errors.activation_like(seed)), ("gradients", errors.gradient_like(seed))):
-        out[name] = {f: errors.elementwise_error(x, d) for f, d in (("e4m3", E4M3), ("e5m2", E5M2))}
-    return {"measured": out, "choice": choice}
-
-
-def _formats_best(outs):
-    for r, o in enumerate(outs):
-        for i, name in enumerate(("activations", "gradients")):
-            err, mine = o["measured"][name], o["choice"][i]
-            other = "e5m2" if mine == "e4m3" else "e4m3"
-            if err[mine] > err[other]:
-                why = (
-                    "3 mantissa bits against 2: activations need precision more than range"
-                    if name == "activations"
-                    else "gradients span more powers of two than e4m3's 17.8 binades: "
-                    "the smallest underflow to zero"
-                )
-                return (
-                    f"rank {r}: {name} in {mine} err by {err[mine]:.1%} on average, in {other} by "
-                    f"{err[other]:.1%} ({why})"
-                )
-
-
-def check_formats(answer) -> Verdict:
-    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
-        raise AnswerError("give a pair: (format for activations and weights, format for gradients)")
-    choice = (_fmt(answer[0], "activations"), _fmt(answer[1], "gradients"))
-    return judge(
-        [on_ranks(f"{n} ranks", n, formats_job, choice, timeout_s=30) for n in (2, 4)],
-        [Property("each choice has the smaller measured error on every rank's tensors", _formats_best)],
-        done="Micikevicius et al. (2022) call this the hybrid recipe.",
-    )
 
 
 # --------------------------------------------------------------------------- blocks
@@ -202,29 +139,23 @@ def _blocks_form(outs):
             return f"rank {r}: scales have shape {tuple(s.shape)}; one per 128×128 block is [2, 2]"
 
 
+def _close(b8, scale, blk, amax) -> bool:
+    return torch.allclose(b8.float() * scale, blk, rtol=0.07, atol=amax * 2**-8)
+
+
 def _blocks_values(outs):
     for r, o in enumerate(outs):
         w, (w8, s) = o["w"], _got(o["out"])
         for i in range(2):
             for j in range(2):
-                blk = w[128 * i : 128 * (i + 1), 128 * j : 128 * (j + 1)]
-                back = w8[128 * i : 128 * (i + 1), 128 * j : 128 * (j + 1)].float() * s[i, j]
-                amax = float(blk.abs().max())
-                if not torch.allclose(back, blk, rtol=0.07, atol=amax * 2**-8):
-                    hint = (
-                        " (scales[i, j] belongs to rows 128·i…, columns 128·j…: check the order)"
-                        if torch.allclose(
-                            w8[128 * i : 128 * (i + 1), 128 * j : 128 * (j + 1)].float() * s[j, i],
-                            blk,
-                            rtol=0.07,
-                            atol=amax * 2**-8,
-                        )
-                        else ""
-                    )
-                    return (
-                        f"rank {r}: block ({i}, {j}) · its scale is not the weight's block (largest gap "
-                        f"{float((back - blk).abs().max()):.3g} where the block's amax is {amax:.3g}){hint}"
-                    )
+                rows, cols = slice(128 * i, 128 * (i + 1)), slice(128 * j, 128 * (j + 1))
+                blk, amax = w[rows, cols], float(w[rows, cols].abs().max())
+                if not _close(w8[rows, cols], s[i, j], blk, amax):
+                    hint = " (scales[i, j] belongs to rows 128·i…, columns 128·j…: check the order)" \
+                        if _close(w8[rows, cols], s[j, i], blk, amax) else ""
+                    gap = float((w8[rows, cols].float() * s[i, j] - blk).abs().max())
+                    return (f"rank {r}: block ({i}, {j}) · its scale is not the weight's block (largest gap "
+                            f"{gap:.3g} where the block's amax is {amax:.3g}){hint}")
 
 
 def check_blocks(fn) -> Verdict:
@@ -266,17 +197,18 @@ def exercises() -> dict[str, Exercise]:
         ),
         "formats": Exercise(
             key="formats",
-            title="choose the format for activations and for gradients",
-            prompt="Answer with a pair: the FP8 format for activations and weights, then for gradients "
-            "(<code>'e4m3'</code> or <code>'e5m2'</code>, or the torch dtypes). Measure first: "
-            "<code>fp8.errors.elementwise_error(x, fmt)</code> on "
-            "<code>fp8.errors.activation_like()</code> and <code>gradient_like()</code>. The check "
-            "measures both on every rank's own tensors, at 2 and 4 ranks.",
+            title="choose a tensor's FP8 format by measuring it",
+            prompt="Write <code>choose_format(x)</code> returning <code>'e4m3'</code> or "
+            "<code>'e5m2'</code>: "
+            "the format whose per-tensor scaled cast errs least on x "
+            "(<code>fp8.errors.elementwise_error(x, fmt)</code> measures one). The check runs the chapter's "
+            "FP8 training on 2 and 4 ranks and hands your function each rank's own output-gradients (the "
+            "tensors FP8Matmul casts, at the first and last step), an activation-like tensor and a tensor "
+            "spanning 24 binades.",
             check=check_formats,
-            hint="Which tensor spans more powers of two? Which format holds more?",
-            solution="('e4m3', 'e5m2'): e4m3 for activations and weights (about 2 % against 4.5 %), e5m2 for "
-            "gradients (about 4.5 % against 26 % in e4m3, whose range loses the smallest values).",
-            reference=lambda: ("e4m3", "e5m2"),
+            hint="Which error is smaller depends on the tensor: cast it both ways and compare.",
+            solution=solution_text(choose_format),
+            reference=lambda: choose_format,
         ),
         "blocks": Exercise(
             key="blocks",

@@ -20,8 +20,8 @@
 #
 # Chapter 4 ended the precision story at bf16: no loss scale needed. Today's largest runs compute in
 # **FP8**: DeepSeek-V3 (2024) trained 671B parameters with FP8 matmuls, torchtitan ships torchao's
-# float8 linear layers with FSDP2's float8 all-gather, Megatron runs TransformerEngine's delayed
-# scaling. An H100 multiplies FP8 twice as fast as bf16 (1,979 against 989 dense TFLOP/s, NVIDIA H100
+# float8 linear layers with FSDP2's float8 all-gather, Megatron runs TransformerEngine's FP8 recipes.
+# An H100 multiplies FP8 twice as fast as bf16 (1,979 against 989 dense TFLOP/s, NVIDIA H100
 # datasheet), and FP8 weights travel in half the bytes. The price is range and precision: a **scaling
 # recipe** replaces "bf16 needs no loss scale". Every FP8 product below is real: `torch._scaled_mm`
 # multiplies float8 matrices on this CPU, slowly, with the real numerics.
@@ -29,10 +29,10 @@
 # %% [markdown]
 # **After this chapter you can:**
 #
-# 1. read e4m3's and e5m2's range and precision beside bf16, fp16 and fp32, and choose e4m3 for activations and weights and e5m2 for gradients by a measured error (§1, formats exercise);
-# 2. write a per-tensor scaled, saturating cast and multiply through `torch._scaled_mm`, and measure per-tensor, delayed, row-wise and DeepSeek-V3's block-wise scaling against fp32, and no scaling at all (§2, cast and blocks exercises);
+# 1. read e4m3's and e5m2's range and precision beside bf16, fp16 and fp32, and pick a tensor's format by measuring its error, on this chapter's own gradients too (§1, §3, formats exercise);
+# 2. write a per-tensor scaled, saturating cast and multiply through `torch._scaled_mm`, and measure per-tensor, row-wise and DeepSeek-V3's block-wise scaling against fp32, no scaling at all, and delayed scaling, the recipe the field left (§2, cast and blocks exercises);
 # 3. train a model with FP8 linear layers data-parallel on real ranks, beside bf16 and fp32 on the same data and seeds, and show where a recipe without scaling stalls (§3);
-# 4. all-gather FP8 weights with their scales as FSDP2 does, count half of bf16's bytes exactly, and say from chapter 7's cost model how the dominant term moves when compute halves (§4–5).
+# 4. all-gather FP8 weights with their scales as FSDP2 does, count half of bf16's bytes exactly, and say from chapter 7's cost model what FP8 buys a step when only the matmuls speed up (§4–5).
 #
 # **Before it:** chapters 4 (FSDP, bf16 and loss scaling), 7 (the cost model) and 8.
 # **Time:** Run All's measured time for each chapter is in [run-all.md](run-all.md), beside this
@@ -43,6 +43,7 @@ import torch
 
 from lesson_lib import show_source
 from lesson_lib.chapters import ch09, ch09_exercises
+from lesson_lib.costmodel.fp8 import fp8_step
 from lesson_lib.milestones.fp8 import allgather, linear, scaling
 
 # %% [markdown]
@@ -59,15 +60,26 @@ assert by["e4m3"]["max"] == 448 and by["e5m2"]["max"] == 57344  # the paper's Ta
 assert by["e5m2"]["binades"] > by["e4m3"]["binades"] + 13 and by["e4m3"]["eps"] < by["e5m2"]["eps"]
 
 # %% [markdown]
-# e4m3 is finer (steps of 1/8 between 1 and 2), e5m2 wider (14 more powers of two). Activations and
-# weights sit within a few powers of two of their largest value: they need precision. Gradients span far
-# more: they need range. Hence the **hybrid** recipe: e4m3 forward, e5m2 for gradients. Measured, on
-# an activation-like tensor and on a gradient-like one whose magnitudes span 24 powers of two:
+# e4m3 is finer (steps of 1/8 between 1 and 2), e5m2 wider (14 more powers of two). Which one a
+# tensor needs depends on how many powers of two its values span once a scale puts its largest value
+# at the format's top. Measured on two tensors: an activation-like one (a Gaussian with rare ×50
+# outliers), and one *built* to span 24 binades, more than e4m3's 17.8, so that its smallest values
+# underflow in e4m3:
 
 # %%
 choice = ch09.format_choice()
-acts, grads = choice
-assert acts["e4m3"] < acts["e5m2"] and grads["e5m2"] < grads["e4m3"]
+acts, wide = choice
+assert acts["e4m3"] < acts["e5m2"] and wide["e5m2"] < wide["e4m3"]  # precision wins, then range wins
+
+# %% [markdown]
+# The second tensor is synthetic: it shows where e5m2's range pays, not that gradients are like it.
+# Micikevicius et al. (2022) proposed the **hybrid** recipe, e4m3 forward and e5m2 for gradients, for
+# per-tensor and delayed scaling, where one scale must cover a whole gradient tensor; TransformerEngine
+# calls it `Format.HYBRID`, and torchao's tensorwise recipe casts the output-gradient to e5m2. Finer
+# scales change the answer: DeepSeek-V3 (technical report, 2024, §3.3.2) uses E4M3 on all tensors,
+# "for higher precision", and credits its fine-grained (1×128, 128×128) scaling for making that
+# feasible; torchao's row-wise recipe casts activations, weights and gradients to e4m3. §3 measures
+# this chapter's own gradients, cast as its FP8 layer casts them.
 
 # %% [markdown]
 # ## 2. Scaling
@@ -96,9 +108,10 @@ assert torch.equal(my_scaled_cast(a)[0].float(), scaling.quantize(a)[0].float())
 
 # %% [markdown]
 # The library's recipes, shown from their source: per-tensor and row-wise scales from the current
-# amax; **delayed scaling** (NVIDIA TransformerEngine), which takes the scale from the largest amax of
-# the last steps, so no pass over the tensor precedes its cast; and **block-wise** scaling (DeepSeek-V3
-# technical report, §3.3), one scale per 1×128 tile of activations and per 128×128 block of weights.
+# amax (**current scaling**); **block-wise** scaling (DeepSeek-V3 technical report, §3.3), one scale
+# per 1×128 tile of activations and per 128×128 block of weights; and, as history, **delayed
+# scaling**, which takes the scale from the largest amax of earlier steps, so that no pass over the
+# tensor precedes its cast.
 # `_scaled_mm` on CPU takes no block scales, but inside one 128-wide slice of K a tile's scale is a row
 # scale, so each slice is one real row-wise FP8 product, summed in fp32 as DeepSeek-V3 does.
 
@@ -124,6 +137,18 @@ assert big["per tensor"] > 10 * big["block-wise (1×128, 128×128)"]  # fine-gra
 # gradients of an LLM's size (~1e-6) all become zero. Per-tensor scaling holds until outliers push
 # the bulk of the values below e4m3's smallest normal; row-wise and block-wise scales confine an
 # outlier to its own row or tile. Delayed scaling trusts its history: a new, larger outlier saturates.
+#
+# **Delayed scaling is history.** It was TransformerEngine's FP8 recipe (`DelayedScaling`, whose
+# amax history is 1,024 steps long by default, with a `margin` of powers of two of headroom; the
+# history of 16 here only shortens the demonstration: any outlier above every remembered amax
+# saturates). It saved one pass over the tensor before its cast. The field left it: torchao deprecated
+# its delayed scaling and then removed it, keeping current scaling (tensorwise, row-wise);
+# DeepSeek-V3 (§3.3.2) computes the amax online for every tile and block, naming delayed scaling as
+# what it does not do; TransformerEngine 2.x adds current scaling (`Float8CurrentScaling`), block-wise
+# (`Float8BlockScaling`) and MXFP8 (`MXFP8BlockScaling`) recipes beside it. Why: the saved pass is a
+# small cost once the amax is fused into the cast, while a stale scale fails exactly when a tensor
+# changes fastest (the outlier above), and its per-tensor history is state that every checkpoint
+# and pipeline stage must carry.
 #
 # Try a recipe against outliers of another size (each choice runs the real FP8 matmul again):
 
@@ -159,12 +184,61 @@ stalled = rows["fp8 unscaled, loss ÷ 1024"]
 assert stalled["zero_grads"] > 0.9 and stalled["losses"][-1] > 2 * rows["fp32"]["losses"][-1]
 
 # %% [markdown]
+# Each rank also kept, at the first and the last step, the output-gradient of every layer: the very
+# tensors its `FP8Matmul` cast to e5m2 in the backward (the table under the figure). Their span, and
+# both formats' errors under the same per-tensor scale, measured on every one of them:
+
+# %%
+grad_rows = runs["gradients"]
+assert len(grad_rows) == 2 * 2 * 3  # 2 ranks × steps {0, last} × 3 layers, each one measured
+assert all(r["e4m3"] < r["e5m2"] for r in grad_rows)  # this run's own gradients: e4m3 errs less
+
+# %% [markdown]
+# On this run's gradients the chapter's own metric picks e4m3 at every layer, step and rank: scaled
+# per tensor, most of their values sit where e4m3's third mantissa bit counts for more than the range
+# e5m2 adds. The hybrid recipe's e5m2 is insurance for gradients wider than that, under one scale per
+# tensor; a model, a loss and a recipe decide whether it is needed, which is why it is measured.
+
+# %% [markdown]
+# **What 40 steps cannot show.** FP8 runs that match bf16 for a while can diverge late: Fishman et al.
+# ("Scaling FP8 training to trillion-token LLMs", 2024) saw instabilities appear only after hundreds of
+# billions of tokens, from outliers that grow during training, and DeepSeek-V3 validated its recipe
+# against bf16 on runs of about 1T tokens (relative loss error below 0.25 %, report §3.3). So
+# practitioners run **loss-parity checks**: the FP8 run beside a bf16 run on the same data for as
+# long as they can afford, and compare the curves, not just the first steps. A 40-step run shows the
+# mechanics, not stability at scale.
+#
+# **What stays in bf16 or fp32.** FP8 covers the linear layers' matmuls. DeepSeek-V3 (§3.3.1) keeps
+# the embedding, the output head, the MoE router, the normalisations and attention in their original
+# precision; torchao converts `nn.Linear` modules only, and takes a filter to leave some of them (the
+# output head, for one) in bf16. Four more details of a production recipe:
+#
+# * **Accumulation.** DeepSeek-V3 (§3.3.2) measured H800 tensor cores accumulating FP8 products with
+#   about 14 bits, a maximum relative error near 2 % at K = 4,096, so it promotes partial sums to fp32
+#   every 128 elements of K (`blockwise_mm` above adds its slices in fp32 the same way). torch exposes
+#   the choice as `_scaled_mm(..., use_fast_accum=...)`; torchao uses fast accumulation for the
+#   forward and not for the gradients' products by default.
+# * **The backward's other axis.** A row-wise or 1×128 scale belongs to rows of K; the weight-gradient
+#   product gᵀ·x contracts over the tokens instead, so the backward re-quantises x and g along the
+#   other axis (DeepSeek-V3 §3.5.2 describes reading its 1×128 tiles back, transposing them and
+#   re-quantising them as 128×1; torchao's row-wise recipe casts again for each product). Per-tensor scales need no such second cast.
+# * **Optimizer state.** DeepSeek-V3 keeps AdamW's two moments in bf16 (§3.3.3), not fp32; fp32
+#   master weights stay.
+# * **MXFP8** (the OCP Microscaling formats, 2023; Blackwell GPUs run them in hardware): a block of 32
+#   values shares one E8M0 scale, a power of two, so the scale is a shift and a 1×32 block is finer
+#   than DeepSeek-V3's 1×128.
+
+# %% [markdown]
 # ## 4. FP8 communication
 #
 # Under FSDP2 (chapter 4) each rank holds a shard of every weight and all-gathers it before use. If the
 # layer computes in FP8 anyway, gather the FP8 copy: half of bf16's bytes. torchao's
-# `enable_fsdp_float8_all_gather` does that; each rank must cast with the *whole* weight's scale, so
-# the ranks first share their amaxes. Written on the course's ranks (e4m3 travels as `uint8`):
+# `enable_fsdp_float8_all_gather` does that, **with tensorwise scaling only**: a row-wise weight is
+# gathered in bf16 and cast afterwards. Each rank must cast with the *whole* weight's scale, so the
+# ranks first share their amaxes: one small collective per parameter, unless they are computed
+# together, which is why torchtitan calls torchao's `precompute_float8_dynamic_scale_for_fsdp` after
+# the optimizer step, one all-reduce for all of them. Written on the course's ranks (e4m3 travels as
+# `uint8`; here one amax gather per weight):
 
 # %%
 show_source(allgather.gather_fp8)
@@ -186,22 +260,36 @@ for row in gathered:
 # %% [markdown]
 # ## 5. At cluster scale
 #
-# Chapter 7's cost model has a precision flag: the matmuls at the FP8 peak (H100 and H200: 1,979 dense
-# TFLOP/s, NVIDIA datasheets). `costmodel.fp8.fp8_step` also gathers ZeRO-3's parameters in FP8. The
-# model states do not shrink: fp32 master weights and Adam's two fp32 moments stay.
+# The datasheet doubles the matmuls' peak (H100 and H200: 1,979 dense FP8 TFLOP/s against 989 bf16,
+# NVIDIA datasheets), but a step is not all matmuls. `costmodel.fp8.fp8_step` speeds up only a share s
+# of chapter 7's compute term; the rest (attention, norms, the embedding, the head, the casts and amax
+# passes) stays. Published end-to-end gains are smaller than 2×: 1.25–1.5× for torchao's float8 in
+# torchtitan (PyTorch, 2024), and a NeMo benchmark (NVIDIA's performance summary, Nemotron-4 340B on
+# H100s) measures FP8 steps at 0.69–0.72 of bf16's. With tensorwise scaling it also gathers ZeRO-3's
+# parameters in FP8, and recomputes what overlap hides with FP8's shorter compute. Priced on H100's
+# own links (NDR between nodes, NVLink 4 inside one), with the plan's overlap printed:
+
+# %%
+show_source(fp8_step)
 
 # %%
 scale = ch09.at_scale()
 
 # %%
-s = {x["label"]: x for x in scale}
-ratio = s["1536 GPUs, bf16"]["terms"]["compute"] / s["1536 GPUs, fp8"]["terms"]["compute"]
-assert abs(ratio - 1979 / 989) < 1e-9, ratio  # the datasheets' peaks, dense FP8 against bf16
-assert s["1536 GPUs, bf16"]["dominant"] == "compute" and s["1536 GPUs, fp8"]["dominant"] == "bandwidth"
+s = {x["label"]: x for x in scale["rows"]}
+share = scale["share"]
+ratio = s[f"1536 GPUs, fp8, s = {share}"]["terms"]["compute"] / s["1536 GPUs, bf16"]["terms"]["compute"]
+assert abs(ratio - (1 - share + share * 989 / 1979)) < 1e-9, ratio  # only the matmul share sped up
+assert all(r["dominant"] == "compute" for r in scale["rows"])  # on NDR, FP8 or not, compute is largest
+assert scale["flips"][("ib-ndr", 0.0)] is None and scale["flips"][("ib-hdr", 0.0)] is not None
 
 # %% [markdown]
-# Halving compute halves the time overlap has to hide communication behind: at 1,536 GPUs the gathers
-# become the largest term in FP8, and the step is no longer twice as fast.
+# At overlap 0 nothing is hidden: FP8's halved gathers shorten the step directly, and compute stays
+# the largest term on H100's links for every share s. The answer flips only on A100's HDR links with
+# s near 1 (printed above): that is where the gathers would outgrow FP8's compute. And FP8's step is
+# about 1.3× bf16's at the share NeMo's measurement implies, not 2×. The model states do not shrink:
+# fp32 master weights and Adam's two fp32 moments stay (DeepSeek-V3's bf16 moments would save 4 bytes
+# per parameter).
 
 # %% [markdown]
 # ## Exercises
@@ -223,8 +311,11 @@ exercises["cast"].submit(fp8_cast)
 exercises["formats"]
 
 # %%
-my_formats = ...  # (for activations and weights, for gradients)
-exercises["formats"].submit(my_formats)
+def choose_format(x):
+    ...  # return 'e4m3' or 'e5m2'
+
+
+exercises["formats"].submit(choose_format)
 
 # %%
 exercises["blocks"]
@@ -241,11 +332,11 @@ exercises["blocks"].submit(block_quantize)
 #
 # What showed each of this chapter's objectives:
 #
-# 1. **formats** — §1's table from `torch.finfo`, the grids drawn, the measured errors that pick e4m3 for activations and e5m2 for gradients (asserted), and your formats.
-# 2. **scaling** — §2's cast written in a cell through `_scaled_mm`, each recipe's error against fp32, saturation and underflow without a scale, the outlier sweep (asserted), and your cast and blocks.
-# 3. **training** — §3's FP8 MLP on 2 ranks equal to one process, within e4m3's tolerance of fp32 beside bf16, and stalled without scaling (asserted).
-# 4. **communication and scale** — §4's FP8 all-gather bit-equal to the unsharded model at half the bytes, exactly the formula's, and §5's cost model where FP8 moves the dominant term from compute to the gathers.
+# 1. **formats** — §1's table from `torch.finfo`, the grids drawn, the measured errors on an activation-like tensor and on one built wider than e4m3 (asserted), §3's errors on this run's own gradients, and your format chooser judged on each rank's gradients.
+# 2. **scaling** — §2's cast written in a cell through `_scaled_mm`, each recipe's error against fp32, saturation and underflow without a scale, the outlier sweep, delayed scaling's stale scale (asserted), and your cast and blocks.
+# 3. **training** — §3's FP8 MLP on 2 ranks equal to one process, within e4m3's tolerance of fp32 beside bf16, and stalled without scaling (asserted); what 40 steps cannot show.
+# 4. **communication and scale** — §4's FP8 all-gather bit-equal to the unsharded model at half the bytes, exactly the formula's, and §5's cost model with only the matmul share sped up, on H100's links, with where its answer flips.
 #
-# **On a real cluster:** FP8 matmuls with per-tensor (torchao, TransformerEngine) or block-wise (DeepSeek-V3) scales, FSDP2 gathering FP8 weights, fp32 master weights and optimizer state; and more of the step left for overlap to hide.
+# **On a real cluster:** FP8 matmuls with current scaling (torchao tensorwise or row-wise, TransformerEngine 2.x) or block-wise scales (DeepSeek-V3, MXFP8 on Blackwell), attention, norms, embedding and head in bf16, FSDP2 gathering FP8 weights under tensorwise scaling, fp32 master weights, and loss-parity runs against bf16 long enough to catch late divergence.
 #
 # Back to the [table of contents](README.md).

@@ -65,9 +65,14 @@ class MLP(torch.nn.Module):
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.layers = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
         self.precision = precision
+        self.captured: dict | None = None
+        """Set to a dict to keep each layer's output-gradient (the tensor FP8Matmul casts to e5m2) by
+        layer index, in the next backward (chapter 9 §3 measures the formats on them)."""
 
     def forward(self, x):
         for i, layer in enumerate(self.layers):
             x = linear(x, layer.weight, layer.bias, self.precision)
+            if self.captured is not None and x.requires_grad:
+                x.register_hook(lambda g, i=i: self.captured.__setitem__(i, g.detach().clone()))
             x = F.gelu(x) if i < len(self.layers) - 1 else x
         return x

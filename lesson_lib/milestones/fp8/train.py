@@ -27,6 +27,8 @@ class Config:
     arithmetic, with gradients this many times smaller, as a mean over this many times more tokens."""
     seed: int = 0
     """Seeds the model, the teacher and the batches: the same for every precision."""
+    capture_steps: tuple[int, ...] = ()
+    """Steps at which each rank keeps its layers' output-gradients, as the backward receives them."""
 
     @classmethod
     def tiny(cls) -> "Config":
@@ -73,12 +75,15 @@ def train_job(cfg: Config, precision: str) -> dict:
     """On every rank: its slice of each batch, gradients averaged with an all-reduce."""
     r, n = dist.get_rank(), dist.get_world_size()
     model, opt = _model(cfg, precision)
-    losses = []
-    for x, y in batches(cfg):
+    losses, captured = [], {}
+    for step, (x, y) in enumerate(batches(cfg)):
         share = slice(r * cfg.batch // n, (r + 1) * cfg.batch // n)
         opt.zero_grad()
+        model.captured = {} if step in cfg.capture_steps else None
         loss = torch.nn.functional.mse_loss(model(x[share]), y[share])
         (loss / cfg.loss_divisor).backward()
+        if model.captured is not None:
+            captured[step] = [model.captured[i] for i in sorted(model.captured)]
         for p in model.parameters():
             dist.all_reduce(p.grad)
             p.grad /= n
@@ -88,7 +93,7 @@ def train_job(cfg: Config, precision: str) -> dict:
         losses.append(float(whole) / n)
     zero = sum(int((p.grad == 0).sum()) for p in model.parameters())
     return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()],
-            "zero_grad_share": zero / sum(p.numel() for p in model.parameters())}
+            "zero_grad_share": zero / sum(p.numel() for p in model.parameters()), "output_grads": captured}
 
 
 def reference(cfg: Config, precision: str, world_size: int = 1) -> dict:
