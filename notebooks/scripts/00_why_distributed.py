@@ -40,6 +40,7 @@
 
 # %%
 from lesson_lib.chapters import ch00
+from lesson_lib.chapters.timed import timed_claim
 
 # %% [markdown]
 # ## 1. Models outgrew devices
@@ -455,7 +456,10 @@ assert ov["loss_gap"] <= tol, ov
 # leaving its core free, as waiting on a network card would (chapter 6's `comm.set_link`).
 #
 # Without buckets, every byte waits for the whole backward. With buckets, part of every rank's
-# transfer runs during it: measured from the buckets' timeline, and asserted. Both waits after the
+# transfer can run during it. What holds in every run is asserted: every bucket is handed to the link
+# before the backward ends. How much of the transfer then runs during the backward is measured from
+# the buckets' timeline and printed: on a busy machine the transfers may not get a core until the
+# backward is over, and the cell says so with the load instead of stopping. Both waits after the
 # backward are printed; whether buckets shorten it varies from run to run.
 #
 # <details><summary>Why the wait after the backward varies here</summary>
@@ -473,8 +477,12 @@ ov_link = ch00.overlap(bucket_mb=2.0, global_batch=1024, link_gbps=2.0)
 flat_wait, bucketed_wait = ov_link["exposed_comm_ms"].values()
 print(f"waiting after the backward (this run): {flat_wait:.1f} ms with one all-reduce, "
       f"{bucketed_wait:.1f} ms with buckets")
-assert min(ov_link["hidden_share"]) > 0.1, ov_link  # every rank's backward hid part of its transfer
+# the order of events holds in every run: each bucket is handed to the link before the backward ends
+assert ov_link["launched_during_backward"] == [ov_link["buckets"]] * 2, ov_link
 assert ov_link["loss_gap"] <= tol, ov_link
+# how much of the transfer ran while the backward computed is time: shown, not asserted
+timed_claim(min(ov_link["hidden_share"]) > 0.1, "every rank's backward hid part of its transfer",
+            "hidden: " + ", ".join(f"{h:.0%}" for h in ov_link["hidden_share"]))
 
 # %% [markdown]
 # ## 5. Problem 2 — stragglers
