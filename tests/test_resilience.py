@@ -40,6 +40,51 @@ def test_young_daly_and_goodput_by_hand():
                for f in (0.5, 0.8, 1.25, 2))  # Young's τ is (to first order) the best
 
 
+def test_seconds_of_checkpoint_and_ten_minutes_of_restart_keep_90_percent_by_hand():
+    # issue 57: δ = 5 s with R = 10 min, Llama 3's job MTBF: 16,384 GPUs × 1,296 h / 419 failures per GPU,
+    # so M = 1,296 · 3,600 / 419 = 11,135.1 s; τ = √(2 · 5 · 11,135.1) = 333.69 s
+    m = 1296 * 3600 / 419
+    tau = (2 * 5 * m) ** 0.5
+    assert failures.young(5, m) == pytest.approx(333.69, abs=0.01)
+    # (1 − (600 + 338.69 / 2) / 11,135.1) · 333.69 / 338.69 = 0.93090 · 0.98524 = 0.9172
+    assert failures.goodput(tau, 5, m, 600) == pytest.approx(0.9172, abs=1e-4)
+    w = failures.waste(tau, 5, m, 600)  # 5 / 338.69; 169.35 / 11,135.1; 600 / 11,135.1
+    assert (w["checkpoints"], w["lost work"], w["restarts"]) == pytest.approx((0.014763, 0.015208, 0.053884),
+                                                                              abs=1e-6)
+    # δ = 10 min: even with R = 0, τ = √(2·600·11,135.1) = 3,655.4 s loses (4,255.4/2)/11,135.1 = 19.1 %
+    assert failures.goodput(failures.young(600, m), 600, m, 0) == pytest.approx(
+        (1 - 4255.4 / 2 / m) * 3655.4 / 4255.4, abs=1e-4)
+
+
+def test_the_chapter_states_the_goodput_the_code_computes():
+    # the prose's formula is the code's: half an interval (τ + δ)/2 lost per failure, not τ/2
+    text = (Path(__file__).resolve().parent.parent / "notebooks" / "scripts" / "10_resilience.py").read_text()
+    assert "(1 − (R + (τ + δ)/2)/M) · τ/(τ + δ)" in text and "(R + τ/2)/M" not in text
+    assert failures.goodput(100, 10, 10_000, 50) == pytest.approx((1 - (50 + 110 / 2) / 10_000) * 100 / 110)
+
+
+def test_a_checkpoint_saved_three_ways_reads_back_bit_equal(tmp_path):
+    from lesson_lib import warm_cluster
+
+    outs = warm_cluster(2).run(failures.save_job, str(tmp_path), 1000, 1)
+    assert all(o["async_equal"] and o["peer_equal"] for o in outs)
+    assert [o["peer_bytes"] for o in outs] == [2 * 1000 * 4] * 2  # params + momentum, fp32, one shard
+    assert sorted(os.listdir(tmp_path)) == ["async0", "sync0"]
+
+
+def test_a_short_quorum_is_a_smaller_batch_at_the_same_learning_rate():
+    from lesson_lib.chapters import ch10
+
+    task = T.Task(steps=4)
+    log = [{"step": 0, "members": [0, 1]}, {"discarded": 1, "members": [0, 1]}, {"step": 1, "members": [0]},
+           {"step": 2, "members": [0, 1]}]
+    survived = {"out": {"deaths": [{"replica": 1}], "results": [{"log": log}, {"log": []}]}}
+    rows = ch10.quorum_batch(task, survived)
+    b = task.batch
+    assert [(r["step"], r["batch"]) for r in rows] == [(0, 2 * b), (1, b), (2, 2 * b)]
+    assert [r["linear_rule_lr"] for r in rows] == [task.lr, task.lr / 2, task.lr]
+
+
 def _replay(task, log):
     """One process, by hand: each committed step averages its members' gradients in member order,
     then SGD with momentum written out (buf = μ·buf + g; p −= lr·buf)."""

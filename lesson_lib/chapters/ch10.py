@@ -8,64 +8,11 @@ import torch
 from IPython.display import display
 
 from .. import plots
-from ..costmodel import days_from_throughput
-from ..milestones.resilience import failures, ft_diloco, ft_step, torchft_glue
+from ..milestones.resilience import ft_diloco, ft_step, torchft_glue
 from ..milestones.resilience import task as T
 from ..runtime import replicas, warm_cluster
-from .ch10_link import bytes_and_quality, slow_link  # noqa: F401  (the notebook calls them here)
-
-
-def failure_cost(world_size: int = 2, numel: int = 1_000_000, restart_s: float = 600.0) -> dict:
-    """§1: δ measured with DCP here; a job's MTBF against its size; Young's and Daly's intervals;
-    Llama 3 405B's days (chapter 7's throughput formula) with failures, checked against its report."""
-    save = failures.measure_save(warm_cluster(world_size), numel)
-    L = failures.LLAMA3
-    device_mtbf = failures.device_mtbf_from(L["unexpected"], L["gpus"], L["days"] * 24)
-    print(f"a DCP checkpoint of {numel:,} parameters + momentum per rank on {world_size} ranks: "
-          f"δ = {save['delta_s'] * 1e3:.0f} ms ({save['bytes'] / 1e6:.1f} MB, {save['gb_per_s']:.2f} GB/s)\n"
-          f"Llama 3: {L['unexpected']} unexpected interruptions in {L['days']} days on {L['gpus']:,} GPUs "
-          f"→ one GPU fails every {device_mtbf:,.0f} h ({device_mtbf / 8766:.1f} years)")
-    shard = 16 * L["params"] / L["gpus"]  # bf16 weights, fp32 master weights and Adam's two moments
-    per_rank = save["bytes"] / save["ranks"] / save["delta_s"]
-    m16 = failures.job_mtbf_h(device_mtbf, L["gpus"]) * 3600
-    print(f"at this machine's measured {per_rank / 1e9:.2f} GB/s per rank, Llama 3 405B's shard per GPU "
-          f"({shard / 1e9:.2f} GB) saves in δ = {shard / per_rank:.1f} s → Young's τ = "
-          f"{failures.young(shard / per_rank, m16) / 60:.1f} min at {L['gpus']:,} GPUs\n")
-    print(f"{'devices':>8} {'job MTBF':>10} {'Young τ':>9} {'Daly τ':>9} {'goodput':>8}   (δ scaled to "
-          "remote storage: 10 min; restart 10 min)")
-    delta_big = 600.0  # a 405B model's checkpoint to remote storage: minutes, not our milliseconds
-    table = []
-    for n in (8, 512, 16_384, 131_072):
-        m = failures.job_mtbf_h(device_mtbf, n) * 3600
-        tau, d = failures.young(delta_big, m), failures.daly(delta_big, m)
-        g = failures.goodput(tau, delta_big, m, restart_s)
-        table.append({"devices": n, "mtbf_h": m / 3600, "young_s": tau, "daly_s": d, "goodput": g})
-        print(f"{n:>8,} {m / 3600:>9,.1f}h {tau / 60:>8.1f}m {d / 60:>8.1f}m {g:>8.1%}")
-    days = days_from_throughput(L["tokens"], L["params"], L["gpus"], 400e12, flops_per_token_per_param=6)
-    run = failures.days_with_failures(days, L["gpus"], device_mtbf, delta_big, restart_s)
-    lo, hi = 1.0, delta_big  # the δ = R at which goodput is Llama 3's 90 %, by bisection
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if failures.days_with_failures(days, L["gpus"], device_mtbf, mid, mid)[
-            "goodput"] > L["effective_time"] else (lo, mid)
-    print(f"\nchapter 7's formula, 6·T·Ψ/(n·X) at 400 TFLOP/s per GPU: {days:.0f} days without failures;\n"
-          f"with a failure every {run['mtbf_h']:.1f} h, checkpoints of 10 min every "
-          f"{run['tau_s'] / 60:.0f} min "
-          f"and 10-min restarts: {run['days']:.0f} days, goodput {run['goodput']:.1%}\n"
-          f"check: Llama 3 reports over {L['effective_time']:.0%} effective training time; the model reaches "
-          f"it only with checkpoints and restarts under {lo:.0f} s each")
-    m = failures.job_mtbf_h(device_mtbf, L["gpus"]) * 3600
-    rows = [{"tau_s": t, "goodput": failures.goodput(t, delta_big, m, restart_s)}
-            for t in [60 * 1.15 ** k for k in range(40)]]
-    marks = {name: (tau, failures.goodput(tau, delta_big, m, restart_s))
-             for name, tau in (("Young", failures.young(delta_big, m)),
-                               ("Daly", failures.daly(delta_big, m)))}
-    display(plots.resilience.goodput_curve(rows, marks,
-                                           f"{L['gpus']:,} GPUs failing every {m / 3600:.1f} h, δ = 10 min, "
-                                           "restart 10 min: too rare loses work, too often loses time"))
-    save["delta_405b_s"] = shard / per_rank
-    return {"save": save, "device_mtbf_h": device_mtbf, "table": table, "llama3": run, "days": days,
-            "needed_s": lo}
+from .ch10_failures import calculator, failure_cost  # noqa: F401  (the notebook calls them here)
+from .ch10_link import bytes_and_quality, slow_link  # noqa: F401
 
 
 def _steps_figure(res: list[dict], kill: tuple[int, int], title: str) -> None:
@@ -104,6 +51,23 @@ def survive(task: T.Task, n: int = 2, kill: tuple[int, int] = (1, 5), job=None,
                              "survivor's step waits for the lighthouse to notice, then goes on alone")
     return {"out": out, "equal": equal, "replay": replay, "stall_s": stall, "median_s": usual, "hold_s": hold,
             "healed": healed, "alone": alone}
+
+
+def quorum_batch(task: T.Task, survived: dict, n: int = 2) -> list[dict]:
+    """§2: each committed step of the survivor's log, its quorum's size, the samples its averaged
+    gradient covered, the learning rate applied, and the one the linear scaling rule (Goyal et al.,
+    2017: lr proportional to the batch) would give that batch."""
+    res = survived["out"]["results"]
+    log = (res[0] if survived["out"]["deaths"][0]["replica"] != 0 else res[1])["log"]
+    rows = [{"step": e["step"], "members": len(e["members"]), "batch": len(e["members"]) * task.batch,
+             "lr": task.lr, "linear_rule_lr": task.lr * len(e["members"]) / n} for e in log if "step" in e]
+    short = [r for r in rows if r["members"] < n]
+    print(f"steps with all {n} replicas: {len(rows) - len(short)}, global batch {n * task.batch:,} samples, "
+          f"lr {task.lr}")
+    for r in short:
+        print(f"step {r['step']}: {r['members']} of {n} replicas, global batch {r['batch']:,} samples, "
+              f"the same lr {r['lr']}; the linear scaling rule would take {r['linear_rule_lr']:g}")
+    return rows
 
 
 def with_torchft(task: T.Task, n: int = 2, job=None) -> dict:
@@ -217,27 +181,3 @@ def internet_scale() -> None:
         "Reported figures, not measured here. A CPU run here cannot show: the quality gap at billions of "
         "parameters and trillions of tokens, real wide-area latency and jitter, stragglers, or overlapping "
         "the outer step with compute (Streaming DiLoCo)."))
-
-
-def calculator(device_mtbf_h: float):
-    """§1: devices, checkpoint cost and restart cost → the job's MTBF, Young's interval and goodput."""
-    import ipywidgets as W
-
-    n = W.Dropdown(options=[8, 64, 512, 4096, 16_384, 65_536, 131_072], value=16_384, description="devices")
-    delta = W.Dropdown(options=[("5 s", 5), ("30 s", 30), ("1 min", 60), ("10 min", 600)], value=60,
-                       description="checkpoint δ")
-    restart = W.Dropdown(options=[("30 s", 30), ("3 min", 180), ("10 min", 600), ("30 min", 1800)], value=180,
-                         description="restart R")
-    out = W.HTML()
-
-    def update(*_):
-        m = failures.job_mtbf_h(device_mtbf_h, n.value) * 3600
-        tau = failures.young(delta.value, m)
-        g = failures.goodput(tau, delta.value, m, restart.value)
-        out.value = (f"a failure every <b>{m / 3600:,.1f} h</b>; checkpoint every <b>{tau / 60:,.1f} min</b> "
-                     f"(Young; Daly {failures.daly(delta.value, m) / 60:,.1f} min); goodput <b>{g:.1%}</b>")
-
-    for w in (n, delta, restart):
-        w.observe(update, "value")
-    update()
-    return W.VBox([n, delta, restart, out])
