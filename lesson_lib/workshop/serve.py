@@ -119,11 +119,11 @@ def serve(names: list[str], password: str, *, ip: str = "127.0.0.1", port: int =
           prefix: Path, state: Path, src: Path, wheelhouse: str | None = None,
           idle_timeout_s: int = 3600, kernel_idle_s: int = 1200, limits: bool = True, log=sys.stderr) -> int:
     """Install if needed, make the learners' users, run the hub until it is stopped; its exit code."""
+    check_exposure(ip, password)
     if os.geteuid() != 0:
         print("workshop serve: run it as root (it makes a Unix user per learner and starts each "
               "learner's JupyterLab as that user)", file=log)
         return 2
-    check_exposure(ip, password)
     if not is_loopback(ip):
         print(exposure_warning(ip, port), file=log, flush=True)
     venv = install.ensure(prefix, src, wheelhouse=wheelhouse, log=log)
