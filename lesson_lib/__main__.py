@@ -28,6 +28,7 @@ commands:
                              measured in one run); `bench --help` lists them
   estimate [options]         the cost model: time and memory per milestone at cluster scale
   doctor [--json]            torch version, backend per world size, cores, threads per rank
+  slides [--check] [NB ...]   slide metadata for jupyterlab-rise on every chapter (or --check it)
   workshop serve|reset ...   a JupyterHub for a room, one machine (`workshop --help`)
 
 examples:
@@ -255,11 +256,15 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_doctor(rest)
     if cmd == "bench":
         return cmd_bench(rest)
+    if cmd == "slides":
+        from .slides import main as slides_main
+
+        return slides_main(rest)
     if cmd == "workshop":  # imports nothing of JupyterHub here: the hub runs from its own install
         from .workshop.cli import main as workshop_main
 
         return workshop_main(rest)
-    return unknown("command", cmd, ["list", "run", "estimate", "bench", "doctor", "workshop"])
+    return unknown("command", cmd, ["list", "run", "estimate", "bench", "doctor", "slides", "workshop"])
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def test_the_reaper_closes_only_what_idled_past_the_limit(monkeypatch, tmp_path)
 
 
 def test_another_chapter_starting_a_cluster_hands_ours_over(monkeypatch, tmp_path):
-    monkeypatch.setenv("LESSON_LIB_IDLE_S", "off")
+    monkeypatch.setenv("LESSON_LIB_IDLE_S", "3600")
     monkeypatch.setattr(idle.tempfile, "gettempdir", lambda: str(tmp_path))
     now = 1000.0
     recent, idle_a_while = _Fake(idle.HANDOVER_S - 1, now), _Fake(idle.HANDOVER_S + 1, now)
@@ -147,6 +147,10 @@ def test_another_chapter_starting_a_cluster_hands_ours_over(monkeypatch, tmp_pat
     again = _Fake(idle.HANDOVER_S + 5, now)
     idle.reap([again], now)
     assert again.closed == 0
+    monkeypatch.setenv("LESSON_LIB_IDLE_S", "off")  # off: nothing is closed, handed over or not
+    with open(marker, "w") as f:
+        f.write(f"{os.getpid() + 1} {time.time()}")
+    assert idle.reap([_Fake(10 * idle.HANDOVER_S, now)], now) == []
     assert oct(os.stat(os.path.dirname(marker)).st_mode & 0o777) == "0o700"
 
 

@@ -77,6 +77,8 @@ def reap(clusters, now: float | None = None) -> list:
     cluster in the middle of a job is never touched: its lock is held for the whole job."""
     now = time.monotonic() if now is None else now
     limit = idle_seconds()
+    if limit is None:  # switched off: clusters stay for the kernel's life
+        return []
     elsewhere = _last_start_elsewhere()
     closed = []
     for cluster in clusters:
@@ -86,7 +88,7 @@ def reap(clusters, now: float | None = None) -> list:
             idle = now - cluster.last_used
             handed_over = (elsewhere is not None and elsewhere > cluster.last_used_epoch
                            and idle >= HANDOVER_S)
-            if cluster.running and ((limit is not None and idle >= limit) or handed_over):
+            if cluster.running and (idle >= limit or handed_over):
                 cluster.close()
                 closed.append(cluster)
         finally:

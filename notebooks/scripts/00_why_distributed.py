@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 0 — Why distributed?
 #
 # Deep-learning models outgrew the devices that train them. This chapter measures why, on your own
@@ -42,7 +42,7 @@
 from lesson_lib.chapters import ch00
 from lesson_lib.chapters.timed import timed_claim
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Models outgrew devices
 #
 # In nine years the largest models grew by more than four orders of magnitude: AlexNet had 61 million
@@ -53,7 +53,7 @@ from lesson_lib.chapters.timed import timed_claim
 # %%
 ch00.model_growth()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. The memory bill of training
 #
 # Training keeps much more than the parameters: their gradients, and the optimizer's state. Together
@@ -68,7 +68,7 @@ ch00.model_growth()
 # %%
 ch00.memory_calculator(params=1.5e9)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # GPT-3's training state is 175·10⁹ × 16 bytes = 2.8 TB: no single device in the table holds it, so the
 # work *must* be spread over many devices. The cell below checks that claim against the calculator.
 
@@ -76,7 +76,7 @@ ch00.memory_calculator(params=1.5e9)
 gpt3 = ch00.memory_bill(175e9)["total"]
 assert not any(ch00.fits(gpt3).values()), "a device in the table holds GPT-3's training state?"
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The bill, measured
 #
 # The bill is a formula. Is it what training really allocates? Below, 2 **ranks** — worker processes,
@@ -129,7 +129,7 @@ for rank, r in enumerate(per_rank):
     print(f"{rank:>4} {r['measured'] / 1e6:>17.1f} {r['inventory'] / 1e6:>13.1f} "
           f"{excess / largest:>10.3f} × largest")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The inventory is the bill, to a few bytes: Adam also keeps a step count per tensor, a scalar.
 #
 # The measured peak is above both, by about twice the largest parameter tensor. It falls inside
@@ -151,7 +151,7 @@ for r in per_rank:
     # is far below 1% of the bill
     assert 2 * largest <= excess <= 2 * largest + 0.01 * bill["total"], (r, largest)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Data parallelism, for real
 #
 # First the vocabulary of `torch.distributed`. A **rank** is one worker process, numbered 0…N−1; the
@@ -179,7 +179,7 @@ def hello():
 
 cluster.run(hello)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Point to point**: `dist.send(t, dst)` on one rank, `dist.recv(t, src)` on another, which fills its
 # own tensor in place. Every `send` needs a matching `recv`, or both ranks wait.
 
@@ -198,7 +198,7 @@ def pass_a_tensor():
 received = cluster.run(pass_a_tensor)
 print(received)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **A collective** is a call that every rank of the group makes together. After `dist.all_reduce(t)`,
 # every rank's `t` holds the element-wise **sum** over all ranks (in place).
 
@@ -217,7 +217,7 @@ print(summed)
 assert torch.equal(received[1], torch.tensor([1.0, 2.0, 3.0])) and not received[2].any()
 assert all(torch.equal(t, torch.tensor([0.0 + 1 + 2 + 3, 4.0])) for t in summed)  # 0+1+2+3, and N
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # That is all data parallelism needs. Here is one training run written out. Every rank starts from
 # the same model (built here once and sent to each rank) and takes *its* slice of each **global
 # batch** (the batch all ranks share). It computes its gradients, all-reduces every gradient, divides
@@ -256,7 +256,7 @@ data = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
 mine = {n: warm_cluster(n).run(train_data_parallel, model, data, cfg)[0] for n in (1, 2, 4)}
 reference = dp.reference(cfg)  # one process, the whole global batch, no torch.distributed at all
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The mean over N equal slices of each slice's mean gradient is the mean over the whole batch. So the
 # ranks must train exactly like one process on the whole batch, up to float rounding, because the sums
 # happen in another order. The tolerance below follows from that: a few float32 roundings
@@ -270,7 +270,7 @@ for n, losses in mine.items():
     print(f"{n} rank(s): largest loss difference from one process = {gap:.1e} (tolerance {tol:.1e})")
     assert gap <= tol, (n, gap, tol)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The same random numbers on every rank, or not
 #
 # Above, every rank started from the same weights because the model was built once and sent to each.
@@ -300,7 +300,7 @@ assert not seeds["same"]["torch.manual_seed(base + rank)"]  # a seed per rank: e
 assert not seeds["same"]["not seeded"]  # CPU generators are seeded from the OS at start-up
 assert not seeds["carried_over"]  # the seed set in one job is gone in the next
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library's version, which the figures below run, is the same loop plus counters and timers. It
 # keeps all gradients in **one flat bucket** — a *bucket* is one contiguous buffer that holds several
 # gradients (`dp.build`) — so a single all-reduce per step moves them all, then divides. The
@@ -309,7 +309,7 @@ assert not seeds["carried_over"]  # the seed set in one job is gone in the next
 # %%
 show_source(dp.train)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now the library's version with the same **global batch of 64 samples** split over 1, 2 and 4
 # ranks. The loss and step time are drawn live while the workers train. Then the step time is split
 # into compute and communication, and one rank's memory is broken down by category, measured from the
@@ -321,14 +321,14 @@ show_source(dp.train)
 # %%
 runs = ch00.data_parallel(world_sizes=(1, 2, 4))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same check for the library's runs: **data-parallel training must produce the same losses as one
 # process training on the combined batch**, up to float rounding:
 
 # %%
 assert ch00.max_loss_gap(runs) < 1e-5
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. Problem 1 — communication overhead
 #
 # Every step, each rank sends about 2(N−1)/N × the model's size to the others. That is the cost of a
@@ -340,7 +340,7 @@ assert ch00.max_loss_gap(runs) < 1e-5
 # %%
 overhead = ch00.comm_overhead(hidden_sizes=(32, 128, 512, 1024), world_size=2, results=runs)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Bigger models do not necessarily communicate *relatively* more. Per step the bytes grow like the
 # parameter count Ψ, but so does the compute: about 6·B·Ψ floating-point operations for a batch of B
 # samples, 2Ψ per sample forward and 4Ψ backward (the C ≈ 6·N per token of Kaplan et al., 2020,
@@ -363,7 +363,7 @@ per_sample = [s["bytes_per_sample"] for s in overhead["by_world_size"]]
 assert per_sample[0] == 0 < per_sample[1] < per_sample[2], per_sample
 assert all(s["share"] > 0 for s in overhead["by_world_size"][1:])  # time spent communicating
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Hiding the communication behind the backward
 #
 # Our loop above waits for the whole backward before it sends a byte, and then computes nothing while
@@ -412,7 +412,7 @@ gap = max(abs(a - b) for a, b in zip(overlapped, reference))
 print(f"4 ranks, all-reduces started during the backward: largest gap from one process = {gap:.1e}")
 assert gap <= tol, (gap, tol)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Every rank's autograd finishes the gradients in the same order, so the ranks start the same
 # all-reduces in the same order, as collectives require. One all-reduce per parameter tensor sends many
 # small messages, each paying the fixed latency. DDP groups the gradients into **buckets** (25 MB by
@@ -426,7 +426,7 @@ from lesson_lib import buckets
 show_source(buckets.Overlap)
 show_source(dp.overlapped)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `overlapped` follows DDP in two details. A bucket closes once it *reaches* `bucket_mb`, so a
 # layer's small bias travels with the weight beside it instead of paying a collective's fixed cost
 # alone. (Chapter 4's ZeRO-2 closes a bucket *before* it would pass the cap, as DeepSpeed does,
@@ -449,7 +449,7 @@ ov = ch00.overlap(bucket_mb=2.0)
 assert ov["buckets"] > 1 and ov["launched_during_backward"] == [ov["buckets"]] * 2, ov
 assert ov["loss_gap"] <= tol, ov
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On a cluster the bytes cross a network card while the cores compute. To see that case here, the
 # next run **emulates** a 2 Gbit/s link and gives the backward more work (a global batch of 1024).
 # *Emulated* means that after each real transfer the rank sleeps out the rest of bytes ÷ bandwidth,
@@ -484,7 +484,7 @@ assert ov_link["loss_gap"] <= tol, ov_link
 timed_claim(min(ov_link["hidden_share"]) > 0.1, "every rank's backward hid part of its transfer",
             "hidden: " + ", ".join(f"{h:.0%}" for h in ov_link["hidden_share"]))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Problem 2 — stragglers
 #
 # A **straggler** is a rank slower than the others. A synchronous step ends only when the *slowest*
@@ -509,13 +509,13 @@ assert slow["straggler_busy_ms"] > 1.1 * slow["fast_busy_ms"], slow
 assert slow["fast_rank_step_ms"] >= slow["straggler_busy_ms"], slow
 assert slow["idle_share"][0] > slow["idle_share"][1], slow
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Try other slowdowns and ranks (each click starts real runs):
 
 # %%
 ch00.straggler_explorer()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. Problem 3 — idle resources
 #
 # While a rank waits for its peers — for the all-reduce, for a straggler — its processor does nothing
@@ -537,7 +537,7 @@ idle = ch00.idle_resources(runs)
 # %%
 assert idle[4]["peers"] > idle[1]["peers"], idle  # one rank has no peer to wait for
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. When a rank fails
 #
 # A real cluster loses workers. `lesson_lib` never hangs on a failure: each collective has a timeout,
@@ -547,7 +547,7 @@ assert idle[4]["peers"] > idle[1]["peers"], idle  # one rank has no peer to wait
 # %%
 error_text = ch00.failure_demo()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercise: write the gradient step yourself
 #
 # Your function runs on real ranks: the check trains a few steps on 2 and on 4 ranks with your
@@ -567,7 +567,7 @@ def average_gradients(model):
 
 exercises["average_gradients"].submit(average_gradients)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: overlap the all-reduce with the backward
 #
 # Now start each gradient's all-reduce *during* the backward, as section 4 did, without looking back
@@ -585,7 +585,7 @@ def start_overlap(model):
 
 exercises["start_overlap"].submit(start_overlap)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:
@@ -597,7 +597,7 @@ exercises["start_overlap"].submit(start_overlap)
 #
 # **On a real cluster:** the all-reduce of every gradient, every step, is data parallelism's price: every later chapter cuts it, hides it, or removes the memory that forces it.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## What comes next
 #
 # Data parallelism replicates everything and talks a lot. The history of the field is a series of

@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 1 — The parameter server
 #
 # The first systems that trained one model on many machines put the model on a **server**. From the
@@ -36,7 +36,7 @@
 # Every figure below is measured from real processes: rank 0 is the server, ranks 1…N the workers,
 # talking point-to-point through `torch.distributed`.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. A parameter server in one cell
 #
 # Rank 0 is the server: it holds the parameters and the optimizer. Ranks 1…N are workers: each computes
@@ -111,7 +111,7 @@ out = warm_cluster(cfg.workers + 1).run(parameter_server, model, data, cfg)
 mine = [sum(w[s] for w in out[1:]) / cfg.workers for s in range(cfg.steps)]  # mean over the workers
 reference = ps.reference(cfg)  # one process, SGD on the combined batch
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The averaged gradient of N equal slices is the gradient of the combined batch, so a synchronous
 # parameter server must train exactly like one process, up to float rounding: a few float32 roundings
 # per step (ε ≈ 1.2·10⁻⁷ relative to the loss), compounded over the steps.
@@ -122,7 +122,7 @@ gap = numerics.max_gap(mine, reference)
 print(f"largest loss difference from one process: {gap:.1e} (tolerance {tol:.1e})")
 assert gap <= tol
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library's version, which the rest of the chapter runs, adds what a real system needs:
 #
 # * the server sharded over K ranks, each owning a slice (§5);
@@ -138,7 +138,7 @@ show_source(ps.work)
 # %%
 show_source(ps.serve)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Sync against async
 #
 # Three workers train the same small model, first synchronously, then asynchronously. Watch the loss
@@ -149,7 +149,7 @@ show_source(ps.serve)
 # %%
 runs = ch01.sync_vs_async(workers=3)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library's synchronous run equals single-process training too, up to float rounding.
 #
 # Asynchronous updates are stale. A gradient's **staleness** is the number of other updates that
@@ -164,7 +164,7 @@ runs = ch01.sync_vs_async(workers=3)
 assert ch01.max_loss_gap(runs["sync"]) < 1e-5
 assert ch01.mean_staleness(runs["async"]) > 0 and runs["sync"]["staleness"] == {}
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Staleness bites when the steps are large. At a learning rate of 0.3, synchronous training learns
 # faster. Each asynchronous update is computed on parameters that several other updates have moved
 # since, and momentum carries those late steps on: async ends well above sync, or diverges. Single
@@ -177,7 +177,7 @@ bites = ch01.staleness_bites(workers=3, lr=0.3)
 # %%
 assert bites["last5"]["sync"] < bites["last5"]["async"], bites["last5"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Stragglers
 #
 # A **straggler** is a worker slower than the rest. Make worker 0 one: four times slower (it really
@@ -209,7 +209,7 @@ slow = ch01.stragglers(workers=3, factor=4.0)
 # run ahead.
 assert slow["lead"]["sync"] <= 1 < 1.5 < slow["lead"]["async"], slow["lead"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. Between the two: bounded staleness
 #
 # Sync holds every worker to the slowest, round after round. Async never waits, and its gradients can
@@ -230,7 +230,7 @@ assert slow["lead"]["sync"] <= 1 < 1.5 < slow["lead"]["async"], slow["lead"]
 # %%
 show_source(ps_staleness.release)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Below, §3's straggler again (worker 0 three times slower) in asynchronous runs with bounds from 0 to
 # unbounded:
 #
@@ -243,7 +243,7 @@ show_source(ps_staleness.release)
 # %%
 ssp_rows = ch01.staleness_sweep(bounds=(0, 1, 2, 4, -1))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What holds in every run, however loaded the machine: the server never let a worker go on more than
 # s pushes ahead, and the workers' clocks agree to within one push. (A push counts as done on the
 # worker when it has left, and the server may have applied it already.)
@@ -259,14 +259,14 @@ for row in ssp_rows:
         assert row["max_lead"] <= row["bound"], row           # the server's count
         assert row["worker_lead"] <= row["bound"] + 1, row    # the workers' own clocks
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Move the dial yourself: each click runs the straggler case on real ranks with the bound you choose and
 # shows what each worker did, step by step.
 
 # %%
 ch01.staleness_explorer()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. The server is the bottleneck
 #
 # Every synchronous step, each of N workers pushes S bytes of gradient in and pulls S bytes of
@@ -291,7 +291,7 @@ assert all(r["counted"] == r["formula"] for r in traffic), traffic
 assert all(r["cycle_ms"] >= r["door_ms"] for r in traffic), traffic     # the door is the floor
 assert traffic[-1]["step_ms"] > 1.5 * traffic[0]["step_ms"], traffic     # and it widens with N
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Real parameter servers were never one machine: DistBelief (Dean et al., 2012) already **sharded**
 # its parameters over many server machines, and so did Li et al. (2014). K servers each own 1/K of
 # the parameters, so each carries 1/K of the traffic, at the price of K server machines besides the
@@ -308,14 +308,14 @@ shards = ch01.sharding(workers=2, server_counts=(1, 2, 4))
 for row in shards:   # the busiest shard carries 2·N·S/K, up to rounding of uneven shards
     assert abs(row["counted"] - row["formula"]) <= 2 * 2 * 4 * row["servers"], row
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The bytes per server fall as K grows, but the step time here does not: it can rise. With K servers
 # and 2 workers there are K + 2 processes on this machine's 2 cores, so every server added is one more
 # process taking turns on the same cores, and each worker now waits for K replies, from K processes
 # that must each be scheduled, instead of one. Sharding pays where each server is its own machine
 # with its own link, which a laptop cannot show: here, trust the counted bytes, not the clock.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. A single point of failure
 #
 # Kill the server at step 3 (a real `SIGKILL` of its process). Every worker stops.
@@ -326,7 +326,7 @@ error = ch01.server_failure()
 # %%
 assert "rank 0" in error and "SIGKILL" in error
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **One server with no copy of its state.** Li et al. (OSDI 2014, §4) did not run their servers that
 # way. Each server owned a **key range**, a range of parameter indices. Servers and keys sat on one
 # ring (**consistent hashing**: a key belongs to the next server round the ring), and each range was
@@ -362,7 +362,7 @@ show_source(ps_replicas.primary, ps_replicas.backup, ps_replicas.work)
 # %%
 failover = ch01.replicated_failover(workers=2, fail_at=5)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The backup had every acknowledged update, and the one update that was never acknowledged was pushed
 # to it again. So the run ends with the very parameters of a run without failure, and trains like one
 # process.
@@ -382,7 +382,7 @@ assert numerics.max_gap(failed["losses"], failover["reference"]) <= numerics.sum
     failover["reference"])              # and single-process SGD, up to float rounding
 assert failed["replication_bytes"] == failed["replication_formula"] == 5 * (failed["param_bytes"] + 8)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # A worker that stops responding is another matter. The server declares it lost when it has not heard
 # from it for a while (the heartbeat timeout). Asynchronous training carries on with the others, and
 # keeps learning: the mean loss of its last rounds is below that of its first. Synchronous training
@@ -399,7 +399,7 @@ assert async_case["finished"] and async_case["lost"] == [1]
 assert async_case["last5"] < async_case["first4"], async_case  # the survivors still learn
 assert not sync_case["finished"] and "worker 1" in sync_case["error"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Try it yourself
 #
 # Each click starts real processes; 4 workers take a few seconds.
@@ -407,7 +407,7 @@ assert not sync_case["finished"] and "worker 1" in sync_case["error"]
 # %%
 ch01.explorer()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # Each exercise checks your answer when you call `submit`. Hints and solutions are folded away.
@@ -416,7 +416,7 @@ ch01.explorer()
 exercises = ch01.exercises()  # S: the chapter's model, as in the runs above
 assert f"S = {runs['sync']['param_bytes']:,} bytes" in exercises["traffic"].prompt
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The first one runs on real ranks: your function is the push and pull of every worker, against server
 # shards written like the cell of §1. If the ranks end up waiting for each other, the check stops after
 # 15 s and says where each rank was waiting.
@@ -454,7 +454,7 @@ exercises["divergence"]
 # %%
 exercises["divergence"].submit(...)  # replace ... with a learning rate
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:
@@ -467,7 +467,7 @@ exercises["divergence"].submit(...)  # replace ... with a learning rate
 #
 # **On a real cluster:** At scale a parameter server must be sharded (DistBelief, Dean et al., 2012; Li et al., 2014), and then its bytes per worker are the ring's; what the ring removed was the hotspot and the extra server machines. Li et al. also replicated each shard, so a lost server cost a take-over, not the job.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## What comes next
 #
 # One server moves 2·N·S bytes a step through one door; N shards widen it to 2·S each, on N more

@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 2 — Ring all-reduce
 #
 # Chapter 1's parameter server sends every gradient through one door: with N workers the server's link
@@ -56,7 +56,7 @@ from lesson_lib import comm, show_source, warm_cluster
 from lesson_lib.chapters import ch02
 from lesson_lib.comm import schedules
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. The traffic jam
 #
 # First the parameter-server pattern, written as an all-reduce: every rank sends its whole tensor to
@@ -73,7 +73,7 @@ assert jam["root_bytes"] == 2 * (N - 1) * S                # the root moves 2(N�
 assert max(jam["ring_bytes"]) == min(jam["ring_bytes"])    # the ring: every rank the same ...
 assert abs(max(jam["ring_bytes"]) - 2 * 2 * (N - 1) / N * S) <= 16   # ... 2(N−1)/N·S each way
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Round the ring
 #
 # Press ▶. Each rank starts with its own gradient: the squares are its 4 chunks, and a label lists the
@@ -96,7 +96,7 @@ after_reduce_scatter = frames[3]["state"]                  # start + 3 reduce-sc
 assert all(sum(len(c) == 4 for c in rank) == 1 for rank in after_reduce_scatter)  # one full chunk each
 assert all(c == [0, 1, 2, 3] for rank in frames[-1]["state"] for c in rank)      # then everyone has all
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. The ring in code
 #
 # Here is the whole algorithm, written with `torch.distributed` and run on 4 real ranks.
@@ -139,14 +139,14 @@ print("equal to dist.all_reduce on every rank, by length:", {k: all(v) for k, v 
 # %%
 assert all(all(ranks) for ranks in same.values()), same  # equal to dist.all_reduce on every rank
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library's `comm.ring_all_reduce` is the same loop, driven by the schedule the animation drew
 # (`schedules.ring_schedule`), with one scratch buffer reused for the incoming chunks:
 
 # %%
 show_source(comm.ring_all_reduce, comm.ring._ring_steps)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. Is it right?
 #
 # `comm.ring_all_reduce(t)` has the contract of `torch.distributed.all_reduce(t)`: an in-place sum.
@@ -170,7 +170,7 @@ checks = ch02.check_against_library(world_sizes=(1, 2, 3, 4))
 assert all(r["ok"] for rows in checks.values() for r in rows)
 assert all(r["bytes_sent"] == r["exact_bytes_sent"] for rows in checks.values() for r in rows)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Counted traffic against the formula
 #
 # Bytes each rank sent in one all-reduce of 1 MiB, as counted on the wire, against the exact count for
@@ -191,7 +191,7 @@ assert all(abs(r["counted"] - r["formula"]) <= 4 * r["ranks"] for r in table)   
 sent = {(r["algorithm"], r["ranks"], r["rank"]): r["counted"] for r in table}
 assert all(sent["pipelined-ring", n, i] == sent["ring", n, i] for _, n, i in sent)  # same bytes, in pieces
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. Bandwidth: ours against Gloo's
 #
 # The **algorithm bandwidth** (algbw) of an all-reduce is S / time. Below, measured in one run from
@@ -216,7 +216,7 @@ assert ring[2, 16 * 2**20] > 10 * ring[2, 4096]   # big messages use the link fa
 assert sorted(big)[len(big) // 2] > 0.5           # same league as the library (noisy machine: see text)
 assert bw["fits"][2]["rms_rel_error"] < 0.5       # the two-parameter model describes the ring
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Where the gap comes from.** Gloo's `all_reduce` is a ring too (`gloo/allreduce.cc`), so both send
 # the same bytes over the same sockets. Fitting the same α-β model to Gloo's times (the table above)
 # gives an α and a β of the same order.
@@ -266,7 +266,7 @@ for r in buses:
     if r["sent_per_s"] is not None:    # our ring: busbw is exactly the bytes a rank sends per second
         assert abs(r["sent_per_s"] - r["busbw"]) <= 1e-9 * r["busbw"], r
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. The next step: a pipelined ring
 #
 # Our ring adds a chunk only once all of it has arrived: during a reduce-scatter step the rank first
@@ -295,7 +295,7 @@ assert all(s == [0, 1, 2, 3] for rank in pframes[-1]["state"] for c in rank for 
 assert all(f["moves"] for f in pframes[1:])                 # the link is busy in every slot ...
 assert len(pframes) - 1 == 2 * 3 * 2                        # ... one slot per segment of each of 2(N−1) steps
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library's code: the first step's segments go out at once. Each time a segment lands it is added
 # (in the reduce-scatter), and the same segment of the next step is posted, while the others are still
 # in flight.
@@ -321,7 +321,7 @@ assert len(pframes) - 1 == 2 * 3 * 2                        # ... one slot per s
 # %%
 show_source(comm.pipelined_ring_all_reduce, schedules.pipelined_ring_schedule)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Run on 4 real ranks against `dist.all_reduce`, with segments of 2 bytes (half a float: some pieces are
 # left empty), 4 bytes (one float), 12 bytes and the default (`comm.ring.SEGMENT_BYTES`):
 
@@ -345,7 +345,7 @@ for length in (1, 10, 1001):
 # %%
 assert all(all(ranks) for ranks in same_pipelined.values()), same_pipelined
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **What pipelining changes, and what it does not.**
 #
 # * The **bytes** do not change: the same chunks go to the same neighbours, only in pieces (section 5's
@@ -362,7 +362,7 @@ sweep = ch02.segment_sweep(world_size=2, size_mb=4.0)
 assert sweep["slope_s"] > 0                                           # more messages, more fixed costs
 assert sweep["rows"][-1]["time_s"] > sweep["rows"][0]["time_s"]     # 128 segments cost more than one
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # That fixed cost is why segments are sized in bytes and not too small: up to 2 MiB per chunk the
 # pipelined ring sends exactly the plain ring's messages.
 #
@@ -383,7 +383,7 @@ pipelining = ch02.pipelining_fit(bw)
 # %%
 assert all(f["rms_rel_error"] < 0.5 for o in pipelining.values() for f in (o["ring"], o["pipelined"]))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. What the model predicts beyond one machine
 #
 # **A fit made on loopback is not a cluster's.** *Loopback* is network traffic that never leaves the
@@ -416,7 +416,7 @@ assert share[ib, "ring", 25e6, 1024] > 0.5         # past N*, the ring's 2(N−1
 assert share[ib, "halving-doubling", 25e6, 1024] < 0.1   # 2·log₂N latencies, the same bytes
 assert n_star[1e9] > n_star[25e6]                  # bigger messages push N* up
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **"Near-linear scaling", with its condition.** The ring's bytes per rank stay at 2(N−1)/N·S, so its
 # bandwidth term is flat in N (Patarasuk & Yuan, 2009, proved that volume optimal); its latency term
 # is not. The ring scales nearly linearly while S·β ≫ N·α, that is while N < N* = S·β/α (printed
@@ -464,7 +464,7 @@ assert t["ring", 100e6, 8] < t["tree", 100e6, 8]                 # a few ranks: 
 assert t["tree", 100e6, 1024] < t["ring", 100e6, 1024] / 2       # a thousand: the tree's log₂N latencies
 assert all(t["halving-doubling", s, n] <= min(t["ring", s, n], t["tree", s, n]) for _, s, n in t)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # In this model halving-doubling is never slower than either: it has the tree's latencies and the
 # ring's bytes. MPI libraries (the standard message-passing libraries of HPC) do use it for large
 # all-reduces (Thakur, Rabenseifner & Gropp, 2005).
@@ -482,7 +482,7 @@ assert all(t["halving-doubling", s, n] <= min(t["ring", s, n], t["tree", s, n]) 
 # grow with the switch levels rather than with N. NCCL can use it (its CollNet algorithm), as can MPI
 # libraries; it needs switches that support it.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 9. Training: the ring against the parameter server
 #
 # The same data-parallel training as chapter 0 (a 2.1M-parameter MLP, 8.4 MB of gradients) with our
@@ -503,7 +503,7 @@ if server:                                                     # (when chapter 1
 for r in scale:
     print(f"{r['label']:>30}, N={r['n']}: {r['step_ms']:7.1f} ms/step, {r['bytes'] / 1e6:6.2f} MB/step")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On one machine the "network" is memory copies made by the same cores, so the server's single link is
 # not a separate bottleneck the way it is on a real cluster. And with more ranks than cores the ranks
 # take turns: each of the ring's 2(N−1) steps needs every rank to run, so at N = 4 on 2 cores each
@@ -520,7 +520,7 @@ for r in scale:
 # %%
 ch02.explorer()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # Each exercise checks your answer when you call `submit`. Hints and solutions are folded away.
@@ -530,7 +530,7 @@ ch02.explorer()
 fit4 = bw["fits"][4]
 exercises = ch02.exercises(alpha=fit4["alpha_s"], beta=fit4["beta_s_per_byte"], world_size=4)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The first one runs on real ranks (2, 3 and 4 of them). §3's loop is there to read; try to write the
 # reduce-scatter without looking. If the ranks end up waiting for each other, the check stops after
 # 10 s and says where each rank was waiting.
@@ -569,7 +569,7 @@ exercises["crossover"]
 # %%
 exercises["crossover"].submit(...)  # replace ... with a number of bytes
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:
@@ -581,7 +581,7 @@ exercises["crossover"].submit(...)  # replace ... with a number of bytes
 #
 # **On a real cluster:** The ring is bandwidth-optimal, but its 2(N−1) latencies grow with N: past a few hundred ranks on small messages, trees, halving-doubling and hierarchical rings take over.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## What comes next
 #
 # The ring fixed the communication pattern, but every rank still holds the whole model. Chapter 3

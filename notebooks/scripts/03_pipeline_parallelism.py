@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 3 — Pipeline parallelism
 #
 # Data parallelism (chapters 0–2) copies the whole model onto every device. When the model itself
@@ -65,7 +65,7 @@ from lesson_lib.milestones.pipeline import zero_bubble as zb
 from lesson_lib.milestones.pipeline import zero_bubble_stage as zbs
 from lesson_lib.milestones.pipeline.schedules import paced_bubble, stage_actions
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Cut the model
 #
 # Four stages, each holding two or three consecutive layers. The memory below is what each stage
@@ -78,7 +78,7 @@ split = ch03.split(stages=4)
 assert sum(split["stage_bytes"]) == split["unsplit_bytes"]      # every parameter lives on exactly one stage
 assert max(split["stage_bytes"]) < split["unsplit_bytes"] / 3   # each stage holds about a quarter
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Balancing by parameter count is a proxy; what matters is *time*, since the slowest stage sets the
 # pace of the whole line. `balance="time"` instead measures each layer's forward and backward on a
 # micro-batch and cuts so that stages take equal time (try it in the explorer below).
@@ -100,7 +100,7 @@ tol = numerics.pipeline_tolerance(microbatches=4, steps=small.steps, depth=small
 for schedule, g in gaps.items():
     assert max(g.values()) <= tol, (schedule, g, tol)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. One stage's loop, written out
 #
 # What does a stage actually do? Below is the whole training step of one pipeline stage, run on 4
@@ -174,7 +174,7 @@ for schedule in mine:
     assert mine[schedule]["losses"] == library[schedule]["losses"]
     assert torch.equal(mine[schedule]["params"], library[schedule]["params"])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library's stage, which every figure of this chapter runs, is the same loop plus what the
 # figures need; the steps around the actions (`run_steps`) are shared with §5's schedules. It times every action, measures the activations it holds, and can balance the stages
 # by measured time. It sends and receives on threads of its own (`stage_comm.StageLink`), so that the
@@ -184,7 +184,7 @@ for schedule in mine:
 # %%
 show_source(pp.stage._train_stage, pp.loop.run_steps, stage_actions)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. Watch the assembly line
 #
 # GPipe with 4 stages and 4 micro-batches. Every stage records each forward (blue), backward (green),
@@ -200,7 +200,7 @@ show_source(pp.stage._train_stage, pp.loop.run_steps, stage_actions)
 # %%
 r = ch03.live(stages=4, microbatches=4, schedule="gpipe")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now the three schedules on the same model and the same batch. Naive: the whole batch at once, one
 # stage busy at a time. GPipe: the forwards of all micro-batches, then the backwards. 1F1B: the same
 # number of slots, but the backwards start as early as possible.
@@ -213,7 +213,7 @@ runs = ch03.schedules(stages=4, microbatches=4)
 assert abs(runs["naive"]["bubble_busy"] - 3 / 4) < 1e-9
 assert runs["gpipe"]["bubble_busy"] < 0.6 and runs["1f1b"]["bubble_busy"] < 0.6
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. The bubble
 #
 # With P equal stages, a step takes M+P−1 *slots*, each one forward and one backward long, and each
@@ -238,7 +238,7 @@ for p in (2, 4):
     assert all(r["busy"] >= r["formula"] - 0.04 for r in rows), rows   # (one run, portable kernels: −0.027)
     assert abs(rows[0]["busy"] - rows[0]["formula"]) < 1e-9             # M = 1: exactly (P−1)/P
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Where the extra idle time goes
 #
 # The formula assumes every forward and every backward takes the same time and that messages are
@@ -276,7 +276,7 @@ for m in (4, 8):  # at each M, the model whose stages are more unequal in time p
     a, b = sorted((r for r in causes if r["microbatches"] == m), key=lambda r: r["pace"])
     assert b["stages"] >= a["stages"], (a, b)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **The slowest stage sets the pace.** In GPipe each phase is a *flow shop* (scheduling's name for
 # jobs that visit the same machines in the same order; here micro-batches visiting stages). Its length
 # is the sum of the stage times plus M − 1 times the slowest one. Define the **pace** as (slowest
@@ -339,7 +339,7 @@ for m in (4, 8):  # at each M, the model whose stages are more unequal in time p
 # %%
 show_source(il.interleaved_actions, il.action_order, il.warmup_forwards)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Replayed on the ideal machine — one core per rank, which its chunks take in turn, and free
 # messages — with a forward of a whole stage taking 1 and a backward 2 (so 1/v and 2/v per chunk):
 # 1F1B beside v = 2, then the bubble for v = 1, 2 and 4 against the formula, the messages counted in
@@ -361,7 +361,7 @@ for r in inter["rows"]:
 by_v = {r["chunks"]: r for r in inter["rows"]}
 assert by_v[1]["replayed"] > by_v[2]["replayed"] > by_v[4]["replayed"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Where the formula comes from. Each rank still does M·(F + B) of work, but the line now fills and
 # drains in P − 1 *chunk* steps of (F + B)/v: the idle time falls v-fold, to (P − 1)·(F + B)/v. As
 # a share of the ideal time that is (P − 1)/(v·M); as the idle share of each rank's step — what the
@@ -380,7 +380,7 @@ print(f"interleaved, v = 2: largest difference from one process — losses {g['l
       f"gradients {g['grads']:.1e}, parameters {g['params']:.1e}")
 assert max(g.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.steps, depth=cfg.depth), g
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What it costs, read from the same schedule: **messages**, v·P − 1 per micro-batch each way
 # instead of P − 1 (the table's messages column), each of the same size, since every boundary
 # carries one micro-batch's activation; and **memory**: the longer warm-up keeps more chunks in
@@ -417,7 +417,7 @@ assert max(g.values()) <= numerics.pipeline_tolerance(microbatches=4, steps=cfg.
 # %%
 show_source(zb.zb_h1_actions)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Replayed on the ideal machine under the paper's assumption F = B = W (a whole backward is 2
 # units), three ways: 1F1B as our stages run it (one backward call: the gradient leaves after W),
 # 1F1B's order with the gradient sent right after B, and ZB-H1 — at P = 4 for M = 2, 4 and 8. What
@@ -442,7 +442,7 @@ for r in zbr["rows"]:
     assert max(r["in_flight"]["zb-h1"]) == max(r["in_flight"]["1f1b"]), r  # the most a stage holds
     assert r["messages"]["zb-h1"] == r["messages"]["1f1b"], r               # W sends nothing
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # At M ≥ P the replay gives exactly what the paper states: 1F1B leaves each stage idle for
 # (P − 1)(F + B + W) = 9 units, ZB-H1 for (P − 1)(F + B − W) = 3 — a third. Against the M·(F + B + W)
 # of work, idle over work falls from (P − 1)/M to (P − 1)/(3M); as the idle share of the step (the
@@ -472,7 +472,7 @@ for r in zbr["rows"]:
 # %%
 show_source(zbs.forward_keeping, zbs.backward_input, zbs.backward_weight)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Run on 4 ranks: the `tiny` model against one process (the check of §2, with its tolerance) and
 # against 1F1B; then the chapter's `laptop` model timed, with the messages counted beside §4's 1F1B
 # run of the same shape (4 stages, 4 micro-batches). Where the four ranks outnumber the cores the wall
@@ -488,7 +488,7 @@ assert all(zrun["same_as_1f1b"].values()), zrun           # the same matmuls, ad
 assert zrun["messages"]["zb-h1"] == zrun["messages"]["1f1b"] == {"send_activation": 3, "send_grad": 3}
 assert zrun["max_in_flight"] == [4, 4, 4, 4]              # F to W: P on every stage
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same training as 1F1B, bit for bit, with the same messages: P − 1 = 3 each way per
 # micro-batch, since W sends nothing. What the real run's clocks say varies with the machine and its
 # load, which is why the cell asserts only the equality and the counts.
@@ -540,7 +540,7 @@ for k in range(P):
 assert at["1f1b", 0]["peak"] < 0.6 * at["gpipe", 0]["peak"]          # 4 micro-batches held instead of 8
 assert at["1f1b", 0]["measured"] < 0.6 * at["gpipe", 0]["measured"]  # and the allocator agrees
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The two counts agree on the order, and the measurement is above the inventory in every stage, by
 # what saved-tensor hooks never see: the receive buffers posted ahead (GPipe posts all M of a
 # step's at its start, 1F1B two at a time) and what one backward builds while it runs — the
@@ -576,7 +576,7 @@ assert at["1f1b", 0]["measured"] < 0.6 * at["gpipe", 0]["measured"]  # and the a
 # %%
 show_source(pp.stage_forward)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # GPipe and 1F1B at M = 8 again, each with and without recomputation, on the same `memory` preset.
 # Then the busy time of one step's forwards and backwards on the chapter's `laptop` model, 128 samples
 # per micro-batch, with the meter off (its profiler costs every small operation time). Of its timed
@@ -606,7 +606,7 @@ for schedule, g in rc["equal"].items():
 f = rc["forward_share"]
 assert 1 + 0.25 * f < rc["busy_ratio"] < 1 + 3 * f, (rc["busy_ratio"], f)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The inventory falls to the model's figure exactly: one input per micro-batch, which on stage 0 is
 # the data itself (32 features, not the hidden width). The allocator's peak falls by less, for two
 # reasons the table shows. Each stage still keeps each micro-batch's *output* until its backward —
@@ -631,7 +631,7 @@ for schedule, c in lib.items():
     assert "error" not in c, c
     assert max(c["ours_vs_torch"].values()) <= tol, (schedule, c, tol)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. Try it yourself
 #
 # Each click starts real processes; 4 stages take a second or two.
@@ -639,7 +639,7 @@ for schedule, c in lib.items():
 # %%
 ch03.explorer()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # Each exercise checks your answer when you call `submit`. Hints and solutions are folded away.
@@ -685,7 +685,7 @@ exercises["in_flight"]
 # %%
 exercises["in_flight"].submit(...)  # replace ... with a number of micro-batches
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:
@@ -697,7 +697,7 @@ exercises["in_flight"].submit(...)  # replace ... with a number of micro-batches
 #
 # **On a real cluster:** Pipelines pay a bubble of (P−1)/(M+P−1) at best; real systems add micro-batches, balance stages by time, and interleave several stages per device (Narayanan et al., 2021), which shrinks it to (P−1)/(v·M+P−1) for v-fold point-to-point messages — worth it where the interconnect is fast and the bubble dominates; zero-bubble schedules (Qi et al., 2024) split each backward and fill the bubble with weight gradients, at no extra messages.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## What comes next
 #
 # Pipelining splits the model by layers and pays with a bubble. Chapter 4 splits it another way:

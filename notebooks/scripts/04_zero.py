@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 4 — ZeRO: stop storing everything everywhere
 #
 # Plain data parallelism keeps a **full copy** of the parameters, the gradients and the optimizer
@@ -73,7 +73,7 @@ from lesson_lib.chapters import ch04
 from lesson_lib.milestones import zero
 from lesson_lib.peakmem import PeakMemory
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Four stages: the inventory
 #
 # Each rank keeps every layer's parameters, gradients and Adam state in flat buffers, padded to a
@@ -100,7 +100,7 @@ results = ch04.stages(world_size=4, precision="fp32")
 ratios = ch04.memory_ratios(results)
 assert all(abs(v - 1) <= 0.05 for per_stage in ratios.values() for v in per_stage.values()), ratios
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The same stages, measured
 #
 # The inventory shows the shards are 1/N, but it agrees with the formulas nearly by construction: it
@@ -126,7 +126,7 @@ print(f"one Adam step on a {p.nbytes / 1e6:.1f} MB tensor allocates {meter.peak 
 # Adam's step computes sqrt(v) and then sqrt(v) / correction: two temporaries the size of the tensor
 assert 2 * p.nbytes <= meter.peak < 3 * p.nbytes, meter.as_dict()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now the four stages on a model large enough that its model states dominate: the `memory` preset
 # (the run prints its size and layers), on 2 ranks. Stage 2 runs twice: scattering the whole gradient
 # after the backward, and in buckets during it. Each rank's meter opens before its model is built and
@@ -137,7 +137,7 @@ assert 2 * p.nbytes <= meter.peak < 3 * p.nbytes, meter.as_dict()
 # %%
 measured = ch04.measured_memory()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What the measurement adds to the inventory, stage by stage:
 #
 # * **Everything listed, and more.** The measured peak is never below the model states and the
@@ -173,7 +173,7 @@ two = rows["stage 2"]
 assert all(m - s >= two["whole_gradient"] for m, s in zip(two["measured"], two["states"])), two
 assert min(two["measured"]) > max(rows["stage 1"]["measured"]), rows
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Without hurting results
 #
 # Sharding changes *where* the numbers live, not *what* is computed. Our stages even sum the
@@ -187,7 +187,7 @@ same = ch04.agreement(results)
 assert all(same["identical_to_stage_0"].values())
 assert same["max_gap_vs_single_process"] <= same["tolerance"], same
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # How close is "up to float rounding"? `ch04.tolerances` derives it from the run itself: Adam moves
 # each parameter by at most about the learning rate per step (Kingma & Ba, 2015), so two correct
 # runs that only round differently — another summation order, another CPU's kernels — drift apart
@@ -195,7 +195,7 @@ assert same["max_gap_vs_single_process"] <= same["tolerance"], same
 # (a skipped step, a wrong slice) moves parameters by. Losses get a relative allowance from fp32's
 # rounding (2⁻²⁴ per operation) times the sums in one forward pass, per step.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. The sharded step, written out
 #
 # Here is ZeRO stage 1 in about twenty lines, run on the 4 ranks. Each rank holds all parameters
@@ -250,14 +250,14 @@ assert all(o[1] == outs[0][1] for o in outs)  # after the all-gather every rank 
 assert loss_gap <= tol["loss_rel"] * max(my_losses)
 assert param_gap <= tol["params"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library's version, which the figures above ran, does the same per layer (one flat buffer
 # per `Linear`, which stage 3 needs) and handles all four stages and mixed precision:
 
 # %%
 show_source(zero.sharded_step)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Stage 3 also shards the parameters, so a layer's weights must be fetched before it runs. Module
 # hooks do it: all-gather just before a layer's forward, free right after; gather again before its
 # backward; reduce-scatter its gradient as soon as autograd has finished it.
@@ -265,7 +265,7 @@ show_source(zero.sharded_step)
 # %%
 show_source(zero.fetch_layer_by_layer)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Fetching a layer only when it is needed leaves the network idle while a layer computes, and the
 # layer waits for its own gather. ZeRO-3 **prefetches** — fetches ahead of need (Rajbhandari et al.,
 # 2020). With `prefetch=d` the forward launches the gathers of the next d layers on a communication
@@ -283,7 +283,7 @@ assert all(row["same"] for row in ahead), ahead  # bit for bit the same training
 assert all(row["peak"] == row["window"] for row in ahead), ahead  # the depth bounds the gathered layers
 assert ahead[0]["peak"] < ahead[1]["peak"] < ahead[2]["peak"], ahead
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # That is the memory side of the trade. The time side, on a timeline: rank 0's last forward, layer
 # by layer, without prefetching and with one layer ahead. Here a gather is a memory copy that takes
 # far less than a layer's compute, so the timeline uses chapter 6's **emulated** link at 1 Gbit/s:
@@ -303,7 +303,7 @@ assert timeline[0]["losses"] == timeline[1]["losses"] and timeline[0]["traffic"]
 assert timeline[1]["waiting_ms"] < timeline[0]["waiting_ms"], timeline
 assert timeline[1]["hidden_gather_ms"] > 0 and timeline[0]["hidden_gather_ms"] == 0, timeline
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Whether the whole forward gets shorter here varies from run to run: the communication thread's
 # copies and the compute share the same cores, so a layer that computes while the next one is
 # gathered can itself take longer. On a GPU the gather runs on the interconnect and the compute on
@@ -334,7 +334,7 @@ back = ch04.backward_prefetch(world_size=2)
 assert back[True]["prefetched"] == back[True]["layers"] - 1 and back[False]["prefetched"] == 0, back
 assert back[True]["losses"] == back[False]["losses"] and back[True]["sent"] == back[False]["sent"], back
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On this CPU the gather still costs the time it costs: FSDP2 on Gloo runs its collectives on the
 # rank's own thread, so the prefetched gather runs *before* the layer's compute rather than beside it.
 # On a GPU it runs on a stream of its own (FSDP2's all-gather stream) while the compute stream computes
@@ -361,7 +361,7 @@ assert all(buckets2["same_training"]), buckets2
 assert all(r["peak"] <= r["bound"] for r in buckets2["rows"]), buckets2
 assert all(r["peak"] < buckets2["whole"] for r in buckets2["rows"][1:3]), buckets2  # smaller buckets
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. What it costs on the wire
 #
 # Stages 1 and 2 move exactly what data parallelism moves: a reduce-scatter of the gradients and an
@@ -375,7 +375,7 @@ wire = ch04.traffic(results)
 assert all(row["counted"] == row["formula"] for row in wire), wire
 assert wire[3]["counted"] / wire[0]["counted"] == 1.5
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Mixed precision
 #
 # The paper's numbers assume fp16 parameters and gradients with an fp32 master copy and Adam
@@ -394,7 +394,7 @@ mixed_ratios = ch04.memory_ratios(mixed)
 assert all(abs(v - 1) <= 0.05 for per_stage in mixed_ratios.values() for v in per_stage.values())
 assert all(ch04.agreement(mixed)["identical_to_stage_0"].values())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. Against PyTorch's own ZeRO-1
 #
 # `torch.distributed.optim.ZeroRedundancyOptimizer` shards Adam's state like our stage 1. It leaves
@@ -410,7 +410,7 @@ theirs = ch04.torch_zero(world_size=4, ours=results[1])
 assert theirs["param_gap"] <= theirs["param_tolerance"], theirs
 assert theirs["loss_gap"] <= theirs["loss_tolerance"], theirs
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. At the scale of real models
 #
 # The paper's example: a 7.5-billion-parameter model on 64 GPUs needs 120 GB per device under data
@@ -423,19 +423,19 @@ paper = ch04.paper_example()
 # %%
 assert [round(paper[s], 1) for s in range(4)] == [120.0, 31.4, 16.6, 1.9], paper
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Play with the formulas: parameters, devices and precision → model states per device.
 
 # %%
 ch04.calculator()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Which landmark models could be trained on 64 devices of 80 GB (an A100 or H100) or 141 GB (an H200)?
 
 # %%
 table = ch04.fits(world_size=64)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. What PyTorch ships: FSDP2
 #
 # ZeRO-3's idea is in PyTorch as Fully Sharded Data Parallel (Zhao et al., "PyTorch FSDP", VLDB 2023).
@@ -475,7 +475,7 @@ assert vs_fsdp2["param_gap"] <= vs_fsdp2["param_tolerance"], vs_fsdp2
 # ... and the same shards: every layer's dims divide by 2, so dim-0 chunks and our flat slices coincide
 assert vs_fsdp2["same_shards"], vs_fsdp2
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now memory, on §1's `memory` preset: each rank's peak **measured** by the same allocator meter as
 # our stages, beside the **inventory** of the model states it keeps (its shards of parameters,
 # gradients and Adam's moments).
@@ -492,7 +492,7 @@ assert vs_fsdp2["same_shards"], vs_fsdp2
 # %%
 fsdp_mem = ch04.fsdp2_memory(measured)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What to read in it:
 #
 # * **The same model states.** FSDP2 keeps 1/N of the parameters, gradients and Adam's moments, as
@@ -519,7 +519,7 @@ assert all(mm["measured_peak"] >= mm["params"] + mm["optimizer"] + full for mm i
 # counted on the wire: 3Ψ(N-1)/N like our stage 3, 2Ψ(N-1)/N without the second all-gather
 assert fsdp_mem["sent"][True] == fsdp_mem["formula"][3] and fsdp_mem["sent"][False] == fsdp_mem["formula"][2]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same stages under the names practitioners meet them (the stages: Rajbhandari et al., 2020;
 # FSDP: Zhao et al., 2023; DeepSpeed sets the stage as `"zero_optimization": {"stage": k}` in its
 # configuration):
@@ -534,7 +534,7 @@ assert fsdp_mem["sent"][True] == fsdp_mem["formula"][3] and fsdp_mem["sent"][Fal
 # ¹ ZeRO-2-like: FSDP2 also shards the parameters between steps. FSDP1's full name for stage 2 is
 # `ShardingStrategy.SHARD_GRAD_OP`. In DeepSpeed, stage k is `"stage": k`.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Hybrid sharding: shard inside a group, replicate across groups
 #
 # ZeRO-3 over all N devices of a cluster makes every all-gather and reduce-scatter span all of them,
@@ -590,7 +590,7 @@ assert min(hsdp["measured"]) - max(fsdp["measured"]) >= max(hsdp["states"]) - mi
 total = lambda h: sum(h[k] for k in ("param_all_gather", "grad_reduce_scatter", "all_reduce_ring_sent"))
 assert total(hsdp) < total(fsdp) and 4 * hsdp["all_reduce_ring_sent"] == total(hsdp), hybrid
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What to read in it. Per rank, HSDP sends 3·(1/2)·Ψ in its shard group and 2·(1/2)·Ψ/2 across the
 # replicate group, 2Ψ in all; FSDP over 4 ranks sends 3·(3/4)·Ψ = 2.25Ψ — all of it across every link
 # between the 4. HSDP pays in memory: each rank keeps 1/S of the model states, not 1/N.
@@ -602,7 +602,7 @@ assert total(hsdp) < total(fsdp) and 4 * hsdp["all_reduce_ring_sent"] == total(h
 # That is why large runs shard inside a node (or a few) and replicate across. We show no times: here
 # Gloo's memory copies are no network, and 4 ranks may outnumber the cores.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### In which precision the gradients are reduced
 #
 # FSDP2's `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=...)` runs the forward, the
@@ -624,14 +624,14 @@ assert fp32["max_gap"] <= reduced["fp32_tolerance"], reduced  # fp32: rounding o
 for run in (bf, bf_fp32):  # bf16: within bf16's rounding of fp32, whichever precision reduces
     assert run["max_gap"] <= reduced["tolerance"], reduced
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Both bf16 runs stay within bf16's rounding of fp32; which of the two lands closer varies from step to
 # step, and from one CPU's kernels to another's, so the chapter asserts only what holds everywhere.
 # On 2 ranks the bf16 reduction rounds one sum of two bf16 values, a small error beside the bf16
 # forward and backward. It grows with the number of ranks whose gradients are summed, which is why
 # large runs often reduce in fp32 and pay the reduce-scatter's double bytes.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 9. Surviving a failure: sharded checkpoints
 #
 # Chapter 1 killed a server and training stopped; so far every run in this course dies with its
@@ -649,7 +649,7 @@ for run in (bf, bf_fp32):  # bf16: within bf16's rounding of fp32, whichever pre
 # %%
 show_source(zero.checkpoint.save, zero.checkpoint.load)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The run (`zero.checkpoint.train` on every rank, `zero.checkpoint.survive` in the notebook): §8's
 # model with FSDP2 on 2 ranks, a checkpoint every 4 steps, into a temporary folder removed afterwards.
 # First uninterrupted; then again, with rank 1 killed by a real `SIGKILL` in step 10, between its
@@ -673,7 +673,7 @@ assert list(ckpt["killed"].values()) == ckpt["uninterrupted"][:killed_at], ckpt
 # each rank wrote its own file of shards, and DCP's metadata says which tensors each holds
 assert set(ckpt["shards"]["keys"]) == {"__0_0.distcp", "__1_0.distcp"}, ckpt["shards"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Bit for bit, not just close: the resumed ranks hold the same shards and Adam state as the ones that
 # died, on the same world size, and add their gradients in the same order, so every float rounds the
 # same way. On a *different* number of ranks DCP reshards the checkpoint as it loads (each rank reads
@@ -691,7 +691,7 @@ assert set(ckpt["shards"]["keys"]) == {"__0_0.distcp", "__1_0.distcp"}, ckpt["sh
 # them while training goes on; and the restart itself (finding a healthy node, starting processes,
 # loading) becomes a real share of the time lost.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 10. fp16 needs a loss scale, bf16 does not
 #
 # §5 counted mixed precision's bytes in bfloat16, where the paper's K = 12 assumes fp16 parameters
@@ -719,7 +719,7 @@ show_source(loss_scaling.train)
 # %%
 precision = ch04.loss_scaling()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The table and the figure are measurements of this run. At the first step unscaled fp16 flushes
 # most gradient values to zero — the first layers', whose gradients are the smallest; as the last
 # layers learn, the gradients grow and fewer flush, but the first layers have lost their first steps,
@@ -736,7 +736,7 @@ for p in ("fp16+scaling", "bf16"):
     assert precision[p]["zero_max"] < 0.01, (p, precision[p])  # scaled fp16 and bf16: (almost) none
     assert precision[p]["loss_gap"] <= precision[p]["tolerance"], (p, precision[p])  # fp32, to rounding
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 11. Try it yourself
 #
 # Run all four stages on real processes, with 1, 2 or 4 ranks (the batch of 64 must split evenly)
@@ -745,7 +745,7 @@ for p in ("fp16+scaling", "bf16"):
 # %%
 ch04.explorer()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 
 # %%
@@ -791,7 +791,7 @@ exercises["fit"]
 # %%
 exercises["fit"].submit(...)  # replace ... with a stage number
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:
@@ -804,7 +804,7 @@ exercises["fit"].submit(...)  # replace ... with a stage number
 #
 # **On a real cluster:** ZeRO trades memory for traffic: stage 3 moves 1.5× data parallelism's bytes, so on a slow network the stage that just fits is the one to use.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## What comes next
 #
 # ZeRO lets every device hold only its share of the model states, but every device still processes

@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 5 — Large-batch training: LARS and LAMB
 #
 # With data parallelism (chapter 0) every step ends in an all-reduce. The **global batch** is the
@@ -60,7 +60,7 @@ from lesson_lib.data import subspace_teacher
 from lesson_lib.milestones import large_batch
 from lesson_lib.optim import LAMB, LARS, param_groups
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. The two update rules, as code
 #
 # Both optimizers give each layer its own factor on the global learning rate: the **trust ratio**.
@@ -78,7 +78,7 @@ from lesson_lib.optim import LAMB, LARS, param_groups
 # %%
 show_source(LARS._update, LAMB._update)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The schedule around them: a linear warm-up over the first steps, then a **cosine decay**, which lowers
 # the rate along half a cosine to zero at the last step. Goyal et al. warm up over 5 epochs; the cosine
 # is our choice for a short run.
@@ -86,7 +86,7 @@ show_source(LARS._update, LAMB._update)
 # %%
 show_source(large_batch.lr_at)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. LAMB inside data-parallel training, on real ranks
 #
 # Nothing about the optimizer changes when it runs on ranks: each rank computes the gradient of its
@@ -116,7 +116,7 @@ one, two = warm_cluster(1).run(lamb_data_parallel), warm_cluster(2).run(lamb_dat
 print("trust ratios, 1 rank: ", one[0])
 print("trust ratios, 2 ranks:", two[0], "(rank 1:", two[1], ")")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The last two entries are the biases: `param_groups` leaves them out of the adaptation (ratio 1) and
 # out of weight decay, as the large-batch recipes do. The ratios agree to float rounding, since the
 # two-rank sum adds in another order:
@@ -125,7 +125,7 @@ print("trust ratios, 2 ranks:", two[0], "(rank 1:", two[1], ")")
 assert two[0] == two[1], "ranks took different steps"
 assert all(abs(a - b) <= 1e-3 * max(1.0, abs(a)) for a, b in zip(one[0], two[0])), (one, two)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Bigger batches, same budget of samples
 #
 # The task: a 6-layer MLP (91k parameters) on 8,192 points near an 8-dimensional subspace of R⁶⁴,
@@ -155,7 +155,7 @@ assert all(abs(a - b) <= 1e-3 * max(1.0, abs(a)) for a, b in zip(one[0], two[0])
 out = ch05.grid()
 rows = {(r["optimizer"], r["batch"]): r for r in out["rows"]}
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # At 32·B₀ **LAMB ends within 1.5 points of its own B₀ accuracy**: LAMB's claim, on a small scale. The
 # exact numbers vary a little with the CPU and the seed; the cell below checks what holds every time.
 #
@@ -169,7 +169,7 @@ assert acc["lamb", 64] > 0.75, acc  # LAMB learns the task at B₀
 assert acc["lamb", 2048] >= acc["lamb", 64] - 0.015, acc
 assert acc["lamb", 8192] < acc["lamb", 64] - 0.05, acc  # at 128 × B₀ LAMB's advantage is gone
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### A fair race at 32·B₀
 #
 # Does that make LAMB *the* large-batch optimizer? Only if its rivals were tuned as well. Nado et al.
@@ -196,7 +196,7 @@ assert acc["lamb", 8192] < acc["lamb", 64] - 0.05, acc  # at 128 × B₀ LAMB's 
 # %%
 fair = ch05.race_recorded(out["runs"])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What the race shows with seeds 0 and 1 (the numbers move by a point or two between them):
 # **tuned alike, Adam, LARS and LAMB end within about two points of each other** at 32·B₀. Which of
 # the three leads is within that spread: two seeds cannot rank them, only say that none is far
@@ -219,7 +219,7 @@ adaptive = [best[o]["eval_accuracy"] for o in ("adam", "lars", "lamb")]
 assert max(adaptive) - min(adaptive) <= 0.04, best  # tuned alike: within a few points (1–2 in our runs)
 assert best["lamb"]["rule"] == "sqrt", best["lamb"]  # LAMB's best: its paper's rule, as published
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Where it ends: the critical batch size
 #
 # McCandlish et al. (2018, "An Empirical Model of Large-Batch Training") explain where: a batch is
@@ -242,7 +242,7 @@ show_source(large_batch.noise_scale)
 b_simple = ch05.noise_scale(out["runs"]["lamb", 64])
 print("epoch, B_simple:", [(e, round(b)) for e, b in b_simple])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # B_simple is not a constant: it grows as the loss falls (McCandlish et al. see the same). Here it
 # goes from one or two hundred after 8 epochs to tens of thousands at the end, once the training set
 # is fitted. For most of the run 32·B₀ = 2,048 is above it, where a larger batch buys few steps. LAMB
@@ -253,7 +253,7 @@ print("epoch, B_simple:", [(e, round(b)) for e, b in b_simple])
 assert all(0 < b < float("inf") for _, b in b_simple), b_simple
 assert b_simple[-1][1] > 10 * b_simple[0][1], b_simple  # grows as the loss falls (×100–250 in our runs)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. What the larger batch saves
 #
 # Per epoch, a k-times larger batch takes k times fewer steps, so k times fewer all-reduces of the same
@@ -278,7 +278,7 @@ lamb_rows = sorted((r for r in out["wire"] if r["optimizer"] == "lamb"), key=lam
 assert len({r["grad_bytes_per_epoch"] * r["batch"] for r in lamb_rows}) == 1, lamb_rows
 assert lamb_rows[-1]["epoch_wall_s"] < lamb_rows[0]["epoch_wall_s"], lamb_rows
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Trust ratios, layer by layer
 #
 # LAMB's ratio φ(‖w‖)/‖u‖ for each weight matrix at every step of the 32·B₀ run (biases excluded).
@@ -291,7 +291,7 @@ ch05.trust_ratios(out["runs"]["lamb", 2048], "LAMB at B = 2048")
 # %%
 ch05.trust_ratios(out["runs"]["lars", 2048], "LARS at B = 2048")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. LAMB under ZeRO
 #
 # Chapter 4's ZeRO sharded Adam's state: each rank updates only its slice of every layer. Adam needs
@@ -306,7 +306,7 @@ from lesson_lib.milestones.zero import layerwise
 
 show_source(layerwise.sharded_norm)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Every ZeRO stage, trained with LAMB on 2 ranks, against single-process LAMB on the same batches;
 # and the extra traffic, counted, against its formula (two 4-byte ring all-reduces per tensor):
 
@@ -325,7 +325,7 @@ for stage in (0, 1, 2, 3):
     assert gap <= 1e-3 * zcfg.lr * zcfg.steps, (stage, gap)
     assert zr["norm_traffic_per_step"] == zr["norm_traffic_formula"], zr["norm_traffic_per_step"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Gradient accumulation: the large batch when memory is the limit
 #
 # §3 grew the batch to 32·B₀ and §4 counted what that saves, as if each rank's share of the batch
@@ -343,7 +343,7 @@ from lesson_lib.milestones import accumulation
 
 show_source(accumulation.accumulate)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # PyTorch's DDP (`DistributedDataParallel`) all-reduces from inside every `backward()`. Its
 # `no_sync()` context turns that off, so the first k−1 micro-batches run under it and the last one
 # does not. `accumulation.ddp_worker`, the library reference, counts DDP's all-reduces with a
@@ -357,7 +357,7 @@ show_source(accumulation.accumulate)
 # %%
 acc = ch05.accumulation((1, 2, 4))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The losses agree to float rounding with k = 1 and with DDP's. The all-reduce bytes per step,
 # **counted** on the wire, are the same whatever k, and equal one ring all-reduce's formula.
 # All-reducing every micro-batch instead (DDP without `no_sync()`, counted above) hands k times as
@@ -386,7 +386,7 @@ assert len({max(r["at_first_step"]) for r in rows}) == 1, rows  # data, model, b
 # the part that scales with the micro-batch halves with it (1,024 → 512 → 256 samples)
 assert abs((peak[0] - peak[1]) - 2 * (peak[1] - peak[2])) <= 0.1 * (peak[0] - peak[1]), peak
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. Try it
 #
 # Pick an optimizer, a batch, a peak rate and a warm-up; each click trains on real ranks, on the quick
@@ -396,7 +396,7 @@ assert abs((peak[0] - peak[1]) - 2 * (peak[1] - peak[2])) <= 0.1 * (peak[0] - pe
 # %%
 ch05.explorer()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same from a shell: `python -m lesson_lib run large-batch --optimizer lamb --global-batch 2048
 # --lr 0.028 --warmup-steps 3 --world-size 2 --json lamb.json`.
 #
@@ -456,7 +456,7 @@ def accumulate_step(model, batches):
 
 exercises["accumulate"].submit(accumulate_step)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:
@@ -469,7 +469,7 @@ exercises["accumulate"].submit(accumulate_step)
 #
 # **On a real cluster:** Layer-wise trust ratios let a large batch keep the small batch's accuracy only up to a point — past the critical batch size (McCandlish et al., 2018) more samples per step stop buying fewer steps. Where a rank's share of such a batch does not fit in memory, gradient accumulation reaches it in k sequential micro-batches for the bytes of one all-reduce (DDP's `no_sync()`).
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## What comes next
 #
 # A larger batch cuts the number of messages; chapter 6 cuts the size of each one — gradient

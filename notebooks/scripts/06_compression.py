@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 6 — Communication compression: less talk, more work
 #
 # Even with the ring (chapter 2) and larger batches (chapter 5), every step still ships the whole
@@ -63,7 +63,7 @@ from lesson_lib.milestones.compression import PowerSGD, SignAllReduce, TopK, ddp
 from lesson_lib.milestones.compression.allreduce import all_to_all
 from lesson_lib.models import mlp
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Top-k with error feedback, on real ranks
 #
 # Each rank adds its residual (what it did not send before) to its gradient, keeps the k largest
@@ -108,7 +108,7 @@ for rank_out in outs:
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), (a - b).abs().max()
 assert all(torch.equal(a, b) for a, b in zip(outs[0][0], outs[1][0])), "ranks disagree"
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library's version packs each (int32 index, float32 value) pair into one byte buffer and
 # all-gathers it with our counted ring, so every byte that crosses is counted; error feedback lives
 # in the shared `reduce` of every compressor:
@@ -116,7 +116,7 @@ assert all(torch.equal(a, b) for a, b in zip(outs[0][0], outs[1][0])), "ranks di
 # %%
 show_source(TopK._reduce, compression.Compressor.reduce)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. PowerSGD, checked against torch's
 #
 # PowerSGD treats each weight gradient M (n × m) as a matrix and sends P = MQ (n × r) and then
@@ -131,7 +131,7 @@ show_source(TopK._reduce, compression.Compressor.reduce)
 # %%
 show_source(PowerSGD._reduce)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Every compressor is also a **DDP communication hook** (`ddp_hook(compressor)`): DDP hands it a
 # bucket of gradients, and it returns a *future* (a handle that completes with a result) of the
 # averaged bucket. Here our PowerSGD hook and torch's own `powerSGD_hook` train
@@ -169,7 +169,7 @@ print("largest parameter difference after 6 steps, ours vs torch's powerSGD_hook
 # ring's additions agree exactly. On more ranks they may differ in the last bits.
 assert torch.equal(ours, torchs)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Does it still learn? Loss against steps and against bytes
 #
 # A 2-layer MLP (77k parameters, 307 KB of gradients) on 2 ranks, plain SGD, 150 steps, the same
@@ -179,7 +179,7 @@ assert torch.equal(ours, torchs)
 runs = ch06.accuracy()
 final = {label: ch06.final_loss(r) for label, r in runs.items()}
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Against bytes (right), every compressed run reaches a given loss after far fewer bytes than the
 # uncompressed one. Against steps (left), fp16 follows the uncompressed run closely, and top-k and
 # sign **with** error feedback stay close to it; **without** error feedback they fall behind — the
@@ -200,7 +200,7 @@ for label in ("topk 1%", "sign", "powersgd, rank 2", ch06.QSGD_LABEL, ch06.SIGN_
     assert final[label] < 1.5 * final["none"], (label, final)
 assert all(r["ranks_agree"] for r in runs.values())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. What really crossed
 #
 # Counted bytes per step on the busiest rank, against two baselines: the fp32 ring's 2(N−1)/N·4S
@@ -238,7 +238,7 @@ assert by[ch06.SIGN_AR_LABEL]["wire_bytes_per_step"] == compression.busiest_byte
     "wire_bytes_per_step"]
 assert by["none"]["bf16_ring_bytes_per_step"] == ring / 2  # the bf16 ring: half the fp32 one
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. More ranks: all-gather against all-reduce
 #
 # Everything so far ran on 2 ranks, where one thing cannot be seen. Our top-k, QSGD and sign send
@@ -255,7 +255,7 @@ assert by["none"]["bf16_ring_bytes_per_step"] == ring / 2  # the bf16 ring: half
 # %%
 scale = ch06.scaling()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The all-gathered lines climb in proportion to N−1 and cross the rings (stars): top-k at 1% stops
 # saving bytes against the fp32 ring at N = S/k, about 1/ratio ranks (each rank receives N−1 lists
 # of k pairs), and against the bf16 ring at half that; QSGD's 4-bit codes stop much sooner (the table
@@ -287,7 +287,7 @@ for label in scale["chunked"]:  # the compressed all-reduce: its exact count, ab
 print("break-even N against the fp32 ring:", scale["break_even"])
 print("break-even N against the bf16 ring:", scale["break_even_bf16"])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Quantized messages can be reduced on the way: a compressed all-reduce
 #
 # Top-k's messages cannot be added in place without growing: each rank keeps its own indices, and
@@ -308,7 +308,7 @@ print("break-even N against the bf16 ring:", scale["break_even_bf16"])
 # %%
 show_source(SignAllReduce._reduce, all_to_all)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On 4 real ranks, three steps of random gradients of the chapter's size, compared with
 # `compression.simulate`, the same algorithm for 4 ranks in one process (every rank's codes, the
 # server sums in rank order, both residuals):
@@ -333,7 +333,7 @@ print("largest difference from the single-process simulation, any rank, any step
 # %%
 assert all(torch.equal(a, w) for out in outs for a, w in zip(out, want))  # every rank, bit for bit
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. When does it pay? An emulated link
 #
 # On one machine every "link" is a memory copy at several GB/s: compression mostly costs time. To see
@@ -355,7 +355,7 @@ show_source(comm.set_link)
 sweep = ch06.bandwidth_sweep()
 t = {(r["compressor"], r["gbps"]): r for r in sweep["rows"]}
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **On a slow link the bytes decide.** Every compressor's step is shorter by about the time its saved
 # bytes would take on the link — on 4 ranks too, where top-k's all-gather already sends 3 payloads.
 # There a step is mostly sleeping on the emulated wire, so the busy times stay far below the wall
@@ -388,7 +388,7 @@ assert four["none"]["wire_bytes_per_step"] == compression.ring_busiest_bytes(S, 
 assert four["fp16"]["wire_bytes_per_step"] == compression.ring_busiest_bytes(S, 2, 4)
 assert four["topk"]["wire_bytes_per_step"] == 3 * 8 * k
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Time per step is half the story: a compressor that needs more steps can lose what it saved.
 # Section 3's runs say how many steps each needed to bring the training loss (mean of 10 steps) to
 # 0.9; times the step time measured above, that is the time to reach it on each link:
@@ -403,7 +403,7 @@ assert all(ttt[c, slow]["steps"] < 1.5 * ttt["none", slow]["steps"] for c in ("t
 for c in ("topk", "powersgd"):
     assert ttt[c, slow]["time_s"] < ttt["none", slow]["time_s"] / 2, (c, ttt[c, slow], ttt["none", slow])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Try it
 #
 # Choose a compressor, its parameter (k/S for top-k and random-k, b for QSGD: s = 2^b − 1 levels,
@@ -412,7 +412,7 @@ for c in ("topk", "powersgd"):
 # %%
 ch06.explorer()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same from a shell: `python -m lesson_lib run compression --compressor topk --ratio 0.01
 # --no-error-feedback --link-gbps 1 --world-size 2 --json topk.json`.
 #
@@ -455,7 +455,7 @@ def randomk_step(grad, residual, k, step):
 
 exercises["randomk"].submit(randomk_step)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:
@@ -467,7 +467,7 @@ exercises["randomk"].submit(randomk_step)
 #
 # **On a real cluster:** On fast interconnects compression often does not pay (Agarwal et al., 2022), and the baseline to beat is the bf16 ring, not fp32; where it does pay, schemes that stay all-reduce compatible (PowerSGD, Vogels et al., 2019) or reduce their codes on the way (1-bit Adam's compressed all-reduce, Tang et al., 2021) scale, and all-gathered ones send more with every rank.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## What comes next
 #
 # Chapter 7 puts the pieces together: data, pipeline and sharded parallelism, larger batches and

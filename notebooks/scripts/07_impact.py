@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 7 — Putting it all together: the impact, modelled and measured
 #
 # The talk ends with one chart: for the same model, **training time falls and memory per device
@@ -51,7 +51,7 @@ import torch.distributed as dist  # noqa: F401  (your ping_pong below uses dist 
 from lesson_lib import comm, costmodel, show_source
 from lesson_lib.chapters import ch07
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. One training step, as code
 #
 # A training step of a model with Ψ parameters costs four **terms**:
@@ -81,7 +81,7 @@ from lesson_lib.chapters import ch07
 show_source(costmodel.step_time)
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The ring's term is chapter 2's formula. Written here in a cell, and checked against the library:
 
 # %%
@@ -95,7 +95,7 @@ for nbytes, n, alpha, beta in [(350e9, 1024, 5e-6, 1 / 25e9), (16e6, 4, 3e-4, 1 
     print(f"S = {nbytes:.3g} B on {n} ranks: {mine:.6g} s (library {library:.6g} s)")
     assert abs(mine - library) <= 1e-12 * library
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # And the end-to-end time that Narayanan et al. (SC21, §5.1) give for GPT-3 and their 1T-parameter
 # model — 8·T·Ψ/(n·X) with the TFLOP/s per GPU they measured (140 and 163) — next to the days they report:
 
@@ -108,7 +108,7 @@ for case, p in ((c, published[c]) for c in ("gpt3-175b", "gpt-1t")):
     assert days == costmodel.days_from_throughput(p["tokens"], p["params"], int(p["devices"]),
                                                   p["achieved_tflops_per_device"] * 1e12)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The step model must do more than that closed form: it has to *predict* the throughput from the
 # hardware. Each run is given the layout its paper reports — t, p, the batch, the micro-batch, the
 # sequence, the recomputation — and one number that is not a datasheet's or a paper's: the share of
@@ -188,7 +188,7 @@ print(f"Llama 3 405B's layout, memory per GPU by the model: {mem['total'] / 1e9:
       f"{mem['activations'] / 1e9:.1f} GB) on an 80 GB H100: it says 'does not fit' a layout Meta trained")
 assert not llama["fits"] and mem["total"] < 1.25 * mem["device"]  # over, but by less than a quarter
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The spread is the one printed above, measured, not a number typed here. In-sample, the model is
 # flat where SC21's per-GPU rate rises with the model: too fast on the smallest rows, too slow on
 # the 530B and 1T rows. Held out, the runs the model misses by more than 15 % are Korthikanti's larger
@@ -231,7 +231,7 @@ print(f"sanity check, LLaMA-65B on a layout the model chose: {llama['modelled_ti
       f"about {llama['published_time']:g} ({llama['time_error']:+.0%})")
 assert llama["rate_error"] < 0 < llama["time_error"]  # slower than reported (the text below)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # LLaMA-65B comes out slower than reported (fewer tokens/s, more days): it overlapped its
 # all-reduces with computation and used memory-efficient attention (Touvron et al., §2.4), neither
 # modelled for its row, and its layout is assumed — a sanity check, not a test.
@@ -254,7 +254,7 @@ chart = ch07.talk_chart()
 rows = {r["milestone"]: r for r in chart[0.0]}
 full = {r["milestone"]: r for r in chart[1.0]}
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Which of the chart's conclusions survive that assumption? Each claim, tested on both charts:
 
 # %%
@@ -279,7 +279,7 @@ for label, by in (("calibrated: 54.9 % of peak, attention counted", chart),
 assert all(abs(t) < 0.1 for t in tie.values())  # everything hidden: within 10 %, and
 assert min(tie.values()) < 0 < max(tie.values())  # the winner flips with the assumption
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What the model says, and what it does not:
 #
 # * The **parameter server** is drawn twice. With one server (K = 1, chapter 1's section 4) its
@@ -345,7 +345,7 @@ print(f"machines: ring {ring['machines']:,}, single server {one['machines']:,}, 
       f"sharded {sharded['machines']:,} "
       f"({sharded['machine_days'] / ring['machine_days']:.2f}× the ring's machine-days)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # LAMB's bar with its micro-batches explicit, beside the chart's ZeRO-3 bar (each replica's 1.5
 # sequences as one micro-batch), at both overlaps:
 
@@ -362,7 +362,7 @@ for ov in ch07.OVERLAPS:
     assert of1["lamb"]["memory"]["total"] < of6["lamb"]["memory"]["total"]  # for less memory
 assert round(lamb[0, 0.0]["lamb"]["memory"]["total"] / 1e9, 1) == 48.9
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Between the two extremes, the sharded server's days fall as 1/K until K = N, while its server
 # machines grow as K (the latency term 2·max(N, K)·α never vanishes: each server still hears every
 # worker, and each worker talks to K servers):
@@ -373,7 +373,7 @@ days = [r["days"] for r in sweep[:-1]]
 assert all(b < a for a, b in zip(days, days[1:])) and abs(days[-1] / sweep[-1]["days"] - 1) <= 1 / (N - 1)
 assert all(r["terms"]["latency"] >= sweep[-1]["terms"]["latency"] * (N - 1) / N for r in sweep[:-1])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The compression bar is a bound
 #
 # The compression bar divides the gradient bytes by 4 and assumes **no extra steps** — the chart
@@ -396,7 +396,7 @@ squeeze = ch07.compression_bound()
 assert all(r["days"] >= r["lamb_days"] for r in squeeze["rows"] if r["extra_steps"] >= 0.1)
 assert squeeze["topk_break_even"] < squeeze["d"] and squeeze["topk_ratio_at_d"] > 1
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # So compression's lower days are conditional: with nothing hidden it beats LAMB only while it
 # needs fewer extra steps than the printed break-even share; with the traffic hidden it cannot beat
 # LAMB at all. Its case is a slow link (chapter 6's emulated one, section 4 below), not this cluster.
@@ -420,7 +420,7 @@ assert months["params"] / small["params"] > 10 and all(d < 7 for d in small["day
 gpt3_paper = costmodel.published()["gpt3-175b"]["published_days"]
 print(f"GPT-3's real run (Narayanan et al., SC21): {gpt3_paper:g} days")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # At a fixed model size the milestones take the run from about two months (the ring, with nothing
 # hidden, if the memory allowed it) to five or six weeks, or change little once the traffic hides —
 # weeks, not days, like GPT-3's real run printed above. What they bought is **scale**: on the same
@@ -429,7 +429,7 @@ print(f"GPT-3's real run (Narayanan et al., SC21): {gpt3_paper:g} days")
 # about a month. "Months to days" is true of a *fixed* small model on more devices; the talk's
 # milestones turned that into far larger models in about the same month.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Offload: the host's memory as a fourth ZeRO stage?
 #
 # ZeRO-Offload (Ren et al., USENIX ATC 2021) builds on ZeRO-2: each device's shard of the gradients
@@ -461,7 +461,7 @@ for p in (8, 16, 32, 64):
     assert abs(without["total"] - with_off["total"] - moved) <= 1e-6 * moved
 assert not at[8, "zero-2 + offload"]["fits"] and at[8, "zero-3"]["fits"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # At a trillion parameters offload moves only the small part: with ZeRO-2 each device still holds
 # the bf16 parameters of its pipeline stage, 2Ψ/P, which is what does not fit until P is large.
 # ZeRO-3 shards those too and fits at every depth here. Offloading the parameters as well is
@@ -490,7 +490,7 @@ off, on = (costmodel.estimate(costmodel.published_plan("gpt3-175b", sequence_par
 assert 0 < off["terms"]["tensor"] < on["terms"]["tensor"] < off["terms"]["compute"] / 4
 assert on["memory"]["activations"] < off["memory"]["activations"] / 4
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. What if…
 #
 # Change the model, the tokens, the number and kind of device, the link, how much communication
@@ -502,7 +502,7 @@ assert on["memory"]["activations"] < off["memory"]["activations"] / 4
 # %%
 ch07.what_if()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. Measured here: one model through every milestone
 #
 # The model of chapters 0–4 (a 3-layer MLP, 38.5k parameters) on their data set, 3 ranks, the same
@@ -532,7 +532,7 @@ ch07.what_if()
 result = ch07.measured("quick")
 records = {r["milestone"]: r for r in result["milestones"]}
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Times vary from run to run, and where the 3 ranks outnumber the cores they are stretched by
 # time-sharing (the note above the figure says so); which bar is shortest can change between runs.
 # What holds in every run is checked here:
@@ -569,7 +569,7 @@ print(f"PowerSGD took {records['compression']['steps']} steps, the ring {records
       f"{extra:.0%} extra; the chart's compression bar at that share: {at_extra['days']:.1f} days "
       f"(LAMB's: {rows['lamb']['days']:.1f}, overlap 0)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # PowerSGD's bytes follow from its shapes: per step two ring all-reduces — P (rows × 2 per weight
 # matrix) with the biases it leaves uncompressed, then Q (columns × 2) — instead of one of all Ψ
 # gradients. The emulated link changes the time of a step, never what is computed or sent: the two
@@ -595,7 +595,7 @@ print(f"emulated link: at least {1e3 * floor:.1f} ms of every step is the link; 
       f"on it would take {1e3 * slow['predicted_uncompressed_step_s']:.0f} ms per step (cost model), "
       f"PowerSGD measured {1e3 * slow['median_step_s']:.0f} ms")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. The cost model against these measurements
 #
 # Before the milestones ran, the ranks measured this machine, all at once so that they share the
@@ -616,7 +616,7 @@ plots.impact.predicted_vs_measured(result["milestones"])
 # %%
 print(ch07.validation_table(result))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # How far off it is changes from run to run and from machine to machine (the last two lines print
 # the range of measured ÷ predicted), and we do not assert it. A 38k-parameter step lasts
 # milliseconds, so what the model leaves out is large here: Python and autograd overheads per layer
@@ -636,7 +636,7 @@ print(ch07.validation_table(result))
 for r in result["milestones"]:
     assert r["predicted_step_s"] > 0 and r["median_step_s"] > 0
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # Each exercise checks your answer when you call `submit`. Hints and solutions are folded away.
@@ -654,7 +654,7 @@ exercises["stage"]
 # %%
 exercises["stage"].submit(...)  # replace ... with 0, 1, 2 or 3
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The estimate the next exercise asks about:
 
 # %%
@@ -676,7 +676,7 @@ def ping_pong(send, recv):
 
 exercises["pingpong"].submit(ping_pong)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:
@@ -688,7 +688,7 @@ exercises["pingpong"].submit(ping_pong)
 #
 # **On a real cluster:** No single milestone wins: a modern run combines data, pipeline and sharded parallelism, mixed precision and large-batch optimizers, and the cost model says which term to attack next.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Which chapter moved which bar
 #
 # What each moved, in the chart and in the dashboard:

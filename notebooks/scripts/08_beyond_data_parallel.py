@@ -13,7 +13,7 @@
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 8 — What the talk left out: tensor, sequence, context and expert parallelism
 #
 # Every chapter so far split the *batch* (data parallelism, ZeRO) or the *stack of layers* (the
@@ -59,7 +59,7 @@ from lesson_lib.milestones.context_parallel import ring_attention
 from lesson_lib.milestones.expert_parallel import moe
 from lesson_lib.milestones.tensor_parallel import mappings
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Tensor parallelism: f and g
 #
 # Cut an MLP `y = gelu(x·W₁ᵀ)·W₂ᵀ` between t ranks. A PyTorch `Linear`'s weight is stored
@@ -94,7 +94,7 @@ show_source(mappings.CopyToTensorRegion)
 # %%
 show_source(mappings.ReduceFromTensorRegion)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # And the MLP cut in two, written in a cell and run on 2 and 4 real ranks against the whole MLP:
 
 # %%
@@ -127,7 +127,7 @@ for t, gaps in mlp_gaps.items():
 # %%
 assert all(v < 1e-5 for gaps in mlp_gaps.values() for g in gaps for v in g.values()), mlp_gaps
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library's layers are the same lines, built from a whole `nn.Linear`'s weights. Attention is
 # split the same way: the query, key and value projections (q, k, v) are column-parallel, heads / t
 # heads on each rank, with one f for the three, as in Megatron-LM's fused QKV (one matrix product for
@@ -139,7 +139,7 @@ assert all(v < 1e-5 for gaps in mlp_gaps.values() for g in gaps for v in g.value
 show_source(tp.ColumnParallelLinear)
 show_source(tp.RowParallelLinear)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The whole transformer (2 blocks, 4 heads, ffn 128), 3 SGD steps on 2 and 4 ranks, against one
 # process; every collective goes through our ring, so its bytes are counted, not modelled:
 
@@ -153,7 +153,7 @@ for row in tp_run["rows"]:
         assert row[phase]["calls"] == 2 * tp_run["cfg"].layers, row
         assert row[phase]["counted"] == row[phase]["formula"], row
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Memory per rank
 #
 # Tensor parallelism divides the blocks' weights by t, and the activations inside the split regions:
@@ -171,7 +171,7 @@ assert tp4["params"] < whole["params"] / 3  # blocks / 4; embeddings, norms and 
 assert whole["measured_peak"] > tp4["measured_peak"] > sp4["measured_peak"], mem["rows"]
 assert whole["block_activations"] > tp4["block_activations"] > sp4["block_activations"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Expert parallelism: tokens travel to the experts
 #
 # A **mixture-of-experts** (MoE) layer (GShard, Lepikhin et al., 2020; Switch Transformer, Fedus et
@@ -244,7 +244,7 @@ print({name: round(v, 3) for name, v in aux.items()})
 assert abs(aux["uniform"] - 1) < 1e-6  # a uniform router: 1
 assert aux["sure, one expert"] > 0.99 * E and aux["unsure, one expert"] < 1.1  # E only when sure
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Sequence parallelism: split what lies between the blocks
 #
 # Korthikanti et al. (2022) noticed that an all-reduce is a **reduce-scatter** (each rank ends with
@@ -270,7 +270,7 @@ for row in sp_run["rows"]:
 t = mem["t"]  # §1's measurement: the blocks' saved activations, about t-fold smaller than whole
 assert whole["block_activations"] / sp4["block_activations"] > 0.75 * t, mem["rows"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. Context parallelism: ring attention
 #
 # Sequence parallelism still gathers the whole sequence for attention. At a million tokens one
@@ -318,7 +318,7 @@ assert whole["block_activations"] / sp4["block_activations"] > 0.75 * t, mem["ro
 show_source(ring_attention.block_update)
 show_source(ring_attention.ring_attention)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The run records which key/value block each rank holds at each step, recognised from the tensors it
 # received (the `watch` argument): the figure below is that record for 4 ranks. Each block moves one
 # rank along per step, so rank r holds block (r − step) mod c; under causal masking only the blocks
@@ -334,13 +334,13 @@ for row in ring["rows"]:
     c = row["ranks"]  # every block passed one rank along per step: rank r held block (r − step) mod c
     assert row["held"] == [[(r - step) % c for step in range(c)] for r in range(c)], row["held"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Under **causal masking** (each token attends only to the tokens before it), rank 0's queries need
 # only its own block and rank c − 1's need all of them: the ranks' work is unequal. Real systems deal
 # blocks out in a zig-zag (rank r takes blocks r and 2c − 1 − r) to balance it. We show the forward
 # pass; the backward is a second ring that carries the gradients of K and V along with them.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. One grid for all of them
 #
 # In practice these compose. picotron builds every **process group** (the set of ranks one
@@ -351,7 +351,7 @@ for row in ring["rows"]:
 # %%
 show_source(tp.Grid.__init__)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # dp = 2 × tp = 2 on 4 ranks: each **replica** (a full copy of the model, spread over its tp group)
 # takes half the batch and averages its gradients over its data-parallel group. Inside a replica, the
 # blocks are tensor-parallel.
@@ -389,7 +389,7 @@ assert composed["dtensor_gap"] <= composed["tolerance"]["params"], composed  # P
 assert composed["dtensor_sp_gap"] <= composed["tolerance"]["params"], composed  # and with SequenceParallel
 assert composed["param_numel"]["fsdp2+tp"] < composed["param_numel"]["ours"]  # FSDP2 also shards over dp
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### All three axes: data × pipeline × tensor on 8 ranks
 #
 # The grid's middle axis was left at 1. Now each of 2 pipeline stages holds one of the two blocks
@@ -407,7 +407,7 @@ assert composed["param_numel"]["fsdp2+tp"] < composed["param_numel"]["ours"]  # 
 # %%
 show_source(tp.three_d.gpipe_step)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Run with and without sequence parallelism. Beside each group's counted bytes (per step, from its
 # busiest rank) stand the cost model's terms for the same layout, in float32 here (bf16 in chapter 7):
 #
@@ -430,7 +430,7 @@ for row in grid["rows"]:
 plain, sp = grid["rows"]
 assert sp["counted"]["pp"] * 2 == plain["counted"]["pp"]  # sequence parallel: each rank sends seq / t
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What the cost model leaves out shows up as the sequence-parallel run's "not in the cost model":
 # entering and leaving the sequence-parallel region once per micro-batch, and the norms' gradients
 # summed across the tp group, a few percent of its tp bytes.
@@ -442,7 +442,7 @@ assert sp["counted"]["pp"] * 2 == plain["counted"]["pp"]  # sequence parallel: e
 # all-reduce (hidden behind the backward as far as it lasts) on InfiniBand. The layout that sends the
 # fewest bytes is not always the fastest.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. At cluster scale
 #
 # Here every "link" is a memory copy between processes, and ranks that outnumber the cores take
@@ -469,7 +469,7 @@ ch08.scale_calculator()
 by = {(r["link"].split(" (")[0], r["t"]): r["comm_share"] for r in scale}
 assert by[("NVLink 3", 8)] < 0.1 < by[("InfiniBand HDR", 8)], by  # t = 8 inside a node costs little
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # So Megatron-LM keeps t ≤ 8, the GPUs of one NVLink node, and uses pipeline and data parallelism
 # (chapters 3 and 4) between nodes: their traffic is smaller per byte of compute, or overlaps with it.
 # Expert parallelism's all-to-all crosses nodes. DeepSeek-V3 bounds that traffic by **node-limited
@@ -478,7 +478,7 @@ assert by[("NVLink 3", 8)] < 0.1 < by[("InfiniBand HDR", 8)], by  # t = 8 inside
 # DeepSeek-V3 drops no token, while Megatron-Core's capacity factor and DeepSeek-V2 drop some.) Context parallelism overlaps each ring step with a block of attention, so
 # it pays whenever a block's attention takes longer than sending it.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # All five run on real ranks, and the checker judges what they computed and sent, against the
@@ -540,7 +540,7 @@ cfg, wide = ch08_grid.case_cfg(), ch08_grid.wide_cfg()  # as it runs here; at GP
 my_layout = ...  # (dp, pp, tp)
 exercises["layout"].submit(my_layout)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:
