@@ -188,6 +188,61 @@ def test_torchft_diloco_equals_the_outer_step_by_hand(no_orphans):
         assert r["floats_sent"] == sent == 3 * want.numel()  # one exchange per H = 4 steps
 
 
+def _streaming_by_hand(task, h, lr, mu, delay):
+    """Streaming DiLoCo, two replicas in one process, two fragments (layer 1's weight and bias, then
+    layer 2's) as slices of the flat weights: fragment k % 2 syncs every h/2 steps, its averaged
+    pseudo-gradient taken ``delay`` steps before it is applied; Nesterov written out; alpha 0."""
+    train, _ = T.data(task)
+    models = [T.build(task) for _ in range(2)]
+    w0 = T.flat_params(models[0][0]).clone()
+    cut = 32 * task.hidden + task.hidden  # layer 1's weight and bias
+    parts = [slice(0, cut), slice(cut, w0.numel())]
+    start, buf = [w0[s].clone() for s in parts], [None, None]
+    local, synced, delta, sent = 0, 0, None, []
+    for step in range(task.steps):
+        for r, (model, opt) in enumerate(models):
+            T.gradient(model, T.batch(task, train, step, r))
+            opt.step()
+        local += 1
+        k = synced % 2
+        if local == h // 2 - delay:
+            delta = sum(start[k] - T.flat_params(m)[parts[k]] for m, _ in models) / 2
+            sent.append(delta.numel())
+        if local == h // 2:
+            buf[k] = delta.clone() if buf[k] is None else mu * buf[k] + delta
+            start[k] = start[k] - lr * (delta + mu * buf[k])
+            for m, _ in models:
+                flat = T.flat_params(m).clone()
+                flat[parts[k]] = start[k]
+                torch.nn.utils.vector_to_parameters(flat, m.parameters())
+            synced, local = synced + 1, 0
+    return [T.flat_params(m) for m, _ in models], sent  # fragment 0 drifted apart since its last sync
+
+
+def test_torchft_streaming_diloco_equals_fragments_by_hand(no_orphans):
+    task = T.Task(steps=12)
+    with torchft_glue.lighthouse(2) as addr:
+        ft = replicas.run(torchft_glue.diloco, 2, task, addr, 4, 0.7, 0.9, 2, 1, 0.0)["results"]
+    want, sent = _streaming_by_hand(task, 4, 0.7, 0.9, delay=1)
+    assert sent == [32 * task.hidden + task.hidden, task.hidden * 10 + 10] * 3  # the layers take turns
+    for r, mine in zip(ft, want):
+        torch.testing.assert_close(r["params"], mine, rtol=1e-5, atol=1e-6)
+        assert r["floats_sent"] == sum(sent) == 3 * mine.numel()
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_every_worker_and_they_resume_from_the_checkpoint():
+    from lesson_lib.milestones.resilience import elastic
+
+    out = elastic.run(steps=6, crash_at=3)
+    assert out["returncode"] == 0, out["log"]
+    runs = [(r["attempt"], r["rank"], r["ran"]) for r in out["runs"]]
+    assert runs == [(1, 0, [3, 4, 5]), (1, 1, [3, 4, 5])]
+    # 6 steps of w −= 0.1 · (1 + 2) / 2, from 0: −0.9, as if nothing had failed
+    assert all(v == pytest.approx(-0.9, abs=1e-6) for r in out["runs"] for v in r["w"])
+    assert not _leftovers()
+
+
 def test_a_failed_launch_leaves_nothing(no_orphans):
     def boom(me, n, path):
         raise RuntimeError("no")

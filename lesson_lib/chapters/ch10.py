@@ -122,6 +122,25 @@ def diloco_against_torchft(fn, task: T.Task, h: int, outer_lr: float, outer_mome
     return {"ours": ours, "torchft": ft, "equal": equal}
 
 
+def streaming_against_torchft(fn, task: T.Task, h: int, fragments: int, delay: int, alpha: float,
+                              outer_lr: float, outer_momentum: float) -> dict:
+    """§3: the notebook's Streaming DiLoCo on 2 ranks against torchft 0.2.0's ``DiLoCo`` with
+    ``fragments``, ``fragment_sync_delay`` and ``fragment_update_alpha``, on 2 replica groups."""
+    ours = warm_cluster(2).run(fn, task, h, fragments, delay, alpha, outer_lr, outer_momentum)
+    with torchft_glue.lighthouse(2) as addr:
+        ft = replicas.run(torchft_glue.diloco, 2, task, addr, h, outer_lr, outer_momentum, fragments, delay,
+                          alpha)["results"]
+    equal = all(torch.equal(o["params"], f["params"]) for o, f in zip(ours, ft))
+    per = ours[0]["per_sync"]
+    print(f"{task.steps} inner steps, H = {h}, {fragments} fragments (one synced every {h // fragments} "
+          f"steps, its all-reduce started {delay} step(s) before it is applied), alpha {alpha}: ours and "
+          f"torchft's weights bit-equal on both replicas: {equal}\n"
+          f"floats each replica sent: ours {ours[0]['floats_sent']:,}, torchft {ft[0]['floats_sent']:,}; "
+          f"per sync {', '.join(f'{x:,}' for x in per[:fragments])} (plain DiLoCo: "
+          f"{sum(per[:fragments]):,} at once, every {h} steps)")
+    return {"ours": ours, "torchft": ft, "equal": equal}
+
+
 def sweep(fn, task: T.Task, hs=(None, 4, 16, 64), outer_lr: float = 0.5, outer_momentum: float = 0.5) -> dict:
     """§3: held-out loss against floats sent, DDP (H = None) and DiLoCo at each H, same tokens."""
     rows = []
@@ -181,3 +200,21 @@ def internet_scale() -> None:
         "Reported figures, not measured here. A CPU run here cannot show: the quality gap at billions of "
         "parameters and trillions of tokens, real wide-area latency and jitter, stragglers, or overlapping "
         "the outer step with compute (Streaming DiLoCo)."))
+
+
+def elastic_restart(steps: int = 6, crash_at: int = 3) -> dict:
+    """§2, in practice: ``torchrun --max-restarts=1 --nnodes=1:2`` with 2 workers on 127.0.0.1, worker 1
+    crashing at step ``crash_at`` of the first attempt; every worker restarted, resumed from the
+    checkpoint. Its weights against the uninterrupted run's, worked out: each step w −= 0.1 · mean(1, 2)."""
+    from ..milestones.resilience import elastic
+
+    out = elastic.run(steps, crash_at)
+    want = -0.1 * 1.5 * steps
+    final = [r for r in out["runs"] if r["attempt"] == max(x["attempt"] for x in out["runs"])]
+    equal = bool(final) and all(abs(v - want) < 1e-6 for r in final for v in r["w"])
+    print(f"{out['command']}\n(torchrun exited {out['returncode']} after {out['wall_s']:.1f} s)")
+    for r in out["runs"]:
+        print(f"attempt {r['attempt']}, rank {r['rank']}: ran steps {r['ran']}")
+    print(f"the restarted workers resumed at step {final[0]['ran'][0] if final else '?'}; final weights "
+          f"equal to an uninterrupted run's ({want:g} each): {equal}")
+    return {**out, "equal": equal}

@@ -244,7 +244,15 @@ assert ft["stall_s"] > 4 * ft["median_s"]  # the survivor waited for a quorum wi
 # * **Elastic restarts.** Without per-step fault tolerance, `torchrun --max-restarts=K` restarts every
 #   worker of the job when one fails (up to K times) and the script resumes from its checkpoint;
 #   `--nnodes=MIN:MAX` lets it restart with fewer machines than it began with, down to MIN. Each
-#   restart is a full R of §1, paid by every GPU.
+#   restart is a full R of §1, paid by every GPU. The worker below resumes from its checkpoint;
+#   `ch10.elastic_restart()` runs it under `torchrun --nnodes=1:2 --max-restarts=1` with 2 workers,
+#   rendezvous on 127.0.0.1, worker 1 crashing once (about 20 s on this machine, so Run All leaves it
+#   to you): every worker restarts and the weights end equal to an uninterrupted run's.
+
+# %%
+from lesson_lib.milestones.resilience import elastic
+
+show_source(elastic.worker)
 
 # %% [markdown]
 # ## 3. Communicate less often: LocalSGD and DiLoCo
@@ -301,6 +309,58 @@ versus = ch10.diloco_against_torchft(my_diloco, T.Task(steps=12), h=4, outer_lr=
 # %%
 assert versus["equal"]
 assert versus["ours"][0]["floats_sent"] == versus["torchft"][0]["floats_sent"]
+
+# %% [markdown]
+# **Streaming DiLoCo** (Douillard et al., 2025) splits the model into **fragments** that take turns:
+# with F fragments, one is synced every H/F steps, so each sync sends 1/F of the model and the peak
+# bandwidth falls F times. Its all-reduce starts τ inner steps before the result is applied (the
+# **delayed sync**, torchft's `fragment_sync_delay`), so it can run behind those steps; the applied
+# global weights are then mixed with the local ones by α (`fragment_update_alpha`; α = 0 keeps the
+# global ones). Written in a cell, two fragments (the MLP's two layers), τ = 1, against torchft 0.2.0's
+# own `DiLoCo` given the same fragments, delay and α:
+
+# %%
+def my_streaming_diloco(task, h, n_fragments=2, delay=1, alpha=0.0, outer_lr=0.7, outer_momentum=0.9):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    train, held = T.data(task)
+    model, inner = T.build(task)
+    frags = [list(m.parameters()) for m in T.fragments(model, n_fragments)]
+    outers = [torch.optim.SGD(ps, lr=outer_lr, momentum=outer_momentum, nesterov=True) for ps in frags]
+    start = [[p.detach().clone() for p in ps] for ps in frags]  # each fragment's last global weights
+    period, local, synced, sent, pending = h // n_fragments, 0, 0, [], None
+    for step in range(task.steps):
+        T.set_gradient(model, T.gradient(model, T.batch(task, train, step, rank)))
+        inner.step()
+        local += 1
+        f = synced % n_fragments  # the fragments take turns, one per period
+        if local == period - delay:  # send fragment f's pseudo-gradient now...
+            pending = [p0 - p.detach() for p, p0 in zip(frags[f], start[f])]
+            for d in pending:
+                comm.all_reduce(d)
+            sent.append(sum(d.numel() for d in pending))
+        if local == period:  # ...and apply it `delay` inner steps later
+            mine = [p.detach().clone() for p in frags[f]]
+            for p, p0, d in zip(frags[f], start[f], pending):
+                p.data.copy_(p0)
+                p.grad = d / n
+            outers[f].step()
+            outers[f].zero_grad()
+            for p, p0, m in zip(frags[f], start[f], mine):
+                p0.copy_(p.detach())
+                p.data.lerp_(m, alpha)  # alpha = 0: the global weights; 1: keep the local ones
+            synced, local = synced + 1, 0
+    return {"params": T.flat_params(model), "floats_sent": sum(sent), "per_sync": sent,
+            "held_out": T.held_out_loss(model, held)}
+
+
+streaming = ch10.streaming_against_torchft(my_streaming_diloco, T.Task(steps=12), h=4, fragments=2, delay=1,
+                                          alpha=0.0, outer_lr=0.7, outer_momentum=0.9)
+
+# %%
+assert streaming["equal"]
+per = streaming["ours"][0]["per_sync"]
+assert per[0] + per[1] == versus["ours"][0]["floats_sent"] // 3  # two syncs send one plain DiLoCo sync
+assert max(per) < versus["ours"][0]["floats_sent"] // 3  # a smaller peak per sync
 
 # %% [markdown]
 # The same number of tokens (steps × batch per replica), DDP against DiLoCo at several H. The paper's
@@ -488,7 +548,7 @@ exercises["exchange"].submit(exchange)
 #
 # 1. **failures cost** — §1's MTBF table, δ measured three ways (blocking DCP, `dcp.async_save`, a peer's memory) with both copies read back, goodput taken apart into checkpoints, lost work and restarts at Llama 3's storage rate, the restart dominating once δ is seconds (asserted), Young's and Daly's intervals on the goodput curve, and your interval.
 # 2. **per-step fault tolerance** — §2's quorum, discard and heal written out, a replica SIGKILLed mid-exchange while its peer carried on, the stall measured, the returner bit-equal (asserted), torchft equal to ours and surviving the same SIGKILL with the step discarded, the stall and the heal (asserted), and your exchange surviving a killed peer.
-# 3. **DiLoCo** — §3's outer step in a cell equal to torchft's, H× fewer floats counted (asserted), held-out loss against DDP at several H, time to a target over a slow link beside chapter 6's PowerSGD (fewer bytes than DDP for both, DDP last, asserted) with the bytes at other H, ranks and top-k, and your outer step.
+# 3. **DiLoCo** — §3's outer step in a cell equal to torchft's, Streaming DiLoCo's fragments and delayed sync in a cell equal to torchft's (asserted), H× fewer floats counted (asserted), held-out loss against DDP at several H, time to a target over a slow link beside chapter 6's PowerSGD (fewer bytes than DDP for both, DDP last, asserted) with the bytes at other H, ranks and top-k, and your outer step.
 # 4. **internet scale** — §4's reported figures and what this CPU run cannot show.
 #
 # **On a real cluster:** a replica group is a whole FSDP or HSDP job of many GPUs, the lighthouse watches heartbeats across machines, a healed replica copies gigabytes from a peer, and the network between groups is the slowest in the system — which is why DiLoCo-style training exchanges rarely and quantized.

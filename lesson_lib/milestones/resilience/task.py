@@ -44,6 +44,16 @@ def build(task: Task):
     return model, torch.optim.SGD(model.parameters(), lr=task.lr, momentum=task.momentum)
 
 
+def fragments(model, n: int) -> list:
+    """Streaming DiLoCo's fragments: the model's linear layers in ``n`` consecutive groups, each an
+    ``nn.Sequential`` of its layers (sharing their parameters)."""
+    layers = [m for m in model if isinstance(m, torch.nn.Linear)]
+    if not 1 <= n <= len(layers):
+        raise ValueError(f"n must be between 1 and {len(layers)} (the linear layers), got {n!r}")
+    cut = [round(i * len(layers) / n) for i in range(n + 1)]
+    return [torch.nn.Sequential(*layers[a:b]) for a, b in zip(cut, cut[1:])]
+
+
 def batch(task: Task, train, step: int, replica: int):
     g = torch.Generator().manual_seed(task.seed * 1_000_003 + step * 1_009 + replica)
     idx = torch.randint(0, train[0].shape[0], (task.batch,), generator=g)

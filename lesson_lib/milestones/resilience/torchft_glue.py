@@ -128,14 +128,20 @@ def replica(me: int, n: int, store_path: str, task: T.Task, lighthouse_addr: str
 
 
 def diloco(me: int, n: int, store_path: str, task: T.Task, lighthouse_addr: str, h: int,
-           outer_lr: float, outer_momentum: float) -> dict:
+           outer_lr: float, outer_momentum: float, fragments: int = 1, delay: int = 0,
+           alpha: float = 0.0) -> dict:
     """Our task under ``torchft.local_sgd.DiLoCo``: ``task.steps`` inner SGD steps, an outer Nesterov
-    step every ``h``; the floats each replica all-reduced, counted."""
+    step every ``h``; the floats each replica all-reduced, counted. With ``fragments`` > 1, Streaming
+    DiLoCo: the model's layers as fragments, one synced every h / fragments steps, its all-reduce
+    started ``delay`` steps before it is applied, local and global mixed by ``alpha``; one outer
+    optimizer per fragment."""
     from torchft.local_sgd import DiLoCo
 
     train, held = T.data(task)
     model, inner = T.build(task)
-    outer = torch.optim.SGD(model.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=True)
+    parts = [model] if fragments == 1 else T.fragments(model, fragments)
+    outer = [torch.optim.SGD(m.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=True)
+             for m in parts]
     mgr, store = manager(me, lighthouse_addr, model, inner, init_sync=False)
     sent, real = [0], mgr.allreduce
 
@@ -145,7 +151,8 @@ def diloco(me: int, n: int, store_path: str, task: T.Task, lighthouse_addr: str,
 
     mgr.allreduce = counted
     try:
-        with DiLoCo(mgr, [model], inner, outer, sync_every=h):
+        with DiLoCo(mgr, parts, inner, outer if fragments > 1 else outer[0], sync_every=h,
+                    fragment_sync_delay=delay, fragment_update_alpha=alpha):
             for step in range(task.steps):
                 T.set_gradient(model, T.gradient(model, T.batch(task, train, step, me)))
                 inner.step()
