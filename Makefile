@@ -17,7 +17,13 @@ ifeq ($(origin TORCH_INDEX), undefined)
 TORCH_INDEX := $(shell if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then echo $(TORCH_CPU_INDEX); fi)
 endif
 
-.PHONY: install test test-quick test-mutants test-numerics lint lab bench site clean-notebooks sync-notebooks
+.PHONY: install test test-quick test-mutants test-numerics lint lab bench site clean-notebooks sync-notebooks \
+	workshop wheelhouse
+
+# Offline: `make install WHEELHOUSE=dir` installs from a folder that `make wheelhouse` wrote, with pip's
+# --no-index (no network at all); without it, torch comes from TORCH_INDEX and the rest from PyPI.
+TORCH_SOURCE = $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE),$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)))
+PIP_SOURCE = $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
 
 # Idempotent: the venv is created only when missing, and the editable install is
 # redone only when pyproject.toml is newer than the stamp file.
@@ -27,9 +33,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	@echo "make install: torch $(TORCH_VERSION) from $(if $(TORCH_INDEX),$(TORCH_INDEX) (CPU-only build: no NVIDIA GPU found) or PyPI,PyPI (pip's default build))"
-	$(BIN)/pip install --no-deps "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(BIN)/pip install -e ".[dev]"
+	@echo "make install: torch $(TORCH_VERSION) from $(if $(WHEELHOUSE),$(WHEELHOUSE) only (no network),$(if $(TORCH_INDEX),$(TORCH_INDEX) (CPU-only build: no NVIDIA GPU found) or PyPI,PyPI (pip's default build)))"
+	$(BIN)/pip install --no-deps "torch==$(TORCH_VERSION)" $(TORCH_SOURCE)
+	$(BIN)/pip install $(PIP_SOURCE) -e ".[dev]"
 	touch $@
 
 lint: install
@@ -79,6 +85,23 @@ lab: install
 	extra=""; if [ "$$(id -u)" = "0" ]; then extra="--allow-root"; fi; \
 	cmd="$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks --no-browser --LabApp.default_url=/lab/tree/README.md $$extra"; \
 	echo "$$cmd"; exec $$cmd
+
+# A JupyterHub for a room, on this machine, as root (docs/workshop.md): `make workshop
+# LEARNERS=names.txt`; the rest of the options go in WORKSHOP_ARGS (`--ip 0.0.0.0 --password-file F`).
+workshop: install
+	$(BIN)/python -m lesson_lib workshop serve $(if $(LEARNERS),--learners $(LEARNERS)) $(WORKSHOP_ARGS)
+
+# Every wheel the course needs (dev and workshop extras, torch from where `make install` takes it, the
+# build backend an editable install needs), for this machine's OS, CPU and Python: carry the folder to
+# a room without network, then `make install WHEELHOUSE=dir` or `workshop serve --wheelhouse dir`.
+# Into build/wheelhouse, or `make wheelhouse WHEELHOUSE=dir`. pip wheel builds any sdist into a wheel.
+WHEELHOUSE_DIR = $(or $(WHEELHOUSE),build/wheelhouse)
+wheelhouse:
+	mkdir -p $(WHEELHOUSE_DIR)
+	$(PYTHON) -m pip download --no-deps "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -d $(WHEELHOUSE_DIR)
+	$(PYTHON) -m pip wheel --find-links $(WHEELHOUSE_DIR) -w $(WHEELHOUSE_DIR) ".[dev,workshop]" "setuptools>=68"
+	rm -f $(WHEELHOUSE_DIR)/lesson_lib-*.whl  # the course installs from its checkout
+	@echo "make wheelhouse: $$(ls $(WHEELHOUSE_DIR) | wc -l) wheels in $(WHEELHOUSE_DIR)"
 
 # The rendered course: every chapter executed (its real ranks run, as Run All does) and exported to
 # static HTML in build/site, figures interactive, offline; the table of contents is index.html.

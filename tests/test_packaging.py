@@ -128,6 +128,17 @@ def test_torch_is_pinned():
     assert environment_pins(environment()).get("torch") == TORCH_PIN
 
 
+def test_the_workshop_extra_is_pinned_and_stays_off_laptops():
+    """The hub's own packages (``.[workshop]``, docs/workshop.md) are pinned, JupyterHub at 6.x, and
+    neither the laptop's install (dependencies, dev) nor environment.yml carries them."""
+    extras = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    workshop = parse_pins(extras["workshop"], "pyproject.toml [workshop]")
+    assert {"jupyterhub", "jupyterhub-idle-culler", "configurable-http-proxy"} <= set(workshop)
+    assert workshop["jupyterhub"].split(".")[0] == "6"
+    assert not set(workshop) & set(pyproject_pins()), "a hub package in the laptop's install"
+    assert not set(workshop) & set(environment_pins(environment())), "a hub package in environment.yml"
+
+
 def test_pin_comparison_detects_mismatch():
     """The parser and comparison really see a differing pin and a missing package."""
     env = parse_environment(
