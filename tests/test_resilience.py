@@ -60,6 +60,8 @@ def test_the_chapter_states_the_goodput_the_code_computes():
     # the prose's formula is the code's: half an interval (τ + δ)/2 lost per failure, not τ/2
     text = (Path(__file__).resolve().parent.parent / "notebooks" / "scripts" / "10_resilience.py").read_text()
     assert "(1 − (R + (τ + δ)/2)/M) · τ/(τ + δ)" in text and "(R + τ/2)/M" not in text
+    # recovery from an in-memory replica is Gemini's report (2023, §3), not a Pathways publication
+    assert "Pathways before it" not in text and "Gemini Team, 2023, §3" in text
     assert failures.goodput(100, 10, 10_000, 50) == pytest.approx((1 - (50 + 110 / 2) / 10_000) * 100 / 110)
 
 

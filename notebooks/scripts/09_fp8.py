@@ -141,14 +141,16 @@ assert big["per tensor"] > 10 * big["block-wise (1×128, 128×128)"]  # fine-gra
 # **Delayed scaling is history.** It was TransformerEngine's FP8 recipe (`DelayedScaling`, whose
 # amax history is 1,024 steps long by default, with a `margin` of powers of two of headroom; the
 # history of 16 here only shortens the demonstration: any outlier above every remembered amax
-# saturates). It saved one pass over the tensor before its cast. The field left it: torchao deprecated
-# its delayed scaling and then removed it, keeping current scaling (tensorwise, row-wise);
-# DeepSeek-V3 (§3.3.2) computes the amax online for every tile and block, naming delayed scaling as
-# what it does not do; TransformerEngine 2.x adds current scaling (`Float8CurrentScaling`), block-wise
-# (`Float8BlockScaling`) and MXFP8 (`MXFP8BlockScaling`) recipes beside it. Why: the saved pass is a
-# small cost once the amax is fused into the cast, while a stale scale fails exactly when a tensor
-# changes fastest (the outlier above), and its per-tensor history is state that every checkpoint
-# and pipeline stage must carry.
+# saturates). It saved one pass over the tensor before its cast. The field left it: torchao warned in
+# v0.9.0 (2025) that delayed scaling was deprecated and then deleted it (pytorch/ao#1680, #1753),
+# keeping current scaling (tensorwise, row-wise); DeepSeek-V3 (§3.3.2) computes the amax online for
+# every tile and block, naming delayed scaling as what it does not do; TransformerEngine 2.x adds
+# current scaling (`Float8CurrentScaling`), block-wise (`Float8BlockScaling`) and MXFP8
+# (`MXFP8BlockScaling`) recipes beside it. Why: the saved pass bought little once the amax is fused
+# into the cast (torchtitan measured delayed scaling no faster than current scaling on Llama 3 8B,
+# pytorch/torchtitan#698, 2024); torchao's reasons were its complexity and that users chose current
+# scaling for its accuracy; and a stale scale fails exactly when a tensor changes fastest, the
+# outlier above.
 #
 # Try a recipe against outliers of another size (each choice runs the real FP8 matmul again):
 
@@ -263,9 +265,10 @@ for row in gathered:
 # The datasheet doubles the matmuls' peak (H100 and H200: 1,979 dense FP8 TFLOP/s against 989 bf16,
 # NVIDIA datasheets), but a step is not all matmuls. `costmodel.fp8.fp8_step` speeds up only a share s
 # of chapter 7's compute term; the rest (attention, norms, the embedding, the head, the casts and amax
-# passes) stays. Published end-to-end gains are smaller than 2×: 1.25–1.5× for torchao's float8 in
-# torchtitan (PyTorch, 2024), and a NeMo benchmark (NVIDIA's performance summary, Nemotron-4 340B on
-# H100s) measures FP8 steps at 0.69–0.72 of bf16's. With tensorwise scaling it also gathers ZeRO-3's
+# passes) stays. Published end-to-end gains are smaller than 2×: torchao reports up to 1.5× for its
+# float8 training in torchtitan on 512 GPUs (Llama 3.1 70B and 405B, 2024) and 1.34–1.43× for its
+# row-wise recipe on 2,000 GPUs (2025; torchao's pre-training tutorial), and a NeMo benchmark
+# (NVIDIA's performance summary, Nemotron-4 340B on H100s) measures FP8 steps at 0.69–0.72 of bf16's. With tensorwise scaling it also gathers ZeRO-3's
 # parameters in FP8, and recomputes what overlap hides with FP8's shorter compute. Priced on H100's
 # own links (NDR between nodes, NVLink 4 inside one), with the plan's overlap printed:
 
