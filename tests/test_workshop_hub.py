@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import pwd
 import re
 import secrets
 import shutil
@@ -80,6 +81,11 @@ def _exposed(pids: set[int]) -> list[str]:
         if c.pid in pids and listening and c.laddr and not ipaddress.ip_address(c.laddr.ip).is_loopback:
             out.append(f"pid {c.pid} ({_name(c.pid)}) on {c.laddr.ip}:{c.laddr.port}")
     return out
+
+
+def _workshop_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lesson_lib", "workshop", *args, "--prefix", str(PREFIX)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def _tail(path: Path) -> str:
@@ -228,6 +234,11 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
 
             # Stopped as Ctrl-C would: nothing of the workshop is left.
             tree = _workshop_pids(serve_ps, uids) - {serve.pid}
+            culler = [_name(p) for p in tree if "jupyterhub_idle_culler" in _name(p)]
+            assert culler, "the idle culler is not running"
+            ana = NAMES[0]
+            busy = _workshop_cli("reset", ana)  # refused while her server runs: it would save over the copy
+            assert busy.returncode == 2 and "--stop" in busy.stderr, busy.stderr
             serve.send_signal(signal.SIGINT)
             assert serve.wait(timeout=HUB_STOP_TIMEOUT_S) == 0, _tail(log_path)
             wait_until("the workshop's processes to end", lambda: not any(psutil.pid_exists(p) for p in tree)
@@ -238,6 +249,13 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
                 tmp = Path(u.pw_dir, ".cache", "lesson-workshop", "tmp")
                 assert not list(tmp.iterdir()), f"{u.pw_name}'s temp folder kept {list(tmp.iterdir())}"
             assert not list(state.glob("*.pid")), list(state.glob("*.pid"))
+            reset = _workshop_cli("reset", ana)  # a clean copy; hers is kept aside with her answer
+            assert reset.returncode == 0, reset.stderr
+            home = Path(pwd.getpwnam(ana).pw_dir)
+            old = list(home.glob("course-before-reset-*"))
+            assert len(old) == 1 and _marker(ana) in (old[0] / NOTEBOOK).read_text(encoding="utf-8")
+            installed = PREFIX / "course" / "notebooks" / NOTEBOOK
+            assert (home / "course" / NOTEBOOK).read_bytes() == installed.read_bytes()
         finally:
             if serve is not None and serve.poll() is None:
                 os.killpg(serve.pid, signal.SIGKILL)

@@ -1,9 +1,10 @@
 """Learners: their names, the workshop password (kept only as a salted scrypt hash), their Unix users.
 
 Each learner is a real Unix user in the group ``lesson-learners``, with a private home (0700) and no
-login shell: JupyterHub's LocalProcessSpawner starts their JupyterLab as that user, so the kernel's
-files and processes are theirs alone. A name that already belongs to a user outside the group is
-refused rather than taken over.
+password (the account is locked: no ``su`` or ssh into it; bash is for JupyterLab's terminal).
+JupyterHub's LocalProcessSpawner starts their JupyterLab as that user, so the kernel's files and
+processes are theirs alone. A name that already belongs to a user outside the group is refused
+rather than taken over.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def ensure_users(names: list[str], home_root: str = "/home") -> list[str]:
         if _exists(name):
             continue
         subprocess.run(["useradd", "--create-home", "--base-dir", home_root, "--gid", GROUP,
-                        "--shell", "/usr/sbin/nologin", "--comment", "workshop learner", name],
+                        "--shell", "/bin/bash", "--comment", "workshop learner", name],
                        check=True, timeout=30, stdout=subprocess.DEVNULL)
         created.append(name)
     for name in names:  # private whatever the system's HOME_MODE: no learner reads another's home
