@@ -201,7 +201,8 @@ def exercises() -> dict[str, Exercise]:
             prompt="Write <code>choose_format(x)</code> returning <code>'e4m3'</code> or "
             "<code>'e5m2'</code>: "
             "the format whose per-tensor scaled cast errs least on x "
-            "(<code>fp8.errors.elementwise_error(x, fmt)</code> measures one). The check runs the chapter's "
+            "(<code>errors.elementwise_error(x, fmt)</code>, imported at the top, measures one). The check "
+            "runs the chapter's "
             "FP8 training on 2 and 4 ranks and hands your function each rank's own output-gradients (the "
             "tensors FP8Matmul casts, at the first and last step), an activation-like tensor and a tensor "
             "spanning 24 binades.",

@@ -44,7 +44,7 @@ import torch
 from lesson_lib import show_source
 from lesson_lib.chapters import ch09, ch09_exercises
 from lesson_lib.costmodel.fp8 import fp8_step
-from lesson_lib.milestones.fp8 import allgather, linear, scaling
+from lesson_lib.milestones.fp8 import allgather, errors, linear, scaling
 
 # %% [markdown]
 # ## 1. The formats
@@ -64,7 +64,10 @@ assert by["e5m2"]["binades"] > by["e4m3"]["binades"] + 13 and by["e4m3"]["eps"] 
 # tensor needs depends on how many powers of two its values span once a scale puts its largest value
 # at the format's top. Measured on two tensors: an activation-like one (a Gaussian with rare ×50
 # outliers), and one *built* to span 24 binades, more than e4m3's 17.8, so that its smallest values
-# underflow in e4m3:
+# underflow in e4m3. The measure, each value's relative error after a per-tensor scaled cast:
+
+# %%
+show_source(errors.elementwise_error)
 
 # %%
 choice = ch09.format_choice()
