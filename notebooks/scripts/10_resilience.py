@@ -99,7 +99,7 @@ assert cost["delta_max_s"] < 600  # 10-minute checkpoints could not reach 90 % w
 # the stall further), checkpoints and the work lost between them cost about 2.4 % of the run; what
 # remains is R, paid at every failure. At a 10-minute restart, restarts waste more than both together,
 # and Llama 3's over 90 % holds for any R under the bound printed; the answer flips only for restarts
-# under about 4.5 minutes, where checkpoints cost more again. The checkpoint interval is the smaller
+# under about 4.5 minutes (printed), where checkpoints and lost work outweigh them. The checkpoint interval is the smaller
 # half of the problem; the restart is where the time goes, and every restart stops *every* GPU. §2 is
 # about not stopping them.
 
