@@ -249,6 +249,8 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
                 tmp = Path(u.pw_dir, ".cache", "lesson-workshop", "tmp")
                 assert not list(tmp.iterdir()), f"{u.pw_name}'s temp folder kept {list(tmp.iterdir())}"
             assert not list(state.glob("*.pid")), list(state.glob("*.pid"))
+            written = [str(p) for p in (PREFIX / "course").rglob("*") if p.stat().st_uid in uids]
+            assert not written, f"learners wrote into the install: {written[:5]}"
             reset = _workshop_cli("reset", ana)  # a clean copy; hers is kept aside with her answer
             assert reset.returncode == 0, reset.stderr
             home = Path(pwd.getpwnam(ana).pw_dir)

@@ -3,8 +3,9 @@ or kill the other's work, and both finish.
 
 Each learner runs a small ``lesson_lib.Cluster`` job as their own user, in the environment their
 kernels get (``start.py --run``). While both jobs hold mid-run, a probe run as each learner tries the
-other's rendezvous folder, record file (written in their copy of the course, as chapters write
-records), shared-memory segment, home, temp folder and rank processes, and the shared install; the
+other's rendezvous folder, fork server's socket, record file (written in their copy of the course,
+as chapters write records), shared-memory segment, home, temp folder and rank processes, and the
+shared install; the
 same probe run as the owner on their own things is the reference that shows it can reach them.
 """
 
@@ -49,6 +50,7 @@ JOB = textwrap.dedent('''
             record.write_text(json.dumps(first))
             ready = {"pids": [r["pid"] for r in first], "shm": "/dev/shm/" + shm.name.lstrip("/"),
                      "record": str(record), "rendezvous": glob.glob(os.path.join(tmp, "lesson_lib_*")),
+                     "forkserver": glob.glob(os.path.join(tmp, "pymp-*", "listener-*")),
                      "tmp": tmp, "home": os.environ["HOME"]}
             Path(tmp, "ready.json.part").write_text(json.dumps(ready))
             os.rename(Path(tmp, "ready.json.part"), Path(tmp, "ready.json"))
@@ -64,7 +66,7 @@ JOB = textwrap.dedent('''
 ''')
 
 PROBE = textwrap.dedent('''
-    import json, os, signal, sys
+    import json, os, signal, socket, sys
     t, own, install = json.loads(sys.argv[1]), sys.argv[2] == "own", sys.argv[3]
     out = {}
     def attempt(name, fn):
@@ -77,6 +79,14 @@ PROBE = textwrap.dedent('''
     attempt("list temp folder", lambda: os.listdir(t["tmp"]))
     for i, folder in enumerate(t["rendezvous"]):
         attempt(f"list rendezvous {i}", lambda: os.listdir(folder))
+    for i, sock in enumerate(t["forkserver"]):  # the fork server's socket: it forks ranks on request
+        def connect(path=sock):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(path)
+            finally:
+                s.close()
+        attempt(f"connect to fork server {i}", connect)
     attempt("read record", lambda: open(t["record"]).read())
     attempt("write beside record", lambda: open(os.path.join(os.path.dirname(t["record"]),
                                                              "probe.txt"), "w").close())
@@ -132,6 +142,7 @@ def test_two_learners_cannot_reach_each_others_work(shared_install):
                     assert jobs[u.pw_name].poll() is None, jobs[u.pw_name].communicate()[1][-3000:]
                     targets[u.pw_name] = json.loads(ready.read_text())
                     assert targets[u.pw_name]["rendezvous"], f"{u.pw_name}'s rendezvous is not in TMPDIR"
+                    assert targets[u.pw_name]["forkserver"], f"{u.pw_name}'s fork server is not in TMPDIR"
                     shm_owner = os.stat(targets[u.pw_name]["shm"]).st_uid
                     assert shm_owner == u.pw_uid and os.stat(targets[u.pw_name]["shm"]).st_mode & 0o077 == 0
                 a, b = users
