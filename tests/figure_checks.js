@@ -7,13 +7,19 @@
   for (const gd of document.querySelectorAll(root + " .js-plotly-plot")) {
     const L = gd._fullLayout;
     if (!L || !gd._fullData) continue;
-    // plotly's FigureWidget bundle leaves an empty plot of its own in the widget's view beside the
-    // live figure; a widget's figure is checked once it holds data
-    if (gd.closest(".jupyter-widgets") && !gd._fullData.length) continue;
     const cell = gd.closest(".jp-Cell"), cells = [...document.querySelectorAll(root + " .jp-Cell")];
     const where = cell ? `cell ${cells.indexOf(cell)}: ` : "";
     const title = L.title && L.title.text && !/^Click to enter/.test(L.title.text) ? L.title.text : "(untitled figure)";
     const name = where + title.replace(/<[^>]+>/g, "").slice(0, 60);
+    // a live figure (a FigureWidget) after Run All: drawn with its title and traces that hold points,
+    // not the bare axes of a widget that drew before its figure reached the browser
+    if (gd.closest(".jupyter-widgets")) {
+      const points = gd._fullData.reduce((n, t) => n + ((t.x && t.x.length) || (t.y && t.y.length) || 0), 0);
+      if (!gd._fullData.length || !points || title === "(untitled figure)") {
+        problems.push(`${name}: a live figure drawn empty (${gd._fullData.length} traces, ${points} points)`);
+        continue;
+      }
+    }
     const axes = Object.keys(L).filter((k) => /^[xy]axis\d*$/.test(k));
     for (const key of axes) {
       const ax = L[key], letter = key[0];

@@ -89,7 +89,7 @@ def live(stages: int = 4, microbatches: int = 4, schedule: str = "gpipe") -> Res
                                              "every step as it is measured (live)")
     display(gantt)
     r = run_warm(cfg, on_event=gantt.track())
-    gantt.redraw()
+    gantt.done()
     display(timeline(r, f"{schedule}, one step up close: numbers are micro-batches"))
     return r
 

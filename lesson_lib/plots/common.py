@@ -44,6 +44,38 @@ RUN_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#B279A2", "#72B7B2", 
               "#9D755D", "#BAB0AC")
 
 
+class LiveFigure(go.FigureWidget):
+    """A ``FigureWidget`` whose first message to the browser carries its whole figure.
+
+    plotly opens a widget's channel with an empty figure and sends the figure in the messages that
+    follow; the first live figure of a session, whose module the browser is still loading, could
+    draw from the empty state (bare axes, no title, no traces). Here the channel opens only once the
+    figure is complete. :meth:`fresh` makes a new one from the current figure, which a live plot
+    swaps in when its runs have ended, so the final drawing never depends on a message that
+    arrived too early."""
+
+    def __init__(self, *args, **kwargs):
+        self._open_deferred = True
+        super().__init__(*args, **kwargs)
+        self._open_deferred = False
+        self.open()
+
+    def open(self):
+        if not getattr(self, "_open_deferred", False):
+            super().open()
+
+    def fresh(self) -> "LiveFigure":
+        return LiveFigure(go.Figure(self))
+
+
+def swap_in(container, old: LiveFigure) -> LiveFigure:
+    """Put a :meth:`~LiveFigure.fresh` copy of ``old`` in its place among ``container``'s children."""
+    new = old.fresh()
+    container.children = tuple(new if c is old else c for c in container.children)
+    old.close()
+    return new
+
+
 class LiveRuns:
     """Loss and slowest-rank step time, drawn while the workers train (chapter 0 onwards)."""
 
@@ -63,7 +95,7 @@ class LiveRuns:
         # until the first step arrives (the ranks start, the first batch runs), say so on the empty axes
         base.add_annotation(text=self.WAITING, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                             name="waiting", font={"size": 14, "color": "#777"})
-        self.fig = go.FigureWidget(base)
+        self.fig = LiveFigure(base)
         self.progress = W.IntProgress(value=0, min=0, max=1, description="waiting",
                                       style={"description_width": "initial"})  # the run's whole label
         self.widget = W.VBox([self.progress, self.fig], layout=W.Layout(width="100%"))
@@ -122,6 +154,7 @@ class LiveRuns:
         if not run["final"]:
             run["final"] = True
             self._draw(run)
+            self.fig = swap_in(self.widget, self.fig)  # the ended run drawn from the whole figure
 
     WAITING = "waiting for the first step: the ranks are starting"
 

@@ -7,7 +7,7 @@ import time
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, _annotate, log_axes, wrap
+from .common import COLORS, LiveFigure, _annotate, log_axes, swap_in, wrap
 
 # "weight": the weight-gradient half of a split backward (zero-bubble schedules; "backward" is then B)
 PIPE_COLORS = {"forward": "#4C78A8", "backward": "#54A24B", "weight": "#B279A2", "send": "#F58518",
@@ -76,7 +76,10 @@ class LiveGantt:
         fig.update_layout(title=title, barmode="overlay", height=140 + 55 * stages,
                           xaxis_title="ms since the first forward (wall clock)")
         _pipe_axes(fig, stages)
-        self.fig = go.FigureWidget(fig)
+        import ipywidgets as W
+
+        self.fig = LiveFigure(fig)
+        self.box = W.VBox([self.fig], layout=W.Layout(width="100%"))  # holds the figure swapped in
         self.min_interval_s = min_interval_s
         self.events: list[dict] = []
         self._last = 0.0
@@ -84,7 +87,12 @@ class LiveGantt:
     def _ipython_display_(self):
         from IPython.display import display
 
-        display(self.fig)
+        display(self.box)
+
+    def done(self) -> None:
+        """Every event is in: draw them all, in a figure whose whole state the browser receives at once."""
+        self.redraw()
+        self.fig = swap_in(self.box, self.fig)
 
     def track(self):
         def on_event(ev: dict) -> None:
