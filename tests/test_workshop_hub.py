@@ -8,6 +8,7 @@ the workshop is left. The browser helpers are tests/test_browser.py's.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -148,7 +149,7 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
     base = f"http://127.0.0.1:{port}"
     state = Path(tempfile.mkdtemp(prefix="workshop-state-"))
     log_path = ARTIFACTS / "hub.log"
-    serve = None
+    serve = serve_ps = None
     with learners(NAMES) as users:
         uids = {u.pw_uid for u in users}
         try:
@@ -258,8 +259,15 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
             assert len(old) == 1 and _marker(ana) in (old[0] / NOTEBOOK).read_text(encoding="utf-8")
             installed = PREFIX / "course" / "notebooks" / NOTEBOOK
             assert (home / "course" / NOTEBOOK).read_bytes() == installed.read_bytes()
-        finally:
-            if serve is not None and serve.poll() is None:
-                os.killpg(serve.pid, signal.SIGKILL)
-                serve.wait(timeout=30)
+        finally:  # after a failure: Ctrl-C first, as serve cleans up after itself; then kill its tree
+            if serve is not None and serve.poll() is None and serve_ps is not None:
+                left = [psutil.Process(p) for p in _workshop_pids(serve_ps, uids) if psutil.pid_exists(p)]
+                serve.send_signal(signal.SIGINT)
+                try:
+                    serve.wait(timeout=HUB_STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    for p in left:
+                        with contextlib.suppress(psutil.Error):
+                            p.kill()
+                    serve.wait(timeout=30)
             shutil.rmtree(state, ignore_errors=True)

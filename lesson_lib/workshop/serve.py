@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from . import accounts, install
@@ -140,27 +141,33 @@ def serve(names: list[str], password: str, *, ip: str = "127.0.0.1", port: int =
     print(f"workshop: {len(names)} learner(s) log in at http://{shown}:{port}/ "
           f"(each learner: {conf['cpu_limit'] or 'all'} core(s)); Ctrl-C stops it", file=log, flush=True)
     hub = subprocess.Popen([str(venv / "bin" / "jupyterhub"), "-f", str(config)], cwd=conf["state"],
-                           env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-    rc, helpers = None, []
+                           env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                           preexec_fn=_end_with_parent)
+    helpers, asked = [], []  # the hub's proxy and culler; when a stop was asked
 
-    def stop(*_):  # the hub's proxy and idle culler, remembered in case the hub leaves them behind
-        helpers.extend(_descendants(hub.pid))
+    def stop(*_):
+        helpers.extend(_descendants(hub.pid))  # remembered in case the hub leaves them behind
+        asked.append(time.monotonic())
         if hub.poll() is None:
             hub.send_signal(signal.SIGTERM)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while rc is None:
+        while hub.poll() is None and not (asked and time.monotonic() - asked[0] > HUB_STOP_TIMEOUT_S):
             try:
-                rc = hub.wait()
+                hub.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                if asked and len(asked) == 1 and time.monotonic() - asked[0] > 15:
+                    stop()  # a SIGTERM while JupyterHub was still starting can stall; a second ends it
             except KeyboardInterrupt:
                 stop()
     finally:
         if hub.poll() is None:
             stop()
             try:
-                hub.wait(timeout=HUB_STOP_TIMEOUT_S)
+                hub.wait(timeout=15)
             except subprocess.TimeoutExpired:
+                print("workshop: the hub did not stop; killing it", file=log, flush=True)
                 os.killpg(hub.pid, signal.SIGKILL)
                 hub.wait(timeout=10)
         _end(helpers)
@@ -169,6 +176,15 @@ def serve(names: list[str], password: str, *, ip: str = "127.0.0.1", port: int =
         cleanup(names, venv, course, log)
     print(f"workshop: the hub stopped (exit code {hub.returncode})", file=log, flush=True)
     return 0 if hub.returncode in (0, -signal.SIGTERM) else hub.returncode
+
+
+def _end_with_parent() -> None:
+    """In the hub's process before exec: SIGTERM it if ``serve`` dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG), so a killed ``serve`` never leaves a hub running; it then stops its servers."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 def _descendants(pid: int) -> list:
