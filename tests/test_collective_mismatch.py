@@ -80,6 +80,21 @@ def two_tags_out_of_order():  # legitimate: tags keep two streams between the sa
     return dist.get_rank()
 
 
+@_cell
+def max_on_one_rank():  # three ranks sum, the last takes the maximum: Gloo returns a silent wrong result
+    t, last = torch.full((4,), float(dist.get_rank() + 1)), dist.get_rank() == dist.get_world_size() - 1
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if last else dist.ReduceOp.SUM)
+    return t
+
+
+@_cell
+def chunks_cut_differently():  # 6 elements on each rank, cut [2, 4] on rank 0 and [4, 2] on rank 1
+    sizes = [2, 4] if dist.get_rank() == 0 else [4, 2]
+    out = torch.zeros(sizes[dist.get_rank()])
+    dist.reduce_scatter(out, [torch.ones(n) for n in sizes])
+    return out
+
+
 def _train(average):
     return ch00_exercises.train_with(average, ch00_exercises.TASK)
 
@@ -152,6 +167,26 @@ def test_another_dtype_is_named():
     assert "rank 0's tensor is float32, rank 1's float64" in head, head
 
 
+def test_another_reduction_on_one_rank_is_named():
+    # bug caught: SUM on three ranks and MAX on one returned a wrong result with no word
+    with pytest.raises(WorkerMismatch) as info:
+        warm_cluster(4).run(max_on_one_rank, timeout_s=30)
+    head = str(info.value).split("--- traceback", 1)[0]
+    assert "reduces with SUM, rank 3 with MAX" in head, head
+    assert "all_reduce of 4 elements with MAX (float32)" in head, head
+    line = _line(max_on_one_rank, "dist.all_reduce(t, op=")
+    assert f"line {line}, in max_on_one_rank" in head, head
+
+
+def test_the_same_total_cut_into_other_chunks_is_named_by_its_chunks():
+    # bug caught: "rank 0 passes 6 elements, rank 1 6 elements": the totals agree, the parts do not
+    with pytest.raises(WorkerMismatch) as info:
+        warm_cluster(2).run(chunks_cut_differently, timeout_s=30)
+    head = str(info.value).split("--- traceback", 1)[0]
+    assert "rank 0 passes 6 elements in chunks [2, 4], rank 1 the same total in chunks [4, 2]" in head, head
+    assert "rank 0: reduce_scatter of 6 elements in chunks [2, 4]" in head, head
+
+
 def test_where_gloo_aborts_anyway_the_post_mortem_says_what_each_rank_called(monkeypatch):
     # with the check only recording (as if both ranks had entered the call at once), Gloo aborts a
     # rank: the parent reads what each rank recorded
@@ -176,8 +211,8 @@ def test_the_check_can_be_turned_off(monkeypatch):
 
 def test_disagreement_of_calls_worked_by_hand():
     book = ledger.Ledger(3, mp.get_context("spawn"))
-    fields = dict(op="all_reduce", dtype=torch.float32, numel=4, root=-1, peer=-1, grank=0, sends=(),
-                  receives=(), where="", seq=1, job=1, key=7)
+    fields = dict(op="all_reduce", dtype=torch.float32, numel=4, root=-1, peer=-1, grank=0, redop="SUM",
+                  sends=(), receives=(), where="", seq=1, job=1, key=7)
 
     def call(rank, **kw):
         return ledger.Call(rank=rank, **{**fields, "grank": rank, **kw})
@@ -190,6 +225,12 @@ def test_disagreement_of_calls_worked_by_hand():
     assert ledger.disagreement(call(0, op="send", numel=3), call(1, op="recv", numel=4)) == (
         "rank 0 sends 3 elements, rank 1 expects 4 elements")
     assert ledger.disagreement(call(0, numel=-1), call(1)) is None  # unknown: never a mismatch
+    assert ledger.disagreement(call(0), call(1, redop="MAX")) == "rank 0 reduces with SUM, rank 1 with MAX"
+    assert ledger.disagreement(call(0, redop=None), call(1, redop="MAX")) is None  # unknown
+    rs = dict(op="reduce_scatter", numel=6)
+    assert ledger.disagreement(call(0, sends=(2, 4), **rs), call(1, sends=(4, 2), **rs)) == (
+        "rank 0 passes 6 elements in chunks [2, 4], rank 1 the same total in chunks [4, 2]")
+    assert ledger.disagreement(call(0, sends=(3, 3), **rs), call(1, sends=(3, 3), **rs)) is None
     a2a = dict(op="all_to_all")
     ok = [call(0, sends=(1, 2, 3), receives=(1, 5, 9), **a2a),
           call(1, sends=(5, 5, 6), receives=(2, 5, 8), **a2a)]

@@ -27,10 +27,10 @@ from .ledger import (
     DTYPE_CODES,
     JOB,
     KEY,
-    NVEC,
     OP,
     OPS,
     PEER,
+    REDOP,
     ROOT,
     SEP,
     SLOTS,
@@ -156,7 +156,7 @@ def _post_and_compare(ledger: Ledger, key: str, parties, code: int, sig: tuple, 
         theirs = ledger.raw(slot, q, seq)
         if theirs is not None and theirs[JOB] == job and theirs[KEY] == crc:
             if (theirs[DTYPE:ROOT] != mine[DTYPE:ROOT] if p2p else  # the common case, equal calls,
-                    theirs[OP:PEER] != mine[OP:PEER] or theirs[NVEC:] != mine[NVEC:]):  # stays on ints
+                    theirs[OP:PEER] != mine[OP:PEER] or theirs[REDOP:] != mine[REDOP:]):  # stays on ints
                 a, b = ledger.read(slot, min(me, q), seq), ledger.read(slot, max(me, q), seq)  # by rank
                 why = disagreement(a, b) if a is not None and b is not None else None
                 if why:
@@ -169,10 +169,12 @@ def _post_and_compare(ledger: Ledger, key: str, parties, code: int, sig: tuple, 
 
 
 def _signature(name: str, kind: str, group, args: tuple, kwargs: dict):
-    """(channel, its ranks, (dtype code, elements, root, peer, group rank, sends, receives))."""
+    """(channel, its ranks, (dtype code, elements, root, peer, group rank, reduction, sends, receives))."""
     a = (*args, *kwargs.values()) if kwargs else args
     key, ranks, grank = _GROUPS.get(group) or _GROUPS.setdefault(group, _group(group))
     root = next((int(x.rootRank) for x in a if hasattr(x, "rootRank")), -1)
+    red = next((x.reduceOp for x in a if hasattr(x, "reduceOp")), None)
+    redop = int(red.op) + 1 if red is not None else 0  # REDOPS: 0 none, then c10d's order
     sends = receives = ()
     peer = -1
     if kind in ("send", "recv"):
@@ -193,7 +195,7 @@ def _signature(name: str, kind: str, group, args: tuple, kwargs: dict):
         tensors = _tensors(a[1] if name in _INPUT_SECOND else a[0]) if a else []
     dtype = DTYPE_CODES.get(tensors[0].dtype, 0) if tensors else 0
     numel = tensors[0].numel() if len(tensors) == 1 else sum(t.numel() for t in tensors)
-    return key, ranks, (dtype, numel, root, peer, grank, sends, receives)
+    return key, ranks, (dtype, numel, root, peer, grank, redop, sends, receives)
 
 
 def _group(group) -> tuple[str, list[int], int]:

@@ -1,7 +1,7 @@
 """Each rank's collective calls, posted in shared memory where its peers and the parent read them.
 
 A rank posts every call it makes through a ``ProcessGroup`` just before making it (:mod:`.checked`):
-the op, the element counts, the dtype, the root, and the lines that called it. Calls meet on a
+the op, the element counts, the dtype, the root, the reduction, and the lines that called it. Calls meet on a
 *channel* — a process group, or one direction of a point-to-point link with its tag — where each
 rank's k-th call must match the others' k-th. No lock: a rank writes only its own entries, the
 sequence number last, and a reader keeps an entry only if its number did not change while read.
@@ -23,10 +23,11 @@ RING = 4  # a rank's latest calls kept per channel: asynchronous calls may run a
 TEXT = 256  # bytes for the lines that made one call, NUL-terminated
 SEP = "\x1f"  # between a frame's file, line and function
 MAX_VEC = 16  # split sizes kept (all_to_all checked pair by pair) in worlds up to this size
-SEQ, JOB, KEY, OP, DTYPE, NUMEL, ROOT, PEER, GRANK, NVEC = range(10)
-FIELDS = 10
+SEQ, JOB, KEY, OP, DTYPE, NUMEL, ROOT, PEER, GRANK, REDOP, NVEC = range(11)
+FIELDS = 11
 OPS = ("?", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather",
        "scatter", "barrier", "send", "recv")
+REDOPS = ("?", "SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")  # c10d's order
 DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
 DTYPE_CODES = {d: i + 1 for i, d in enumerate(DTYPES)}  # 0: unknown
 ENV = "LESSON_LIB_CHECK_COLLECTIVES"  # "0": off (benchmarks), "record": for a post-mortem only, else on
@@ -55,6 +56,7 @@ class Call(NamedTuple):
     root: int
     peer: int
     grank: int  # the poster's rank in the group (all_to_all's splits are indexed by it)
+    redop: str | None  # the reduction (SUM, MAX, ...) of a reducing collective, else None
     sends: tuple  # all_to_all: elements to each rank of the group; reduce_scatter: the chunks
     receives: tuple  # all_to_all: elements from each rank of the group
     where: str  # "file␟line␟function" (SEP) of the innermost library frame, then of the learner's
@@ -106,11 +108,11 @@ class Ledger:
         return (seq, *fields)
 
     def fields(self, job: int, key: int, op: int, dtype: int, numel: int, root: int, peer: int, grank: int,
-               sends=(), receives=()) -> tuple:
+               redop: int = 0, sends=(), receives=()) -> tuple:
+        head = (job, key, op, dtype, numel, root, peer, grank, redop)
         if not (self.vec and (sends or receives)):
-            return (job, key, op, dtype, numel, root, peer, grank, 0) + self._zeros
-        return (job, key, op, dtype, numel, root, peer, grank, 1, *_padded(sends, self.vec),
-                *_padded(receives, self.vec))
+            return (*head, 0) + self._zeros
+        return (*head, 1, *_padded(sends, self.vec), *_padded(receives, self.vec))
 
     def finish(self, rank: int, job: int) -> None:
         """``rank`` returned from job ``job``'s function."""
@@ -134,7 +136,8 @@ class Ledger:
             sends, receives = tuple(v[FIELDS:FIELDS + self.vec]), tuple(v[FIELDS + self.vec:])
         where = ctypes.string_at(ctypes.addressof(self.text) + e * TEXT).decode(errors="replace")
         return Call(rank, v[SEQ], v[JOB], v[KEY], OPS[v[OP]], DTYPES[v[DTYPE] - 1] if v[DTYPE] else None,
-                    v[NUMEL], v[ROOT], v[PEER], v[GRANK], sends, receives, where)
+                    v[NUMEL], v[ROOT], v[PEER], v[GRANK], REDOPS[v[REDOP]] if v[REDOP] else None, sends,
+                    receives, where)
 
     def count(self, slot: int, rank: int, job: int, key: int) -> int | None:
         """How many calls ``rank`` made on channel ``key`` in ``job``, as its entries show; None when
@@ -206,8 +209,13 @@ def disagreement(a: Call, b: Call) -> str | None:
                 return (f"rank {x.rank} sends rank {y.rank} {_n(x.sends[y.grank])}, where rank {y.rank} "
                         f"expects {_n(y.receives[x.grank])} from it")
         return None
-    if a.numel >= 0 and b.numel >= 0 and (a.numel != b.numel or a.sends != b.sends):
+    if a.numel >= 0 and b.numel >= 0 and a.numel != b.numel:
         return f"rank {a.rank} passes {_n(a.numel)}, rank {b.rank} {_n(b.numel)}"
+    if a.numel >= 0 and b.numel >= 0 and a.sends != b.sends:  # the same total, cut differently
+        return (f"rank {a.rank} passes {_n(a.numel)} in chunks {list(a.sends)}, rank {b.rank} the same "
+                f"total in chunks {list(b.sends)}")
+    if a.redop and b.redop and a.redop != b.redop:
+        return f"rank {a.rank} reduces with {a.redop}, rank {b.rank} with {b.redop}"
     if a.root != b.root:
         return f"rank {a.rank} names rank {a.root} as the root, rank {b.rank} rank {b.root}"
     return None
@@ -221,6 +229,8 @@ def describe(c: Call) -> str:
         text += f" sending {list(c.sends)} and receiving {list(c.receives)} elements"
     elif c.op != "barrier" and c.numel >= 0:
         text += f" of {_n(c.numel)}" + (f" in chunks {list(c.sends)}" if c.sends else "")
+    if c.redop and c.redop != "SUM":
+        text += f" with {c.redop}"
     if c.dtype is not None:
         text += f" ({_dtype(c.dtype)})"
     return f"{text} — {where_text(c.where)}"
