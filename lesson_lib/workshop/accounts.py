@@ -103,6 +103,12 @@ def remove_users(names: list[str]) -> None:
             stop_processes(name)
             subprocess.run(["userdel", "--remove", name], timeout=60,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        gid = grp.getgrnam(GROUP).gr_gid
+    except KeyError:
+        return
+    if not any(u.pw_gid == gid for u in pwd.getpwall()):  # the last learner gone: the group too
+        subprocess.run(["groupdel", GROUP], timeout=30, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _exists(name: str) -> bool:
