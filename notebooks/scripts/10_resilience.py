@@ -246,8 +246,9 @@ assert ft["stall_s"] > 4 * ft["median_s"]  # the survivor waited for a quorum wi
 #   `--nnodes=MIN:MAX` lets it restart with fewer machines than it began with, down to MIN. Each
 #   restart is a full R of §1, paid by every GPU. The worker below resumes from its checkpoint;
 #   `ch10.elastic_restart()` runs it under `torchrun --nnodes=1:2 --max-restarts=1` with 2 workers,
-#   rendezvous on 127.0.0.1, worker 1 crashing once (about 20 s on this machine, so Run All leaves it
-#   to you): every worker restarts and the weights end equal to an uninterrupted run's.
+#   rendezvous on 127.0.0.1, worker 1 crashing once (15 to 35 s on a 2-core machine: torchrun starts
+#   its workers twice, so Run All leaves it to you): every worker restarts and the weights end equal
+#   to an uninterrupted run's.
 
 # %%
 from lesson_lib.milestones.resilience import elastic
