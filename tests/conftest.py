@@ -129,3 +129,10 @@ def pytest_sessionfinish(session, exitstatus):
         "command": "pytest " + " ".join(sys.argv[1:]),
         "files": {f: {"seconds": round(s, 2), "tests": n} for f, (s, n) in sorted(_FILE_SECONDS.items())},
     }, indent=1) + "\n")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests of recently changed code first (tests/recent_first.py)."""
+    from recent_first import order
+
+    items[:] = order(items)
