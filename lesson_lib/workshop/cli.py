@@ -111,7 +111,7 @@ def cmd_remove(argv: list[str]) -> int:
         print(f"workshop remove: this deletes {', '.join(names)} and their homes; add --yes", file=sys.stderr)
         return 2
     accounts.remove_users(names)
-    print(f"removed {', '.join(n for n in names)}")
+    print(f"removed {', '.join(names)}")
     return 0
 
 

@@ -102,8 +102,9 @@ def run_as(name: str, venv: Path, course: Path, *args: str, timeout_s: float = 1
     return out.stdout.strip()
 
 
-def cleanup(names: list[str], venv: Path, course: Path, log=sys.stderr) -> None:
+def cleanup(names: list[str], venv: Path, course: Path, log=None) -> None:
     """Stop what any learner still runs, remove their /dev/shm entries, empty their temp folder."""
+    log = log or sys.stderr
     for name in names:
         try:
             n = accounts.stop_processes(name)
@@ -118,8 +119,9 @@ def cleanup(names: list[str], venv: Path, course: Path, log=sys.stderr) -> None:
 
 def serve(names: list[str], password: str, *, ip: str = "127.0.0.1", port: int = 8000,
           prefix: Path, state: Path, src: Path, wheelhouse: str | None = None,
-          idle_timeout_s: int = 3600, kernel_idle_s: int = 1200, limits: bool = True, log=sys.stderr) -> int:
+          idle_timeout_s: int = 3600, kernel_idle_s: int = 1200, limits: bool = True, log=None) -> int:
     """Install if needed, make the learners' users, run the hub until it is stopped; its exit code."""
+    log = log or sys.stderr
     check_exposure(ip, password)
     if os.geteuid() != 0:
         print("workshop serve: run it as root (it makes a Unix user per learner and starts each "
@@ -137,7 +139,7 @@ def serve(names: list[str], password: str, *, ip: str = "127.0.0.1", port: int =
     config = write_state(Path(state).resolve(), conf)
     env = {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
            "HOME": os.environ.get("HOME", "/root")}
-    shown = "127.0.0.1" if ip in ("0.0.0.0", "::") else ip
+    shown = socket.gethostname() if ip in ("0.0.0.0", "::") else ip  # every address: the machine's name
     print(f"workshop: {len(names)} learner(s) log in at http://{shown}:{port}/ "
           f"(each learner: {conf['cpu_limit'] or 'all'} core(s)); Ctrl-C stops it", file=log, flush=True)
     hub = subprocess.Popen([str(venv / "bin" / "jupyterhub"), "-f", str(config)], cwd=conf["state"],
