@@ -8,10 +8,10 @@ sometimes failed to connect Gloo to each other (connection refused) on a loaded 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -61,11 +61,16 @@ def run(steps: int = 6, crash_at: int = 3, max_restarts: int = 1, nnodes: str = 
            "-m", __name__, folder, str(steps), str(crash_at)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         log, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:  # torchrun and every worker it started: one session, one group
-        os.killpg(proc.pid, signal.SIGKILL)
+    except subprocess.TimeoutExpired:  # torchrun and every worker it started (they hold our pipe too)
+        import psutil
+
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
         log, _ = proc.communicate()
     runs = []
     for name in sorted(os.listdir(folder)):
