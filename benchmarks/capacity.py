@@ -105,7 +105,8 @@ def main() -> int:
     print(f"Generated on {time.strftime('%Y-%m-%d')} by `python benchmarks/capacity.py "
           f"--chapters {' '.join(args.chapters or [])} --slowdown {args.slowdown:g}` on {cores} cores "
           f"and {mem / 2**30:.0f} GiB (1-minute load {load0:.1f} before it began; "
-          f"{os.getloadavg()[0]:.1f} at the end). Each learner a kernel running every code cell, with CPU_LIMIT = cores / learners; "
+          f"{os.getloadavg()[0]:.1f} at the end). Each learner a kernel running every code cell, with "
+          "CPU_LIMIT = cores / learners; "
           "*slowest* is the last learner's Run All; memory the peak PSS of all learners' kernels and ranks "
           "together, per learner.\n")
     print(f"| chapter | learners | CPU_LIMIT | slowest Run All (s) | slowdown | peak GB per learner | "
