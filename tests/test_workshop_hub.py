@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import cli_in_process
 from test_browser import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -85,8 +86,8 @@ def _exposed(pids: set[int]) -> list[str]:
 
 
 def _workshop_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lesson_lib", "workshop", *args, "--prefix", str(PREFIX)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    """``python -m lesson_lib workshop ARGS --prefix PREFIX``, its main run in this process."""
+    return cli_in_process("workshop", *args, "--prefix", str(PREFIX))
 
 
 def _tail(path: Path) -> str:
@@ -240,8 +241,10 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
             ana = NAMES[0]
             busy = _workshop_cli("reset", ana)  # refused while her server runs: it would save over the copy
             assert busy.returncode == 2 and "--stop" in busy.stderr, busy.stderr
+            stopping = time.monotonic()
             serve.send_signal(signal.SIGINT)
             assert serve.wait(timeout=HUB_STOP_TIMEOUT_S) == 0, _tail(log_path)
+            print(f"the workshop stopped and cleaned up in {time.monotonic() - stopping:.1f} s")
             wait_until("the workshop's processes to end", lambda: not any(psutil.pid_exists(p) for p in tree)
                        and not any(uid_pids(uid) for uid in uids), 30)
             for u in users:
