@@ -141,6 +141,7 @@ def test_the_install_is_runnable_by_every_user_only_from_open_folders(tmp_path):
     os.chmod(closed, 0o755)
     os.chmod(tmp_path, 0o755)
     assert install.readable_by_all(str(exe)) == all(d.stat().st_mode & 0o001 for d in closed.parents)
+    assert install.readable_by_all("/bin/sh")  # a system binary: every user runs it
 
 
 def test_the_install_follows_the_course_pins_and_the_wheelhouse(tmp_path):
