@@ -406,15 +406,16 @@ runs = slow["runs"]
 assert runs["DDP"]["bytes_sent"] == 4 * runs["DDP"]["floats_sent"]  # the comm layer's count and yours
 assert runs["DDP"]["bytes_sent"] == 16 * runs["DiLoCo, H = 16"]["bytes_sent"]  # H× fewer
 assert 6 * runs["PowerSGD, rank 2"]["bytes_sent"] < runs["DDP"]["bytes_sent"]  # 414 floats, not 2,762
-assert slow["order"][-1] == "DDP"  # last to the target over this link
-assert slow["reach"]["DiLoCo, H = 16"] < slow["reach"]["DDP"]
+assert max(runs, key=lambda name: runs[name]["bytes_sent"]) == "DDP"  # the longest time on the link
 
 # %% [markdown]
 # Both ways of saving bytes beat DDP over this link. Between them, DiLoCo at H = 16 sends fewer bytes
 # than PowerSGD at rank 2 and far fewer collectives (one per 16 steps against two per step; both
-# printed above), so in the runs we made it arrived first. Only what holds in every run is asserted: the bytes, and DDP
-# last. Which of DiLoCo and PowerSGD is first is printed, not asserted, because it depends on the
-# settings.
+# printed above), so in the runs we made it arrived first. Only what time cannot change is asserted:
+# the bytes, DDP's the most, so its time on the link is the longest. The order of arrival is measured
+# on the wall clock and printed, not asserted: DDP arrived last in the runs we made (and in those
+# `benchmarks/ch10-slow-link.md` records), but a heavily loaded machine stretches compute as well as
+# the link and can reorder them; which of DiLoCo and PowerSGD is first also depends on the settings.
 #
 # **Could the ordering flip?** Yes. It is set by H against the compressor's ratio, and by how many
 # collectives each pays for. At H = 4 DiLoCo sends *more* bytes than PowerSGD at rank 2 or 1, and top-k
@@ -549,7 +550,7 @@ exercises["exchange"].submit(exchange)
 #
 # 1. **failures cost** — §1's MTBF table, δ measured three ways (blocking DCP, `dcp.async_save`, a peer's memory) with both copies read back, goodput taken apart into checkpoints, lost work and restarts at Llama 3's storage rate, the restart dominating once δ is seconds (asserted), Young's and Daly's intervals on the goodput curve, and your interval.
 # 2. **per-step fault tolerance** — §2's quorum, discard and heal written out, a replica SIGKILLed mid-exchange while its peer carried on, the stall measured, the returner bit-equal (asserted), torchft equal to ours and surviving the same SIGKILL with the step discarded, the stall and the heal (asserted), and your exchange surviving a killed peer.
-# 3. **DiLoCo** — §3's outer step in a cell equal to torchft's, Streaming DiLoCo's fragments and delayed sync in a cell equal to torchft's (asserted), H× fewer floats counted (asserted), held-out loss against DDP at several H, time to a target over a slow link beside chapter 6's PowerSGD (fewer bytes than DDP for both, DDP last, asserted) with the bytes at other H, ranks and top-k, and your outer step.
+# 3. **DiLoCo** — §3's outer step in a cell equal to torchft's, Streaming DiLoCo's fragments and delayed sync in a cell equal to torchft's (asserted), H× fewer floats counted (asserted), held-out loss against DDP at several H, time to a target over a slow link beside chapter 6's PowerSGD (fewer bytes than DDP for both, asserted; the order of arrival printed) with the bytes at other H, ranks and top-k, and your outer step.
 # 4. **internet scale** — §4's reported figures and what this CPU run cannot show.
 #
 # **On a real cluster:** a replica group is a whole FSDP or HSDP job of many GPUs, the lighthouse watches heartbeats across machines, a healed replica copies gigabytes from a peer, and the network between groups is the slowest in the system — which is why DiLoCo-style training exchanges rarely and quantized.
