@@ -67,7 +67,8 @@ def test_whole_numbers_pairs_and_choices():
     with pytest.raises(AnswerError, match="whole"):
         whole_number(2.5, "a whole number of steps")
     assert numbers_of(("0.8", torch.tensor(12)), 2, "a pair") == [0.8, 12.0]
-    for bad in (0.8, "0.8, 12", (1, 2, 3)):
+    assert numbers_of("0.8, 12", 2, "a pair") == [0.8, 12.0]  # a pair written as text reads too
+    for bad in (0.8, "0.8", "0.8, 12, 3", (1, 2, 3)):
         with pytest.raises(AnswerError, match="2 values"):
             numbers_of(bad, 2, "a pair")
     assert all(choice(a, ("a", "b")) == "b" for a in ("b", "B", " (b) ", "b)", "b."))

@@ -291,10 +291,11 @@ def test_scaling_exercise_without_the_run(ex):
     from lesson_lib.chapters.ch05_exercises import _check_scaling
     assert _check_scaling(ex["scaling"].reference(), run_check=False)
     for wrong, says in (((0.1 * 8**0.5, 12), "square-root"), ((0.1, 12), "linear rule"),
-                        ((0.8, 0), "warm-up"), ((0.8, 100), "warm-up"), (0.8, "pair")):
+                        ((0.8, 0), "warm-up"), ((0.8, 129), "warm-up"), (0.8, "pair")):
         verdict = assess(lambda a: _check_scaling(a, run_check=False), wrong)
         assert not verdict and says in verdict.message, (wrong, verdict)
-    for right in ((0.8, 12.0), ("0.8", "12"), [torch.tensor(0.8), 12]):  # the same answer in other forms
+    for right in ((0.8, 12.0), ("0.8", "12"), [torch.tensor(0.8), 12], {"lr": 0.8, "warmup_steps": 12},
+                  "0.8, 12", (0.8, 100)):  # the same answer in other forms; a long warm-up is not wrong
         assert _check_scaling(right, run_check=False), right
 
 

@@ -60,7 +60,8 @@ def _check_ratio(answer) -> Verdict:
 
 def _check_scaling(answer, run_check: bool = True) -> Verdict:
     """``(lr, warmup_steps)`` for SGD at 8 × B₀; the rate must follow the linear rule."""
-    lr, warmup = numbers_of(answer, 2, "a pair: (learning rate, warm-up steps)")
+    lr, warmup = numbers_of(answer, 2, "a pair: (learning rate, warm-up steps)", names=(
+        ("lr", "learning_rate", "rate"), ("warmup_steps", "warmup", "warm_up", "warmup_step")))
     warmup = whole_number(warmup, "the warm-up steps, a whole number")
     base, batch = lb.BASE_LR["sgd"], 8 * lb.BASE_BATCH
     if compare(lr, base * math.sqrt(8), 0.01):
@@ -68,10 +69,13 @@ def _check_scaling(answer, run_check: bool = True) -> Verdict:
     if not compare(lr, 8 * base, 0.01):
         return Verdict(False, f"you said lr={lr:g}: how does the linear rule scale {base:g} for 8 × B₀?")
     steps = lb.at_batch("sgd", batch).steps
-    if not 1 <= warmup <= steps // 2:
-        return Verdict(False, f"warm-up must be between 1 and half of the {steps} steps; you said {warmup}")
+    if not 1 <= warmup <= steps:
+        return Verdict(False, f"the warm-up is a number of the run's {steps} steps, from 1 to {steps}; "
+                              f"you said {warmup}")
+    long = (f"; a warm-up of {warmup} of {steps} steps leaves {steps - warmup} at the full rate (Goyal et "
+            "al. warmed up for 5 of 90 epochs)" if warmup > steps // 2 else "")
     if not run_check:
-        return Verdict(True, f"lr = {lr:g}")
+        return Verdict(True, f"lr = {lr:g}" + long)
     r = run_warm(lb.at_batch("sgd", batch, lr=lr, warmup_steps=warmup))
     base_run = run_warm(lb.at_batch("sgd", lb.BASE_BATCH))
     a, a0 = r["eval_accuracy"], base_run["eval_accuracy"]
@@ -79,12 +83,12 @@ def _check_scaling(answer, run_check: bool = True) -> Verdict:
             f"the run). The run reached held-out accuracy {a:.3f} in {r['steps']} steps, against {a0:.3f} "
             f"at B₀ in {base_run['steps']}")
     if a >= a0 - 0.015:
-        return Verdict(True, said + ": the rule kept the accuracy here")
+        return Verdict(True, said + ": the rule kept the accuracy here" + long)
     return Verdict(True, said + ". The rule's answer trains, but not as far: on this short budget (8 "
                    "epochs) 8× fewer steps do not make up the difference, and the rule holds only up to a "
                    "batch size (Goyal et al., 2017, trained for 90 epochs; §3's SGD at 32 × B₀ diverges). "
                    "At a rate this close to the edge, a short run's accuracy also swings with the warm-up "
-                   "and the seed: try another warm-up and see")
+                   "and the seed: try another warm-up and see" + long)
 
 
 # --------------------------------------------------------------------------- norms under ZeRO
@@ -190,7 +194,10 @@ def exercises() -> dict[str, Exercise]:
             key="scaling", title="the linear scaling rule, then a run",
             prompt="SGD with momentum was tuned at B₀ = 64 with lr = 0.1. Pick the learning rate and the "
                    "warm-up steps for a batch 8× larger (the linear scaling rule with gradual warm-up, "
-                   "Goyal et al., 2017), as a pair <code>(lr, warmup_steps)</code>. The check judges the "
+                   "Goyal et al., 2017), as a pair <code>(lr, warmup_steps)</code> (a tuple, a list or a "
+                   "dict keyed lr and warmup_steps); the run at 8 × B₀ has "
+                   f"{lb.at_batch('sgd', 8 * lb.BASE_BATCH).steps} steps, and the warm-up is 1 to that many "
+                   "of them. The check judges the "
                    "rate by the rule and the warm-up as a short ramp, then runs your answer for real and "
                    "reports how far it trains beside B₀: the rule is where tuning a large batch starts, not "
                    "a promise that it keeps the accuracy.",

@@ -11,16 +11,16 @@ import torch.distributed as dist
 
 from .. import comm, costmodel
 from ..exercises import (
-    AnswerError,
     Exercise,
     Property,
     Verdict,
+    duration,
     judge,
-    number,
     observe,
     on_ranks,
     summary,
     unobserved,
+    values_of,
     whole_number,
 )
 from ..source import source
@@ -38,7 +38,7 @@ def gpt3_days(params, tokens, devices, flops) -> float:
 
 
 def _check_days(answer) -> Verdict:
-    value = number(answer, "a number of days")
+    value = duration(answer, "days", "a number of days")  # also "34 days", a timedelta, {"days": 34}
     c = DAYS_CASE
     expected = gpt3_days(**c)
     if math.isclose(value, expected, rel_tol=0.02):
@@ -95,11 +95,11 @@ def _link_solution() -> str:
 
 def _check_link(answer) -> Verdict:
     what = "a pair: (term, step seconds with the faster link)"
-    if isinstance(answer, str) or not hasattr(answer, "__len__") or len(answer) != 2:
-        raise AnswerError(f"you gave {answer!r}; the answer is {what}")
-    term, seconds = answer[0], number(answer[1], what)
+    term, seconds = values_of(answer, 2, what, names=(("term", "dominant"),
+                                                      ("seconds", "step_s", "step", "s")))
+    seconds = duration(seconds, "s", what)
     e = link_case()
-    term = str(term).strip().lower()
+    term = str(term).strip().strip("'\"").lower()
     if term not in costmodel.TERMS:
         return Verdict(False, f"the term is one of {', '.join(costmodel.TERMS)}")
     if term != e["dominant"]:

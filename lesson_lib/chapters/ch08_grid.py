@@ -9,7 +9,7 @@ import dataclasses
 from IPython.display import display
 
 from .. import plots
-from ..exercises import AnswerError, Exercise, Verdict
+from ..exercises import Exercise, Verdict, values_of, whole_number
 from ..milestones.tensor_parallel import formulas, layout_search, three_d, train
 from ..milestones.tensor_parallel.grid import Layout
 from ..milestones.tensor_parallel.model import Config
@@ -107,12 +107,10 @@ def _check_layout(answer) -> Verdict:
     what = "three whole numbers (dp, pp, tp)"
     if isinstance(answer, Layout):
         answer = (answer.dp, answer.pp, answer.tp)
-    if isinstance(answer, str) or not hasattr(answer, "__len__") or len(answer) != 3:
-        raise AnswerError(f"you gave {answer!r}; the answer is {what}")
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and float(v).is_integer()
-               for v in answer):
-        raise AnswerError(f"you gave {answer!r}; the answer is {what}")
-    dp, pp, tp = (int(v) for v in answer)  # (2.0, 2.0, 2.0) is (2, 2, 2)
+    # any form the course reads (exercises/answers.py): a tuple or list, "2,2,2", {"dp": 2, ...}
+    dp, pp, tp = (whole_number(v, what) for v in values_of(answer, 3, what, names=(
+        ("dp", "data", "data_parallel"), ("pp", "pipeline", "pipeline_parallel"),
+        ("tp", "tensor", "tensor_parallel"))))
     try:
         layout = Layout(dp=dp, pp=pp, tp=tp).check(c["world"], cfg)
         three_d.check(cfg, layout, c["micro"])
@@ -158,7 +156,8 @@ def layout_exercise() -> Exercise:
                "<code>formulas.step_time(wide, dp, pp, tp, micro)</code> for the time, with "
                "<code>cfg, wide = ch08_grid.case_cfg(), ch08_grid.wide_cfg()</code>; the check runs your "
                "layout on the ranks, measures its memory and bytes, and times it with the same model. "
-               "Answer <code>(dp, pp, tp)</code>.",
+               "Answer <code>(dp, pp, tp)</code> (a tuple, a list, <code>\"2,2,2\"</code> or a dict "
+               "keyed dp, pp, tp).",
         check=_check_layout,
         hint="Enumerate dp·pp·tp = 8 with layers % pp == 0, heads % tp == 0 and the batch divisible; keep "
              "those whose largest stage fits; compare step_time(...)['step']. Which term is largest?",

@@ -6,7 +6,19 @@ read by :func:`number` / :func:`whole_number` and compared by :func:`compare`, r
 list, on real ranks (:func:`on_ranks`, with :func:`observe`'s log) or in this process (:func:`locally`).
 """
 
-from .answers import AnswerError, choice, close_to, compare, mismatch, number, numbers_of, pair, whole_number
+from .answers import (
+    AnswerError,
+    choice,
+    close_to,
+    compare,
+    duration,
+    mismatch,
+    number,
+    numbers_of,
+    pair,
+    values_of,
+    whole_number,
+)
 from .core import Exercise, assess, solution_text, unanswered
 from .judge import Property, judge, locally, on_ranks
 from .observe import Log, observe, summary, unobserved
@@ -14,6 +26,6 @@ from .verdict import Verdict
 
 __all__ = [
     "AnswerError", "Exercise", "Log", "Property", "Verdict", "assess", "choice", "close_to", "compare",
-    "judge", "locally", "mismatch", "number", "on_ranks", "numbers_of", "observe", "pair", "solution_text",
-    "summary", "unanswered", "unobserved", "whole_number",
+    "duration", "judge", "locally", "mismatch", "number", "on_ranks", "numbers_of", "observe", "pair",
+    "solution_text", "summary", "unanswered", "unobserved", "values_of", "whole_number",
 ]

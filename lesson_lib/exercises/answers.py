@@ -2,13 +2,17 @@
 
 Accepted: ``int``, ``float``, ``Fraction``, ``Decimal``, numpy scalars, one-element tensors, and
 numeric strings (``"1.5e6"``, ``"1_000_000"``, ``"1,000,000"``, a fraction ``"3/11"``); not bools.
-A whole number may be ``2.0``. Anything else raises :class:`AnswerError` with a message saying
-what is expected.
+A whole number may be ``2.0``. Several values (:func:`values_of`, :func:`numbers_of`): any sequence,
+``"2,2,2"``, or a dict or dataclass keyed by name; a duration (:func:`duration`): a number in the
+asked unit, a ``timedelta``, ``"34 days"``. Anything else raises :class:`AnswerError` with a message
+saying what is expected.
 :func:`compare` is the one tolerance test, :func:`mismatch` the one message for a wrong number.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import decimal
 import math
 import numbers
@@ -77,12 +81,72 @@ def whole_number(answer: Any, what: str = "a whole number") -> int:
     return int(value)
 
 
-def numbers_of(answer: Any, count: int, what: str) -> list[float]:
-    """A tuple or list of ``count`` numbers, each read by :func:`number`."""
-    if isinstance(answer, str) or not hasattr(answer, "__len__") or len(answer) != count:
+def _key(name: Any) -> str:
+    return re.sub(r"[\s\-]+", "_", str(name).strip().lower())
+
+
+def values_of(answer: Any, count: int, what: str, names=()) -> list:
+    """``count`` values in the order the exercise asks for them, from any sequence (tuple, list, a
+    tensor or array), a text of comma-separated values (``"2,2,2"``), a dict or a dataclass keyed
+    by ``names`` (one tuple of accepted keys per position, ``(("lr", "learning_rate"), ...)``, in any
+    order). The values themselves are not read here: :func:`numbers_of` reads them as numbers."""
+    value = answer
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        if names:
+            keys = {_key(k): v for k, v in value.items()}
+            picked = [next((keys[_key(n)] for n in options if _key(n) in keys), None) for options in names]
+            if len(value) == count and all(p is not None for p in picked):
+                return picked
+            said = ", ".join(repr(k) for k in value)
+            raise AnswerError(f"you gave a dict with keys {said}; the answer is {what}, keyed "
+                              + ", ".join(repr(options[0]) for options in names) + " (or as a tuple)")
+        if len(value) == count:  # keys of the learner's choosing, in the order written
+            return list(value.values())
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.strip().strip("()[]").split(",")]
+        if count > 1 and len(parts) == count and all(parts):
+            return parts
+    elif hasattr(value, "tolist") and getattr(value, "ndim", 1) == 1:  # a tensor or an array
+        value = value.tolist()
+    if isinstance(value, str) or not hasattr(value, "__len__") or len(value) != count:
         raise AnswerError(f"you gave {_describe(answer)}; the answer is {what} ({count} values, "
                           f"e.g. a tuple)")
-    return [number(a, what) for a in answer]
+    return list(value)
+
+
+def numbers_of(answer: Any, count: int, what: str, names=()) -> list[float]:
+    """``count`` numbers in any form :func:`values_of` reads, each read by :func:`number`."""
+    return [number(a, what) for a in values_of(answer, count, what, names)]
+
+
+UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0, "secs": 1.0, "min": 60.0, "mins": 60.0,
+         "minute": 60.0, "minutes": 60.0, "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0,
+         "hours": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0}
+_DURATION = re.compile(r"\s*([-+]?[\d_.,]+(?:[eE][-+]?\d+)?)\s*([a-zA-Z]+)\s*")
+
+
+def duration(answer: Any, unit: str, what: str) -> float:
+    """A duration in ``unit`` ("s", "min", "h" or "days"): a number (taken in ``unit``), a
+    ``datetime.timedelta``, a text with its unit (``"5135 s"``, ``"34 days"``, ``"1.4 h"``), or a
+    dict or dataclass with one field named for its unit (``{"days": 34}``)."""
+    per = UNITS[unit]
+    value = answer
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict) and len(value) == 1:
+        (key, inner), = value.items()
+        if _key(key) in UNITS:
+            return number(inner, what) * UNITS[_key(key)] / per
+        return duration(inner, unit, what)
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds() / per
+    if isinstance(value, str):
+        m = _DURATION.fullmatch(value)
+        if m and m.group(2).lower() in UNITS:
+            return number(m.group(1), what) * UNITS[m.group(2).lower()] / per
+    return number(value, what)
 
 
 def choice(answer: Any, options, what: str = "one letter") -> str:
