@@ -69,16 +69,14 @@ def main(argv: list[str]) -> int:
     stale = []
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
-        nb = json.loads(text)
-        new = json.dumps(mark(json.loads(text)), indent=1, ensure_ascii=False) + "\n"
-        if new != text:
+            nb = json.load(f)
+        marked = mark(json.loads(json.dumps(nb)))
+        if marked != nb:
             stale.append(path)
             if not check:
                 with open(path, "w", encoding="utf-8") as f:
-                    f.write(new)
-        print(f"{path}: {slides(json.loads(new))} slides" + (" (stale)" if new != text else ""))
-        del nb
+                    f.write(json.dumps(marked, indent=1, ensure_ascii=False) + "\n")
+        print(f"{path}: {slides(marked)} slides" + (" (stale)" if marked != nb else ""))
     if check and stale:
         print("slides: run `python -m lesson_lib slides` then `make sync-notebooks`: " + ", ".join(stale))
         return 1

@@ -15,6 +15,7 @@ from . import (
     fp8,
     impact,
     large_batch,
+    live,
     memory,
     parallelism,
     pipeline,
@@ -24,5 +25,5 @@ from . import (
 )
 
 __all__ = ["alpha_beta", "checkpoint", "collectives", "common", "compression", "consistency", "fp8", "impact",
-           "large_batch", "memory", "parallelism", "pipeline", "precision", "resilience",
+           "large_batch", "live", "memory", "parallelism", "pipeline", "precision", "resilience",
            "training"]

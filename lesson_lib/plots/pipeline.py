@@ -7,7 +7,8 @@ import time
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, LiveFigure, _annotate, log_axes, swap_in, wrap
+from .common import COLORS, _annotate, log_axes, wrap
+from .live import LiveFigure, swap_in
 
 # "weight": the weight-gradient half of a split backward (zero-bubble schedules; "backward" is then B)
 PIPE_COLORS = {"forward": "#4C78A8", "backward": "#54A24B", "weight": "#B279A2", "send": "#F58518",

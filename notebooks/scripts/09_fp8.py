@@ -13,9 +13,9 @@
 #     name: python3
 # ---
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 9 — Eight-bit training: FP8 formats, scaling recipes and FP8 communication
 #
 # Chapter 4 ended the precision story at bf16: no loss scale needed. Today's largest runs compute in
@@ -46,7 +46,7 @@ from lesson_lib.chapters import ch09, ch09_exercises
 from lesson_lib.costmodel.fp8 import fp8_step
 from lesson_lib.milestones.fp8 import allgather, errors, linear, scaling
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. The formats
 #
 # Micikevicius et al. ("FP8 Formats for Deep Learning", 2022) proposed two 8-bit formats: **e4m3**
@@ -59,7 +59,7 @@ by = {r["format"]: r for r in table}
 assert by["e4m3"]["max"] == 448 and by["e5m2"]["max"] == 57344  # the paper's Table 1
 assert by["e5m2"]["binades"] > by["e4m3"]["binades"] + 13 and by["e4m3"]["eps"] < by["e5m2"]["eps"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # e4m3 is finer (steps of 1/8 between 1 and 2), e5m2 wider (14 more powers of two). Which one a
 # tensor needs depends on how many powers of two its values span once a scale puts its largest value
 # at the format's top. Measured on two tensors: an activation-like one (a Gaussian with rare ×50
@@ -74,7 +74,7 @@ choice = ch09.format_choice()
 acts, wide = choice
 assert acts["e4m3"] < acts["e5m2"] and wide["e5m2"] < wide["e4m3"]  # precision wins, then range wins
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The second tensor is synthetic: it shows where e5m2's range pays, not that gradients are like it.
 # Micikevicius et al. (2022) proposed the **hybrid** recipe, e4m3 forward and e5m2 for gradients, for
 # per-tensor and delayed scaling, where one scale must cover a whole gradient tensor; TransformerEngine
@@ -84,7 +84,7 @@ assert acts["e4m3"] < acts["e5m2"] and wide["e5m2"] < wide["e4m3"]  # precision 
 # feasible; torchao's row-wise recipe casts activations, weights and gradients to e4m3. §3 measures
 # this chapter's own gradients, cast as its FP8 layer casts them.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Scaling
 #
 # A tensor whose largest value is 0.02 or 5,000 would waste e4m3's range or overflow it. So each
@@ -109,7 +109,7 @@ print(f"a @ wᵀ in e4m3 against fp32: largest error {gap:.1%} of the largest en
 assert gap < 4 * 2**-4  # a few of e4m3's unit roundoff (2⁻⁴)
 assert torch.equal(my_scaled_cast(a)[0].float(), scaling.quantize(a)[0].float())  # = the library's
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library's recipes, shown from their source: per-tensor and row-wise scales from the current
 # amax (**current scaling**); **block-wise** scaling (DeepSeek-V3 technical report, §3.3), one scale
 # per 1×128 tile of activations and per 128×128 block of weights; and, as history, **delayed
@@ -135,7 +135,7 @@ assert grads_e5m2["under"] == 1.0 and grads_e5m2["scaled_error"] < 0.1  # every 
 big = {x["recipe"]: x["error"] for x in rec["sweep"] if x["outlier"] == 1e6}
 assert big["per tensor"] > 10 * big["block-wise (1×128, 128×128)"]  # fine-grained scales survive
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Without a scale, outliers beyond 448 saturate (this torch clamps e4m3 at ±448; e5m2 goes to inf) and
 # gradients of an LLM's size (~1e-6) all become zero. Per-tensor scaling holds until outliers push
 # the bulk of the values below e4m3's smallest normal; row-wise and block-wise scales confine an
@@ -160,7 +160,7 @@ assert big["per tensor"] > 10 * big["block-wise (1×128, 128×128)"]  # fine-gra
 # %%
 ch09.recipe_calculator()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Training in FP8 on real ranks
 #
 # The FP8 linear layer as torchao's `Float8Linear` runs it with its tensorwise recipe: forward
@@ -170,7 +170,7 @@ ch09.recipe_calculator()
 # %%
 show_source(linear.FP8Matmul)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # A 3-layer MLP learns a fixed teacher, data-parallel on 2 ranks (each rank's slice, its own scales,
 # fp32 gradients all-reduced), in fp32, bf16 and FP8 from the same start on the same batches. Then the
 # loss is divided by 1,024 and the learning rate multiplied by it: the same SGD in exact arithmetic,
@@ -188,7 +188,7 @@ assert rows["fp8, loss ÷ 1024"]["gap"] <= tol["fp8"]  # scaled: the gradients' 
 stalled = rows["fp8 unscaled, loss ÷ 1024"]
 assert stalled["zero_grads"] > 0.9 and stalled["losses"][-1] > 2 * rows["fp32"]["losses"][-1]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Each rank also kept, at the first and the last step, the output-gradient of every layer: the very
 # tensors its `FP8Matmul` cast to e5m2 in the backward (the table under the figure). Their span, and
 # both formats' errors under the same per-tensor scale, measured on every one of them:
@@ -198,7 +198,7 @@ grad_rows = runs["gradients"]
 assert len(grad_rows) == 2 * 2 * 3  # 2 ranks × steps {0, last} × 3 layers, each one measured
 assert all(r["e4m3"] < r["e5m2"] for r in grad_rows)  # this run's own gradients: e4m3 errs less
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On this run's gradients the chapter's own metric picks e4m3 at every layer, step and rank: scaled
 # per tensor, most of their values sit where e4m3's third mantissa bit counts for more than the range
 # e5m2 adds. The hybrid recipe's e5m2 is insurance for gradients wider than that, under one scale per
@@ -233,7 +233,7 @@ assert all(r["e4m3"] < r["e5m2"] for r in grad_rows)  # this run's own gradients
 #   values shares one E8M0 scale, a power of two, so the scale is a shift and a 1×32 block is finer
 #   than DeepSeek-V3's 1×128.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. FP8 communication
 #
 # Under FSDP2 (chapter 4) each rank holds a shard of every weight and all-gathers it before use. If the
@@ -257,12 +257,12 @@ for row in gathered:
     assert row["fp8"] == row["fp8_formula"] and row["bf16"] == row["bf16_formula"], row
     assert row["fp8"] < 0.51 * row["bf16"], row  # half, plus 4 bytes of amax per shard
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # torchao 0.18.0 installs beside torch 2.13 and its `Float8Linear` runs forward and backward on this
 # CPU (checked when this chapter was written); it is not a dependency of the course, and its FSDP2
 # float8 all-gather is for GPUs.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. At cluster scale
 #
 # The datasheet doubles the matmuls' peak (H100 and H200: 1,979 dense FP8 TFLOP/s against 989 bf16,
@@ -289,7 +289,7 @@ assert abs(ratio - (1 - share + share * 989 / 1979)) < 1e-9, ratio  # only the m
 assert all(r["dominant"] == "compute" for r in scale["rows"])  # on NDR, FP8 or not, compute is largest
 assert scale["flips"][("ib-ndr", 0.0)] is None and scale["flips"][("ib-hdr", 0.0)] is not None
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # At overlap 0 nothing is hidden: FP8's halved gathers shorten the step directly, and compute stays
 # the largest term on H100's links for every share s. The answer flips only on A100's HDR links with
 # s near 1 (printed above): that is where the gathers would outgrow FP8's compute. And FP8's step is
@@ -297,7 +297,7 @@ assert scale["flips"][("ib-ndr", 0.0)] is None and scale["flips"][("ib-hdr", 0.0
 # fp32 master weights and Adam's two fp32 moments stay (DeepSeek-V3's bf16 moments would save 4 bytes
 # per parameter).
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # All three run on 2 and 4 real ranks, each rank on its own tensors.
@@ -333,7 +333,7 @@ def block_quantize(w):
 
 exercises["blocks"].submit(block_quantize)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:

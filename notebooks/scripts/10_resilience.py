@@ -13,9 +13,9 @@
 #     name: python3
 # ---
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 10 — When machines fail and the network is slow
 #
 # Every "days" figure in this course so far assumed that no machine ever fails and that the network
@@ -50,7 +50,7 @@ from lesson_lib.chapters import ch10, ch10_exercises
 from lesson_lib.milestones.resilience import failures, ft_step, torchft_glue
 from lesson_lib.milestones.resilience import task as T
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. What failures cost
 #
 # Failures of independent devices add their rates: n GPUs that each fail once every M₁ hours fail,
@@ -68,7 +68,7 @@ show_source(failures.daly)
 show_source(failures.goodput)
 show_source(failures.waste)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # δ is how long the training loop stops, and that depends on how the checkpoint is taken. Measured
 # here on 2 ranks, three ways, as the function below runs them: `dcp.save` (chapter 4's DCP) blocks
 # until the files are written; `dcp.async_save` returns once the state is staged and writes in the
@@ -91,10 +91,11 @@ mtbf = [r["mtbf_h"] for r in cost["table"]]
 assert all(a > b for a, b in zip(mtbf, mtbf[1:]))  # more devices, failures more often
 assert 1 < cost["delta_s"] < 10  # 6.48 TB at 2 TB/s: seconds, not minutes
 ten = cost["rows"][-1]  # R = 10 min
-assert ten["goodput"] > 0.9 and ten["waste"]["restarts"] > ten["waste"]["checkpoints"] + ten["waste"]["lost work"]
+waste = ten["waste"]
+assert ten["goodput"] > 0.9 and waste["restarts"] > waste["checkpoints"] + waste["lost work"]
 assert cost["delta_max_s"] < 600  # 10-minute checkpoints could not reach 90 % with any restart
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Once δ is seconds, as a 2 TB/s store makes it for a 405B model (and an asynchronous save shrinks
 # the stall further), checkpoints and the work lost between them cost about 2.4 % of the run; what
 # remains is R, paid at every failure. At a 10-minute restart, restarts waste more than both together,
@@ -109,7 +110,7 @@ assert cost["delta_max_s"] < 600  # 10-minute checkpoints could not reach 90 % w
 # %%
 ch10.calculator(cost["device_mtbf_h"])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Per-step fault tolerance, written out
 #
 # Chapter 4 stopped the whole job and restarted it from the last checkpoint. Per-step fault tolerance
@@ -132,13 +133,13 @@ ch10.calculator(cost["device_mtbf_h"])
 show_source(ft_step.exchange)
 show_source(ft_step.replica)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # and the lighthouse, a thread beside them:
 
 # %%
 show_source(ft_step.lighthouse)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Two replica groups, each one process, 48 steps of a wider MLP (2,048 hidden units, 512 samples a
 # step, so each step is a few milliseconds of real compute). Replica 1 SIGKILLs itself in step 5, after
 # replica 0 sent its gradient and before its own: mid-exchange. A spare process, started with the
@@ -156,7 +157,7 @@ assert ours["equal"] and ours["replay"]  # all bit-equal, and equal to one proce
 assert ours["alone"] >= 1 and ours["healed"]["from"] == 0
 assert ours["stall_s"] < 1.0  # our lighthouse sees the process die: milliseconds, not a heartbeat timeout
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **A smaller quorum is a smaller batch.** While replica 1 was gone, each committed step averaged
 # one replica's gradient instead of two: the mean keeps the gradient's scale, so the optimizer took a
 # full step of the same learning rate from half the samples, a noisier gradient. torchft does the
@@ -172,7 +173,7 @@ shrunk = ch10.quorum_batch(task, ours)
 short = [r for r in shrunk if r["members"] < 2]
 assert short and all(r["batch"] == task.batch and r["linear_rule_lr"] == task.lr / 2 for r in short)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The stall here is short: this lighthouse watches the processes themselves, so the discarded step
 # took about one step's time. torchft's lighthouse cannot (the replicas are on other machines): it
 # learns of a death from missed heartbeats (5 s by default, 2 s in this chapter), though a peer killed
@@ -196,7 +197,7 @@ assert short and all(r["batch"] == task.batch and r["linear_rule_lr"] == task.lr
 # %%
 show_source(torchft_glue.replica)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Two quirks change a number here: the Manager's default `use_async_quorum=True` lets a replica copy
 # weights at step 0 while the sum still divides by 2, so the run is no longer equal to one process
 # (this chapter sets it `False`); and torchft's own `DistributedDataParallel` wrapper crashes the
@@ -209,7 +210,7 @@ same = ch10.with_torchft(T.Task(steps=8))
 # %%
 assert same["equal"]  # bit for bit
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # And with a failure: replica 1 SIGKILLs itself in step 4 under torchft, after computing its gradient
 # and before `Manager.allreduce`; a spare takes its place 0.3 s later. The lighthouse's heartbeat
 # timeout is 2 s here (5 s by default):
@@ -222,7 +223,7 @@ assert ft["out"]["deaths"][0]["exitcode"] == -9 and 4 in ft["discarded"]  # that
 assert ft["healed_at"] is not None and ft["equal"]  # healed from the live replica, bit-equal at the end
 assert ft["stall_s"] > 4 * ft["median_s"]  # the survivor waited for a quorum without it
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Fault tolerance in practice
 #
 # * **Detecting a failure.** A dead process is easy to see; a hung one is not. PyTorch's NCCL
@@ -255,7 +256,7 @@ from lesson_lib.milestones.resilience import elastic
 
 show_source(elastic.worker)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Communicate less often: LocalSGD and DiLoCo
 #
 # Data parallelism sends every gradient every step. **LocalSGD** lets each replica take H steps alone,
@@ -299,7 +300,7 @@ def my_diloco(task, h, outer_lr=0.7, outer_momentum=0.9, gbps=None):
             "curve": curve}
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Against `torchft.local_sgd.DiLoCo` on two replica groups, the same settings (torchft's
 # `init_sync=False`: with the default, every replica first copies replica 0's weights, one exchange
 # more; equal here anyway, since all start from one seed):
@@ -311,7 +312,7 @@ versus = ch10.diloco_against_torchft(my_diloco, T.Task(steps=12), h=4, outer_lr=
 assert versus["equal"]
 assert versus["ours"][0]["floats_sent"] == versus["torchft"][0]["floats_sent"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Streaming DiLoCo** (Douillard et al., 2025) splits the model into **fragments** that take turns:
 # with F fragments, one is synced every H/F steps, so each sync sends 1/F of the model and the peak
 # bandwidth falls F times. Its all-reduce starts τ inner steps before the result is applied (the
@@ -363,7 +364,7 @@ per = streaming["ours"][0]["per_sync"]
 assert per[0] + per[1] == versus["ours"][0]["floats_sent"] // 3  # two syncs send one plain DiLoCo sync
 assert max(per) < versus["ours"][0]["floats_sent"] // 3  # a smaller peak per sync
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same number of tokens (steps × batch per replica), DDP against DiLoCo at several H. The paper's
 # outer settings (lr 0.7, momentum 0.9) were tuned for H = 500 with AdamW inside; here, with SGD and
 # momentum inside and H = 4, they diverge (run `ch10.sweep(my_diloco, T.Task(steps=256),
@@ -378,7 +379,7 @@ for r in dilocos:
     assert ddp["floats_sent"] == r["h"] * r["floats_sent"]  # H× fewer, counted
 assert all(r["held_out"] < 1.1 * ddp["held_out"] for r in dilocos[:2])  # H = 4, 16: within a tenth of DDP
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Over a slow link: the course's emulated link at 10 Mbit/s (each transfer padded to bytes /
 # bandwidth), time to the same held-out loss. Beside DDP and DiLoCo with H = 16 goes chapter 6's answer
 # to the same link: keep data parallelism and **compress every gradient**. The contender is PowerSGD at
@@ -394,7 +395,7 @@ from lesson_lib.milestones.resilience import compressed
 
 show_source(compressed.replica)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The three runs, each 128 steps of 32 samples on each replica: the same tokens. Every assumption the
 # comparison depends on is printed first; bytes are counted by the comm layer, not by the functions:
 
@@ -408,7 +409,7 @@ assert runs["DDP"]["bytes_sent"] == 16 * runs["DiLoCo, H = 16"]["bytes_sent"]  #
 assert 6 * runs["PowerSGD, rank 2"]["bytes_sent"] < runs["DDP"]["bytes_sent"]  # 414 floats, not 2,762
 assert max(runs, key=lambda name: runs[name]["bytes_sent"]) == "DDP"  # the longest time on the link
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Both ways of saving bytes beat DDP over this link. Between them, DiLoCo at H = 16 sends fewer bytes
 # than PowerSGD at rank 2 and far fewer collectives (one per 16 steps against two per step; both
 # printed above), so in the runs we made it arrived first. Only what time cannot change is asserted:
@@ -430,7 +431,7 @@ by = {name: r["bytes_sent"] for name, r in settings["rows"].items()}
 assert by["DiLoCo, H = 4"] > by["PowerSGD, rank 2"] > by["PowerSGD, rank 1"] > by["DiLoCo, H = 16"]
 assert by["top-k 1%"] < by["DiLoCo, H = 16"]  # (index, value) pairs for 1 % of 2,762: 28 a step
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On this task, for every compressed run some DiLoCo run sends fewer bytes and ends at a lower loss;
 # fewer bytes alone do not buy quality: top-k at 1 % ends worst. Nor do bytes alone set the time on
 # this link. Every collective also pays this machine's fixed cost (printed above), and PowerSGD makes
@@ -458,7 +459,7 @@ assert by["top-k 1%"] < by["DiLoCo, H = 16"]  # (index, value) pairs for 1 % of 
 # * **Memory**: DiLoCo keeps a copy of the weights and the outer momentum, 2Ψ more per replica;
 #   PowerSGD keeps its error residual, Ψ, and Q.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### A DiLoCo replica killed and rejoining
 #
 # DiLoCo communicates once per outer step, so that is where §2's machinery goes: each round the
@@ -473,7 +474,7 @@ from lesson_lib.milestones.resilience import ft_diloco
 
 show_source(ft_diloco.replica)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Two replica groups, H = 4, 30 outer steps of a wider MLP (2,048 hidden units, 512 samples a step, so
 # that each inner step is real compute, a few milliseconds). Replica 1 SIGKILLs itself in outer step 3,
 # after replica 0 sent its pseudo-gradient and before its own; a spare starts 0.3 s later. Beside it
@@ -487,13 +488,13 @@ assert dl["out"]["deaths"][0]["exitcode"] == -9 and dl["discarded"] == [3]  # th
 assert dl["alone"] and dl["healed"]["healed_at"] > 3 and dl["equal"]  # alone a while, healed, bit-equal
 assert abs(dl["loss"] / dl["clean_loss"] - 1) < 0.1  # a failure cost one round, not the run
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # How many rounds the survivor ran alone depends on how soon the spare started on this machine; the
 # rest holds in every run. On a cluster the returner copies gigabytes, not a small MLP, and the rounds
 # between syncs last minutes (H = 500 in the paper): a death costs the survivors at most one round's
 # inner steps, which is why DiLoCo and fault tolerance fit together (torchft ships both).
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. At internet scale
 #
 # * **DiLoCo** (Douillard et al., 2023): 8 replicas, H = 500 inner steps, matching synchronous
@@ -510,7 +511,7 @@ assert abs(dl["loss"] / dl["clean_loss"] - 1) < 0.1  # a failure cost one round,
 # %%
 ch10.internet_scale()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
 # The interval is a number; the outer step runs on real ranks (2 and 4), judged against the formula;
@@ -543,7 +544,7 @@ def exchange(store, rnd, me, grad, members):
 
 exercises["exchange"].submit(exchange)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
 #
 # What showed each of this chapter's objectives:

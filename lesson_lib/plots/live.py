@@ -1,0 +1,37 @@
+"""Live figures: plotly ``FigureWidget`` objects that the runs' events redraw while ranks train."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+
+class LiveFigure(go.FigureWidget):
+    """A ``FigureWidget`` whose first message to the browser carries its whole figure.
+
+    plotly opens a widget's channel with an empty figure and sends the figure in the messages that
+    follow; the first live figure of a session, whose module the browser is still loading, could
+    draw from the empty state (bare axes, no title, no traces). Here the channel opens only once the
+    figure is complete. :meth:`fresh` makes a new one from the current figure, which a live plot
+    swaps in when its runs have ended, so the final drawing never depends on a message that
+    arrived too early."""
+
+    def __init__(self, *args, **kwargs):
+        self._open_deferred = True
+        super().__init__(*args, **kwargs)
+        self._open_deferred = False
+        self.open()
+
+    def open(self):
+        if not getattr(self, "_open_deferred", False):
+            super().open()
+
+    def fresh(self) -> "LiveFigure":
+        return LiveFigure(go.Figure(self))
+
+
+def swap_in(container, old: LiveFigure) -> LiveFigure:
+    """Put a :meth:`~LiveFigure.fresh` copy of ``old`` in its place among ``container``'s children."""
+    new = old.fresh()
+    container.children = tuple(new if c is old else c for c in container.children)
+    old.close()
+    return new
