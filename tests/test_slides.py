@@ -67,8 +67,9 @@ def test_chapter_2_steps_through_every_slide(tmp_path, shared_install):
                                                                    "JUPYTER_RUNTIME_DIR")}}
     server = subprocess.Popen([str(venv / "bin" / "python"), "-m", "jupyter", "lab", "--ip=127.0.0.1",
                                f"--port={port}", "--no-browser", "--allow-root",
-                               f"--IdentityProvider.token={token}", f"--notebook-dir={tmp_path}"], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+                               f"--IdentityProvider.token={token}", f"--notebook-dir={tmp_path}"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_for(url + f"/api/status?token={token}", 90, "the JupyterLab server to answer")
