@@ -85,12 +85,6 @@ def quantize_blocks(x: torch.Tensor, rows: int = 128, cols: int = 128, fmt=E4M3)
     return b8.transpose(1, 2).reshape(r, c), scales
 
 
-def dequantize_blocks(x8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x8 · its block's scale, in fp32 (the block size read from the shapes)."""
-    rows, cols = x8.shape[0] // scales.shape[0], x8.shape[1] // scales.shape[1]
-    return x8.float() * scales.repeat_interleave(rows, 0).repeat_interleave(cols, 1)
-
-
 def blockwise_mm(a: torch.Tensor, w: torch.Tensor, block: int = 128, fmt=E4M3) -> torch.Tensor:
     """a @ wᵀ with DeepSeek-V3's scaling: a in 1×block tiles, w in block×block blocks. ``_scaled_mm``
     on CPU takes no block scales, but within one K-slice of ``block`` columns a tile's scale is a
