@@ -235,8 +235,12 @@ def test_the_single_process_moe_equals_one_written_out_by_hand(k, cf):
     cfg = moe.MoEConfig(capacity_factor=cf, top_k=k).check(2)
     w, xs = moe.weights(cfg), moe.tokens(cfg, 2)
     y, routes = moe.moe_reference(xs, w["router"], w["w1"], w["w2"], cfg)
+    # GShard's capacity written out, not the library's: ⌈capacity_factor · k · tokens / experts⌉,
+    # 32 tokens a group over 4 experts: ⌈1·1·32/4⌉ = 8, ⌈1·2·32/4⌉ = 16, ⌈2·2·32/4⌉ = 32
+    capacity = -(-int(cf * k * cfg.tokens) // cfg.experts)
+    assert (cfg.tokens, cfg.experts, capacity) == (32, 4, {(1, 1.0): 8, (2, 1.0): 16, (2, 2.0): 32}[k, cf])
     for g in range(2):
-        want, aux = _moe_by_hand(xs[g], w["router"], w["w1"], w["w2"], cfg.capacity, k)
+        want, aux = _moe_by_hand(xs[g], w["router"], w["w1"], w["w2"], capacity, k)
         assert torch.allclose(y[g], want, atol=1e-5), (k, cf, g)
         assert abs(float(routes[g]["aux"]) - aux) < 1e-5, (k, g)
 
