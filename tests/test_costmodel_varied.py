@@ -95,3 +95,17 @@ def test_the_interleaved_schedule_holds_more_activations_on_the_first_stage(chun
     per_layer = S * 1 * H * (10 + 24 + 5 * 8 * S / H)  # Korthikanti Table 2, t = 1, no recomputation
     held = 2 * 4 * (1 + 3 / (4 * chunks) if chunks > 1 else 1)
     assert math.isclose(cm.memory(plan)["activations"], held * per_layer, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_the_pipeline_messages_grow_with_the_chunks_by_hand(chunks):
+    # P = 4, d = 8, M = 8 micro-batches of one sequence, nothing hidden. Data parallel: a ring over
+    # d = 8 of each stage's bf16 gradients, 2·Ψ/P bytes: 2·7 messages and 2·7/8 of the bytes. Pipeline:
+    # each micro-batch crosses v·P − 1 boundaries each way; a rank sends v of them per direction,
+    # 2·v·M messages of one activation, 2·s·b·h bf16 bytes (SC21 §2.2; chapter 3)
+    plan = _plan(devices=32, pipeline=4, chunks=chunks, batch_tokens=64 * S)
+    alpha, beta = LINKS["ib-hdr"]
+    t = cm.step_time(plan)
+    assert math.isclose(t["latency"], (2 * 7 + 2 * chunks * 8) * alpha, rel_tol=1e-9)
+    ring_bytes = 2 * 7 / 8 * 2 * PSI / 4
+    assert math.isclose(t["bandwidth"], (ring_bytes + 2 * chunks * 8 * 2 * S * 1 * H) * beta, rel_tol=1e-9)
