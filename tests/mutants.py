@@ -3,10 +3,12 @@
 Each mutant below is a realistic one-line change to a core formula, collective, schedule or
 checker. For each, a temporary copy of the committed tree (`--rev`, default HEAD) gets that one
 change, then the quick loop (`pytest tests -m "not slow and not browser" -x`) runs against the
-copy; the mutant is *caught* when some test fails. An unmutated run comes first: if the quick loop
-fails without a mutant, nothing is counted. Prints caught/missed per mutant and a summary;
-`--json FILE` keeps the result. Not part of `make test` (each missed mutant costs a whole quick
-loop); record runs in benchmarks/mutants.md. tests/test_mutants.py checks that every mutant still
+copy; the mutant is *caught* when some test fails. A mutant that names its test files (``tests``)
+runs only those, still without the slow tests (``--whole``: the whole quick loop for every mutant).
+An unmutated run over the same files comes first: if it fails without a mutant, nothing is
+counted. Prints caught/missed per mutant and a summary; `--json FILE` keeps the result. Not part of
+`make test` (a missed mutant without test files costs a whole quick loop); record runs in
+benchmarks/mutants.md. tests/test_mutants.py checks that every mutant still
 applies (its text occurs exactly once), so the list cannot rot silently.
 
     .venv/bin/python tests/mutants.py                 # all of them
@@ -35,6 +37,7 @@ class Mutant:
     old: str   # occurs exactly once in the file
     new: str
     why: str   # the bug a contributor could make
+    tests: tuple[str, ...] = ()  # the test files that should catch it; empty: the whole quick loop
 
 
 MUTANTS = (
@@ -104,6 +107,73 @@ MUTANTS = (
     Mutant("fp8-grad-e4m3", "lesson_lib/milestones/fp8/linear.py",
            "g8, sg = _cast(grad, E5M2, ctx.scaled)", "g8, sg = _cast(grad, E4M3, ctx.scaled)",
            "FP8's backward casts gradients to the forward's format"),
+    # issue 58: chapters 8-10, the collective check and the cost model, each with the test files that
+    # should catch it (run alone: `tests/mutants.py NAME` runs only those files)
+    Mutant("fp8-delayed-current-amax", "lesson_lib/milestones/fp8/scaling.py",
+           "past = torch.stack(list(self.amaxes)).max() if self.amaxes else amax",
+           "past = torch.stack([*self.amaxes, amax]).max()",
+           "delayed scaling records this step's amax before taking the scale (no saturation, no delay)",
+           ("tests/test_fp8_scaling.py",)),
+    Mutant("fp8-history-one-longer", "lesson_lib/milestones/fp8/scaling.py",
+           "self.amaxes: deque = deque(maxlen=history)", "self.amaxes: deque = deque(maxlen=history + 1)",
+           "the amax history keeps one step more than asked",
+           ("tests/test_fp8_scaling.py",)),
+    Mutant("ft-heal-from-first-member", "lesson_lib/milestones/resilience/ft_step.py",
+           '"source": healthy[0] if healthy else None}', '"source": members[0] if healthy else None}',
+           "the heal source is the round's first member, even when that is the returner itself",
+           ("tests/test_resilience_varied.py",)),
+    Mutant("ft-exchange-halves", "lesson_lib/milestones/resilience/ft_step.py",
+           "return sum(T.from_bytes(store.get(k)) for k in keys) / len(members)",
+           "return sum(T.from_bytes(store.get(k)) for k in keys) / 2",
+           "the exchange divides by 2, right at two members only",
+           ("tests/test_resilience_varied.py",)),
+    Mutant("ft-replay-halves", "lesson_lib/milestones/resilience/ft_step.py",
+           "T.set_gradient(model, sum(grads) / len(grads))", "T.set_gradient(model, sum(grads) / 2)",
+           "the replay the exchange checker judges by halves every average",
+           ("tests/test_resilience_varied.py",)),
+    Mutant("diloco-outer-heavy-ball", "lesson_lib/milestones/resilience/ft_diloco.py",
+           "momentum=outer_momentum, nesterov=True)", "momentum=outer_momentum)",
+           "DiLoCo's outer step with plain momentum, not Nesterov's",
+           ("tests/test_resilience_varied.py",)),
+    Mutant("checked-skips-redop", "lesson_lib/runtime/checked.py",
+           "theirs[OP:PEER] != mine[OP:PEER] or theirs[REDOP:] != mine[REDOP:]",
+           "theirs[OP:PEER] != mine[OP:PEER] or theirs[NVEC:] != mine[NVEC:]",
+           "the collective check's fast path skips the reduction (SUM on one rank, MAX on another)",
+           ("tests/test_collective_mismatch.py",)),
+    Mutant("ledger-chunks-message", "lesson_lib/runtime/ledger.py",
+           'f"total in chunks {list(b.sends)}")', 'f"total in chunks {list(a.sends)}")',
+           "a reduce-scatter cut into other chunks is reported with the first rank's chunks twice",
+           ("tests/test_collective_mismatch.py",)),
+    Mutant("planner-ring-over-d", "lesson_lib/costmodel/planner.py",
+           'lat, bw = allreduce_terms("ring", d * c, grads)', 'lat, bw = allreduce_terms("ring", d, grads)',
+           "the gradient ring spans the data-parallel ranks only, not d·c with context parallelism",
+           ("tests/test_costmodel_varied.py",)),
+    Mutant("flops-no-attention", "lesson_lib/costmodel/compute.py",
+           "return 6 * params + 12 * layers * hidden * seq", "return 6 * params",
+           "model FLOPs drop attention's 12·L·h·s",
+           ("tests/test_costmodel_varied.py", "tests/test_costmodel_terms.py")),
+    Mutant("interleave-activations", "lesson_lib/costmodel/compute.py",
+           "held *= 1 + (stages - 1) / (stages * chunks)", "held *= 1 + (stages - 1) / stages",
+           "the interleaved schedule's extra activations forget the chunks v",
+           ("tests/test_costmodel_varied.py", "tests/test_costmodel_terms.py")),
+    Mutant("pipeline-messages-no-chunks", "lesson_lib/costmodel/planner.py",
+           'lat, bw = lat + 2 * v * m * net["alpha"], bw + 2 * v * m * boundary * net["beta"]',
+           'lat, bw = lat + 2 * m * net["alpha"], bw + 2 * m * boundary * net["beta"]',
+           "the pipeline's messages ignore interleaving (v boundaries per rank and direction)",
+           ("tests/test_costmodel_varied.py",)),
+    Mutant("checker-outer-halved", "lesson_lib/chapters/ch10_exercises.py",
+           "delta = start - params.sum(0) / n  # written out",
+           "delta = start - params.sum(0) / 2  # written out",
+           "chapter 10's outer-step checker averages over 2 replicas whatever the world size",
+           ("tests/test_exercises_ch10.py",)),
+    Mutant("checker-g-extra-all-reduce", "lesson_lib/chapters/ch08_exercises.py",
+           "        if sent > part:", "        if sent > 2 * part:",
+           "chapter 8's g checker lets one extra all-reduce of the partial sum pass",
+           ("tests/test_exercises_ch8.py",)),
+    Mutant("checker-exchange-one-size", "lesson_lib/chapters/ch10_exercises.py",
+           "for n in (2, 3)], [", "for n in (2, 2)], [",
+           "chapter 10's exchange checker runs 2 replicas twice, never 3 (halving passes)",
+           ("tests/test_world_sizes_quick.py",)),
 )
 
 
@@ -123,8 +193,9 @@ def _copy(dest: Path, rev: str) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
 
 
-def run(m: Mutant | None, timeout_s: float, rev: str) -> dict:
-    """The quick loop on ``rev`` with mutant ``m`` applied (``None``: unmutated, the baseline)."""
+def run(m: Mutant | None, timeout_s: float, rev: str, files: tuple[str, ...] = ()) -> dict:
+    """The quick loop on ``rev`` with mutant ``m`` applied (``None``: unmutated, the baseline), over
+    ``files`` (default: the mutant's own test files, else all of ``tests``)."""
     with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
         tree = Path(tmp) / "repo"
         _copy(tree, rev)
@@ -132,7 +203,8 @@ def run(m: Mutant | None, timeout_s: float, rev: str) -> dict:
             apply(m, tree)
         env = {**os.environ, "PYTHONPATH": str(tree)}  # the copy's lesson_lib, not the editable install
         t0 = time.monotonic()
-        cmd = [sys.executable, "-m", "pytest", "tests", "-m", "not slow and not browser", "-x", "-q",
+        selected = list(files or (m.tests if m is not None else ()) or ("tests",))
+        cmd = [sys.executable, "-m", "pytest", *selected, "-m", "not slow and not browser", "-x", "-q",
                "-p", "no:cacheprovider", "--no-header",
                "--ignore=tests/test_mutants.py"]  # it checks the mutants' own text, changed here by design
         try:
@@ -141,7 +213,7 @@ def run(m: Mutant | None, timeout_s: float, rev: str) -> dict:
         except subprocess.TimeoutExpired:
             code, out = -1, ""
         lines = [ln for ln in out.splitlines() if ln.startswith("FAILED") or ln.startswith("ERROR")]
-        return {"name": m.name if m else "(none)", "why": m.why if m else "",
+        return {"name": m.name if m else "(none)", "why": m.why if m else "", "tests": selected,
                 "caught": code not in (0, -1), "exit": code,
                 "seconds": round(time.monotonic() - t0, 1), "first_failure": lines[0] if lines else None}
 
@@ -170,6 +242,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900, help="seconds per mutant")
     ap.add_argument("--rev", default="HEAD", help="the commit to mutate (default: HEAD)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    ap.add_argument("--whole", action="store_true",
+                    help="run the whole quick loop for every mutant, not only its own test files")
     ap.add_argument("--md", type=Path, nargs="?", const=ROOT / "benchmarks" / "mutants.md",
                     help="write the --json record as markdown instead of running (benchmarks/mutants.md)")
     args = ap.parse_args(argv)
@@ -183,15 +257,18 @@ def main(argv=None) -> int:
     # one commit for every mutant, whatever lands meanwhile
     args.rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.rev], capture_output=True, text=True,
                               check=True).stdout.strip()
-    if not args.no_baseline:
-        base = run(None, args.timeout, args.rev)
+    whole = ("tests",) if args.whole else ()
+    if not args.no_baseline:  # over every file some chosen mutant runs (all of tests if one runs them all)
+        files = () if args.whole or any(not m.tests for m in chosen) else \
+            tuple(sorted({f for m in chosen for f in m.tests}))
+        base = run(None, args.timeout, args.rev, files)
         print(f"baseline (no mutant): exit {base['exit']} in {base['seconds']} s", flush=True)
         if base["exit"] != 0:
             print(f"the quick loop fails without any mutant: {base['first_failure']}")
             return 1
     results = []
     for m in chosen:
-        r = run(m, args.timeout, args.rev)
+        r = run(m, args.timeout, args.rev, whole)
         results.append(r)
         print(f"{'caught' if r['caught'] else 'MISSED'}  {m.name:24} {r['seconds']:6.1f} s  "
               f"{r['first_failure'] or m.why}", flush=True)
