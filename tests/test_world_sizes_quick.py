@@ -14,7 +14,7 @@ from test_world_sizes import ONE_SIZE_BY_DESIGN
 
 from lesson_lib.exercises import Verdict
 from lesson_lib.runtime import cluster as cluster_module
-from lesson_lib.runtime import pool
+from lesson_lib.runtime import idle, pool
 from lesson_lib.runtime import replicas as replicas_module
 
 
@@ -38,6 +38,7 @@ def asked(monkeypatch):
         raise _Asked
 
     monkeypatch.setattr(pool, "_WARM", {})  # the fakes never join the real pool of warm clusters
+    monkeypatch.setattr(idle, "announce", lambda: None)  # nor tell other kernels that one started
     monkeypatch.setattr(cluster_module.Cluster, "__init__", init)
     monkeypatch.setattr(cluster_module.Cluster, "running", property(lambda self: False))
     monkeypatch.setattr(cluster_module.Cluster, "close", lambda self, *a, **k: None)
