@@ -48,9 +48,3 @@ def grid(name: str) -> torch.Tensor:
         raise ValueError(f"name must be an 8-bit format (e4m3, e5m2), got {name!r}")
     values = torch.arange(256, dtype=torch.int16).to(torch.uint8).view(dtype).float()
     return values[torch.isfinite(values) & (values >= 0)].unique().sort().values
-
-
-def round_trip_error(x: torch.Tensor, name: str) -> torch.Tensor:
-    """|x − fmt(x)| / |x| elementwise, for a cast to ``name`` and back (no scaling, no saturation)."""
-    back = x.to(dtype_of(name)).float()
-    return ((back - x).abs() / x.abs().clamp_min(torch.finfo(torch.float32).tiny))
