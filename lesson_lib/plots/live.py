@@ -33,5 +33,7 @@ def swap_in(container, old: LiveFigure) -> LiveFigure:
     """Put a :meth:`~LiveFigure.fresh` copy of ``old`` in its place among ``container``'s children."""
     new = old.fresh()
     container.children = tuple(new if c is old else c for c in container.children)
-    old.close()
+    # not old.close(): a run that ends fast swaps again while the browser may still be initialising
+    # the figure it replaces, and closing that model then fails in the browser ("Failed to initialize
+    # model"); a figure out of the container is only a few kilobytes of state
     return new
