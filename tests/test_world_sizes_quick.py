@@ -13,6 +13,7 @@ from test_solutions import CASES, CHAPTERS
 from test_world_sizes import ONE_SIZE_BY_DESIGN
 
 from lesson_lib.exercises import Verdict
+from lesson_lib.milestones import parameter_server
 from lesson_lib.runtime import cluster as cluster_module
 from lesson_lib.runtime import idle, pool
 from lesson_lib.runtime import replicas as replicas_module
@@ -44,6 +45,8 @@ def asked(monkeypatch):
     monkeypatch.setattr(cluster_module.Cluster, "close", lambda self, *a, **k: None)
     monkeypatch.setattr(cluster_module.Cluster, "run", run)
     monkeypatch.setattr(replicas_module, "run", replicas_run)
+    # chapter 1's worker-step checker trains its single-process reference before any case (11 s)
+    monkeypatch.setattr(parameter_server, "reference", lambda cfg: [])
     judge_module = importlib.import_module("lesson_lib.exercises.judge")
     original = judge_module.judge
 
@@ -67,6 +70,8 @@ def _sizes(chapter, key, asked) -> set[int]:
     try:
         ex.check(ex.reference())
     except _Asked:  # a checker that runs ranks outside judge: the first world size it asked for
+        pass
+    except (IndexError, KeyError):  # one that reads, after judge, results the recorders never made
         pass
     return set(asked)
 
