@@ -212,3 +212,109 @@ def test_exchange_rejects_wrong_answers_saying_why(answer, says, no_orphans):
 def test_exchange_that_waits_forever_is_told_so(no_orphans):
     v = EX["exchange"].submit(exchange_waits_forever)
     assert not v and "dead/{rnd}" in v.message, v.message
+
+
+# --------------------------------------------------------------------------- issue 59: forms and verdicts
+
+
+@pytest.mark.parametrize("answer", ["5135 s", "5,135 seconds", "85.6 min"], ids=["s", "seconds", "min"])
+def test_interval_accepts_a_duration_with_its_unit(answer):
+    assert EX["interval"].submit(answer)
+
+
+def test_interval_accepts_a_timedelta():
+    import datetime
+
+    assert EX["interval"].submit(datetime.timedelta(seconds=5135))
+
+
+def test_interval_with_the_mtbf_left_in_hours_is_told_so():
+    tau = math.sqrt(2 * 300 * (50_000 / 4096))  # δ in seconds, M in hours: 85.6
+    v = EX["interval"].submit(tau)
+    assert not v and "M was left in hours" in v.message, v.message
+
+
+def test_interval_given_as_dalys_first_order_form_is_told_so():
+    v = EX["interval"].submit(math.sqrt(2 * 300 * M) - 300)  # 4,835 s
+    assert not v and "Daly" in v.message and "work out" not in v.message, v.message
+
+
+def outer_as_list(local, start, buf, lr, mu):
+    delta = start - local
+    dist.all_reduce(delta)
+    delta /= dist.get_world_size()
+    buf = mu * buf + delta
+    return [start - lr * (delta + mu * buf), buf]
+
+
+def outer_from_local(local, start, buf, lr, mu):  # steps from local, not from start
+    delta = start - local
+    dist.all_reduce(delta)
+    delta /= dist.get_world_size()
+    buf = mu * buf + delta
+    return local - lr * (delta + mu * buf), buf
+
+
+def test_outer_accepts_a_list():
+    assert EX["outer"].submit(outer_as_list)
+
+
+def test_outer_from_local_is_told_to_start_from_start():
+    v = EX["outer"].submit(outer_from_local)
+    assert not v and "starts from start" in v.message and "must be averaged" not in v.message, v.message
+
+
+def exchange_reversed(store, rnd, me, grad, members):  # the average, summed from the last member
+    import time
+
+    _put(store, f"grad/{rnd}/{me}", grad)
+    keys = [f"grad/{rnd}/{m}" for m in members]
+    while not store.check(keys):
+        if store.check([f"dead/{rnd}"]):
+            return None
+        time.sleep(0.002)
+    total = torch.zeros_like(grad)
+    for k in reversed(keys):
+        total = total + _get(store, k)
+    return total / len(members)
+
+
+def test_exchange_summed_in_reverse_order_is_told_so(no_orphans):
+    v = EX["exchange"].submit(exchange_reversed)
+    assert not v and "reverse member order" in v.message and "by their number" not in v.message, v.message
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"kill": [(1, 5), (1, 6)]}, "one (replica, step) pair"),
+    ({"kill": [(0, 5), (1, 5)]}, "one (replica, step) pair"),
+    ({"kill": (2, 5)}, "no replica 2"),
+    ({"kill": (1, 11)}, "kill in step 1 … 10"),
+], ids=["two-kills", "two-replicas", "no-such-replica", "last-step"])
+def test_survive_refuses_other_kills_up_front(kw, says):
+    from lesson_lib.chapters import ch10
+    from lesson_lib.milestones.resilience import task as T
+
+    with pytest.raises(ValueError, match="kill=") as e:
+        ch10.survive(T.Task(steps=12), n=2, **kw)
+    assert says in str(e.value)
+
+
+def test_diloco_survives_refuses_a_kill_in_the_last_round():
+    from lesson_lib.chapters import ch10
+    from lesson_lib.milestones.resilience import task as T
+
+    with pytest.raises(ValueError, match=r"kill=\(1, 3\).*outer step 1 … 1"):
+        ch10.diloco_survives(T.Task(), h=4, kill=(1, 3))  # 12 steps: 3 outer steps, 0 … 2
+
+
+def outer_flipped_pseudo_gradient(local, start, buf, lr, mu):  # local − start: the step goes backwards
+    delta = local - start
+    dist.all_reduce(delta)
+    delta /= dist.get_world_size()
+    buf = mu * buf + delta
+    return start - lr * (delta + mu * buf), buf
+
+
+def test_outer_with_a_flipped_pseudo_gradient_is_told_the_step_goes_the_wrong_way():
+    v = EX["outer"].submit(outer_flipped_pseudo_gradient)
+    assert not v and "wrong way" in v.message and "momentum" not in v.message, v.message

@@ -22,11 +22,27 @@ def _steps_figure(res: list[dict], kill: tuple[int, int], title: str) -> None:
          for r in res}, title))
 
 
+def _kill(kill, n: int, steps: int, what: str = "step") -> tuple[int, int]:
+    """``kill`` as one (replica, step) pair in range, or a ValueError naming the argument (one
+    replica dies per run; the last step waits for every replica, so nobody can die in it)."""
+    if not (isinstance(kill, (tuple, list)) and len(kill) == 2
+            and all(isinstance(k, int) and not isinstance(k, bool) for k in kill)):
+        raise ValueError(f"kill={kill!r}: give one (replica, {what}) pair, e.g. kill=(1, 3); "
+                         "one replica is killed per run")
+    r, s = kill
+    if not 0 <= r < n:
+        raise ValueError(f"kill={kill!r}: there is no replica {r}; the replicas are 0 … {n - 1}")
+    if not 1 <= s <= steps - 2:
+        raise ValueError(f"kill={kill!r}: kill in {what} 1 … {steps - 2} of this run's {steps} "
+                         f"({what} {steps - 1}, the last, waits for every replica)")
+    return r, s
+
+
 def survive(task: T.Task, n: int = 2, kill: tuple[int, int] = (1, 5), job=None,
             restart_after_s: float = 0.4) -> dict:
     """§2: our replicas (``job``, default :func:`ft_step.replica`), one SIGKILLed mid-exchange and
     restarted from a hot spare; the survivors' stall, the returner's weights."""
-    job = job or ft_step.replica
+    job, kill = job or ft_step.replica, _kill(kill, n, task.steps)
     out = replicas.run(job, n, task, kill, restart=(kill[0],), restart_after_s=restart_after_s,
                        watch=lambda s, a, st: ft_step.lighthouse(s, a, st, n, task.steps - 1))
     res = out["results"]
@@ -164,6 +180,7 @@ def diloco_survives(task: T.Task, h: int, kill: tuple[int, int], outer_lr: float
     ``kill[0]`` SIGKILLed in outer step ``kill[1]`` mid-exchange and restarted from a spare; beside the
     same run without a failure. Rounds and who took part, the heal, the weights and held-out loss."""
     rounds = task.steps // h
+    kill = _kill(kill, 2, rounds, "outer step")
     watch = lambda s, a, st: ft_step.lighthouse(s, a, st, 2, rounds - 1)
     out = replicas.run(ft_diloco.replica, 2, task, h, outer_lr, outer_momentum, kill, restart=(kill[0],),
                        restart_after_s=0.3, watch=watch, timeout_s=120)
@@ -177,8 +194,9 @@ def diloco_survives(task: T.Task, h: int, kill: tuple[int, int], outer_lr: float
     loss, base = survivor["held_out"], clean["results"][0]["held_out"]
     print(f"DiLoCo, H = {h}, {rounds} outer steps on 2 replica groups; replica {kill[0]} SIGKILLed in outer "
           f"step {kill[1]} (exit code {out['deaths'][0]['exitcode']})\n"
-          f"the survivor discarded outer step(s) {discarded}, redid them and went on alone for outer steps "
-          f"{alone[0]}–{alone[-1]}; the spare healed from replica {healed['from']} at outer step "
+          f"the survivor discarded outer step(s) {discarded}, redid them and went on alone for "
+          + (f"outer steps {alone[0]}–{alone[-1]}" if alone else "no outer step") + "; the spare"
+          f" healed from replica {healed['from']} at outer step "
           f"{healed['healed_at']} and took part from then on\n"
           f"at the end both replicas' weights bit-equal: {equal}; held-out loss {loss:.4f}, against "
           f"{base:.4f} for the same run without a failure ({loss / base - 1:+.1%})")

@@ -17,8 +17,8 @@ from ..exercises import (
     Exercise,
     Property,
     Verdict,
+    duration,
     judge,
-    number,
     observe,
     on_ranks,
     solution_text,
@@ -37,7 +37,7 @@ def _young() -> float:
 
 def check_interval(answer) -> Verdict:
     try:
-        tau = number(answer, "a number of seconds")
+        tau = duration(answer, "s", "a number of seconds")
     except AnswerError as e:
         return Verdict(False, str(e))
     m = DEVICE_MTBF_H * 3600 / DEVICES
@@ -45,7 +45,11 @@ def check_interval(answer) -> Verdict:
                                                        + DELTA_S / (2 * m) / 9) - DELTA_S
     if any(abs(tau - want) <= 0.02 * want for want in (young, daly)):
         return Verdict(True, f"you said {tau:,.0f} s: checkpoint about every {tau / 60:.0f} minutes")
-    for wrong, why in ((young / 60, "that is in minutes; the question asks for seconds"),
+    # √(2·δ·M) with M left in hours is the answer in minutes: the same number, two mistakes
+    for wrong, why in ((young / 60, "that is 60 times too small: either M was left in hours (δ is in "
+                        "seconds) or the answer is in minutes; work in seconds throughout"),
+                       (math.sqrt(2 * DELTA_S * m) - DELTA_S, "that is Daly's first-order interval "
+                        "√(2·δ·M) − δ; the question asks for Young's, √(2·δ·M)"),
                        (math.sqrt(DELTA_S * m), "Young's interval is √(2·δ·M): the 2 is missing"),
                        (math.sqrt(2 * DELTA_S * DEVICE_MTBF_H * 3600), "M is the job's MTBF: one GPU's "
                         "MTBF divided by the number of GPUs"),
@@ -72,17 +76,31 @@ def outer_job(fn, seed: int) -> dict:
     start, params, buf = _case(seed, n)
     with observe() as log:
         out = fn(params[r].clone(), start.clone(), buf.clone(), LR, MU)
-    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+    if not (isinstance(out, (tuple, list)) and len(out) == 2
+            and all(isinstance(t, torch.Tensor) for t in out)):
         return {"error": f"returned {type(out).__name__}, not (new parameters, new momentum)"}
     return {"params": out[0].detach().clone(), "buf": out[1].detach().clone(), "seed": seed,
             "calls": log.as_data()["calls"]}
+
+
+def _from_local(outs: list[dict]) -> bool:
+    """Each rank stepped from its own ``local`` instead of the common ``start``."""
+    n = len(outs)
+    start, params, buf = _case(outs[0]["seed"], n)
+    delta = start - params.sum(0) / n
+    step = LR * (delta + MU * (MU * buf + delta))
+    return all(torch.equal(o["params"], params[r] - step) for r, o in enumerate(outs))
 
 
 def _same(outs: list[dict]) -> str | None:
     for r, o in enumerate(outs):
         if "error" in o:
             return f"rank {r} {o['error']}"
+    for r, o in enumerate(outs):
         if not torch.equal(o["params"], outs[0]["params"]):
+            if _from_local(outs):
+                return ("each rank stepped from its own local parameters: the outer step starts from "
+                        "start, the point every replica shared at the last outer step")
             return (f"rank {r}'s new parameters differ from rank 0's: the pseudo-gradient must be averaged "
                     "over the replicas (an all-reduce) before the outer step")
 
@@ -98,7 +116,9 @@ def _formula(outs: list[dict]) -> str | None:
         return None
     if torch.equal(got, start - LR * new_buf):
         return "that is plain (heavy-ball) momentum; Nesterov steps by Δ + μ·buffer"
-    if torch.equal(got, start + LR * (delta + MU * new_buf)):
+    flipped = -delta  # local − start: the momentum then runs the wrong way too
+    if torch.equal(got, start + LR * (delta + MU * new_buf)) or \
+            torch.equal(got, start - LR * (flipped + MU * (MU * buf + flipped))):
         return "the step goes the wrong way: the pseudo-gradient is start − local, and the step subtracts it"
     d_sum = start - params.sum(0)
     if torch.equal(got, start - LR * (d_sum + MU * (MU * buf + d_sum))) or \
@@ -160,6 +180,10 @@ def _discarded(out: dict) -> str | None:
 def _averaged(out: dict) -> str | None:
     survivor = out["results"][0]
     if not torch.equal(ft_step.replay(SURVIVE_TASK, survivor["log"]), survivor["params"]):
+        backwards = [dict(e, members=e["members"][::-1]) if "step" in e else e for e in survivor["log"]]
+        if torch.equal(ft_step.replay(SURVIVE_TASK, backwards), survivor["params"]):
+            return ("the gradients were added in reverse member order: floats round differently in another "
+                    "order, so add them in the order of members, as every replica must")
         return ("the weights differ from one process averaging every member's gradient of each committed "
                 "step (divide the sum of all the members' gradients by their number)")
 
@@ -187,7 +211,9 @@ def exercises() -> dict[str, Exercise]:
             prompt=f"A job runs on {DEVICES:,} GPUs; one GPU fails on average every "
                    f"{DEVICE_MTBF_H:,.0f} hours, independently of the others. A checkpoint takes "
                    f"δ = {DELTA_S:.0f} s. Every how many "
-                   "<b>seconds</b> should it checkpoint (Young's interval)?",
+                   "<b>seconds</b> should it checkpoint (Young's interval)? A number of seconds, a "
+                   "text with its unit (<code>\"5000 s\"</code>, <code>\"1.4 h\"</code>) or a "
+                   "<code>datetime.timedelta</code>.",
             check=check_interval,
             hint="The job fails when any GPU fails: its MTBF M is one GPU's divided by the number of GPUs. "
                  "Then τ = √(2·δ·M), both in seconds.",
@@ -199,12 +225,11 @@ def exercises() -> dict[str, Exercise]:
         "outer": Exercise(
             key="outer", title="DiLoCo's outer step, on real ranks",
             prompt="Write <code>outer_step(local, start, buf, lr, mu)</code>, run on every replica "
-                   "after H inner steps: <code>local</code> its parameters now, <code>start</code> everyone's"
-                   " "
-                   "parameters at the last outer step, <code>buf</code> the outer momentum. Return (new "
-                   "parameters, new momentum): the pseudo-gradient start − local averaged over the replicas, "
-                   "then one step of SGD with "
-                   "Nesterov momentum from <code>start</code>. The check runs it on 2 and 4 ranks.",
+                   "after H inner steps: <code>local</code> its parameters now, <code>start</code> "
+                   "everyone's parameters at the last outer step, <code>buf</code> the outer momentum. "
+                   "Return (new parameters, new momentum), a tuple or a list: the pseudo-gradient "
+                   "start − local averaged over the replicas, then one step of SGD with Nesterov "
+                   "momentum from <code>start</code>. The check runs it on 2 and 4 ranks.",
             check=check_outer_step,
             hint="torch.optim.SGD(nesterov=True): buf = μ·buf + g; p = p − lr·(g + μ·buf).",
             solution=solution_text(outer_step), reference=lambda: outer_step),

@@ -13,8 +13,6 @@
 #     name: python3
 # ---
 
-# %% slideshow={"slide_type": "skip"}
-
 # %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 10 — When machines fail and the network is slow
 #
@@ -127,7 +125,22 @@ ch10.calculator(cost["device_mtbf_h"])
 #    is **discarded** by every survivor (nobody can have all the gradients), and the next quorum is
 #    formed without it.
 #
-# Here it is, on a `FileStore` (a folder; nothing listens on a port). Each replica:
+# Write step 3 yourself before you read ours: the check runs 2 and 3 replica processes on a
+# `FileStore` (a folder; nothing listens on a port) and SIGKILLs one of them mid-exchange.
+
+# %%
+exercises = ch10_exercises.exercises()
+exercises["exchange"]
+
+# %%
+def exchange(store, rnd, me, grad, members):
+    ...  # send yours, wait for every member's; None if dead/{rnd} appears while one is missing
+
+
+exercises["exchange"].submit(exchange)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# Here is ours, on the same `FileStore`. Each replica:
 
 # %%
 show_source(ft_step.exchange)
@@ -514,11 +527,10 @@ ch10.internet_scale()
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
-# The interval is a number; the outer step runs on real ranks (2 and 4), judged against the formula;
-# the exchange runs on 2 and 3 replica processes, one of which the checker SIGKILLs mid-exchange.
+# The interval is a number; the outer step runs on real ranks (2 and 4), judged against the formula.
+# The exchange came in §2, before ours was shown.
 
 # %%
-exercises = ch10_exercises.exercises()
 exercises["interval"]
 
 # %%
@@ -533,16 +545,6 @@ def outer_step(local, start, buf, lr, mu):
 
 
 exercises["outer"].submit(outer_step)
-
-# %%
-exercises["exchange"]
-
-# %%
-def exchange(store, rnd, me, grad, members):
-    ...  # send yours, wait for every member's; None if dead/{rnd} appears while one is missing
-
-
-exercises["exchange"].submit(exchange)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
