@@ -43,7 +43,7 @@ def test_cast_accepts_another_form():
     "answer, says",
     [
         (cast_zero_scale, "scale of 1"),
-        (cast_unscaled, "not x"),
+        (cast_unscaled, "cast unscaled"),  # once "divide by the scale before the cast"
         (cast_wrong_dtype, "not torch.float8_e4m3fn"),
     ],
 )
@@ -103,3 +103,49 @@ def test_blocks_accepts_loops():
 def test_blocks_rejects_wrong_answers_saying_why(answer, says):
     v = EX["blocks"].submit(answer)
     assert not v and says in v.message, v.message
+
+
+# --------------------------------------------------------------------------- issue 59
+
+
+def cast_to_half_range(x):  # maps the amax to 224: half of e4m3's range left unused
+    amax = x.abs().max()
+    s = amax / 224 if amax > 0 else torch.tensor(1.0)
+    return (x / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+
+def cast_swapped(x):  # right values, the pair in the wrong order
+    amax = x.abs().max()
+    s = amax / 448 if amax > 0 else torch.tensor(1.0)
+    return s, (x / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("answer, says, not_says", [
+    (cast_to_half_range, "below e4m3's 448", "correct"),
+    (cast_swapped, "wrong order", "x8 is torch.float32"),
+], ids=["half-range", "swapped"])
+def test_cast_verdict_names_the_mistake(answer, says, not_says):
+    v = EX["cast"].submit(answer)
+    assert not v and says in v.message and not_says not in v.message, v.message
+
+
+def test_the_librarys_own_cast_is_refused():
+    from lesson_lib.milestones.fp8 import scaling
+
+    v = EX["cast"].submit(scaling.quantize)
+    assert not v and "library's own lesson_lib.milestones.fp8.scaling.quantize" in v.message, v.message
+
+
+def blocks_one_row_short(w):  # each block's slice stops a row early: rows 127 and 255 are never cast
+    q, s = torch.zeros_like(w), torch.ones(2, 2)
+    for i in range(2):
+        for j in range(2):
+            rows, cols = slice(128 * i, 128 * i + 127), slice(128 * j, 128 * j + 128)
+            s[i, j] = w[rows, cols].abs().max() / 448
+            q[rows, cols] = (w[rows, cols] / s[i, j]).clamp(-448, 448)
+    return q.to(torch.float8_e4m3fn), s
+
+
+def test_blocks_off_by_one_row_is_told_so():
+    v = EX["blocks"].submit(blocks_one_row_short)
+    assert not v and "rows 127, 255 are wrong" in v.message and "block i covers rows" in v.message, v.message

@@ -12,10 +12,12 @@ import torch
 import torch.distributed as dist
 
 from ..exercises import Exercise, Property, Verdict, judge, on_ranks, solution_text
+from ..exercises.answers import fixed
 from .ch09_formats import check_formats, choose_format
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 TOP = 448.0
+FULL = TOP * (1 - 2**-4)  # e4m3's largest value, less its rounding there: the amax must land on 448
 
 
 def _cases(seed: int) -> dict:
@@ -63,6 +65,8 @@ def _cast_form(outs):
             if got is None:
                 return f"rank {r}, {name}: return a pair (x8, scale)"
             if got[0].dtype != E4M3:
+                if got[0].numel() == 1 and got[1].shape == x.shape:
+                    return f"rank {r}, {name}: the pair is in the wrong order: return (x8, scale), x8 first"
                 return f"rank {r}, {name}: x8 is {got[0].dtype}, not torch.float8_e4m3fn"
             if got[0].shape != x.shape or got[1].numel() != 1:
                 return f"rank {r}, {name}: x8 must keep x's shape and the scale be one number"
@@ -79,9 +83,13 @@ def _cast_values(outs):
             amax = float(x.abs().max())
             if amax == 0:
                 continue
-            if float(back.abs().max()) < TOP / 2:
-                return (f"rank {r}, {name}: the largest value became {float(back.abs().max()):g}, far below "
-                        "e4m3's 448: the scale must map the amax to 448 (scale = amax / 448; divide x by it)")
+            if float(s) == 1.0 and not FULL <= amax <= TOP:
+                return (f"rank {r}, {name}: the scale is 1, so x was cast unscaled (its amax is {amax:.3g}): "
+                        "the scale must map the amax to 448 (scale = amax / 448; divide x by it)")
+            if float(back.abs().max()) < FULL:
+                return (f"rank {r}, {name}: the largest value became {fixed(float(back.abs().max()), 4)}, "
+                        "below e4m3's 448: the scale must map the amax to 448 (scale = amax / 448; divide "
+                        "x by it)")
             want = (x / (amax / TOP)).clamp(-TOP, TOP).to(E4M3).float() * (amax / TOP)  # torch's own cast
             if not torch.allclose(back * s, want, rtol=0.07, atol=amax * 2**-9 / TOP * 2):
                 return (f"rank {r}, {name}: x8 · scale is not x (largest gap "
@@ -143,6 +151,21 @@ def _close(b8, scale, blk, amax) -> bool:
     return torch.allclose(b8.float() * scale, blk, rtol=0.07, atol=amax * 2**-8)
 
 
+def _edge(w8, s, w) -> str:
+    """A hint when every wrong element lies in a row or column at a block's edge (an off-by-one slice)."""
+    def spread(t):  # one value per block → one per element
+        return t.repeat_interleave(128, 0).repeat_interleave(128, 1)
+
+    full, amax = w8.float() * spread(s), spread(w.abs().reshape(2, 128, 2, 128).amax(dim=(1, 3)))
+    bad = (full - w).abs() > 0.07 * w.abs() + amax * 2**-8
+    for axis, what in ((1, "row"), (0, "column")):
+        lines = bad.any(dim=axis).nonzero().flatten().tolist()
+        if lines and all(k % 128 in (0, 127) for k in lines):
+            return (f" (only {what}s {', '.join(map(str, lines))} are wrong, at a block's edge: block i "
+                    f"covers {what}s 128·i to 128·i + 127, the slice [128 * i:128 * (i + 1)])")
+    return ""
+
+
 def _blocks_values(outs):
     for r, o in enumerate(outs):
         w, (w8, s) = o["w"], _got(o["out"])
@@ -152,7 +175,7 @@ def _blocks_values(outs):
                 blk, amax = w[rows, cols], float(w[rows, cols].abs().max())
                 if not _close(w8[rows, cols], s[i, j], blk, amax):
                     hint = " (scales[i, j] belongs to rows 128·i…, columns 128·j…: check the order)" \
-                        if _close(w8[rows, cols], s[j, i], blk, amax) else ""
+                        if _close(w8[rows, cols], s[j, i], blk, amax) else _edge(w8, s, w)
                     gap = float((w8[rows, cols].float() * s[i, j] - blk).abs().max())
                     return (f"rank {r}: block ({i}, {j}) · its scale is not the weight's block (largest gap "
                             f"{gap:.3g} where the block's amax is {amax:.3g}){hint}")

@@ -6,6 +6,8 @@ the notebook still runs under nbval. ``tests/`` check every reference solution p
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -32,14 +34,27 @@ class Exercise:
     def submit(self, answer: Any) -> Verdict:
         """Check ``answer``, print the verdict and return it (``self.passed`` keeps it). An answer still
         holding the template's ``...`` is "not answered yet", so Run All goes through open exercises."""
-        with held():  # a cluster's banner said before the verdict, never among its lines
-            verdict = assess(self.check, answer)
+        lib = library_function(answer)
+        if lib and not self._is_reference(answer):
+            verdict = Verdict(False, f"that is the library's own {lib}, not yours: write the function "
+                                     "in the cell and submit it (the exercise judges your lines)")
+        else:
+            with held():  # a cluster's banner said before the verdict, never among its lines
+                verdict = assess(self.check, answer)
         if verdict is None:
             return self._not_yet()
         print(f"[{self.title}] {'✓ correct' if verdict.ok else '✗ not yet'} — {verdict.message}")
         self.passed = verdict.ok
         verdict.printed = True
         return verdict
+
+    def _is_reference(self, answer: Any) -> bool:
+        """The exercise's own reference answer (the tests submit it), a fresh lambda of it included."""
+        if self.reference is None:
+            return False
+        ref, fn = _unwrap(self.reference()), _unwrap(answer)
+        return ref is fn or (getattr(ref, "__code__", None) is not None
+                             and getattr(ref, "__code__", None) is getattr(fn, "__code__", None))
 
     def _not_yet(self) -> Verdict:
         print(f"[{self.title}] not answered yet — replace the ... with your answer and run again.")
@@ -80,13 +95,30 @@ def assess(check: Callable[[Any], Verdict], answer: Any) -> Verdict | None:
         return Verdict(False, f"your answer raised {type(e).__name__}: {e}")
 
 
+def _unwrap(answer: Any) -> Any:
+    while isinstance(answer, functools.partial):
+        answer = answer.func
+    return getattr(answer, "__func__", answer)  # a bound method's function
+
+
+def library_function(answer: Any) -> str | None:
+    """``module.qualname`` when ``answer`` is one of lesson_lib's own functions or classes (also
+    through ``functools.partial`` or a bound method), else ``None``: a learner's cell defines its own."""
+    fn = _unwrap(answer)
+    if not (inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)):
+        return None
+    module = getattr(fn, "__module__", None) or ""
+    if module == "lesson_lib" or module.startswith("lesson_lib."):
+        return f"{module}.{getattr(fn, '__qualname__', fn.__name__)}"
+    return None
+
+
 def solution_text(fn: Callable) -> str:
     """The source of a reference answer, shown as the folded solution (one source: no pasted copy).
 
     Nested definitions are dedented and a docstring is left out.
     """
     import ast
-    import inspect
     import textwrap
 
     text = textwrap.dedent(inspect.getsource(fn))

@@ -13,8 +13,6 @@
 #     name: python3
 # ---
 
-# %% slideshow={"slide_type": "skip"}
-
 # %% [markdown] slideshow={"slide_type": "slide"}
 # # Chapter 9 — Eight-bit training: FP8 formats, scaling recipes and FP8 communication
 #
