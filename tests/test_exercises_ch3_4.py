@@ -249,8 +249,18 @@ def test_stage1_names_the_case_where_a_function_raises():
         return (params - lr * grads).chunk(world_size)[rank]
 
     v = verdict(EX4["stage1"], chunked)
-    assert not v and v.message.startswith("5 parameters on N = 4 ranks: your function raised IndexError"), \
-        v.message
+    assert not v and v.message.startswith("5 parameters on N = 4 ranks"), v.message
+    # once "your function raised IndexError" alone: now which rank, and why it has no chunk
+    assert "rank 3's call: your function raised IndexError" in v.message, v.message
+    assert "empty slice [5:5]" in v.message, v.message
+
+
+def test_stage1_accepts_torch_chunk_with_the_empty_slices_filled():
+    def chunked(params, grads, rank, world_size, lr):
+        parts = list((params - lr * grads).chunk(world_size))
+        return parts[rank] if rank < len(parts) else params[:0]
+
+    assert verdict(EX4["stage1"], chunked)
 
 
 @pytest.mark.parametrize("answer", [

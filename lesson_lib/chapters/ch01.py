@@ -238,6 +238,10 @@ def _check_divergence(lr) -> Verdict:
     msg = (f"mean loss, first 3 → last 5 rounds: sync {first['sync']:.3f} → {last['sync']:.3f}, "
            f"async {first['async']:.3f} → {end}")
     if not last["sync"] < first["sync"] - 0.05:
+        if last["async"] < first["async"] - 0.05:  # async learned where sync did not: no "either"
+            return Verdict(False, msg + ": synchronous training did not learn at this rate, though "
+                                        "asynchronous training did: the exercise needs a rate at which "
+                                        "synchronous training learns and asynchronous diverges")
         return Verdict(False, msg + ": synchronous training did not learn either at this rate "
                                     "(too small to learn in 30 steps, or too large for anyone)")
     if last["async"] < first["async"]:

@@ -72,12 +72,29 @@ def stage1_slices(numel: int, n: int) -> list[tuple[int, int]]:
 def _stage1_run(fn, numel: int, n: int, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     params, grads, lr = torch.randn(numel, generator=g), torch.randn(numel, generator=g), 0.1
-    return {"numel": numel, "n": n, "want": params - lr * grads,
-            "got": [fn(params.clone(), grads.clone(), r, n, lr) for r in range(n)]}
+    got = []
+    for r in range(n):  # each rank's call on its own: one that raises is that rank's verdict
+        try:
+            got.append(fn(params.clone(), grads.clone(), r, n, lr))
+        except Exception as e:  # the learner's code: feedback naming the rank, not the checker's crash
+            if "ellipsis" in str(e).lower():
+                raise
+            got.append(_Raised(e))
+    return {"numel": numel, "n": n, "want": params - lr * grads, "got": got}
+
+
+class _Raised:
+    def __init__(self, e: Exception):
+        self.text = f"{type(e).__name__}: {e}"
 
 
 def _own_slice_length(o: dict) -> str | None:
     for r, ((lo, hi), got) in enumerate(zip(stage1_slices(o["numel"], o["n"]), o["got"])):
+        if isinstance(got, _Raised):
+            empty = (f": rank {r} owns the empty slice [{lo}:{hi}] (ceil({o['numel']}/{o['n']}) = "
+                     f"{-(-o['numel'] // o['n'])} per rank leaves it none; torch.chunk makes fewer chunks "
+                     "than ranks then): return an empty tensor") if lo == hi else ""
+            return f"rank {r}'s call: your function raised {got.text}{empty}"
         if got is None:
             return f"rank {r}'s call returned None: return this rank's updated slice"
         if torch.as_tensor(got).numel() != hi - lo:
@@ -155,8 +172,8 @@ def exercises() -> dict[str, Exercise]:
             prompt="Every rank has the full (averaged) gradient and the full parameters, as flat tensors. "
                    "Write <code>stage1_update(params, grads, rank, world_size, lr)</code> returning only "
                    "this rank's slice of the parameters after one SGD step: slices of ceil(len/N) elements, "
-                   "in rank order (the last may be shorter). An all-gather would then give everyone the "
-                   "whole result.",
+                   "in rank order (the last may be shorter, or empty: 5 over 4 ranks is 2, 2, 1, 0). An "
+                   "all-gather would then give everyone the whole result.",
             check=check_stage1_update, hint="Compute this rank's [lo, hi) first; update only that slice.",
             solution="def stage1_update(params, grads, rank, world_size, lr):\n    size = -(-params.numel() "
                      "// world_size)\n    lo, hi = rank * size, min((rank + 1) * size, params.numel())\n    "

@@ -16,15 +16,32 @@ def _qsgd_case():
     return torch.cat([x, torch.zeros(1)])  # a zero must stay zero
 
 
+def _values(out) -> torch.Tensor | None:
+    """What the learner's function returned as a flat float tensor; ``None`` if it is no numbers
+    (``None`` itself: a ``return`` forgotten) — the checker's conversion, never the learner's error."""
+    try:
+        return torch.as_tensor(out, dtype=torch.float32).reshape(-1)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
 def _qsgd_draws(fn, x, s: int, draws: int) -> dict:
     torch.manual_seed(s)
-    outs = [torch.as_tensor(fn(x.clone(), s), dtype=torch.float32).reshape(-1) for _ in range(draws)]
+    outs = []
+    for _ in range(draws):
+        out = fn(x.clone(), s)
+        values = _values(out)
+        if values is None:
+            return {"shape": False, "x": x, "returned": type(out).__name__}
+        outs.append(values)
     if any(o.numel() != x.numel() for o in outs):
         return {"shape": False, "x": x}
     return {"shape": True, "outs": torch.stack(outs), "x": x, "s": s, "norm": float(x.norm())}
 
 
 def _qsgd_shaped(o) -> str | None:
+    if "returned" in o:
+        return f"it returned {o['returned']}, not a tensor: return the quantized x"
     if not o["shape"] or not torch.isfinite(o["outs"]).all():
         return f"it did not return {o['x'].numel()} finite values shaped like x"
     return None
@@ -95,9 +112,14 @@ def _check_qsgd(fn, draws: int = 3000) -> Verdict:
     if not verdict:
         return verdict
     try:
-        zero = torch.as_tensor(fn(torch.zeros(16), 4), dtype=torch.float32).reshape(-1)
+        out = fn(torch.zeros(16), 4)
     except Exception as e:  # the learner's code may raise here: that is the feedback
         return Verdict(False, f"on an all-zero vector your function raised {type(e).__name__}: {e}")
+    zero = _values(out)
+    if zero is None:
+        return Verdict(False, f"on an all-zero vector your function returned {type(out).__name__}, not "
+                              "a tensor: an all-zero vector (a layer whose gradient is zero) comes back as "
+                              "zeros")
     if zero.numel() != 16 or not torch.equal(zero, torch.zeros(16)):
         return Verdict(False, "an all-zero vector (a layer whose gradient is zero) must come back as zeros, "
                               f"but yours gave {zero[:4].tolist()}…: ‖x‖ = 0, so guard the division by it")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .plan import Plan
+from .plan import FP8_PEAK_FLOPS, Plan
 from .terms import CALIBRATED_EFFICIENCY, devices, links, server_memory
 
 
@@ -28,8 +28,10 @@ def assumptions(plan: Plan) -> list[str]:
         + ("" if plan.layers else " (shape from Ψ ≈ 12·L·h² with h = 128·L, GPT-3's aspect)"),
         f"{plan.tokens:.3g} tokens, {plan.batch_tokens * plan.batch_scale:.3g} tokens per step "
         f"(sequences of {plan.seq_len}, micro-batches of {plan.micro_batch})",
-        f"{plan.devices} × {dev['name']}: {dev['peak_flops'] / 1e12:g} TFLOP/s peak, "
-        f"{dev['memory'] / 1e9:g} GB — {dev['source']}",
+        f"{plan.devices} × {dev['name']}: "
+        + (f"{FP8_PEAK_FLOPS[plan.device] / 1e12:g} TFLOP/s FP8 peak (dense; the matmuls in FP8, a bound), "
+           if plan.precision == "fp8" else f"{dev['peak_flops'] / 1e12:g} TFLOP/s peak, ")
+        + f"{dev['memory'] / 1e9:g} GB — {dev['source']}",
         f"the math runs at {plan.efficiency:.0%} of peak ("
         + ("calibrated once on SC21 Table 1" if plan.efficiency == CALIBRATED_EFFICIENCY else "assumed")
         + "); " + _flops_words(plan),

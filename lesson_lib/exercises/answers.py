@@ -164,24 +164,37 @@ def compare(value: float, expected: float, rel: float = 0.0, abs_: float = 0.0) 
     return abs(value - expected) <= tol
 
 
+def fixed(value: float, digits: int) -> str:
+    """``value`` to ``digits`` significant digits, thousands separated, without an exponent for any
+    magnitude a learner types (2,238,570 bytes, never 2.23857e+06) and no trailing zeros."""
+    if value == 0 or not math.isfinite(value) or not 1e-4 <= abs(value) < 1e16:
+        return f"{value:.{digits}g}"
+    decimals = digits - 1 - math.floor(math.log10(abs(value)))
+    text = f"{round(value, decimals):,.{max(decimals, 0)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def pair(value: float, expected: float) -> tuple[str, str]:
     """Both numbers printed with as many significant digits as it takes to tell them apart (at
-    least 4, at most 17)."""
+    least 4, at most 17), written as :func:`fixed` writes them."""
     for digits in range(4, 18):
-        a, b = f"{value:.{digits}g}", f"{expected:.{digits}g}"
+        a, b = fixed(value, digits), fixed(expected, digits)
         if a != b:
             return a, b
     return repr(value), repr(expected)
 
 
 def shown(value: float) -> str:
-    """``value`` as the learner typed it: the fewest significant digits (at least 6) that give the
-    same float back, with thousands separators — 354,624.4 stays 354,624.4, never 354624."""
-    for digits in range(6, 18):
-        text = f"{value:,.{digits}g}"
+    """``value`` as the learner typed it: the fewest significant digits (at least 6, at most 10) that
+    give the same float back, thousands separated — 354,624.4 stays 354,624.4, never 354624. A computed
+    float that needs more (559,642.5912137006) is shown to two decimals (559,642.59)."""
+    for digits in range(6, 11):
+        text = fixed(value, digits)
         if float(text.replace(",", "")) == value:
             return text
-    return repr(value)
+    if value == 0 or not math.isfinite(value):
+        return repr(value)
+    return fixed(value, max(6, math.floor(math.log10(abs(value))) + 3))
 
 
 def mismatch(value: float, expected: float, unit: str = "", rel: float = 0.0, said: str = "you said") -> str:
@@ -193,12 +206,26 @@ def mismatch(value: float, expected: float, unit: str = "", rel: float = 0.0, sa
     return f"{said} {a}{unit}; expected {b}{unit}{within}"
 
 
+_PREFIXES = ((1e3, "kB"), (1e6, "MB"), (1e9, "GB"), (2**10, "KiB"), (2**20, "MiB"), (2**30, "GiB"))
+
+
+def unit_slip(value: float, expected: float, unit: str) -> str | None:
+    """For an answer in bytes: the prefix it was written in, when that alone makes it wrong."""
+    if "byte" not in unit:
+        return None
+    for factor, prefix in _PREFIXES:
+        if compare(value * factor, expected, 1e-3):
+            return f"that reads as {prefix} (× {factor:,.0f}); the question asks for{unit}"
+    return None
+
+
 def close_to(expected: float, rel: float = 0.01, unit: str = "", hint: str = "check your formula",
              what: str = "a number"):
     """A check that a number (in any form :func:`number` reads) is within ``rel`` of ``expected``."""
     def check(answer: Any) -> Verdict:
         value = number(answer, what)
         ok = compare(value, expected, rel)
-        return Verdict(ok, f"you said {shown(value)}{unit}" + ("" if ok else f"; {hint}"))
+        why = "" if ok else f"; {unit_slip(value, expected, unit) or hint}"
+        return Verdict(ok, f"you said {shown(value)}{unit}{why}")
 
     return check

@@ -156,8 +156,20 @@ def raise_timeout(out_q, report, job_id: int, pending: set, timeout_s: float | N
     stacks = ask_stacks(out_q, report, job_id, pending) if job_id else {}
     limit = f"within timeout_s={timeout_s:g} s" if timeout_s else "before the deadline"
     waiting = sorted(pending)
-    lines = [f"did not finish {limit}: ranks {waiting} were still running"
-             + (" — waiting for each other? (a send or recv with no partner, or a collective "
-                "that not every rank called, waits forever)" if stacks else "")]
+    # a rank inside a library call (a collective) waits for a peer; one running its own lines computes
+    blocked = [r for r in waiting if r in stacks and where(stacks[r]).startswith("waiting in ")]
+    busy = [r for r in waiting if r in stacks and r not in blocked]
+    if not stacks:
+        why = ""
+    elif not busy:
+        why = (" — waiting for each other? (a send or recv with no partner, or a collective "
+               "that not every rank called, waits forever)")
+    elif not blocked:
+        why = (" — busy running their own lines, not waiting for each other: a loop that never ends, "
+               "or more work than the timeout allows?")
+    else:
+        why = (f" — ranks {blocked} waited in a library call for ranks {busy}, which were still "
+               "running their own lines (a loop that never ends there?)")
+    lines = [f"did not finish {limit}: ranks {waiting} were still running" + why]
     lines += [f"  rank {r}: {where(stacks[r])}" for r in waiting if r in stacks]
     raise WorkerTimeout(waiting[0], "\n".join(lines), others=())

@@ -22,12 +22,16 @@ from typing import Any, Iterator
 
 from .messages import Kind, Message
 
+CAP = 200_000  # characters per rank, stream and job: more would stall the notebook, and nobody reads it
+
 
 class RankStream(io.TextIOBase):
-    """A text stream that sends complete lines to the parent's queue (flush sends the rest)."""
+    """A text stream that sends complete lines to the parent's queue (flush sends the rest), at most
+    :data:`CAP` characters per job; past that, one line says the rest was cut."""
 
     def __init__(self, name: str, rank: int, out_q: Any, state: dict):
         self.name, self.rank, self.out_q, self.state, self.buf = name, rank, out_q, state, ""
+        self.job, self.sent = None, 0
 
     def writable(self) -> bool:
         return True
@@ -45,6 +49,19 @@ class RankStream(io.TextIOBase):
             self._send(text)
 
     def _send(self, text: str) -> None:
+        if self.state.get("job") != self.job:
+            self.job, self.sent = self.state.get("job"), 0
+        room = CAP - self.sent
+        if room <= 0:
+            return
+        if len(text) > room:
+            kept = text[:room]
+            kept = kept[:kept.rfind("\n") + 1] if "\n" in kept else kept + "\n"
+            text = kept + (f"… (output cut: this rank printed more than {CAP:,} characters to {self.name} "
+                           "in this run; the rest is not shown)\n")
+            self.sent = CAP
+        else:
+            self.sent += len(text)
         self.out_q.put(Message(Kind.OUTPUT, self.rank, self.state.get("job"), (self.name, text)))
 
 

@@ -1,0 +1,178 @@
+"""Issue 59: verdicts that named the wrong mistake, numbers shown in odd forms, the library's own
+function submitted as an answer, a rank's flood of output and the runtime's timeout words. Each
+answer is written by hand here, and each expected phrase is the verdict's, read by eye."""
+
+import types
+
+import pytest
+import torch
+
+from lesson_lib.exercises.answers import close_to, mismatch
+
+# --------------------------------------------------------------------------- chapter 1
+
+
+@pytest.mark.ch1
+def test_divergence_where_only_async_learned_does_not_say_either(monkeypatch):
+    from lesson_lib.chapters import ch01
+
+    learned = [2.0 - 0.04 * i for i in range(30)]  # 2.0 → 0.84
+    flat = [2.0] * 30
+    monkeypatch.setattr(ch01, "_run", lambda mode, *a, **k: types.SimpleNamespace(
+        losses=flat if mode == "sync" else learned))
+    v = ch01.exercises(param_bytes=1000)["divergence"].submit(0.01)
+    assert not v and "though asynchronous training did" in v.message and "either" not in v.message, v.message
+
+
+@pytest.mark.ch1
+def test_traffic_in_kilobytes_is_told_its_unit():
+    ex = ch01_traffic(44_328)  # 2 · 4 · 44,328 = 354,624 bytes
+    v = ex.submit(354.624)
+    assert not v and "kB" in v.message and "asks for bytes" in v.message, v.message
+    assert ex.submit(354_624)
+
+
+@pytest.mark.ch1
+def test_a_computed_float_is_shown_to_two_decimals_not_sixteen():
+    v = ch01_traffic(44_328).submit(559_642.5912137006)
+    assert not v and "559,642.59 bytes" in v.message and "5912137006" not in v.message, v.message
+
+
+def ch01_traffic(param_bytes):
+    from lesson_lib.chapters import ch01
+
+    return ch01.exercises(param_bytes=param_bytes)["traffic"]
+
+
+def test_large_numbers_in_a_mismatch_have_no_exponent():
+    msg = mismatch(2_238_570.0, 2_238_574.0, " bytes", said="f() returned")
+    assert "2,238,570 bytes" in msg and "2,238,574 bytes" in msg and "e+" not in msg, msg
+    assert "e+" not in close_to(1e6, 0.01, " bytes")(2_238_570.0).message
+
+
+# --------------------------------------------------------------------------- chapter 6
+
+
+def qsgd_no_return_on_zero(x, s):  # right, but a bare `return` for the all-zero vector
+    norm = x.norm()
+    if norm == 0:
+        return
+    scaled = x.abs() / norm * s
+    low = scaled.floor()
+    return norm * torch.sign(x) * (low + (torch.rand_like(x) < scaled - low)) / s
+
+
+def qsgd_no_return(x, s):  # computes, returns nothing
+    x.abs() / x.norm() * s
+
+
+@pytest.mark.ch6
+@pytest.mark.parametrize("answer, says", [
+    (qsgd_no_return_on_zero, "on an all-zero vector your function returned NoneType, not a tensor"),
+    (qsgd_no_return, "it returned NoneType, not a tensor"),
+], ids=["none-on-zero", "none"])
+def test_qsgd_returning_none_is_told_so_not_that_it_raised(answer, says):
+    from lesson_lib.chapters import ch06_exercises
+
+    v = ch06_exercises.exercises()["qsgd"].submit(answer)
+    assert not v and says in v.message and "raised" not in v.message, v.message
+
+
+@pytest.mark.ch6
+def test_the_librarys_own_quantizer_is_refused():
+    from lesson_lib.chapters import ch06_exercises
+    from lesson_lib.milestones.compression import compressors
+
+    v = ch06_exercises.exercises()["qsgd"].submit(compressors.qsgd_quantize)
+    assert not v and "library's own" in v.message and "qsgd_quantize" in v.message, v.message
+
+
+# --------------------------------------------------------------------------- the runtime's words
+
+
+def _timeout_message(monkeypatch, stacks):
+    from lesson_lib.runtime import failures
+    from lesson_lib.runtime.errors import WorkerTimeout
+
+    monkeypatch.setattr(failures, "ask_stacks", lambda *a, **k: stacks)
+    with pytest.raises(WorkerTimeout) as e:
+        failures.raise_timeout(None, None, 1, {0, 1}, 5.0)
+    return str(e.value)
+
+
+SPIN = [("/home/learner/cell.py", 4, "spin", "while True: n += 1")]
+
+
+def _blocked():
+    from lesson_lib.runtime.diagnosis import TORCH_DIR
+
+    return [("/home/learner/cell.py", 4, "f", "dist.recv(t, 1)"),
+            (f"{TORCH_DIR}/distributed/distributed_c10d.py", 2000, "recv", "work.wait()")]
+
+
+def test_a_timeout_with_every_rank_computing_says_busy_not_waiting(monkeypatch):
+    msg = _timeout_message(monkeypatch, {0: SPIN, 1: SPIN})
+    assert "busy running their own lines" in msg and "waiting for each other?" not in msg, msg
+
+
+def test_a_timeout_with_every_rank_in_a_collective_says_waiting(monkeypatch):
+    msg = _timeout_message(monkeypatch, {0: _blocked(), 1: _blocked()})
+    assert "waiting for each other?" in msg, msg
+
+
+def test_a_timeout_with_one_rank_computing_names_who_waited_for_whom(monkeypatch):
+    msg = _timeout_message(monkeypatch, {0: _blocked(), 1: SPIN})
+    assert "ranks [0] waited in a library call for ranks [1]" in msg, msg
+
+
+@pytest.mark.slow  # waits out a 2 s run timeout on real ranks
+def test_ranks_in_an_endless_loop_are_said_busy_not_waiting(no_orphans):
+    import time
+
+    from lesson_lib import Cluster
+    from lesson_lib.runtime.errors import WorkerTimeout
+
+    def spin():
+        n = 0
+        end = time.monotonic() + 30
+        while time.monotonic() < end:  # the learner's loop that never ends (within the test)
+            n += 1
+        return n
+
+    spin.__module__ = "__main__"
+    with Cluster(2, quiet=True, timeout_s=60) as c:
+        with pytest.raises(WorkerTimeout) as info:
+            c.run(spin, timeout_s=2)
+    text = str(info.value)
+    assert "busy running their own lines" in text and "waiting for each other?" not in text, text
+
+
+def test_a_flood_from_one_rank_is_cut_and_says_so():
+    from lesson_lib.runtime import output
+
+    sent = []
+    state = {"job": 1}
+    stream = output.RankStream("stdout", 0, types.SimpleNamespace(put=sent.append), state)
+    stream.write(("x" * 99 + "\n") * 50_000)  # 5 MB in one print
+    stream.write("more\n")
+    text = "".join(m.data[1] for m in sent)
+    assert len(text) < output.CAP + 200 and text.count("output cut") == 1, len(text)
+    state["job"] = 2  # the next run starts a fresh allowance
+    stream.write("next\n")
+    assert sent[-1].data[1] == "next\n"
+
+
+# --------------------------------------------------------------------------- chapter 7's estimate
+
+
+@pytest.mark.ch7
+def test_an_fp8_estimate_states_the_fp8_peak():
+    from dataclasses import replace
+
+    import lesson_lib.costmodel as cm
+
+    plan = replace(cm.plan_for("compression", 175e9, 300e9, 1024), device="h100-sxm", precision="fp8")
+    text = "\n".join(cm.assumptions(plan.validate()))
+    assert "1979 TFLOP/s FP8 peak" in text and "989 TFLOP/s peak" not in text, text
+    bf16 = "\n".join(cm.assumptions(replace(plan, precision="bf16")))
+    assert "989 TFLOP/s peak" in bf16
