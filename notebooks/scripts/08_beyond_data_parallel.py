@@ -372,8 +372,22 @@ show_source(tp.Grid.__init__)
 #
 # Once more with sequence parallelism, torchtitan's Llama plan: `SequenceParallel(sequence_dim=0)` on
 # the norms, and `PrepareModuleInput` all-gathering the sequence into attention and the MLP, whose row
-# layers reduce-scatter it back out (`RowwiseParallel(output_layouts=Shard(0))`). The plan exercise
-# below asks you to write the block's part of it:
+# layers reduce-scatter it back out (`RowwiseParallel(output_layouts=Shard(0))`). Write the block's
+# part of it yourself before you read ours:
+
+# %%
+exercises = ch08_exercises.exercises()
+exercises["plan"]
+
+# %%
+def block_plan():  # from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    ...  # {"attn.q": ColwiseParallel(), ...}: which layers read the whole activation?
+
+
+exercises["plan"].submit(block_plan)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# Ours, the whole model's:
 
 # %%
 show_source(tp.dtensor.plan)
@@ -481,11 +495,10 @@ assert by[("NVLink 3", 8)] < 0.1 < by[("InfiniBand HDR", 8)], by  # t = 8 inside
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Exercises
 #
-# All five run on real ranks, and the checker judges what they computed and sent, against the
-# single process or the formulas.
+# These four and §5's plan run on real ranks, and the checker judges what they computed and sent,
+# against the single process or the formulas.
 
 # %%
-exercises = ch08_exercises.exercises()
 exercises["g"]
 
 # %%
@@ -520,16 +533,6 @@ def merge(m_a, l_a, o_a, m_b, l_b, o_b):
 
 
 exercises["merge"].submit(merge)
-
-# %%
-exercises["plan"]
-
-# %%
-def block_plan():  # from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-    ...  # {"attn.q": ColwiseParallel(), ...}: which layers read the whole activation?
-
-
-exercises["plan"].submit(block_plan)
 
 # %%
 exercises["layout"]
