@@ -72,32 +72,39 @@ def memory_share(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgr
     return {"bytes": int(found[source]), "limited_by": source}
 
 
-def _cgroup_memory(root: str, membership: str) -> float | None:
+def _cgroup_folders(root: str, membership: str, controller: str) -> list[tuple[int, str]]:
+    """(cgroup version, folder) of this process's cgroup and of each ancestor, for ``controller``
+    ("cpu", "memory"): v2's one unified hierarchy, or v1's folder for that controller."""
     try:
         with open(membership) as f:
             lines = f.read().splitlines()
     except OSError:
-        return None
-    limits = []
+        return []
+    folders = []
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if controllers == "":
-            bases, name = [root], "memory.max"
-        elif "memory" in controllers.split(","):
-            bases = [os.path.join(root, controllers), os.path.join(root, "memory")]
-            name = "memory.limit_in_bytes"
+            version, bases = 2, [root]
+        elif controller in controllers.split(","):
+            version, bases = 1, [os.path.join(root, controllers), os.path.join(root, controller)]
         else:
             continue
         parts = [p for p in path.split("/") if p]
-        for base in bases:
-            for depth in range(len(parts), -1, -1):
-                try:
-                    with open(os.path.join(base, *parts[:depth], name)) as f:
-                        raw = f.read().strip()
-                except OSError:
-                    continue
-                if raw.isdigit() and int(raw) < 2**60:  # v1 writes a huge number for "no limit"
-                    limits.append(float(raw))
+        for base in bases:  # the cgroup itself, then each ancestor
+            folders += [(version, os.path.join(base, *parts[:depth])) for depth in range(len(parts), -1, -1)]
+    return folders
+
+
+def _cgroup_memory(root: str, membership: str) -> float | None:
+    limits = []
+    for version, folder in _cgroup_folders(root, membership, "memory"):
+        try:
+            with open(os.path.join(folder, "memory.max" if version == 2 else "memory.limit_in_bytes")) as f:
+                raw = f.read().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < 2**60:  # v1 writes a huge number for "no limit"
+            limits.append(float(raw))
     return min(limits) if limits else None
 
 
@@ -114,26 +121,8 @@ def cpu_quota(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup
     """CPUs allowed by the cgroup CPU quota of this process and its ancestors (the tightest), or
     ``None`` when there is none or it cannot be read. cgroup v2: ``cpu.max`` ("200000 100000" is 2
     CPUs, "max 100000" none); v1: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (−1: none)."""
-    try:
-        with open(membership) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    limits = []
-    for line in lines:
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if controllers == "":  # v2: one unified hierarchy
-            dirs, read = [root], _v2_quota
-        elif "cpu" in controllers.split(","):
-            dirs, read = [os.path.join(root, controllers), os.path.join(root, "cpu")], _v1_quota
-        else:
-            continue
-        for base in dirs:
-            parts = [p for p in path.split("/") if p]
-            for depth in range(len(parts), -1, -1):  # the cgroup itself, then each ancestor
-                q = read(os.path.join(base, *parts[:depth]))
-                if q is not None:
-                    limits.append(q)
+    limits = [q for version, folder in _cgroup_folders(root, membership, "cpu")
+              if (q := (_v2_quota if version == 2 else _v1_quota)(folder)) is not None]
     return min(limits) if limits else None
 
 
