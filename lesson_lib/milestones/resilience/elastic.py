@@ -59,25 +59,27 @@ def run(steps: int = 6, crash_at: int = 3, max_restarts: int = 1, nnodes: str = 
            f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
            "--rdzv-conf=last_call_timeout=1", "--local-addr=127.0.0.1", "--monitor-interval=0.1",
            "-m", __name__, folder, str(steps), str(crash_at)]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        log, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:  # torchrun and every worker it started (they hold our pipe too)
-        import psutil
+    try:  # the folder goes whatever happens: an interrupt, a crash reading the attempts
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        try:
+            log, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:  # torchrun and every worker it started (they hold our pipe too)
+            import psutil
 
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        for p in tree:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        log, _ = proc.communicate()
-    runs = []
-    for name in sorted(os.listdir(folder)):
-        if name.startswith("attempt"):
-            with open(os.path.join(folder, name)) as f:
-                runs.append(json.load(f))
-    shutil.rmtree(folder, ignore_errors=True)
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            log, _ = proc.communicate()
+        runs = []
+        for name in sorted(os.listdir(folder)):
+            if name.startswith("attempt"):
+                with open(os.path.join(folder, name)) as f:
+                    runs.append(json.load(f))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return {"returncode": proc.returncode, "runs": runs, "wall_s": time.perf_counter() - t0,
             "command": " ".join(["torchrun", *cmd[3:]]), "log": log}
 
