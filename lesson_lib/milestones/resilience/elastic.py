@@ -62,7 +62,8 @@ def run(steps: int = 6, crash_at: int = 3, max_restarts: int = 1, nnodes: str = 
     try:  # the folder goes whatever happens: an interrupt, a crash reading the attempts
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                # torchrun's own log folders (torchelastic_*) land in ours, and go with it
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": folder})
         try:
             log, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:  # torchrun and every worker it started (they hold our pipe too)
