@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_browser import _free_port  # one JupyterLab port helper for the browser tests
 from workshop_support import shared_install as shared_install  # a fixture
 
 from lesson_lib import slides
@@ -109,14 +110,6 @@ POSITION_JS = """() => {
   const v = i >= 0 ? [...h[i].querySelectorAll(':scope > section')] : [];
   return [i, Math.max(0, v.findIndex(s => s.classList.contains('present')))];
 }"""
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for(url: str, timeout_s: float, what: str) -> None:
