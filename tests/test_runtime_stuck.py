@@ -129,3 +129,35 @@ def test_a_cluster_started_inside_a_rank_is_a_clear_error(no_orphans):
         assert "a Cluster cannot be started from inside a rank" in text and "rank 0" in text, text
         assert "daemonic" not in text
         assert c.run(_cell(lambda: 5)) == [5]  # the next run works
+
+
+class _SlowToLoad:
+    """An argument that takes ``seconds`` to unpickle on each rank, as a function from a module with
+    heavy imports does (a test file importing plotly took 15 s on 4 ranks of a busy 2-core machine)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __reduce__(self):
+        return time.sleep, (self.seconds,)  # unpickled: sleeps, then the rank receives None
+
+
+@_cell
+def rank_of(_):
+    return dist.get_rank()
+
+
+@pytest.mark.slow
+def test_timeout_counts_from_the_function_not_from_its_loading():
+    with Cluster(2) as c:
+        assert c.run(rank_of, _SlowToLoad(2.0), timeout_s=1) == [0, 1]
+
+
+@pytest.mark.slow
+def test_a_job_whose_loading_outlasts_the_grace_is_named(monkeypatch):
+    from lesson_lib import WorkerTimeout
+    from lesson_lib.runtime import cluster
+
+    monkeypatch.setattr(cluster, "LOAD_S", 0.5)
+    with Cluster(2) as c, pytest.raises(WorkerTimeout, match=r"ranks \[0, 1\] were still loading"):
+        c.run(rank_of, _SlowToLoad(10.0), timeout_s=0.5)

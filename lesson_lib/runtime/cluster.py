@@ -31,6 +31,8 @@ from .placement import choose_placement, cpu_count, oversubscribed, threads_per_
 from .silence import Silence
 from .worker import refuse_inside_a_rank, worker_main
 
+LOAD_S = 120.0  # how long a job's ranks may take to load it (unpickle, import its modules) at most
+
 _LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
 
@@ -212,7 +214,10 @@ class Cluster:
         name = getattr(fn, "__qualname__", "the function")
         self.start()
         self._job_id += 1
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        # timeout_s bounds the function, not its loading: a function from a module the ranks import
+        # first (a test file, a learner's .py) may take seconds to unpickle on a busy machine. The
+        # deadline moves to timeout_s after the last rank began; loading alone may take LOAD_S.
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s + LOAD_S
         for q in self._job_qs:
             q.put((self._job_id, payload))
         done = self._collect_or_stop(f"the run of {name}", self._job_id, kinds=(Kind.DONE,),
@@ -246,7 +251,7 @@ class Cluster:
     def _collect(self, job_id, kinds, deadline=None, on_event=None, on_ready=None, timeout_s=None,
                  silence=None) -> list:
         values: list = [None] * self.world_size
-        pending, started = set(range(self.world_size)), set()
+        pending, started, begun = set(range(self.world_size)), set(), set()
         next_check = 0.0
         guard_file = self._mark if self._tmp else None
         while pending:
@@ -256,7 +261,8 @@ class Cluster:
                 check_alive(self._procs, pending, self._out_q, self.backend, guard_file, self._native,
                             self._ledger)
                 if deadline is not None and now > deadline:
-                    raise_timeout(self._out_q, self._report, job_id, pending, timeout_s)
+                    raise_timeout(self._out_q, self._report, job_id, pending, timeout_s,
+                                  loading=pending - begun)
                 if on_ready is not None:
                     on_ready(self.world_size - len(pending), len(started))
                 if silence is not None:
@@ -269,6 +275,11 @@ class Cluster:
                 silence.heard(msg)
             if msg.kind is Kind.STARTED:
                 started.add(msg.rank)
+            elif msg.kind is Kind.BEGUN:
+                if msg.job == job_id:
+                    begun.add(msg.rank)
+                    if len(begun) == self.world_size and deadline is not None and timeout_s:
+                        deadline = time.monotonic() + timeout_s
             elif msg.kind is Kind.EVENT:
                 if on_event is not None:
                     on_event(msg.data)

@@ -131,15 +131,21 @@ def _absent(out_q, report, job_id: int, others: list[int], pending: set) -> str:
     return "".join(f"\n  {line}" for line in lines)
 
 
-def ask_stacks(out_q, report, job_id: int, ranks: set) -> dict[int, list]:
-    """Ask the ranks of a running job where they are; the frames of those in ``ranks`` that answered
-    within 1.5 s, by rank. What else arrives meanwhile is dropped, but for what the ranks printed:
-    call it on the way to an error."""
+def ask_stacks(out_q, report, job_id: int, ranks: set, patience_s: float = 10.0,
+               straggle_s: float = 2.0) -> dict[int, list]:
+    """Ask the ranks of a running job where they are; the frames of those in ``ranks`` that answered,
+    by rank. What else arrives meanwhile is dropped, but for what the ranks printed: call it on the
+    way to an error.
+
+    How long to wait: the ranks' answering threads wake every 0.1 s, but on a machine loaded far
+    beyond its cores (a workshop server, CI) none may be scheduled for seconds. So wait up to
+    ``patience_s`` for the first answer, then ``straggle_s`` more for the rest (a rank stuck in
+    native code that holds the GIL never answers)."""
     stacks: dict[int, list] = {}
     if report is None:
         return stacks
     report.value += 1  # each worker's _report_stacks thread answers
-    end = time.monotonic() + 1.5
+    end = time.monotonic() + patience_s
     while time.monotonic() < end and not ranks <= stacks.keys():
         try:
             msg = out_q.get(timeout=0.05)
@@ -147,12 +153,21 @@ def ask_stacks(out_q, report, job_id: int, ranks: set) -> dict[int, list]:
             continue
         _show_output(msg)
         if msg.kind is Kind.STACK and msg.job == job_id:
+            if not stacks:
+                end = min(end, time.monotonic() + straggle_s)
             stacks[msg.rank] = msg.data
     return stacks
 
 
-def raise_timeout(out_q, report, job_id: int, pending: set, timeout_s: float | None) -> None:
-    """Ask the ranks still running where they are, then raise :class:`WorkerTimeout`."""
+def raise_timeout(out_q, report, job_id: int, pending: set, timeout_s: float | None,
+                  loading: set = frozenset()) -> None:
+    """Ask the ranks still running where they are, then raise :class:`WorkerTimeout`. ``loading``:
+    the ranks that had not yet loaded the job's function (unpickled it, imported its modules)."""
+    if loading:
+        ranks = sorted(loading)
+        raise WorkerTimeout(ranks[0], f"ranks {ranks} were still loading the function (unpickling it, "
+                            "importing the modules it needs) when the time ran out: is a module it "
+                            "imports slow or stuck at import?", others=())
     stacks = ask_stacks(out_q, report, job_id, pending) if job_id else {}
     limit = f"within timeout_s={timeout_s:g} s" if timeout_s else "before the deadline"
     waiting = sorted(pending)

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 class Kind(str, enum.Enum):
     STARTED = "started"  # the worker process is up (torch imported), not yet in the group; data: None
     READY = "ready"  # the worker joined the process group; data: None
+    BEGUN = "begun"  # the job's function is loaded (unpickled, its modules imported); data: None
     DONE = "done"    # a job returned; data: the pickled (value, restart_requested)
     ERROR = "error"  # start-up or a job raised; data: the formatted traceback
     EVENT = "event"  # ``context().emit`` during a job; data: the event dict

@@ -192,8 +192,9 @@ def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_
             break
         job_id, payload = msg
         try:
+            state["job"] = job_id  # a rank still loading the job answers where it is, too
             fn, args, kwargs = unpack_job(payload)
-            state["job"] = job_id
+            out_q.put(Message(Kind.BEGUN, rank, job_id))  # timeout_s counts from here
             hygiene.fresh_random(base)  # no job's random numbers depend on the jobs before it
             checked.begin(job_id)
             value = fn(*args, **kwargs)
