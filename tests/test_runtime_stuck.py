@@ -10,7 +10,7 @@ import probes
 import pytest
 import torch.distributed as dist
 
-from lesson_lib import Cluster, WorkerError
+from lesson_lib import Cluster, WorkerError, WorkerTimeout
 from lesson_lib.runtime import ledger, silence
 
 pytestmark = pytest.mark.ch0
@@ -155,9 +155,28 @@ def test_timeout_counts_from_the_function_not_from_its_loading():
 
 @pytest.mark.slow
 def test_a_job_whose_loading_outlasts_the_grace_is_named(monkeypatch):
-    from lesson_lib import WorkerTimeout
     from lesson_lib.runtime import cluster
 
     monkeypatch.setattr(cluster, "LOAD_S", 0.5)
     with Cluster(2) as c, pytest.raises(WorkerTimeout, match=r"ranks \[0, 1\] were still loading"):
         c.run(rank_of, _SlowToLoad(10.0), timeout_s=0.5)
+
+
+@_cell
+def new_group_on_rank_0_only():
+    if dist.get_rank() == 0:
+        dist.new_group([0, 1])  # rank 1 never makes the matching call
+    return dist.get_rank()
+
+
+@pytest.mark.slow
+def test_new_group_on_some_ranks_only_ends_within_the_cluster_timeout():
+    """torch's new_group waits 30 min by default, not the process group's timeout; a worker's
+    groups made later wait as long as its first (issue 59 item 7: it hung for 673 s)."""
+    start = time.monotonic()
+    with Cluster(2, timeout_s=3) as c, pytest.raises(WorkerError) as e:
+        c.run(new_group_on_rank_0_only, timeout_s=15)  # bounded even where the fix fails
+    assert not isinstance(e.value, WorkerTimeout)
+    assert time.monotonic() - start < 3 + 20  # the timeout, and start-up on a busy machine
+    assert e.value.rank == 0 and "dist.new_group([0, 1])" in str(e.value)
+    assert "rank 1 never arrived" in str(e.value)

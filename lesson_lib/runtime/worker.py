@@ -21,6 +21,7 @@ from typing import Any
 import cloudpickle
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from . import checked, folders, hygiene, output
 from .diagnosis import format_exception, user_frames
@@ -150,8 +151,19 @@ def _join(rank, world_size, backend, init_method, timeout_s, threads, out_q) -> 
         backend, init_method=init_method, rank=rank, world_size=world_size,
         timeout=timedelta(seconds=timeout_s), **kwargs,
     )
+    _default_timeouts(timedelta(seconds=timeout_s))
     set_context(WorkerContext(rank, world_size, backend, device, timeout_s, threads,
                               oversubscribed(world_size, threads, backend), out_q))
+
+
+def _default_timeouts(timeout: timedelta) -> None:
+    """Groups made later (``new_group``, DeviceMesh's, ``monitored_barrier``) wait as long as the
+    cluster's own group, not torch's default 30 min: ``new_group`` called on some ranks only would
+    otherwise hang there for half an hour. torch reads these module globals when a call passes no
+    ``timeout``; a torch without them keeps its default."""
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):
+        if isinstance(getattr(c10d, name, None), timedelta):
+            setattr(c10d, name, timeout)
 
 
 def worker_main(rank, world_size, backend, init_method, timeout_s, threads, job_q, out_q, parent_pid,
