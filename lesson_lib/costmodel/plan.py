@@ -6,6 +6,7 @@ in it. :mod:`.planner` turns a Plan into memory, step time and days.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .compute import RECOMPUTE
@@ -33,9 +34,26 @@ MILESTONE_PLANS = {
 # bandwidth and latency, and the tensor-parallel collectives on the node's link (chapter 8).
 # context and expert: chapter 8's context-parallel K/V exchange and expert-parallel all-to-alls.
 TERMS = ("compute", "bubble", "bandwidth", "latency", "tensor", "context", "expert")
-# Dense FP8 tensor-core peak where the device has one (NVIDIA H100 and H200 datasheets: 3,958 TFLOP/s
-# with sparsity, 1,979 dense); the A100 and V100 have no FP8.
-FP8_PEAK_FLOPS = {"h100-sxm": 1979e12, "h200": 1979e12}
+
+
+class _FP8Peaks(Mapping):
+    """Dense FP8 tensor-core peak by device, where it has one (data/devices.csv's fp8_tflops: H100 and
+    H200 1,979 TFLOP/s, B200 4,500, GB200 5,000, each from its datasheet); the A100 and V100 have none."""
+
+    def _table(self) -> dict[str, float]:
+        return {k: d["fp8_flops"] for k, d in devices().items() if d["fp8_flops"]}
+
+    def __getitem__(self, key: str) -> float:
+        return self._table()[key]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+FP8_PEAK_FLOPS = _FP8Peaks()
 
 
 @dataclass(frozen=True)

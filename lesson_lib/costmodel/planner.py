@@ -139,11 +139,11 @@ def step_time(plan: Plan) -> dict:
     tensor -= _hide(plan.tp_overlap, tensor, compute - hidden_share * dp_s)
     kv = 2 * 2 * plan.seq_len * micro * hidden * (plan.kv_heads or heads) / heads / t  # bf16 K and V
     a, b = context_parallel_terms(c, kv, layers / P, m, plan.context_algorithm, full)
-    cp_link = node if t * c <= 8 else net  # a DGX node holds 8 devices
+    cp_link = node if t * c <= dev["domain"] else net  # one NVLink domain: 8 in a DGX, 72 in an NVL72
     context = a * cp_link["alpha"] + b * cp_link["beta"]
     a, b = expert_parallel_terms(plan.expert_parallel if plan.experts else 1, 2 * seq * micro * hidden,
                                  plan.top_k, layers / P, m, full)
-    ep_link = node if t * plan.expert_parallel <= 8 else net
+    ep_link = node if t * plan.expert_parallel <= dev["domain"] else net
     expert = a * ep_link["alpha"] + b * ep_link["beta"]
     out = {"compute": compute, "bubble": bubble, "bandwidth": bw, "latency": lat, "tensor": tensor,
            "context": context, "expert": expert, **f}

@@ -90,9 +90,13 @@ def zero_traffic(params: float, world_size: int, stage: int, element_size: int =
 
 
 def devices() -> dict[str, dict]:
-    """Accelerators by id (data/devices.csv): peak dense bf16 FLOP/s, memory bytes, source."""
+    """Accelerators by id (data/devices.csv): peak dense bf16 FLOP/s, dense FP8 FLOP/s (None without
+    FP8), memory bytes, HBM bytes/s, the GPUs one NVLink domain holds (8 in a DGX/HGX server, 72 in a
+    GB200 NVL72), source."""
     return {r["id"]: {"name": r["name"], "peak_flops": float(r["peak_tflops"]) * 1e12,
-                      "memory": float(r["memory_gb"]) * 1e9, "source": r["source"]}
+                      "fp8_flops": float(r["fp8_tflops"]) * 1e12 if r["fp8_tflops"] else None,
+                      "memory": float(r["memory_gb"]) * 1e9, "hbm_bytes_per_s": float(r["hbm_tbs"]) * 1e12,
+                      "domain": int(r["nvlink_domain"]), "source": r["source"]}
             for r in read_csv("devices.csv")}
 
 
