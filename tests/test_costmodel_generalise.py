@@ -56,3 +56,30 @@ def test_a_gb200_nvl72_keeps_context_parallel_traffic_on_nvlink_where_a_dgx_cann
     b, a = 8 * 2 * 7 / 8 * kv, 8 * 2 * 7
     assert nvl["context"] == pytest.approx(a * 2e-6 + b / 900e9, rel=1e-9)
     assert dgx["context"] == pytest.approx(a * 5e-6 + b / 50e9, rel=1e-9)
+
+
+def test_an_untied_input_embedding_is_a_lookup_not_a_matmul():
+    # PaLM's MFU (Chowdhery et al. 2022, App. B) counts 6·N matmul FLOPs per token; an untied input
+    # embedding's V·h parameters are a table lookup. Llama 3 405B's shape: L = 126, h = 16,384, V = 128,000,
+    # s = 8,192 (Dubey et al. 2024, Table 3), 405e9 parameters with both V·h tables.
+    L, h, V, s, psi = 126, 16384, 128000, 8192, 405e9
+    base = dict(params=psi, tokens=1e12, devices=8, layers=L, hidden=h, heads=128, seq_len=s, vocab=V,
+                batch_tokens=8 * s, recompute="none", efficiency=0.5)
+    untied = cm.flops(cm.Plan(**base, tied_embeddings=False))
+    tied = cm.flops(cm.Plan(**base))
+    by_hand = (6 * (405e9 - 128000 * 16384) + 12 * 126 * 16384 * 8192) * 8 * 8192
+    assert untied["model_flops"] == pytest.approx(by_hand, rel=1e-12)
+    assert untied["hardware_flops"] == pytest.approx(by_hand, rel=1e-12)  # nothing recomputed
+    assert tied["model_flops"] - untied["model_flops"] == pytest.approx(6 * V * h * 8 * 8192, rel=1e-9)
+    # full recomputation repeats the layers' forward, 2·(N − V·h): neither the lookup nor the head
+    full = cm.flops(cm.Plan(**{**base, "recompute": "full"}, tied_embeddings=False))
+    assert full["hardware_flops"] - untied["hardware_flops"] == pytest.approx(
+        (2 * (405e9 - 2 * V * h) + 4 * L * h * s) * 8 * 8192, rel=1e-12)
+    with pytest.raises(ValueError, match="tied_embeddings"):
+        cm.Plan(**{**base, "vocab": 0}, tied_embeddings=False).validate()
+
+
+def test_the_llama_rows_are_untied_and_count_their_lookup_out():
+    for case in ("llama3-405b-8k", "deepseek-v3", "llama-65b"):
+        assert cm.published_plan(case).tied_embeddings is False, case
+    assert cm.published_plan("gpt-1t").tied_embeddings is True  # Megatron's GPT ties them (SC21)

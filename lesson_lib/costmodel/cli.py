@@ -41,6 +41,9 @@ def cli_estimate(argv: list[str]) -> int:
                    help="activation recomputation (Korthikanti et al. 2022)")
     p.add_argument("--precision", choices=("bf16", "fp8"), help="the matmuls' precision (fp8: H100/H200)")
     p.add_argument("--context-algorithm", dest="context_algorithm", choices=("all-gather", "ring"))
+    p.add_argument("--untied-embeddings", dest="tied_embeddings", action="store_false", default=None,
+                   help="the input embedding is a table of its own (Llama, Nemotron-4): its V·h lookup is "
+                   "not counted as a matmul (PaLM's MFU); needs --vocab")
     for flag, what in (("sequence-parallel", "sequence parallelism over the tensor-parallel ranks "
                         "(Korthikanti et al. 2022)"), ("flash-attention", "no s×s attention scores "
                         "stored (Dao et al. 2022)"), ("attention-flops", "count attention's FLOPs "
@@ -56,7 +59,8 @@ def cli_estimate(argv: list[str]) -> int:
             p.error(f"{name} is required (or give --published NAME)")
     layout = {"data", "chunks", "micro_batch", "seq_len", "recompute", "flash_attention", "context",
               "experts", "expert_parallel", "active_params", "precision", "tp_overlap", "zero", "heads",
-              "top_k", "kv_heads", "vocab", "context_algorithm", "attention_flops"}
+              "top_k", "kv_heads", "vocab", "context_algorithm", "attention_flops",
+              "tied_embeddings"}
     options = {k: v for k, v in vars(args).items() if v is not None and k not in (
         "params", "tokens", "devices", "milestone", "json", "published", "data")}
     devices_n = args.devices

@@ -92,6 +92,7 @@ class Plan:
     flash_attention: bool = False      # attention's s×s scores never stored (Dao et al., 2022)
     attention_flops: bool = True       # count attention's 12·L·h·s FLOPs per token (SC21 Eq. 3)
     vocab: int = 0                     # V, for SC21 Eq. 3's logit layer (0: inside Ψ, not split out)
+    tied_embeddings: bool = True       # input embedding = output head (GPT); False: Llama, Nemotron-4
     tp_overlap: float = 0.0            # share of tensor-parallel communication hidden behind compute
     context: int = 1                   # c, context-parallel ranks: each holds s/c of every sequence
     context_algorithm: str = "all-gather"  # all-gather (Llama 3) | ring (ring attention)
@@ -141,6 +142,14 @@ class Plan:
         """Parameters each token meets: ``active_params``, or all of them for a dense model."""
         return self.active_params or self.params
 
+    @property
+    def matmul_params(self) -> float:
+        """The parameters a token meets in a matmul: :attr:`active` less the input embedding when it is
+        a table of its own (untied, V·h): a lookup, not a matmul, so PaLM's MFU leaves it out of 6·N
+        (Chowdhery et al., 2022, App. B). Tied, the one V·h matrix is the head's matmul and stays."""
+        _, hidden, _ = self.shape()
+        return self.active - (0 if self.tied_embeddings else self.vocab * hidden)
+
     def validate(self) -> "Plan":
         for name in ("params", "tokens", "batch_tokens", "batch_scale", "compression", "efficiency",
                      "host_gb"):
@@ -172,6 +181,11 @@ class Plan:
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.comm == "ps" and (self.zero or self.pipeline > 1):
             raise ValueError("comm='ps' models chapter 1's parameter server: use it with zero=0, pipeline=1")
+        if not isinstance(self.tied_embeddings, bool):
+            raise ValueError(f"tied_embeddings must be True or False, got {self.tied_embeddings!r}")
+        if not self.tied_embeddings and not self.vocab:
+            raise ValueError("tied_embeddings=False needs vocab (the input embedding's V·h is left out of "
+                             "the matmul FLOPs)")
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
         if isinstance(self.extra_steps, bool) or not isinstance(self.extra_steps, (int, float)) \
@@ -249,7 +263,8 @@ def published_plan(case: str, **options) -> Plan:
                   zero=int(num("zero", 0)), overlap=num("overlap", 0.0), tp_overlap=num("tp_overlap", 0.0),
                   batch_tokens=batch, seq_len=int(p["seq_len"]), layers=int(p["layers"]),
                   hidden=int(p["hidden"]), heads=int(p["heads"]), kv_heads=int(num("kv_heads", 0)),
-                  vocab=int(num("vocab", 0)), recompute=recompute,
+                  vocab=int(num("vocab", 0)), tied_embeddings=bool(num("tied_embeddings", 1)),
+                  recompute=recompute,
                   sequence_parallel=bool(num("sequence_parallel", 0)),
                   flash_attention=bool(num("flash_attention", 0)), attention_flops=True,
                   experts=int(num("experts", 0)), expert_parallel=int(num("expert_parallel", 1)),

@@ -77,11 +77,13 @@ def memory(plan: Plan) -> dict:
 
 def flops(plan: Plan) -> dict:
     """FLOPs of one step on three bases: ``flops`` k·Ψ per token (6, 8 under full recomputation;
-    chapter 7's first model), ``model_flops`` PaLM's 6·Ψ + 12·L·h·s, and ``hardware_flops``, what the
+    chapter 7's first model), ``model_flops`` PaLM's 6·N + 12·L·h·s (N: the matmuls' parameters, an
+    untied input embedding left out), and ``hardware_flops``, what the
     compute term executes: model FLOPs plus recomputation, attention counted only with
     ``attention_flops`` (SC21 Eq. 3's basis; without it the k·Ψ count)."""
     layers, hidden, _ = plan.shape()
-    tokens, psi, policy = plan.batch_tokens * plan.batch_scale, plan.active, plan.recompute_policy
+    # Ψ of the matmuls: an untied input embedding is a lookup (PaLM's MFU, Chowdhery et al. 2022, App. B)
+    tokens, psi, policy = plan.batch_tokens * plan.batch_scale, plan.matmul_params, plan.recompute_policy
     attention = plan.attention_flops
     base = model_flops_per_token(psi, layers, hidden, plan.seq_len) if attention else 6 * psi
     extra = recompute_flops_per_token(policy, psi, layers, hidden, plan.seq_len, plan.vocab, attention)
