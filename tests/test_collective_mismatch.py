@@ -167,6 +167,21 @@ def test_another_dtype_is_named():
     assert "rank 0's tensor is float32, rank 1's float64" in head, head
 
 
+@_cell
+def to_a_rank_that_does_not_exist(kind, peer):
+    if dist.get_rank() == 1:
+        getattr(dist, kind)(torch.ones(3), peer)
+
+
+@pytest.mark.parametrize("kind, peer, words", [("send", 2, "dist.send(..., dst=2): there is no rank 2"),
+                                               ("recv", -1, "dist.recv(..., src=-1): there is no rank -1")])
+def test_a_send_or_recv_to_a_rank_that_does_not_exist_is_refused_not_a_crash(kind, peer, words):
+    # bug caught: Gloo killed the sending rank with SIGSEGV and no word of why
+    with pytest.raises(WorkerError) as info:
+        warm_cluster(2).run(to_a_rank_that_does_not_exist, kind, peer, timeout_s=30)
+    assert info.value.rank == 1 and words in str(info.value), str(info.value)
+
+
 def test_another_reduction_on_one_rank_is_named():
     # bug caught: SUM on three ranks and MAX on one returned a wrong result with no word
     with pytest.raises(WorkerMismatch) as info:

@@ -300,7 +300,7 @@ def test_fit_requires_the_integer_stage(answer, ok):
 
 
 def gpipe(stage, xs, ys, scale=True, backwards=None, grad_back=True, requires_grad=True, count=None,
-          divide=None):
+          divide=None, last_sends=False):
     """The reference GPipe stage, with one thing changed at a time (the wrong answers below)."""
     k, P = dist.get_rank(), dist.get_world_size()
     last = P - 1
@@ -312,7 +312,7 @@ def gpipe(stage, xs, ys, scale=True, backwards=None, grad_back=True, requires_gr
             if requires_grad:
                 xs[i].requires_grad_()
         out = stage(xs[i])
-        if k < last:
+        if k < last or last_sends:
             dist.send(out.detach(), k + 1)
         outs.append(out)
     for i in (backwards or range)(n):
@@ -338,6 +338,10 @@ def test_gpipe_rejects_an_answer_right_at_one_world_size_only():
 
 def gpipe_reverse_backwards(stage, xs, ys):  # also correct: backwards in any order sum the same
     gpipe(stage, xs, ys, backwards=lambda n: reversed(range(n)))
+
+
+def gpipe_last_stage_sends_on(stage, xs, ys):  # to rank P, which does not exist (Gloo: SIGSEGV)
+    gpipe(stage, xs, ys, last_sends=True)
 
 
 def gpipe_unscaled(stage, xs, ys):
@@ -377,6 +381,7 @@ def test_gpipe_accepts_another_correct_order():
 
 @pytest.mark.parametrize("answer, words", [
     (gpipe_unscaled, "M times too large"),
+    (gpipe_last_stage_sends_on, "there is no rank 4"),
     # catches: a last-stage bug told "stage 0's gradients differ; stages after it agree"
     (gpipe_last_stage_halves_the_loss, "(last) differs by up to"),
     (gpipe_last_stage_halves_the_loss, "Look first at the last stage"),

@@ -121,6 +121,8 @@ def _checked(method, name: str):
     code = OPS.index(kind)
 
     def checked(group, *args, **kwargs):
+        if kind in ("send", "recv"):
+            _peer_exists(kind, group, args, kwargs)
         ledger = _S["ledger"]
         if ledger is None or not _S["job"] or (_S.get("p2p_off") and kind in ("send", "recv")):
             return method(group, *args, **kwargs)
@@ -136,6 +138,21 @@ def _checked(method, name: str):
     checked.__name__ = checked.__qualname__ = name
     checked.__doc__ = method.__doc__
     return checked
+
+
+def _peer_exists(kind: str, group, args: tuple, kwargs: dict) -> None:
+    """Gloo crashes the process (SIGSEGV) on a send or receive to a rank the group does not have:
+    the last stage of a pipeline sending on to rank P, say. Refuse it with the reason."""
+    a = (*args, *kwargs.values()) if kwargs else args
+    try:
+        peer, n = int(a[1]), group.size()
+    except Exception:  # a spelling not foreseen: left to torch
+        return
+    if not 0 <= peer < n:
+        to = "dst" if kind == "send" else "src"
+        raise ValueError(f"dist.{kind}(..., {to}={peer}): there is no rank {peer}; the ranks of this "
+                         f"group are 0 to {n - 1}. (Is it the last rank sending on, or the first "
+                         "receiving from before it?)")
 
 
 def _post_and_compare(ledger: Ledger, key: str, parties, code: int, sig: tuple, where: bytes, group) -> None:
