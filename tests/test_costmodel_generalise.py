@@ -83,3 +83,56 @@ def test_the_llama_rows_are_untied_and_count_their_lookup_out():
     for case in ("llama3-405b-8k", "deepseek-v3", "llama-65b"):
         assert cm.published_plan(case).tied_embeddings is False, case
     assert cm.published_plan("gpt-1t").tied_embeddings is True  # Megatron's GPT ties them (SC21)
+
+
+def test_grouped_query_attention_shrinks_the_keys_and_values_kept():
+    # Korthikanti et al. (2022) keep Q, K and V (2·s·b·h each), the projection's input (2) and the
+    # MLP's 16: 24/t. With a_kv of a heads, K and V are a_kv/a of that: (20 + 4·a_kv/a)/t.
+    s, b, h, a, t = 4096, 1, 18432, 96, 8
+    sbh = s * b * h
+    full = cm.layer_activation_bytes(s, b, h, a, t, True, "none", True)
+    gqa = cm.layer_activation_bytes(s, b, h, a, t, True, "none", True, kv_heads=8)
+    assert full == pytest.approx(sbh * (10 + 24) / 8, rel=1e-12)
+    assert gqa == pytest.approx(sbh * (10 + 20 + 4 * 8 / 96) / 8, rel=1e-12)
+    # without FlashAttention the 5·a·s/(h·t) of the scores stays: the query heads keep their s×s scores
+    assert cm.layer_activation_bytes(s, b, h, a, t, False, "none", False, kv_heads=8) == pytest.approx(
+        sbh * (10 + (20 + 4 / 12) / 8 + 5 * 96 * 4096 / (18432 * 8)), rel=1e-12)
+    # full recomputation keeps only each layer's input
+    assert cm.layer_activation_bytes(s, b, h, a, t, False, "full", False, kv_heads=8) == 2 * sbh
+    with pytest.raises(ValueError, match="kv_heads"):
+        cm.layer_activation_bytes(s, b, h, a, t, kv_heads=97)
+
+
+def test_nemotron4_340b_fits_its_published_layout_on_80_gb():
+    # Nemotron-4 340B (NVIDIA 2024): t = 8, p = 12 with v = 8 (NeMo's recipe), d = 6,144 / 96 = 64,
+    # sequences of 4,096, batch 2,304, micro-batches of 1, sequence parallelism, FlashAttention, 8 K/V heads.
+    e = cm.estimate(cm.published_plan("nemotron4-340b"))
+    mem = e["memory"]
+    shard = 341.0e9 / (12 * 8)                       # parameters per GPU
+    states = 2 * shard + 2 * shard + 12 * shard / 64  # bf16 weights and grads, Adam sharded over d (ZeRO-1)
+    m = 2304 / 64                                    # 36 micro-batches per replica
+    held = 96 / 12 * min(12, m) * (1 + 11 / (12 * 8))  # interleaved 1F1B: L·(1 + (P−1)/(P·v)) layer-batches
+    per_layer = 4096 * 18432 * (10 / 8 + (20 + 4 * 8 / 96) / 8)
+    assert mem["params"] + mem["grads"] + mem["optimizer"] == pytest.approx(states, rel=1e-12)
+    assert mem["activations"] == pytest.approx(held * per_layer, rel=1e-12)
+    assert (states + held * per_layer) / 1e9 == pytest.approx(45.5, abs=0.05) and e["fits"]
+    # the GQA term alone is 3.7 GB here: every K/V head kept would be 34.3 GB of activations, not 30.6
+    assert held * 4096 * 18432 * (10 / 8 + 24 / 8) / 1e9 == pytest.approx(34.3, abs=0.05)
+    # the assumption that decides it: without the distributed optimizer Adam's 12 bytes stay whole
+    no_zero = cm.memory(cm.published_plan("nemotron4-340b", zero=0))
+    assert no_zero["total"] == pytest.approx(16 * shard + held * per_layer, rel=1e-12) and not no_zero["fits"]
+
+
+def test_kv_heads_move_no_flop_at_a_given_shape_and_widen_a_shape_derived_from_psi():
+    # 6·Ψ counts the parameters the model has; GQA's smaller K/V projections are already in a given Ψ.
+    base = dict(params=70e9, tokens=1e12, devices=8, layers=80, hidden=8192, heads=64, seq_len=4096,
+                batch_tokens=8 * 4096, recompute="none", efficiency=0.5)
+    assert cm.flops(cm.Plan(**base, kv_heads=8)) == cm.flops(cm.Plan(**base))
+    # with only the layers given, h comes from Ψ = (10 + 2·a_kv/a)·L·h² (Q and O h² each, K and V a_kv/a·h²,
+    # the MLP 8·h²): 8 of 64 heads widen h from √(70e9 / (12·80)) = 8,539 to √(70e9 / (10.25·80)) = 9,239
+    derived = dict(base, hidden=0)
+    assert cm.Plan(**derived).shape()[1] == round((70e9 / (12 * 80)) ** 0.5) == 8539
+    assert cm.Plan(**derived, kv_heads=8).shape()[1] == round((70e9 / (10.25 * 80)) ** 0.5) == 9239
+    flops = {k: cm.flops(cm.Plan(**derived, kv_heads=k))["model_flops"] for k in (0, 8)}
+    wide = flops[8] - flops[0]
+    assert wide == pytest.approx(12 * 80 * (9239 - 8539) * 4096 * 8 * 4096, rel=1e-12)  # attention's 12·L·h·s

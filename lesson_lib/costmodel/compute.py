@@ -50,7 +50,7 @@ def utilisation(flops_per_step: float, step_s: float, devices: int, peak_flops: 
 
 def layer_activation_bytes(seq: int, micro: float, hidden: int, heads: int, tensor: int = 1,
                            sequence_parallel: bool = False, policy: str = "none",
-                           flash_attention: bool = False) -> float:
+                           flash_attention: bool = False, kv_heads: int = 0) -> float:
     """One layer's saved 16-bit activations per micro-batch (Korthikanti et al., 2022, Table 2):
 
     ======================  ===========================
@@ -61,15 +61,22 @@ def layer_activation_bytes(seq: int, micro: float, hidden: int, heads: int, tens
 
     Selective recomputation drops the 5·a·s/h of attention's scores, softmax and dropout; FlashAttention
     never writes the s×s scores to memory either (Dao et al., 2022: memory linear in s), so with it
-    the term is gone under every policy."""
+    the term is gone under every policy.
+
+    Grouped-query attention (Ainslie et al., 2023) with ``kv_heads`` = a_kv < a: of the 24/t, the
+    keys and values attention keeps (2·s·b·h each, Korthikanti's count) shrink to a_kv/a of that, so
+    24/t becomes (20 + 4·a_kv/a)/t; the queries, the projection's input and the MLP's 16/t stay."""
     if policy not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {policy!r}")
+    if not 0 <= kv_heads <= heads:
+        raise ValueError(f"kv_heads must be between 0 (= heads) and heads = {heads}, got {kv_heads!r}")
     sbh = seq * micro * hidden
     if policy == "full":
         return 2 * sbh / (tensor if sequence_parallel else 1)
     between = 10 / tensor if sequence_parallel else 10
     scores = 0.0 if (policy == "selective" or flash_attention) else 5 * heads * seq / (hidden * tensor)
-    return sbh * (between + 24 / tensor + scores)
+    kv = (kv_heads or heads) / heads  # K and V at a_kv/a of the queries' size
+    return sbh * (between + (20 + 4 * kv) / tensor + scores)
 
 
 def pipeline_layers_held(layers: int, stages: int, microbatches: float, chunks: int = 1) -> float:

@@ -104,12 +104,19 @@ class Plan:
     precision: str = "bf16"            # bf16 | fp8 (the matmuls at the FP8 peak: a bound)
 
     def shape(self) -> tuple[int, int, int]:
-        """(layers, hidden, heads): given, or GPT-3's aspect (h = 128·L) from Ψ = 12·L·h²."""
+        """(layers, hidden, heads): given, or GPT-3's aspect (h = 128·L) from Ψ = 12·L·h². Given the
+        layers and not h, h comes from Ψ = (10 + 2·a_kv/a)·L·h²: grouped-query attention's K and V
+        projections hold a_kv/a of h² each (Ainslie et al., 2023), so fewer K/V heads mean a wider h
+        for the same Ψ, and more attention FLOPs (12·L·h·s) and activations per token."""
         layers = self.layers or max(1, round((self.params / (12 * 128**2)) ** (1 / 3)))
         if self.hidden:
             hidden = self.hidden
         elif self.layers:
-            hidden = max(1, round((self.params / (12 * layers)) ** 0.5))
+            per_layer = 12.0
+            if self.kv_heads:  # a = given heads, or h/128 at the 12·L·h² width
+                heads = self.heads or max(1, round((self.params / (12 * layers)) ** 0.5) // 128)
+                per_layer = 10 + 2 * min(self.kv_heads, heads) / heads
+            hidden = max(1, round((self.params / (per_layer * layers)) ** 0.5))
         else:
             hidden = 128 * layers
         return layers, hidden, self.heads or max(1, hidden // 128)
@@ -239,6 +246,8 @@ class Plan:
             raise ValueError("expert_parallel needs experts (a mixture-of-experts model)")
         if self.experts and self.top_k > self.experts:
             raise ValueError(f"top_k={self.top_k} is more than the {self.experts} experts")
+        if self.kv_heads > self.shape()[2]:
+            raise ValueError(f"kv_heads={self.kv_heads} is more than the {self.shape()[2]} attention heads")
         if self.precision not in ("bf16", "fp8"):
             raise ValueError(f"precision must be 'bf16' or 'fp8', got {self.precision!r}")
         if self.precision == "fp8" and self.device not in FP8_PEAK_FLOPS:

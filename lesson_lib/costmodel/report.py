@@ -43,7 +43,10 @@ def assumptions(plan: Plan) -> list[str]:
         "none is; Megatron-Core's tp_comm_overlap hides part of them, chapter 8)",
         "memory: 2 + 2 + 12 bytes per parameter (bf16 weights and gradients, fp32 Adam; "
         "Rajbhandari et al. 2020), activations s·b·h·(10 + 24/t + 5as/(ht)) per layer "
-        "(Korthikanti et al. 2022)" + {"full": "; recomputing, only each layer's input, 2·s·b·h bytes"
+        "(Korthikanti et al. 2022)"
+        + (f", with {plan.kv_heads} K/V heads of {heads}: 24/t → (20 + 4·{plan.kv_heads}/{heads})/t "
+           "(grouped-query attention)" if plan.kv_heads and plan.kv_heads != heads else "")
+        + {"full": "; recomputing, only each layer's input, 2·s·b·h bytes"
                                        + (" over t" if plan.sequence_parallel else ", not divided by t "
                                           "(no sequence parallelism)"),
                                        "selective": "; selective recomputation: without the 5as/(ht) of "
