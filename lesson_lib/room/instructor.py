@@ -19,6 +19,7 @@ from . import place, ring, server, steps
 from .rank import RankContext, describe, end_world, say_error, start_world
 
 POLL_S = 0.1
+SETTLE_S = 5.0  # how long a round waits for the last one's members to report idle
 START_MARGIN_S = 15.0  # a round's deadline: the collective timeout plus this for starting worlds
 ACTIVITIES = {"ring": "learners only", "server": "instructor is rank 0", "steps": "learners only"}
 MIN_MEMBERS = {"ring": 2, "server": 1, "steps": 1}
@@ -90,6 +91,13 @@ class Room:
             out[name] = "ready" if ready else "in a round"
         return out
 
+    def _settle(self, timeout_s: float = SETTLE_S) -> None:
+        """Let the last round's members finish tidying up (their world closed, marked idle), bounded:
+        one still busy after ``timeout_s`` sits this round out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and "in a round" in self.learners().values():
+            time.sleep(0.02)
+
     def ready(self) -> list[str]:
         return [n for n, s in self.learners().items() if s == "ready"]
 
@@ -99,6 +107,7 @@ class Room:
             raise ValueError(f"no activity {activity!r}: one of {sorted(ACTIVITIES)}")
         if not self._finalizer.alive:
             raise RuntimeError(f"room {self.name!r} is closed")
+        self._settle()
         members = self.ready()[: size or self.size or None]
         if len(members) < MIN_MEMBERS[activity]:
             raise RuntimeError(f"{activity} needs {MIN_MEMBERS[activity]} ready learners; ready now: "

@@ -51,7 +51,7 @@ def make_folder(name: str, base: Path | None = None) -> Path:
     ``base`` is made 1777 (like /tmp) if missing; a base or room owned by someone else is refused,
     so another local user cannot plant a room for learners to join.
     """
-    base = base or rooms_dir()
+    base = Path(base or rooms_dir())
     base.mkdir(mode=0o755, parents=True, exist_ok=True)
     if base.stat().st_uid not in (0, os.geteuid()):
         raise PermissionError(f"{base} belongs to uid {base.stat().st_uid}: set LESSON_ROOMS elsewhere")
@@ -79,7 +79,7 @@ def make_folder(name: str, base: Path | None = None) -> Path:
 def find_folder(name: str, base: Path | None = None) -> Path:
     """The folder of an open room, checked: not writable by the world, owned by root or by a member
     of the workshop group, or by this user."""
-    folder = (base or rooms_dir()) / check_name("room", name)
+    folder = Path(base or rooms_dir()) / check_name("room", name)
     try:
         st = folder.stat()
     except FileNotFoundError:
