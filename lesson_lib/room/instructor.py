@@ -92,10 +92,15 @@ class Room:
         return out
 
     def _settle(self, timeout_s: float = SETTLE_S) -> None:
-        """Let the last round's members finish tidying up (their world closed, marked idle), bounded:
-        one still busy after ``timeout_s`` sits this round out."""
+        """Let the last round's members who reported finish tidying up (world closed, marked idle),
+        bounded: one still busy after ``timeout_s`` sits this round out. A member stuck in their own
+        code never reported, and is not waited for."""
+        if not self.rounds:
+            return
+        reported = set(self.rounds[-1].results)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and "in a round" in self.learners().values():
+        while time.monotonic() < deadline and any(
+                self.learners().get(m) == "in a round" for m in reported):
             time.sleep(0.02)
 
     def ready(self) -> list[str]:

@@ -1,0 +1,105 @@
+"""The room's parts that need no process: the ring's judge, the error a learner's mistake becomes,
+and the room's folder (docs/room.md). The room played by real kernels is tests/test_room_kernels.py.
+
+The ring's judge is checked against a ring simulated here by hand (one loop, no code of the
+room's), at two world sizes, with a step that is right at N = 2 and wrong at N = 3 and 4.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+from lesson_lib.room import place, rank, ring
+
+NAMES = ["ada", "bob", "cy", "dee"]
+
+
+def right(r, n, s):
+    return (r - s) % n, (r - s - 1) % n
+
+
+def right_only_at_two(r, n, s):
+    return (r - s) % n, (r + 1) % n  # (r − 1) and (r + 1) are the same rank when n = 2
+
+
+def simulate(steps: dict, n: int, seed: int = 3) -> dict:
+    """A ring done by hand: every rank's chunks, each step's messages taken before any is added."""
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randint(-9, 10, (n, ring.CHUNK), generator=g).float() for _ in range(n)]
+    held = [x.clone() for x in xs]
+    hops: dict[int, list] = {r: [] for r in range(n)}
+    for s in range(n - 1):
+        plan = [steps[r](r, n, s) for r in range(n)]
+        sent = [held[r][plan[r][0]].clone() for r in range(n)]
+        for r in range(n):
+            hops[r].append({"s": s, "to": (r + 1) % n, "from": (r - 1) % n, "send_i": plan[r][0],
+                            "into_i": plan[r][1], "sent": sent[r].tolist(),
+                            "received": sent[(r - 1) % n].tolist(), "seconds": 0.001, "bytes": 16})
+        for r in range(n):
+            held[r][plan[r][1]] += sent[(r - 1) % n]
+    return {NAMES[r]: {"x": xs[r].flatten().tolist(), "final": held[r].tolist(), "hops": hops[r]}
+            for r in range(n)}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_right_ring_is_right(n):
+    verdict = ring.check(NAMES[:n], simulate({r: right for r in range(n)}, n))
+    assert verdict["ok"], verdict["verdict"]
+    assert len(verdict["hops"]) == n * (n - 1)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_wrong_step_is_named_by_learner(n):
+    culprit = 1
+    steps = {r: (right_only_at_two if r == culprit else right) for r in range(n)}
+    verdict = ring.check(NAMES[:n], simulate(steps, n))
+    if n == 2:
+        assert verdict["ok"], verdict["verdict"]  # right at N = 2: the judge must not blame it
+        return
+    assert not verdict["ok"] and verdict["wrong"]["learner"] == NAMES[culprit], verdict["verdict"]
+    # bob adds into the wrong chunk at step 0, so his step-1 message is the first wrong one
+    assert verdict["wrong"]["step"] == 1 and f"came from {NAMES[culprit]}" in verdict["verdict"]
+
+
+def test_a_wrong_last_step_is_named_from_what_each_learner_holds():
+    n = 3
+
+    def slips_at_the_end(r, n, s):
+        return (r - s) % n, ((r - s - 1) % n if s < n - 2 else (r - s) % n)
+
+    verdict = ring.check(NAMES[:n], simulate({0: right, 1: right, 2: slips_at_the_end}, n))
+    assert not verdict["ok"] and verdict["wrong"]["learner"] == "cy", verdict["verdict"]
+    assert "ends without chunk 0" in verdict["verdict"]
+
+
+def test_a_learners_error_names_their_line_and_a_peers_failure_is_not_theirs():
+    def my_step(r, n, s):
+        return [0, 1][n]
+
+    try:
+        my_step(0, 4, 0)
+    except IndexError as error:
+        e = rank.describe(error, my_step)
+    assert e["own"] and e["where"]["function"] == "my_step" and e["where"]["code"] == "return [0, 1][n]"
+    assert rank.say_error("bob", e).startswith("bob: IndexError: list index out of range, in my_step line ")
+    peer = rank.describe(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:4242"))
+    assert peer["peer"] and not peer["own"]
+
+
+def test_a_rooms_folder_is_private_and_names_are_checked(tmp_path):
+    folder = place.make_folder("tuesday", tmp_path)
+    mode = stat.S_IMODE(folder.stat().st_mode)
+    assert mode in (0o700, 0o2770) and not mode & stat.S_IRWXO  # the instructor's, or the workshop group's
+    assert not stat.S_IMODE((folder / place.STORE_FILE).stat().st_mode) & stat.S_IRWXO
+    with pytest.raises(FileExistsError, match="already open"):
+        place.make_folder("tuesday", tmp_path)
+    assert place.find_folder("tuesday", tmp_path) == folder
+    with pytest.raises(FileNotFoundError, match="no room 'monday' is open"):
+        place.find_folder("monday", tmp_path)
+    with pytest.raises(ValueError, match="lowercase"):
+        place.check_name("room", "../etc")
+    assert place.alive(os.getpid()) and not place.alive(2**22 + 7)
