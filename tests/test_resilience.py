@@ -250,8 +250,9 @@ def test_a_failed_launch_leaves_nothing(no_orphans):
         raise RuntimeError("no")
 
     before = set(_leftovers())
-    with pytest.raises(RuntimeError, match="died"):
+    with pytest.raises(RuntimeError, match=r"^replica [01]: RuntimeError: no\n") as e:  # its own words
         replicas.run(boom, 2, timeout_s=60)
+    assert 'raise RuntimeError("no")' in str(e.value)  # and its line
     assert set(_leftovers()) <= before
 
 

@@ -130,3 +130,29 @@ def test_ft_diloco_survives_a_death_in_the_first_and_the_last_round(kill, no_orp
     assert next(e for e in res[victim]["log"] if "healed_at" in e)["from"] == other
     assert torch.equal(res[0]["params"], res[1]["params"])
     assert sorted(e["outer_step"] for e in res[other]["log"] if "outer_step" in e) == [0, 1, 2]
+
+
+def test_a_replica_that_raises_is_named_with_its_cell_and_line():
+    # bug caught: a learner's replica job that raised printed its traceback to the kernel's terminal,
+    # at <dynamic-code>, and the notebook got only "replica 1 died (exit code 1)"
+    import linecache
+
+    from lesson_lib.runtime.errors import ReplicaError
+
+    src = ("def bad_replica(replica, n, store_path):\n"
+           "    if replica == 1:\n"
+           "        raise ValueError('my bug on replica 1')\n"
+           "    return replica\n")
+    name = "/nonexistent/cell_42.py"  # as IPython names a cell: a file that is not on disk
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    ns = {"__name__": "__main__"}
+    exec(compile(src, name, "exec"), ns)
+    try:
+        with pytest.raises(ReplicaError) as e:
+            replicas.run(ns["bad_replica"], 2, timeout_s=60)
+    finally:
+        linecache.cache.pop(name, None)
+    msg = str(e.value)
+    assert e.value.rank == 1 and msg.startswith("replica 1: ValueError: my bug on replica 1"), msg
+    assert 'cell_42.py", line 3' in msg and "raise ValueError('my bug on replica 1')" in msg, msg
+    assert "<dynamic-code>" not in msg

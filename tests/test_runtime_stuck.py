@@ -180,3 +180,24 @@ def test_new_group_on_some_ranks_only_ends_within_the_cluster_timeout():
     assert time.monotonic() - start < 3 + 20  # the timeout, and start-up on a busy machine
     assert e.value.rank == 0 and "dist.new_group([0, 1])" in str(e.value)
     assert "rank 1 never arrived" in str(e.value)
+
+
+def test_a_cell_function_passed_to_a_library_job_keeps_its_lines_in_the_traceback():
+    # bug caught: a checker runs the learner's function as an argument of an importable job; the cells'
+    # lines travelled only with a cell's own job, so the rank's traceback could not quote the line
+    import linecache
+
+    from lesson_lib.chapters.ch02_exercises import run_reduce_scatter
+
+    src = ("def my_reduce_scatter(chunks):\n"
+           "    raise ValueError('my bug in the ring')\n")
+    name = "/nonexistent/cell_43.py"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    ns = {"__name__": "__main__"}
+    exec(compile(src, name, "exec"), ns)
+    try:
+        with Cluster(2) as c, pytest.raises(WorkerError) as e:
+            c.run(run_reduce_scatter, ns["my_reduce_scatter"], 8, 0, timeout_s=60)
+    finally:
+        linecache.cache.pop(name, None)
+    assert "raise ValueError('my bug in the ring')" in str(e.value), str(e.value)

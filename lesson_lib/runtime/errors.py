@@ -6,22 +6,31 @@ from __future__ import annotations
 class WorkerError(RuntimeError):
     """A worker failed; ``rank`` names it and ``remote_traceback`` carries its traceback."""
 
+    unit = "rank"  # what the failed process is to the learner
+
     def __init__(self, rank: int, message: str, remote_traceback: str = "", others: tuple = ()):
         self.rank = rank
         self.remote_traceback = remote_traceback
         self.other_failed_ranks = tuple(others)
-        text = f"rank {rank}: {message}"
+        unit = self.unit
+        text = f"{unit} {rank}: {message}"
         if others:
-            who = f"rank {others[0]}" if len(others) == 1 else f"ranks {', '.join(map(str, others))}"
+            who = f"{unit} {others[0]}" if len(others) == 1 else f"{unit}s {', '.join(map(str, others))}"
             text += f" ({who} failed after it)"
         if remote_traceback:
-            text += f"\n\n--- traceback from rank {rank} ---\n{remote_traceback}"
+            text += f"\n\n--- traceback from {unit} {rank} ---\n{remote_traceback}"
         super().__init__(text)
 
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of a traceback through the runtime's polling loop: the
         # learner needs the rank and *its* traceback (which ends in their own cell), not ours.
         return [f"{type(self).__name__}: {self}"]
+
+
+class ReplicaError(WorkerError):
+    """A replica group's process raised (chapter 10's replicas, :mod:`.replicas`); ``rank``: the replica."""
+
+    unit = "replica"
 
 
 class WorkerTimeout(WorkerError):

@@ -91,7 +91,10 @@ def pack_job(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> byte
     """
     if not callable(fn):
         raise TypeError(f"Cluster.run needs a function to run on every rank, got {fn!r}")
-    lines = {} if importable(fn) else cell_sources()
+    # a cell's lines travel with any function of a cell: the job's, or one passed to it (a checker
+    # runs the learner's function on the ranks), so that the rank's traceback quotes them
+    cells = [f for f in (fn, *args, *(kwargs or {}).values()) if callable(f) and not isinstance(f, type)]
+    lines = cell_sources() if any(not importable(f) for f in cells) else {}
     try:
         return dumps((fn, tuple(args), dict(kwargs or {}), lines))
     except Exception as e:

@@ -25,7 +25,10 @@ import threading
 import time
 from typing import Any, Callable
 
-import cloudpickle
+from .diagnosis import format_exception, relabel_cells
+from .errors import ReplicaError
+from .failures import exception_line
+from .pickling import install_sources, pack_job
 
 ENV = {"GLOO_SOCKET_IFNAME": "lo", "RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}  # loopback, quiet torchft
 
@@ -37,14 +40,31 @@ def _main(folder: str, replica: int, n: int, env: dict, spare: bool = False) -> 
 
     torch.set_num_threads(1)
     with open(os.path.join(folder, "job.pkl"), "rb") as f:
-        job, args = pickle.load(f)  # imports what the job needs, before a spare waits
+        job, args, _, lines = pickle.load(f)  # imports what the job needs, before a spare waits
+    install_sources(lines)  # a notebook cell's lines, for the traceback below
     go = os.path.join(folder, f"go_{replica}")
     while spare and not os.path.exists(go):
         time.sleep(0.005)
-    out = job(replica, n, os.path.join(folder, "store"), *args)
+    try:
+        out = job(replica, n, os.path.join(folder, "store"), *args)
+    except BaseException as e:  # the launcher raises it in the notebook, naming this replica
+        tmp = os.path.join(folder, f"error_{replica}.tmp")
+        with open(tmp, "w") as f:
+            f.write(format_exception(e))
+        os.replace(tmp, os.path.join(folder, f"error_{replica}.txt"))
+        raise
     tmp = os.path.join(folder, f"result_{replica}.tmp")
     torch.save(out, tmp)
     os.replace(tmp, os.path.join(folder, f"result_{replica}.pt"))
+
+
+def _raise_if_it_raised(folder: str, replica: int) -> None:
+    """A replica that died of an exception (not a kill): its traceback, as the notebook's error."""
+    path = os.path.join(folder, f"error_{replica}.txt")
+    if os.path.exists(path):
+        with open(path) as f:
+            tb = relabel_cells(f.read())
+        raise ReplicaError(replica, exception_line(tb), tb)
 
 
 def _context():
@@ -80,7 +100,7 @@ def run(job: Callable, n: int, *args: Any, restart: tuple[int, ...] = (), restar
     t0 = time.monotonic()
     try:
         with open(os.path.join(folder, "job.pkl"), "wb") as f:
-            cloudpickle.dump((job, args), f)
+            f.write(pack_job(job, args))  # a cell's code keeps its name and lines (not <dynamic-code>)
         import torch.distributed as dist
 
         store = dist.FileStore(os.path.join(folder, "store"), -1)
@@ -104,6 +124,7 @@ def run(job: Callable, n: int, *args: Any, restart: tuple[int, ...] = (), restar
                 if os.path.exists(os.path.join(folder, f"result_{r}.pt")):
                     done.add(r)
                     continue
+                _raise_if_it_raised(folder, r)
                 deaths.append({"replica": r, "exitcode": p.exitcode, "at_s": time.monotonic() - t0})
                 if r not in left:
                     raise RuntimeError(f"replica {r} died (exit code {p.exitcode}) and is not restarted")
