@@ -146,5 +146,5 @@ clean-notebooks:
 # Each notebook is paired with a percent-format script (notebooks/scripts/NN_name.py) by jupytext: edit
 # either (JupyterLab keeps the pair in step when jupytext is installed, as it is here), then sync.
 sync-notebooks: install
-	$(BIN)/jupytext --sync notebooks/[0-9]*.ipynb
+	$(BIN)/jupytext --sync notebooks/[0-9]*.ipynb notebooks/the_room_learner.ipynb
 	$(MAKE) --no-print-directory clean-notebooks

@@ -12,6 +12,7 @@ the rounds run, every listening socket of the room's processes is on loopback (r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -145,7 +146,7 @@ def test_four_kernels_two_users_play_the_room(shared_install):
     os.chmod(base, 0o755)
     kernels: dict[str, LearnerKernel] = {}
     timings: dict[str, float] = {}
-    with learners(USERS) as users:
+    with learners(USERS) as users, _removed(base):
         by_name = {u.pw_name: u for u in users}
         room = rooms.open("t60", base=base / "rooms", timeout_s=10)
         try:
@@ -241,4 +242,11 @@ def test_four_kernels_two_users_play_the_room(shared_install):
             wait_until(f"{u.pw_name}'s processes gone", lambda u=u: not uid_pids(u.pw_uid), 20)
             assert not owned_in("/dev/shm", u.pw_uid)
         assert not (base / "rooms" / "t60").exists()
-    shutil.rmtree(base)
+
+
+@contextlib.contextmanager
+def _removed(folder: Path):
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -10,6 +10,7 @@ discarded), or at the round's deadline, naming whom it waited for and what they 
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 import weakref
@@ -53,8 +54,11 @@ class Room:
     """An open room. ``learners()`` is who has joined; ``run(activity, ...)`` plays one round;
     ``close()`` ends it (also when this kernel exits)."""
 
-    def __init__(self, name: str, size: int | None = None, base=None, timeout_s: float = 20.0):
+    def __init__(self, name: str, size: int | None = None, base=None, timeout_s: float = 20.0,
+                 private: bool = False):
         self.name, self.size, self.timeout_s = name, size, timeout_s
+        if private:  # a rehearsal: a folder of this process's own, removed with the room
+            base = tempfile.mkdtemp(prefix="lesson-room-")
         self.folder = place.make_folder(name, base)
         self.store = place.store(self.folder)
         place.put(self.store, "current", -1)
@@ -62,7 +66,7 @@ class Room:
         self.rounds: list[Round] = []
         self.accepted: list[int] = []
         self.listeners: list = []
-        self._extra: dict = {"rehearsal": None}  # what close() stops too
+        self._extra: dict = {"rehearsal": None, "base": base if private else None}  # close() ends these too
         self._read = 0
         self._finalizer = weakref.finalize(self, _close, self.folder, self.store, self._extra)
 
@@ -260,11 +264,15 @@ def _close(folder, store, extra: dict) -> None:
     if extra.get("rehearsal") is not None:
         extra["rehearsal"].stop()
     place.remove_folder(folder)
+    if extra.get("base"):
+        place.remove_folder(extra["base"])
 
 
-def open_room(name: str, size: int | None = None, base=None, timeout_s: float = 20.0) -> Room:
-    """Open room ``name`` on this server (instructor). ``size`` caps how many take part in a round."""
-    return Room(name, size=size, base=base, timeout_s=timeout_s)
+def open_room(name: str, size: int | None = None, base=None, timeout_s: float = 20.0,
+              private: bool = False) -> Room:
+    """Open room ``name`` on this server (instructor). ``size`` caps how many take part in a round;
+    ``private`` puts it in a temporary folder of this process's own (a rehearsal)."""
+    return Room(name, size=size, base=base, timeout_s=timeout_s, private=private)
 
 
 __all__ = ["ACTIVITIES", "Room", "Round", "open_room"]

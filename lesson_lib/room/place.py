@@ -52,11 +52,12 @@ def make_folder(name: str, base: Path | None = None) -> Path:
     so another local user cannot plant a room for learners to join.
     """
     base = Path(base or rooms_dir())
-    base.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if not base.exists():
+        base.mkdir(mode=0o755, parents=True, exist_ok=True)
+        with contextlib.suppress(PermissionError):
+            os.chmod(base, 0o1777)  # like /tmp: every instructor may open a room, none remove another's
     if base.stat().st_uid not in (0, os.geteuid()):
         raise PermissionError(f"{base} belongs to uid {base.stat().st_uid}: set LESSON_ROOMS elsewhere")
-    with contextlib.suppress(PermissionError):
-        os.chmod(base, 0o1777)
     folder = base / check_name("room", name)
     gid = workshop_gid()
     try:
@@ -107,7 +108,7 @@ def get(s, key: str, default=None):
     return json.loads(s.get(key).decode())
 
 
-def remove_folder(folder: Path) -> None:
+def remove_folder(folder) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 

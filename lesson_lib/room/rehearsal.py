@@ -17,12 +17,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from . import place
 
 JOIN_TIMEOUT_S = 60.0  # starting a process that imports torch: ~2–5 s each on 2 busy cores
-STOP_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 5.0  # told the room closed, a learner exits in ~1 s; then SIGKILL
 
 
 def my_step(rank, n, s):
@@ -87,6 +88,30 @@ class Rehearsal:
             self.kill(name)
         self.start(name)
         self.wait_ready([name])
+
+    def fix(self, name: str) -> None:
+        """The learner corrects their step: a fresh process with the right one."""
+        self.wrong.discard(name)
+        self.rejoin(name)
+
+    def kill_when(self, name: str, step: int = 3, timeout_s: float = 30.0) -> threading.Thread:
+        """SIGKILL ``name`` once their status in the room's current round reaches ``step``: a laptop
+        closed mid-round. Returns the watching thread (``.killed_at``: the time of the kill)."""
+        def watch():
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                r = self.room.rounds[-1] if self.room.rounds else None
+                s = r.statuses.get(name) if r is not None and r.running else None
+                if s and s.get("step", -1) >= step:
+                    watcher.killed_at = time.time()
+                    self.kill(name)
+                    return
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch, daemon=True, name=f"kill {name} at step {step}")
+        watcher.killed_at = None
+        watcher.start()
+        return watcher
 
     def stop(self) -> None:
         deadline = time.monotonic() + STOP_TIMEOUT_S
