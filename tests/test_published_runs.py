@@ -10,19 +10,21 @@ from lesson_lib.costmodel import calibrate
 pytestmark = pytest.mark.ch7
 
 GOAL = 0.15  # the goal for every held-out run: within ±15 % of the published number
-# Runs that miss the goal, each with the band it does hold and the term it misses. The model's one
-# efficiency is the same for every matrix size, so it cannot rise with h/t as SC21 Table 1 and
-# Korthikanti's Table 5 do (in-sample, the 530B and 1T rows are already 10-11 % slow); the
-# interleaving factor v of these runs is not reported (v = 1 assumed), so their bubble may be too large.
+# Runs that miss the goal, each with the band it does hold and the term it misses. The efficiency e(x)
+# now rises with the GEMM shapes (h/t, s, b), which brought Korthikanti's larger runs within the goal but
+# one; what is left is named here.
 MISSES = {
-    "korthikanti-175b-selective": (0.20, "compute: one efficiency for every matrix size"),
-    "korthikanti-530b-full": (0.25, "compute (efficiency rises with h/t) and bubble (v not reported)"),
-    "korthikanti-530b-selective": (0.25, "compute (efficiency rises with h/t) and bubble (v not reported)"),
-    "korthikanti-1t-full": (0.25, "compute (efficiency rises with h/t) and bubble (v not reported)"),
-    "korthikanti-1t-selective": (0.25, "compute (efficiency rises with h/t) and bubble (v not reported)"),
-    # too slow: the model leaves the expert all-to-all exposed where DualPipe hides it behind compute,
-    # and one efficiency (fitted on dense GEMMs of h ≥ 2,304) for 7168 × 2048 expert GEMMs
-    "deepseek-v3": (0.25, "expert all-to-all overlap (DualPipe) and the efficiency of small expert GEMMs"),
+    # too slow: the interleaving v is not reported for Table 5's runs; at v = 1 the bubble (P−1)/M of
+    # 35 stages over 280 micro-batches is 12 % of the compute, which v > 1 would divide
+    "korthikanti-530b-full": (0.20, "bubble: the interleaving v is not reported (v = 1 assumed)"),
+    # too fast: 126 TFLOP/s where SC21 Table 1 reached 163 on the same shape (t 8, p 35): DeepSpeed's
+    # pipeline engine, not Megatron's, and e(x) is fitted on Megatron's runs
+    "mt-nlg-530b": (0.20, "implementation: e(x) is fitted on Megatron's kernels, MT-NLG ran DeepSpeed's"),
+    # too fast: FSDP's gathers assumed hidden (overlap = 1), and 'up to 147' is a best rate, not a mean
+    "opt-175b": (0.20, "exposed FSDP gathers (overlap = 1 assumed) against a best, not a mean, rate"),
+    # too slow: the model leaves the expert all-to-all exposed where DualPipe hides it behind compute, and
+    # prices 7168 × 2048 expert GEMMs with the dense e(x)
+    "deepseek-v3": (0.30, "expert all-to-all overlap (DualPipe) and the efficiency of small expert GEMMs"),
 }
 HELD_OUT = [c for c, p in cm.published().items() if p["use"] == "out-of-sample"]
 
@@ -31,7 +33,7 @@ def test_the_efficiency_is_fitted_once_on_sc21_table_1_alone():
     """Refit on the in-sample set: the stored constant is the fit (to its 3 digits), and no held-out
     run is in that set (the in-sample file has none of their layouts)."""
     fit = calibrate.fit_efficiency()
-    assert round(fit["efficiency"], 3) == cm.CALIBRATED_EFFICIENCY
+    assert round(fit["efficiency"], 3) == cm.CALIBRATED_EFFICIENCY  # the constant, still there to fix
     rows = calibrate.in_sample()
     assert len(rows) == 10 and [r["achieved_tflops_per_device"] for r in rows][-2:] == [163, 163]
     # the in-sample spread, stated: the model is flat where SC21's per-GPU rate rises 137 → 163
@@ -41,7 +43,22 @@ def test_the_efficiency_is_fitted_once_on_sc21_table_1_alone():
         p = cm.published()[case]
         assert (p["tensor"], p["pipeline"], p["devices"]) not in {
             (r["tensor"], r["pipeline"], r["devices"]) for r in rows}
-    assert cm.published_plan("mt-nlg-530b").efficiency == cm.CALIBRATED_EFFICIENCY
+    assert cm.published_plan("mt-nlg-530b").efficiency == "gemm"  # e(x), fitted on the same rows alone
+
+
+def test_the_gemm_shape_efficiency_is_fitted_once_on_sc21_table_1_alone():
+    """e(x) = E·x/(x + k·R): refit on the in-sample set, the stored (E, k) is the fit (to its digits),
+    it halves the constant's squared log error, and it rises with the GEMM size as SC21's MFU does."""
+    from lesson_lib.costmodel.gemm import GEMM_FIT
+
+    fit = calibrate.fit_gemm_efficiency()
+    assert (round(fit["e_max"], 3), round(fit["k"], 2)) == GEMM_FIT == (0.728, 1.64)
+    assert fit["loss"] < 0.55 * fit["constant_loss"]
+    rows = sorted(fit["rows"], key=lambda r: r["intensity"])
+    assert all(a["efficiency"] < b["efficiency"] for a, b in zip(rows, rows[1:]))
+    # in-sample spread, stated: the t = 1 and t = 2 rows (1.7B, 3.6B) stay too fast, by 14 % and 6 %
+    errors = {r["params"]: r["error"] for r in fit["rows"]}
+    assert -0.07 < min(errors.values()) and max(errors.values()) == errors[1.7e9] < 0.14
 
 
 def test_sc21_table_1_is_internally_consistent():

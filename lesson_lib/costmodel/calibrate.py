@@ -102,3 +102,53 @@ def comparison_table(rows: list[dict]) -> str:
                      f"{r['predicted']:>7.4g} {r['error']:>+6.1%} "
                      f"{r['band'][0]:>7.4g}–{r['band'][1]:<7.4g} {r['mfu']:>4.0%} {r['hfu']:>4.0%}")
     return "\n".join(lines)
+
+
+def _in_sample_parts(rows: list[dict]) -> list[tuple]:
+    """Per in-sample row: (compute + bubble at efficiency 1, the rest of the step, hardware FLOPs per
+    device, the paper's TFLOP/s, the GEMM intensity x, the device's ridge R). SC21's plans hide nothing,
+    so the step is (compute + bubble)/e + rest exactly."""
+    from .gemm import plan_intensity, ridge
+
+    parts = []
+    for r in rows:
+        plan = in_sample_plan(r, 1.0)
+        t = estimate(plan)["terms"]
+        scaled = t["compute"] + t["bubble"]
+        parts.append((scaled, t["step"] - scaled, t["hardware_flops"] / plan.devices / 1e12,
+                      r["achieved_tflops_per_device"], plan_intensity(plan), ridge(devices()[plan.device])))
+    return parts
+
+
+def fit_gemm_efficiency(rows: list[dict] | None = None) -> dict:
+    """E and k of e(x) = E·x/(x + k·R) (:mod:`.gemm`) that minimise the squared log error of the modelled
+    TFLOP/s per GPU over ``rows`` (default: the in-sample set, SC21 Table 1): a grid, then nested
+    golden-section searches to 1e-5. Returns E, k, the loss, the constant fit's loss for comparison,
+    and each row's x, efficiency and error."""
+    rows = in_sample() if rows is None else rows
+    parts = _in_sample_parts(rows)
+
+    def modelled(e_max: float, k: float) -> list[float]:
+        return [flops / (scaled / (e_max * x / (x + k * r)) + rest)
+                for scaled, rest, flops, _, x, r in parts]
+
+    def loss(e_max: float, k: float) -> float:
+        return sum(math.log(m / p[3]) ** 2 for m, p in zip(modelled(e_max, k), parts))
+
+    g = (math.sqrt(5) - 1) / 2
+
+    def golden(f, a: float, b: float) -> float:
+        while b - a > 1e-5:
+            c, d = b - g * (b - a), a + g * (b - a)
+            a, b = (a, d) if f(c) < f(d) else (c, b)
+        return (a + b) / 2
+
+    best_k = lambda e_max: golden(lambda k: loss(e_max, k), 0.0, 10.0)
+    e_max = golden(lambda e: loss(e, best_k(e)), 0.3, 1.5)
+    k = best_k(e_max)
+    constant = min(loss(e / 1000, 0.0) for e in range(300, 1001))
+    out = []
+    for r, m, p in zip(rows, modelled(e_max, k), parts):
+        out.append({**r, "intensity": p[4], "efficiency": e_max * p[4] / (p[4] + k * p[5]),
+                    "modelled_tflops": m, "error": m / p[3] - 1})
+    return {"e_max": e_max, "k": k, "loss": loss(e_max, k), "constant_loss": constant, "rows": out}

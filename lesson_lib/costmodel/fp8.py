@@ -19,13 +19,13 @@ from dataclasses import replace
 from .alphabeta import allreduce_terms
 from .parallel import moe_params_per_rank, zero3_terms
 from .plan import FP8_PEAK_FLOPS, Plan
-from .planner import step_time
+from .planner import hideable_share, last_bucket_s, step_time
 from .terms import devices, links, ps_terms
 
 # bytes per parameter: (weights as computed, master weights, gradients, optimizer state)
 STATE_BYTES = {"bf16 mixed precision (ZeRO §3.1)": {"compute copy": 2, "master": 4, "grads": 2, "adam": 8},
                "FP8, torchao float8 (fp32 module)": {"compute copy": 1, "master": 4, "grads": 4, "adam": 8}}
-TERMS = ("compute", "bubble", "bandwidth", "latency", "tensor", "context", "expert")
+TERMS = ("compute", "bubble", "bandwidth", "latency", "tensor", "context", "expert", "sync")
 RECIPES = ("tensorwise", "rowwise")
 
 
@@ -64,11 +64,14 @@ def fp8_step(plan: Plan, matmul_share: float = 1.0, recipe: str = "tensorwise") 
     net = links()[plan.link]
     gain = devices()[plan.device]["peak_flops"] / FP8_PEAK_FLOPS[plan.device]  # 989 / 1979 on H100
     speed = 1 - matmul_share + matmul_share * gain
-    fp8 = dict(bf16, compute=bf16["compute"] * speed, bubble=bf16["bubble"] * speed)
+    fp8 = dict(bf16, **{k: bf16[k] * speed for k in ("compute", "bubble", "sync")})
+    psi = moe_params_per_rank(plan.params, plan.active, plan.experts, plan.top_k, plan.pipeline * plan.tensor,
+                              plan.expert_parallel)
+    last = last_bucket_s(plan, 2 * psi / plan.compression, net) if plan.comm != "ps" else 0.0
 
     def exposed(compute: float, lat: float, nbytes: float) -> tuple[float, float, float]:
         dp_s = lat * net["alpha"] + nbytes * net["beta"]
-        hidden = min(plan.overlap, compute / max(dp_s, 1e-30))  # step_time's rule
+        hidden = hideable_share(plan.overlap, compute, dp_s, last)  # step_time's rule
         return (1 - hidden) * lat * net["alpha"], (1 - hidden) * nbytes * net["beta"], hidden * dp_s
 
     lat_b, bytes_b = _dp_messages(plan, 2)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .compute import RECOMPUTE
-from .terms import CALIBRATED_EFFICIENCY, devices, links, published
+from .terms import devices, links, published
 
 # Every number of a Plan is an input that ``planner.assumptions()`` prints; the devices and links
 # come from data/devices.csv and data/links.csv (a source per row).
@@ -33,7 +33,8 @@ MILESTONE_PLANS = {
 # The step's terms: compute, the pipeline's bubble, the data-parallel (and pipeline, offload) messages'
 # bandwidth and latency, and the tensor-parallel collectives on the node's link (chapter 8).
 # context and expert: chapter 8's context-parallel K/V exchange and expert-parallel all-to-alls.
-TERMS = ("compute", "bubble", "bandwidth", "latency", "tensor", "context", "expert")
+# sync: the wait for the slowest device at each step (jitter; 0 unless a plan says otherwise).
+TERMS = ("compute", "bubble", "bandwidth", "latency", "tensor", "context", "expert", "sync")
 
 
 class _FP8Peaks(Mapping):
@@ -82,7 +83,8 @@ class Plan:
     layers: int = 0                    # 0: from Ψ ≈ 12·L·h² with h = 128·L (GPT-3's shape)
     hidden: int = 0
     heads: int = 0                     # 0: h / 128
-    efficiency: float = CALIBRATED_EFFICIENCY  # share of peak FLOP/s reached (fitted: calibrate.py)
+    efficiency: float | str = "gemm"   # share of peak reached: "gemm", e(x) from the GEMM shapes (gemm.py,
+    #                                    fitted on SC21 Table 1), or a constant (CALIBRATED_EFFICIENCY: 0.549)
     recompute: bool | str = True       # none | selective | full (True: full, False: none)
     overlap: float = 0.0               # share of data-parallel communication hidden behind compute
     offload: bool = False              # ZeRO-Offload: gradients, Adam and its step on the host (Ren 2021)
@@ -101,7 +103,9 @@ class Plan:
     expert_parallel: int = 1           # experts spread over this many ranks (taken from d·c)
     top_k: int = 1                     # experts each token goes to
     active_params: float = 0.0         # parameters each token meets (0: = params, dense)
-    precision: str = "bf16"            # bf16 | fp8 (the matmuls at the FP8 peak: a bound)
+    precision: str = "bf16"            # bf16 | fp8 (the linear layers at the FP8 peak; gemm.py)
+    bucket_params: float = 0.0         # gradients per data-parallel bucket (0: Megatron's max(4e7, 1e6·d·c))
+    jitter: float = 0.0                # σ of each device's compute, as a share of it (stragglers; 0: none)
 
     def shape(self) -> tuple[int, int, int]:
         """(layers, hidden, heads): given, or GPT-3's aspect (h = 128·L) from Ψ = 12·L·h². Given the
@@ -158,8 +162,12 @@ class Plan:
         return self.active - (0 if self.tied_embeddings else self.vocab * hidden)
 
     def validate(self) -> "Plan":
-        for name in ("params", "tokens", "batch_tokens", "batch_scale", "compression", "efficiency",
-                     "host_gb"):
+        if self.efficiency != "gemm" and (isinstance(self.efficiency, (bool, str))
+                                          or not isinstance(self.efficiency, (int, float))
+                                          or not 0 < self.efficiency <= 1):
+            raise ValueError(f"efficiency must be 'gemm' (from the GEMM shapes) or a share of peak in "
+                             f"(0, 1], got {self.efficiency!r}")
+        for name in ("params", "tokens", "batch_tokens", "batch_scale", "compression", "host_gb"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
@@ -204,6 +212,10 @@ class Plan:
         if self.offload and self.zero != 2:
             raise ValueError("offload models ZeRO-Offload, built on ZeRO-2's partitioned gradients and "
                              f"optimizer: use it with zero=2, got zero={self.zero}")
+        for name in ("bucket_params", "jitter"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a number ≥ 0, got {v!r}")
         if not 0 <= self.overlap <= 1:
             raise ValueError(f"overlap must be between 0 and 1, got {self.overlap!r}")
         ways = self.pipeline * self.tensor * self.context
@@ -259,8 +271,8 @@ def published_plan(case: str, **options) -> Plan:
     """The Plan of a published run (data/published.csv): its devices, links, layout (t, p, context,
     chunks, micro-batch, ZeRO), batch, shape, recomputation and attention, experts and precision;
     ``options`` override them.
-    Its efficiency is the one calibrated on the in-sample set (:mod:`.calibrate`), FLOPs on SC21's
-    Eq. 3 basis (attention counted); a run with no tokens is modelled for one step."""
+    Its efficiency is e(x) from its GEMM shapes, calibrated on the in-sample set (:mod:`.gemm`), FLOPs
+    on SC21's Eq. 3 basis (attention counted); a run with no tokens is modelled for one step."""
     p = published()[case]
     num = lambda k, default: default if p.get(k, "") == "" else p[k]
     recompute = "full" if num("recompute", 0) else "selective" if num("selective", 0) else "none"
@@ -278,6 +290,6 @@ def published_plan(case: str, **options) -> Plan:
                   flash_attention=bool(num("flash_attention", 0)), attention_flops=True,
                   experts=int(num("experts", 0)), expert_parallel=int(num("expert_parallel", 1)),
                   top_k=int(num("top_k", 1)), active_params=num("active_params", 0.0),
-                  precision=p.get("precision") or "bf16", efficiency=CALIBRATED_EFFICIENCY)
+                  precision=p.get("precision") or "bf16")
     tokens = num("tokens", batch)
     return Plan(p["params"], tokens, int(p["devices"]), **{**chosen, **options}).validate()

@@ -5,6 +5,7 @@ Formulas are in :mod:`.terms`; the :class:`~.plan.Plan` and each milestone's cha
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from .alphabeta import allreduce_terms
@@ -15,6 +16,7 @@ from .compute import (
     recompute_flops_per_token,
     utilisation,
 )
+from .gemm import compute_terms
 from .parallel import context_parallel_terms, expert_parallel_terms, moe_params_per_rank, zero3_terms
 from .plan import FP8_PEAK_FLOPS, MILESTONE_PLANS, MILESTONES, TERMS, Plan
 from .tensor import tensor_parallel_terms
@@ -94,6 +96,43 @@ def flops(plan: Plan) -> dict:
             "hardware_flops": (base + extra) * tokens}
 
 
+def bucket_params(plan: Plan) -> float:
+    """Gradients per data-parallel bucket: ``plan.bucket_params``, or Megatron-Core's default,
+    max(40,000,000, 1,000,000 × d·c) parameters ("larger DP sizes need larger buckets to ensure
+    collectives do not become latency-bound": ``DistributedDataParallelConfig.bucket_size``,
+    megatron/core/distributed/distributed_data_parallel_config.py)."""
+    return plan.bucket_params or max(40e6, 1e6 * plan.data_parallel * plan.context)
+
+
+def last_bucket_s(plan: Plan, grad_bytes: float, net: dict) -> float:
+    """Seconds of the data-parallel collective no overlap can hide: the last bucket's, reduced after
+    the backward's last gradient (and, sharded, the first gather before the forward): a ring over
+    N = d·c of min(bucket, all gradients) bf16 bytes, 2(N−1)·α + 2(N−1)/N·B·β. It grows with N twice:
+    the ring's 2(N−1) steps of α, and Megatron's bucket, which grows as N past 40 ranks."""
+    n = plan.data_parallel * plan.context
+    if n <= 1:
+        return 0.0
+    nbytes = min(2 * bucket_params(plan) / plan.compression, grad_bytes)
+    return 2 * (n - 1) * net["alpha"] + 2 * (n - 1) / n * nbytes * net["beta"]
+
+
+def hideable_share(overlap: float, compute: float, dp_s: float, last_s: float = 0.0) -> float:
+    """The share of ``dp_s`` seconds of data-parallel traffic hidden: ``overlap`` of it, never more than
+    the compute covers, and never the last bucket's ``last_s``."""
+    if dp_s <= 0:
+        return 0.0
+    return max(0.0, min(overlap, compute / dp_s, 1 - last_s / dp_s))
+
+
+def straggler_s(plan: Plan, compute: float) -> float:
+    """The wait for the slowest of the n devices at each step's synchronisation when each device's
+    compute varies independently with standard deviation ``jitter`` × compute: the expected maximum of
+    n normal variables exceeds their mean by about σ·√(2·ln n) (the Gaussian extreme-value bound; why
+    fan-out magnifies tails: Dean & Barroso, The Tail at Scale, CACM 2013). ``jitter`` = 0 (the default)
+    is a machine with no variation."""
+    return plan.jitter * compute * (2 * math.log(plan.devices)) ** 0.5 if plan.devices > 1 else 0.0
+
+
 def _hide(share: float, seconds: float, room: float) -> float:
     """What ``share`` of ``seconds`` of communication compute can hide: never more than ``room``."""
     return min(share * seconds, max(room, 0.0))
@@ -102,7 +141,9 @@ def _hide(share: float, seconds: float, room: float) -> float:
 def step_time(plan: Plan) -> dict:
     """Seconds of one training step, term by term (chapter 7 shows this function).
 
-    compute: hardware FLOPs over the devices' delivered rate; bubble: the pipeline's idle
+    compute: hardware FLOPs over the devices' delivered rate, the GEMMs at E of peak plus the
+    memory-bound work around them (``efficiency`` e(x) from the GEMM shapes, :mod:`.gemm`; under FP8
+    the linear layers at the FP8 peak and the casts' bytes); bubble: the pipeline's idle
     (P−1)/(v·M) of it; bandwidth and latency: the α-β cost of the data-parallel (and pipeline, offload)
     messages, of which ``overlap`` is hidden; tensor, context, expert: chapter 8's collectives,
     ``tp_overlap`` of the tensor-parallel ones hidden (the band between 0 and 1 is the model's
@@ -113,8 +154,9 @@ def step_time(plan: Plan) -> dict:
     d, P, t, m, v, c = (plan.data_parallel, plan.pipeline, plan.tensor, plan.microbatches, plan.chunks,
                         plan.context)
     f = flops(plan)
-    peak = FP8_PEAK_FLOPS[plan.device] if plan.precision == "fp8" else dev["peak_flops"]
-    compute = f["hardware_flops"] / (plan.devices * peak * plan.efficiency)  # Kaplan et al., 2020
+    # the GEMMs at E of peak (FP8's linear layers at the FP8 peak) plus memory-bound work: e(x) (gemm.py)
+    split = compute_terms(plan, dev, f["hardware_flops"], FP8_PEAK_FLOPS.get(plan.device))
+    compute = split["compute"]
     idle = bubble_formula(P, m, v)  # the idle share of the pipeline's time
     bubble = compute * idle / (1 - idle)  # = compute · (P−1)/(v·M)
     psi = moe_params_per_rank(plan.params, plan.active, plan.experts, plan.top_k, P * t, plan.expert_parallel)
@@ -127,7 +169,8 @@ def step_time(plan: Plan) -> dict:
     else:  # a ring all-reduce over d·c (context ranks hold the same weights), or ZeRO-1/2's pair
         lat, bw = allreduce_terms("ring", d * c, grads)
     dp_s = lat * net["alpha"] + bw * net["beta"]
-    hidden_share = min(plan.overlap, compute / max(dp_s, 1e-30))
+    last = last_bucket_s(plan, grads, net) if plan.comm != "ps" else 0.0
+    hidden_share = hideable_share(plan.overlap, compute, dp_s, last)
     lat, bw = (1 - hidden_share) * lat * net["alpha"], (1 - hidden_share) * bw * net["beta"]
     seq = plan.seq_len // c
     micro = plan.sequences_per_microbatch
@@ -150,7 +193,9 @@ def step_time(plan: Plan) -> dict:
     ep_link = node if t * plan.expert_parallel <= dev["domain"] else net
     expert = a * ep_link["alpha"] + b * ep_link["beta"]
     out = {"compute": compute, "bubble": bubble, "bandwidth": bw, "latency": lat, "tensor": tensor,
-           "context": context, "expert": expert, **f}
+           "context": context, "expert": expert, "sync": straggler_s(plan, compute), **f,
+           "efficiency": split["efficiency"],
+           **{f"{k}_s": split[k] for k in ("gemm", "memory_bound", "casts")}}
     out["step"] = sum(out[k] for k in TERMS)
     return out
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from .gemm import GEMM_FIT, gemm_efficiency, plan_intensity, ridge
 from .plan import FP8_PEAK_FLOPS, Plan
 from .terms import CALIBRATED_EFFICIENCY, devices, links, server_memory
 
@@ -19,6 +20,23 @@ def _flops_words(plan: Plan) -> str:
             + "; attention's FLOPs not counted")
 
 
+def _efficiency_words(plan: Plan, dev: dict) -> str:
+    if plan.efficiency != "gemm":
+        return (f"the math runs at {plan.efficiency:.1%} of peak ("
+                + ("the constant calibrated once on SC21 Table 1" if plan.efficiency == CALIBRATED_EFFICIENCY
+                   else "assumed") + ")")
+    e_max, k = GEMM_FIT
+    x, r = plan_intensity(plan), ridge(dev)
+    words = (f"the math runs at {gemm_efficiency(x, r):.1%} of peak: e(x) = {e_max:g}·x/(x + {k:g}·R) at "
+             f"GEMM intensity x = {x:.0f} FLOPs/byte (b·s/c × h × h/t) and R = {r:.0f} FLOPs/byte (peak / "
+             "HBM bandwidth), E and k fitted once on SC21 Table 1 (A100s; on another device only R moves: "
+             "assumed)")
+    if plan.precision == "fp8":
+        words += ("; FP8: the linear layers at the FP8 peak, attention's core and the head in bf16, the "
+                  "memory-bound work unchanged, the casts' HBM bytes added")
+    return words
+
+
 def assumptions(plan: Plan) -> list[str]:
     """Every input of an estimate, in words, with its source (printed under the figure)."""
     dev, net, node = devices()[plan.device], links()[plan.link], links()[plan.intra_link]
@@ -29,12 +47,10 @@ def assumptions(plan: Plan) -> list[str]:
         f"{plan.tokens:.3g} tokens, {plan.batch_tokens * plan.batch_scale:.3g} tokens per step "
         f"(sequences of {plan.seq_len}, micro-batches of {plan.micro_batch})",
         f"{plan.devices} × {dev['name']}: "
-        + (f"{FP8_PEAK_FLOPS[plan.device] / 1e12:g} TFLOP/s FP8 peak (dense; the matmuls in FP8, a bound), "
+        + (f"{FP8_PEAK_FLOPS[plan.device] / 1e12:g} TFLOP/s FP8 peak (dense) for the linear layers, "
            if plan.precision == "fp8" else f"{dev['peak_flops'] / 1e12:g} TFLOP/s peak, ")
         + f"{dev['memory'] / 1e9:g} GB — {dev['source']}",
-        f"the math runs at {plan.efficiency:.0%} of peak ("
-        + ("calibrated once on SC21 Table 1" if plan.efficiency == CALIBRATED_EFFICIENCY else "assumed")
-        + "); " + _flops_words(plan),
+        _efficiency_words(plan, dev) + "; " + _flops_words(plan),
         f"between nodes: {net['name']}, {1e-9 / net['beta']:g} GB/s each way per device, "
         f"α = {net['alpha'] * 1e6:g} µs — {net['source']}",
         f"{plan.overlap:.0%} of the data-parallel communication hidden behind compute (assumed; chapters "
