@@ -60,7 +60,8 @@ def _chapter_figures():
         {"optimal": (600.0, 0.9), "hourly": (3600.0, 0.85)}, "t")
     yield "ch10 replica steps", p.resilience.replica_steps(
         {"a": [{"step": i, "t": 0.1 * i + 0.1, "s": 0.1 * (1 + 50 * (i == 3))} for i in range(8)],
-         "b": [{"step": i, "t": 0.1 * i + 0.1, "s": 0.12} for i in range(8)]}, "t")
+         "b": [{"step": i, "t": 0.1 * i + 0.1, "s": 0.12} for i in range(8)]}, "t",
+        marks=(("a", 3, "step 3 discarded"), ("b", 5, "healed")))
 
 
 @pytest.mark.parametrize("name, fig", list(_chapter_figures()), ids=lambda v: v if isinstance(v, str) else "")
@@ -102,3 +103,17 @@ def test_an_explorer_says_what_to_press_before_its_first_run():
     out = ch05.explorer().children[-1]
     [first] = out.outputs
     assert first["data"]["text/plain"].startswith("Press Train")
+
+
+def test_chapter_10s_replica_steps_mark_the_discard_and_the_heal_on_one_clock():
+    from lesson_lib import plots as p
+
+    # replica b was killed, restarted 2 s later (monotonic t 2.5 on): it must start 2.5 s in, not at 0
+    a = [{"step": i, "t": 0.5 + 0.5 * i, "s": 0.5} for i in range(8)]
+    b = [{"step": i, "t": 2.5 + 0.5 * (i - 4), "s": 0.5} for i in range(4, 8)]
+    fig = p.resilience.replica_steps({"a": a, "b": b}, "t", marks=(("a", 3, "step 3 discarded"),
+                                                                    ("b", 4, "healed from replica 0"),
+                                                                    ("b", 99, "no such step")))
+    assert list(fig.data[1].x) == [2.5, 3.0, 3.5, 4.0]  # t0 = 0.5 - 0.5 = 0: a's first step began at 0
+    notes = {n.text: n.x for n in fig.layout.annotations}
+    assert notes == {"step 3 discarded": 2.0, "healed from replica 0": 2.5}

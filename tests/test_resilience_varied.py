@@ -156,3 +156,20 @@ def test_a_replica_that_raises_is_named_with_its_cell_and_line():
     assert e.value.rank == 1 and msg.startswith("replica 1: ValueError: my bug on replica 1"), msg
     assert 'cell_42.py", line 3' in msg and "raise ValueError('my bug on replica 1')" in msg, msg
     assert "<dynamic-code>" not in msg
+
+
+def test_a_second_fault_on_the_same_replica_says_the_one_spare_is_spent():
+    # a learner SIGKILLs the spare that replaced replica 1: the run ends, saying why (issue 59 item 7)
+    def dies_on_replica_1(replica, n, store_path):
+        import os
+        import signal
+
+        if replica == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return replica
+
+    with pytest.raises(RuntimeError) as e:
+        replicas.run(dies_on_replica_1, 2, restart=(1,), restart_after_s=0.05, timeout_s=60)
+    assert str(e.value).startswith("replica 1 died (exit code -9) and is not restarted: it had been "
+                                   "restarted once already"), str(e.value)
+    assert "restart=(1,)" in str(e.value)

@@ -15,11 +15,22 @@ from .ch10_failures import calculator, failure_cost  # noqa: F401  (the notebook
 from .ch10_link import bytes_and_quality, slow_link  # noqa: F401
 
 
-def _steps_figure(res: list[dict], kill: tuple[int, int], title: str) -> None:
-    """Each replica's step times, the killed one labelled (§2's two demonstrations)."""
-    display(plots.resilience.replica_steps(
-        {f"replica {r['replica']}" + (" (killed, then healed)" if r["replica"] == kill[0] else ""): r["times"]
-         for r in res}, title))
+def _steps_figure(res: list[dict], kill: tuple[int, int], title: str, unit: str = "step") -> None:
+    """Each replica's step times on one clock, the killed one labelled, and marked: the step the
+    survivors discarded, and the step the returner was healed at (§2's two demonstrations)."""
+    name = {r["replica"]: f"replica {r['replica']}" + (" (killed, then healed)" if r["replica"] == kill[0]
+                                                        else "") for r in res}
+    marks = []
+    for r in res:
+        for e in r["log"]:
+            if "discarded" in e and r["replica"] != kill[0]:
+                marks.append((name[r["replica"]], e["discarded"], f"{unit} {e['discarded']} discarded: "
+                              f"replica {kill[0]} SIGKILLed"))
+            if "healed_at" in e and r["replica"] == kill[0]:
+                source = f"replica {e['from']}" if "from" in e else "a live replica"
+                marks.append((name[r["replica"]], e["healed_at"], f"healed from {source}"))
+    display(plots.resilience.replica_steps({name[r["replica"]]: r["times"] for r in res}, title,
+                                           marks=tuple(dict.fromkeys(marks))))
 
 
 def _kill(kill, n: int, steps: int, what: str = "step") -> tuple[int, int]:

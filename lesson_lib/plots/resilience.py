@@ -3,6 +3,8 @@ by step, and DiLoCo against data parallelism (held-out loss by bytes and by time
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 
 from .common import COLORS, log_axes, wrap
@@ -22,15 +24,23 @@ def goodput_curve(rows: list[dict], marks: dict[str, float], title: str) -> go.F
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
-def replica_steps(runs: dict[str, dict], title: str) -> go.Figure:
-    """``runs``: name → one replica's ``times`` (``{"step", "t", "s"}``); each step's wall time."""
+def replica_steps(runs: dict[str, dict], title: str, marks: tuple = ()) -> go.Figure:
+    """``runs``: name → one replica's ``times`` (``{"step", "t", "s"}``, ``t`` on the machine's monotonic
+    clock, which every process shares); each step's wall time against one clock, so a replica that was
+    killed and restarted shows the gap. ``marks``: ``(name, step, text)``, a step labelled on a line
+    (the discarded step, the heal)."""
     fig = go.Figure()
+    t0 = min((t["t"] - t["s"] for times in runs.values() for t in times), default=0)
     for i, (name, times) in enumerate(runs.items()):
-        t0 = min(t["t"] - t["s"] for t in times) if times else 0
         fig.add_scatter(x=[t["t"] - t0 for t in times], y=[t["s"] * 1e3 for t in times], name=name,
                         mode="lines+markers", line={"color": [COLORS["compute"], COLORS["comm"],
                                                              COLORS["busy"]][i % 3]})
-    fig.update_layout(title=wrap(title, 80), xaxis_title="seconds since the replica's first step",
+    for j, (name, step, text) in enumerate(marks):
+        point = next((t for t in runs.get(name, ()) if t["step"] == step), None)
+        if point is not None:
+            fig.add_annotation(x=point["t"] - t0, y=math.log10(point["s"] * 1e3), text=text, showarrow=True,
+                               arrowhead=2, ax=0, ay=-40 if j % 2 == 0 else 40, bgcolor="white")
+    fig.update_layout(title=wrap(title, 80), xaxis_title="seconds since the first replica's first step",
                       yaxis_title="the step's wall time (ms, log)", yaxis_type="log", height=420,
                       margin={"t": 90}, legend={"orientation": "h", "y": -0.2})
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks

@@ -127,7 +127,12 @@ def run(job: Callable, n: int, *args: Any, restart: tuple[int, ...] = (), restar
                 _raise_if_it_raised(folder, r)
                 deaths.append({"replica": r, "exitcode": p.exitcode, "at_s": time.monotonic() - t0})
                 if r not in left:
-                    raise RuntimeError(f"replica {r} died (exit code {p.exitcode}) and is not restarted")
+                    again = any(x["replica"] == r for x in restarts)
+                    raise RuntimeError(
+                        f"replica {r} died (exit code {p.exitcode}) and is not restarted: " + (
+                            f"it had been restarted once already, and this run keeps one hot spare per "
+                            f"restart it plans (restart={tuple(restart)}), so a second fault ends it"
+                            if again else f"this run restarts only the replicas in restart={tuple(restart)}"))
                 left.remove(r)
                 time.sleep(restart_after_s)
                 restarts.append({"replica": r, "at_s": time.monotonic() - t0})

@@ -159,6 +159,10 @@ show_source(ft_step.lighthouse)
 # others (as a cluster keeps spare machines), takes its place. The course's `warm_cluster` stops every
 # rank when one dies — right for a job, wrong here — so these replicas run in the runtime's other
 # mode, in which a process may die and the others carry on (`lesson_lib.runtime.replicas`).
+#
+# The demonstration takes **one fault**: one spare for the replica it kills. Kill that spare too
+# (a second fault) and the run ends, saying the spare is spent; a real job asks its scheduler for
+# another machine. The figure marks the step the survivor discarded and the step the spare healed at.
 
 # %%
 task = T.Task(steps=48, hidden=2048, batch=512)
