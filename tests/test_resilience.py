@@ -357,6 +357,7 @@ def test_torchft_survives_a_replica_killed_mid_step_and_heals_it(no_orphans):
     assert {"discarded": 4} in a["log"]  # should_commit() was False: the step with the dead peer dropped
     steps = sorted(t["s"] for t in a["times"])
     assert steps[-1] > 4 * steps[len(steps) // 2]  # the stall: a new quorum without the dead peer
+    assert any(e.startswith("step 4: ") for e in a["torchft_errors"])  # the error it survived, kept
 
 
 @pytest.mark.slow  # starts replica processes twice

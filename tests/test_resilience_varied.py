@@ -173,3 +173,32 @@ def test_a_second_fault_on_the_same_replica_says_the_one_spare_is_spent():
     assert str(e.value).startswith("replica 1 died (exit code -9) and is not restarted: it had been "
                                    "restarted once already"), str(e.value)
     assert "restart=(1,)" in str(e.value)
+
+
+def test_torchfts_logged_errors_are_kept_as_one_line_each_not_printed_raw():
+    # issue 59 item 9: chapter 10 printed torchft's raw "Connection reset by peer ... GLHF!" tracebacks
+    import logging
+
+    from lesson_lib.milestones.resilience import torchft_glue
+
+    raw = ("[r0:d8a50bdc-058c-4d21-a54e-f31c9973f34a/0 - step 4] got exception waiting for work "
+           "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+           "[127.0.0.1]:37510. This is typically caused by a remote worker crashing. Check the logs of the "
+           "remote worker before reporting an error. GLHF! \U0001f3d6\ufe0f\n"
+           "Traceback (most recent call last):\n")
+    log = logging.getLogger("torchft.manager")
+    before = list(torchft_glue.CAUGHT)
+    saved = (logging.getLogger("torchft").level, list(logging.getLogger("torchft").handlers),
+             logging.getLogger("torchft").propagate)
+    try:
+        torchft_glue._keep_torchft_errors()
+        log.error(raw)
+        log.info("a per-step note")  # below ERROR: dropped
+        assert torchft_glue.CAUGHT[len(before):] == [
+            "step 4: got exception waiting for work: Connection closed by peer [127.0.0.1]:37510"]
+    finally:
+        top = logging.getLogger("torchft")
+        top.setLevel(saved[0])
+        top.handlers[:] = saved[1]
+        top.propagate = saved[2]
+        torchft_glue.CAUGHT[:] = before

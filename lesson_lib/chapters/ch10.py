@@ -131,6 +131,10 @@ def torchft_survives(task: T.Task, kill: tuple[int, int] = (1, 4), heartbeat_ms:
           f"dead peer (heartbeat timeout {heartbeat_ms / 1e3:g} s)\n"
           f"the spare healed from the live replica at step {healed}; at the end the weights bit-equal: "
           f"{equal}")
+    caught = survivor.get("torchft_errors", [])
+    if caught:
+        print(f"what torchft's Manager on the survivor caught and reported (report_error), not raised "
+              f"({len(caught)}; the first): {caught[0]}")
     _steps_figure(res, kill, f"torchft, 2 replica groups, replica {kill[0]} SIGKILLed in step {kill[1]}: "
                              "the survivor waits for a quorum without it")
     return {"out": out, "equal": equal, "stall_s": stall, "median_s": usual, "healed_at": healed,

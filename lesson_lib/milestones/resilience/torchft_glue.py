@@ -65,6 +65,40 @@ def _bound_server(host: str):
     tm.ManagerServer = on_loopback
 
 
+CAUGHT: list[str] = []  # in a replica's process: the errors torchft logged (and survived), in order
+
+
+class _Keep(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        CAUGHT.append(_short(record.getMessage()))
+
+
+def _short(message: str) -> str:
+    """torchft's '[r0:<uuid>/0 - step 4] got exception waiting for work [/path/pair.cc:553] Connection
+    closed by peer [127.0.0.1]:37510. This is typically ...' as 'step 4: got exception waiting for
+    work: Connection closed by peer [127.0.0.1]:37510'."""
+    import re
+
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    step = re.match(r"\[[^\]]*- step (\d+)\]\s*", first)
+    text = first[step.end():] if step else first
+    text = re.sub(r"\s*\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", ": ", text)  # gloo's source location
+    text = text.split(". This is typically")[0]
+    return (f"step {step.group(1)}: " if step else "") + text
+
+
+def _keep_torchft_errors() -> None:
+    """torchft logs each error it survives with a full traceback (logger.exception), which reached the
+    notebook raw ("Connection closed by peer ... GLHF!") before the chapter's summary. Keep them
+    instead (:data:`CAUGHT`): the replica returns them and the chapter prints one line each. Its
+    per-step INFO and flight-recorder notes stay off (level ERROR)."""
+    log = logging.getLogger("torchft")
+    log.setLevel(logging.ERROR)
+    if not any(isinstance(h, _Keep) for h in log.handlers):
+        log.addHandler(_Keep())
+    log.propagate = False
+
+
 def manager(me: int, lighthouse_addr: str, model, opt, timeout_s: float = 5.0, init_sync: bool = True,
             host: str = "127.0.0.1"):
     """A replica group of one process: its store, its Gloo group and its ``Manager``, all on ``host``
@@ -72,7 +106,7 @@ def manager(me: int, lighthouse_addr: str, model, opt, timeout_s: float = 5.0, i
     from torchft import Manager, ProcessGroupGloo
     from torchft.checkpointing.pg_transport import PGTransport
 
-    logging.getLogger("torchft").setLevel(logging.ERROR)  # its per-step INFO and flight-recorder notes
+    _keep_torchft_errors()
     warnings.filterwarnings("ignore", module="torchft")  # torch deprecations raised inside torchft 0.2.0
     _bound_server(host)
     listener = socket.socket()
@@ -124,7 +158,8 @@ def replica(me: int, n: int, store_path: str, task: T.Task, lighthouse_addr: str
             times.append({"step": step, "t": time.monotonic(), "s": time.monotonic() - t0})
     finally:
         mgr.shutdown()
-    return {"params": T.flat_params(model), "log": log, "times": times, "replica": me}
+    return {"params": T.flat_params(model), "log": log, "times": times, "replica": me,
+            "torchft_errors": list(CAUGHT)}
 
 
 def diloco(me: int, n: int, store_path: str, task: T.Task, lighthouse_addr: str, h: int,
