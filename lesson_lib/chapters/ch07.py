@@ -14,13 +14,21 @@ from ..costmodel import claims
 from ..experiments import Result, run_warm
 from ..milestones import impact
 from .ch07_exercises import exercises
-from .ch07_published import CHAPTER_RUNS, every_run, published_check
+from .ch07_published import (
+    CHAPTER_RUNS,
+    efficiency_curve,
+    every_run,
+    new_held_out,
+    published_check,
+    weak_scaling,
+)
 
 # The talk's named model on a named cluster: GPT-3 (Brown et al., 2020: 175B parameters, 300B
 # tokens) on 1,024 A100s with one HDR InfiniBand port each, as Narayanan et al. (SC21) trained it.
 GPT3 = {"params": 175e9, "tokens": 300e9, "devices": 1024, "device": "a100-80gb", "link": "ib-hdr"}
 
-__all__ = ["CHAPTER_RUNS", "GPT3", "OVERLAPS", "compression_bound", "conclusions", "every_run", "exercises",
+__all__ = ["CHAPTER_RUNS", "GPT3", "OVERLAPS", "compression_bound", "conclusions", "efficiency_curve",
+           "every_run", "exercises", "new_held_out", "weak_scaling",
            "lamb_microbatches", "measured", "months_to_days", "ps_sharding", "published_check", "run_impact",
            "talk_chart", "table", "validation_table", "what_if"]
 # The chart's two bounds on overlap: nothing hidden, and everything that compute can cover hidden

@@ -1,7 +1,7 @@
 """Chapter 7's step model against the published runs (notebooks/07_impact.ipynb, §1).
 
-One efficiency, :data:`~lesson_lib.costmodel.CALIBRATED_EFFICIENCY`, fitted once on SC21 Table 1
-(in-sample, ``data/sc21_table1.csv``); every ``out-of-sample`` run of ``data/published.csv`` predicted
+One efficiency curve, e(x) from the GEMM shapes (:mod:`~lesson_lib.costmodel.gemm`), fitted once on SC21
+Table 1 (in-sample, ``data/sc21_table1.csv``); every ``out-of-sample`` run of ``data/published.csv`` predicted
 from its paper's own layout (:func:`~lesson_lib.costmodel.calibrate.compare`); ``sanity-check`` rows
 (a layout assumed) shown apart. :func:`every_run` draws predicted against published and measures the
 spread; :func:`published_check` is the chapter's first look, a few named runs in TFLOP/s and days.
@@ -21,10 +21,10 @@ GROUPS = {"in-sample": ("circle", "#4C78A8"), "out-of-sample": ("diamond", "#E45
 
 
 def _in_sample_rows() -> list[dict]:
-    """SC21 Table 1's rows at the stored efficiency (TFLOP/s per GPU, hardware FLOPs as SC21 reports)."""
+    """SC21 Table 1's rows at e(x), fitted on them (TFLOP/s per GPU, hardware FLOPs as SC21 reports)."""
     rows = []
     for r in calibrate.in_sample():
-        rate = costmodel.estimate(calibrate.in_sample_plan(r, costmodel.CALIBRATED_EFFICIENCY))
+        rate = costmodel.estimate(calibrate.in_sample_plan(r, "gemm"))
         rows.append({"case": f"sc21-{r['params'] / 1e9:g}b", "use": "in-sample", "unit": "TFLOP/s (hardware)",
                      "published": r["achieved_tflops_per_device"], "predicted": rate["tflops_per_device"],
                      "error": rate["tflops_per_device"] / r["achieved_tflops_per_device"] - 1,
@@ -80,7 +80,7 @@ def _figure(rows: list[dict]) -> go.Figure:
                         hovertemplate="%{text}<extra></extra>")
     title = ("The step model against every published run: predicted vs the paper's number, each in "
              "its paper's unit<br><sup>s per iteration, TFLOP/s per GPU or tokens/s per GPU; log axes; "
-             f"efficiency {costmodel.CALIBRATED_EFFICIENCY:g} fitted on SC21 Table 1 alone</sup>")
+             "efficiency e(x) from the GEMM shapes, fitted on SC21 Table 1 alone</sup>")
     fig.update_layout(height=480, title=title, xaxis={"type": "log", "title": "published"},
                       yaxis={"type": "log", "title": "predicted"},
                       legend={"orientation": "h", "y": -0.2}, margin={"t": 90})
@@ -126,3 +126,107 @@ def published_check(cases=CHAPTER_RUNS) -> list[dict]:
               f"{r['time_error']:>+6.0%}")
     return rows
 
+
+
+# The held-out runs issue 57 added, by source (case prefix): none was looked at to fit e(x).
+NEW_SOURCES = {"nemotron4-340b": "Nemotron-4 340B report (NVIDIA 2024), Table 2",
+               "nemo-": "NeMo 24.07 performance summary (NVIDIA 2024), FP8 on DGX-H100",
+               "bridge-": "Megatron-Bridge 25.11 performance summary (NVIDIA 2025), FP8 on H100/B200/GB200",
+               "dgxc-": "DGX Cloud Benchmarking, Nemotron4 340B 24.11 (NVIDIA 2024), BF16"}
+# What the model lacks, for each held-out run it misses by more than the ±15 % goal (the sign says which
+# way): chapter 7 prints these beside the errors; tests/test_published_runs.py holds each to its band.
+LACKS = {
+    "korthikanti-530b-full": ("too slow: the interleaving v is not reported (v = 1 assumed), so its bubble, "
+                              "(P−1)/M = 34/280 of the compute, may be v times too large"),
+    "mt-nlg-530b": ("too fast: e(x) is fitted on Megatron's own runs; MT-NLG's DeepSpeed pipeline reached "
+                    "126 TFLOP/s where SC21 Table 1's same shape reached 163: an implementation term"),
+    "opt-175b": ("too fast: FSDP's gathers assumed hidden (overlap = 1), and 'up to 147' is a best, not a "
+                 "mean, rate"),
+    "deepseek-v3": ("too slow: the expert all-to-all left exposed (DualPipe hides it) and the small expert "
+                    "GEMMs priced with the dense e(x)"),
+    "llama3-405b-16k-cp16": ("too fast, at the goal's edge: at 131,072 tokens attention is 57 % of the "
+                             "FLOPs, priced at the GEMMs' e(x), where causal FlashAttention split over 16 "
+                             "context ranks runs slower"),
+}
+
+
+def new_held_out() -> dict:
+    """The held-out runs issue 57 added (:data:`NEW_SOURCES`): each error, their median and worst |error|,
+    and for each miss over ±15 % the term the model lacks (:data:`LACKS`). Prints the table."""
+    rows = [r for r in calibrate.compare_all("out-of-sample")
+            if any(r["case"].startswith(k) for k in NEW_SOURCES)]
+    errors = sorted(abs(r["error"]) for r in rows)
+    mid = len(errors) // 2
+    median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    print(f"{'new held-out run':<27} {'device':<9} {'unit':<9} {'paper':>9} {'model':>9} {'error':>7}  fits")
+    for r in rows:
+        plan = r["estimate"]["plan"]
+        print(f"{r['case']:<27} {plan.device:<9} {r['unit']:<9} {r['published']:>9,.5g} "
+              f"{r['predicted']:>9,.5g} {r['error']:>+7.1%}  {'yes' if r['estimate']['fits'] else 'NO'}")
+    sources = sorted({next(v for k, v in NEW_SOURCES.items() if r["case"].startswith(k)) for r in rows})
+    print(f"\n{len(rows)} runs from {len(sources)} sources: median |error| {median:.1%}, worst "
+          f"{abs(worst['error']):.1%} ({worst['case']})")
+    misses = [r for r in rows if abs(r["error"]) > GOAL]
+    for r in misses:
+        print(f"  {r['case']}: {r['error']:+.1%} — {LACKS.get(r['case'], 'no term named yet')}")
+    return {"rows": rows, "median": median, "worst": worst, "sources": sources, "misses": misses}
+
+
+def efficiency_curve(devices=("a100-80gb", "h100-sxm", "b200")) -> dict:
+    """e(x) against the GEMM intensity x for each device, with SC21 Table 1's rows at the efficiency each
+    would need for the model to match it exactly (the calibration points) and the old constant. Draws
+    the figure; returns the fit and the points."""
+    import numpy as np
+
+    from ..costmodel import gemm
+
+    fit = calibrate.fit_gemm_efficiency()
+    points = []
+    for p, r in zip(calibrate._in_sample_parts(calibrate.in_sample()), fit["rows"]):
+        scaled, rest, flops, paper, x, _ = p
+        points.append({"x": x, "needed": scaled / (flops / paper - rest), "fitted": r["efficiency"],
+                       "params": r["params"], "t": int(r["tensor"])})
+    xs = np.geomspace(100, 20000, 120)
+    fig = go.Figure()
+    for dev, color in zip(devices, ("#4C78A8", "#E45756", "#54A24B")):
+        d = costmodel.devices()[dev]
+        curve = [gemm.gemm_efficiency(x, gemm.ridge(d), (fit["e_max"], fit["k"])) for x in xs]
+        fig.add_scatter(x=xs, y=curve,
+                        mode="lines", name=f"e(x) on {d['name']} (R = {gemm.ridge(d):.0f} FLOPs/byte)",
+                        line={"color": color})
+    fig.add_scatter(x=[p["x"] for p in points], y=[p["needed"] for p in points], mode="markers+text",
+                    name="SC21 Table 1: the efficiency each row needs (A100)",
+                    text=[f"{p['params'] / 1e9:g}B t={p['t']}" for p in points], textposition="top center",
+                    marker={"color": "#4C78A8", "size": 9, "symbol": "circle"})
+    fig.add_scatter(x=[xs[0], xs[-1]], y=[costmodel.CALIBRATED_EFFICIENCY] * 2, mode="lines",
+                    name=f"the old constant, {costmodel.CALIBRATED_EFFICIENCY:g}",
+                    line={"color": "#888", "dash": "dash"})
+    fig.update_layout(height=460, title=(
+        "The efficiency from the GEMM shapes: e(x) = E·x/(x + k·R), fitted once on SC21 Table 1<br><sup>"
+        f"E = {fit['e_max']:.3f}, k = {fit['k']:.2f}; x = the per-device GEMM's FLOPs per byte "
+        "(b·s/c × h × h/t), R = peak / HBM bandwidth; squared log error "
+        f"{fit['loss']:.3f} against the constant's {fit['constant_loss']:.3f}</sup>"),
+        xaxis={"type": "log", "title": "GEMM intensity x (FLOPs per byte of bf16 operands)"},
+        yaxis={"title": "share of peak (efficiency)", "range": [0.25, 0.8]},
+        legend={"orientation": "h", "y": -0.25}, margin={"t": 90})
+    display(fig)
+    return {"fit": fit, "points": points}
+
+
+def weak_scaling(gpus=(128, 256, 512, 1024, 2048), jitter: float = 0.0) -> list[dict]:
+    """Nemotron-4 340B's DGXC layout (t 8, p 8, v 12; 16 micro-batches of one sequence per replica)
+    weak-scaled from 128 to 2,048 H100s: d grows, the work per GPU does not. Returns each step, the
+    exposed data-parallel time, the straggler term (with ``jitter``) and the growth over the first."""
+    from dataclasses import replace
+
+    base = costmodel.published_plan("dgxc-nemotron4-340b-bf16", jitter=jitter)
+    rows = []
+    for n in gpus:
+        d = n // (base.tensor * base.pipeline)
+        t = costmodel.step_time(replace(base, devices=n, batch_tokens=16 * d * base.seq_len).validate())
+        rows.append({"gpus": n, "d": d, "step": t["step"], "exposed_dp": t["bandwidth"] + t["latency"],
+                     "sync": t["sync"]})
+    for r in rows:
+        r["growth"] = r["step"] / rows[0]["step"] - 1
+    return rows

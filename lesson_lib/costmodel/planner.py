@@ -54,8 +54,10 @@ def memory(plan: Plan) -> dict:
     if plan.comm == "ps":  # workers keep parameters and gradients; the servers keep Adam
         states = {"params": 2 * psi, "grads": 2 * psi, "optimizer": 0.0}
     else:
-        states = {k: v for k, v in zero_memory(psi, plan.data_parallel, plan.zero, "mixed").items()
-                  if k != "total"}
+        # sharded over d·c: context ranks hold the same weights (Megatron's distributed optimizer shards
+        # over the data-and-context-parallel group, as the gradient ring below runs over d·c)
+        ranks = plan.data_parallel * plan.context
+        states = {k: v for k, v in zero_memory(psi, ranks, plan.zero, "mixed").items() if k != "total"}
     t, sp, policy = plan.tensor, plan.sequence_parallel, plan.recompute_policy
     seq, micro = plan.seq_len // plan.context, plan.sequences_per_microbatch
     kv = plan.kv_heads  # grouped-query attention: K and V at kv_heads/heads of the queries' size
