@@ -103,3 +103,24 @@ def test_a_rooms_folder_is_private_and_names_are_checked(tmp_path):
     with pytest.raises(ValueError, match="lowercase"):
         place.check_name("room", "../etc")
     assert place.alive(os.getpid()) and not place.alive(2**22 + 7)
+
+
+def test_a_room_in_one_process_plays_a_round_and_a_leaver_is_left_out():
+    """The whole path with no process started: this process's thread joins as a learner and plays
+    one steps round alone (a world of one), then leaves; the room then refuses to start a round."""
+    from lesson_lib import room as rooms
+
+    room = rooms.open("solo", private=True, timeout_s=10)
+    folder = room.folder
+    try:
+        me = rooms.join("solo", as_name="ada", base=folder.parent, quiet=True)
+        assert room.learners() == {"ada": "ready"}
+        rnd = room.run("steps", steps=2)
+        assert rnd.ok and rnd.members == ["ada"] and rnd.summary["end_step"] == 2, rnd.verdict
+        me.leave()
+        assert room.learners() == {"ada": "left"}
+        with pytest.raises(RuntimeError, match="steps needs 1 ready learners; ready now: nobody"):
+            room.run("steps")
+    finally:
+        room.close()
+    assert not folder.exists() and not folder.parent.exists()

@@ -90,6 +90,9 @@ class Room:
                 out[name] = "gone"
                 continue
             idle = place.get(self.store, f"idle/{name}") or {}
+            if idle.get("left") and idle.get("pid") == j["pid"]:
+                out[name] = "left"
+                continue
             busy = place.get(self.store, f"busy/{name}", -1)
             ready = idle.get("pid") == j["pid"] and idle.get("round", -1) >= busy
             out[name] = "ready" if ready else "in a round"

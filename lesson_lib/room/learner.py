@@ -55,8 +55,11 @@ class Learner:
         self._say(f"your {activity} code is in: it runs in the next {activity} round")
 
     def leave(self) -> None:
+        """Stop taking part: the instructor sees you as left, and rounds go on without you."""
         self._stop.set()
         self._thread.join(timeout=30)
+        place.put(self.store, f"idle/{self.name}", {"pid": os.getpid(), "round": -1, "left": True})
+        self._say("you left the room")
 
     def _say(self, text: str) -> None:
         self.log.append(text)
