@@ -232,3 +232,18 @@ def test_stragglers_add_the_expected_maximum_of_n_devices():
     assert cm.step_time(cm.Plan(devices=8, **base))["sync"] == 0.0  # jitter 0: none
     with pytest.raises(ValueError, match="jitter"):
         cm.Plan(devices=8, jitter=-0.1, **base).validate()
+
+
+def test_the_cli_takes_the_blackwell_rows_and_fp8(tmp_path, capsys):
+    import json
+
+    from lesson_lib.costmodel.cli import cli_estimate
+
+    out = tmp_path / "gb200.json"
+    assert cli_estimate(["--params", "70e9", "--tokens", "1e12", "--data", "8", "--tensor", "8",
+                         "--device", "gb200", "--link", "roce-400g", "--intra-link", "nvlink5",
+                         "--precision", "fp8", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "5000 TFLOP/s FP8 peak" in text and "NVLink 5" in text and "RoCE" in text
+    (row,) = json.loads(out.read_text())
+    assert "gb200" in json.dumps(row["plan"]) and row["fits"]
