@@ -124,3 +124,23 @@ def test_a_room_in_one_process_plays_a_round_and_a_leaver_is_left_out():
     finally:
         room.close()
     assert not folder.exists() and not folder.parent.exists()
+
+
+def test_a_round_past_its_deadline_names_whom_it_waited_for():
+    """A learner whose rank never answers (here: one written into the store with this live process's
+    id and no rank behind it, as a kernel stuck in its own code looks): the round ends at its
+    deadline, discarded, naming them and what they were last seen doing."""
+    from lesson_lib import room as rooms
+    from lesson_lib.room import place as p
+
+    room = rooms.open("ghost", private=True, timeout_s=0.5)
+    try:
+        index = room.store.add("joins", 1)
+        p.put(room.store, f"join/{index}", {"name": "gus", "pid": os.getpid(), "uid": os.getuid(), "at": 0})
+        p.put(room.store, "idle/gus", {"pid": os.getpid(), "round": -1})
+        rnd = room.run("steps", start_s=0.5)
+        assert rnd.discarded and rnd.waited_for == ["gus"], rnd.verdict
+        assert "the room waited 1 s for gus (never started)" in rnd.verdict
+        assert rnd.seconds < 5
+    finally:
+        room.close()

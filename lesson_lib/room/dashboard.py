@@ -90,7 +90,11 @@ class Dashboard:
                 a = math.pi / 2 - 2 * math.pi * ring_members.index(m) / max(1, len(ring_members))
                 x, y = math.cos(a), math.sin(a)
             s = states[m]
-            label = s["state"] + (f" for {s['for']}" if s.get("for") else "")
+            waits = s.get("for")
+            if waits == "the room":  # an all-reduce waits for whoever is still computing
+                busy = [k for k, v in states.items() if v.get("state") == "computing"]
+                waits = ", ".join(busy) or waits
+            label = s["state"] + (f" for {waits}" if waits else "")
             xs.append(x)
             ys.append(y)
             colours.append(COLOURS.get(s["state"], "#9e9e9e"))

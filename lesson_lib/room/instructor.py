@@ -48,6 +48,7 @@ class Round:
     discarded: bool = False
     summary: dict = field(default_factory=dict)
     running: bool = True
+    deadline_s: float = 0.0
 
 
 class Room:
@@ -127,6 +128,7 @@ class Room:
         n = len(self.rounds)
         names = (["instructor"] if activity == "server" else []) + members
         timeout_s = float(opts.pop("timeout_s", self.timeout_s))
+        start_s = float(opts.pop("start_s", START_MARGIN_S))
         opts = {"seed": n, "timeout_s": timeout_s, "accepted": list(self.accepted), **opts}
         rnd = Round(n, activity, members, names, opts)
         self.rounds.append(rnd)
@@ -140,7 +142,8 @@ class Room:
             thread = threading.Thread(target=self._serve, args=(rnd, mine), daemon=True,
                                       name=f"room {n} server")
             thread.start()
-        deadline = time.monotonic() + timeout_s + START_MARGIN_S
+        deadline = time.monotonic() + timeout_s + start_s
+        rnd.deadline_s = timeout_s + start_s
         start = time.monotonic()
         while True:
             self._poll(rnd, start)
@@ -204,7 +207,7 @@ class Room:
                 parts.append("raised: " + "; ".join(rnd.errors))
             if rnd.waited_for:
                 what = ", ".join(f"{m} ({_doing(rnd.statuses.get(m.split()[0]))})" for m in rnd.waited_for)
-                parts.append(f"the room waited {rnd.opts['timeout_s'] + START_MARGIN_S:.0f} s for {what}")
+                parts.append(f"the room waited {rnd.deadline_s:.0f} s for {what}")
             hit = [m for m in failed if not rnd.results[m]["error"]["own"]]
             if hit:
                 parts.append("their peers' collectives failed with them: " + ", ".join(hit))
