@@ -157,7 +157,7 @@ def step_time(plan: Plan) -> dict:
                         plan.context)
     f = flops(plan)
     # the GEMMs at E of peak (FP8's linear layers at the FP8 peak) plus memory-bound work: e(x) (gemm.py)
-    split = compute_terms(plan, dev, f["hardware_flops"], FP8_PEAK_FLOPS.get(plan.device))
+    split = compute_terms(plan, dev, f["hardware_flops"], dev["fp8_flops"])
     compute = split["compute"]
     idle = bubble_formula(P, m, v)  # the idle share of the pipeline's time
     bubble = compute * idle / (1 - idle)  # = compute · (P−1)/(v·M)
