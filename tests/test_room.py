@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 import torch
 
 from lesson_lib.room import place, rank, ring
 
+pytestmark = pytest.mark.ch11
 NAMES = ["ada", "bob", "cy", "dee"]
 
 
@@ -144,3 +146,13 @@ def test_a_round_past_its_deadline_names_whom_it_waited_for():
         assert rnd.seconds < 5
     finally:
         room.close()
+
+
+def test_a_rehearsals_folder_left_by_a_killed_kernel_is_removed_by_the_next(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    stale, live = tmp_path / "lesson-room-old", tmp_path / "lesson-room-live"
+    for folder, pid in ((stale, 2**22 + 7), (live, os.getpid())):
+        folder.mkdir()
+        (folder / "pid").write_text(str(pid))
+    base = place.private_base()
+    assert not stale.exists() and live.exists() and (Path(base) / "pid").read_text() == str(os.getpid())

@@ -27,7 +27,7 @@ import pytest
 from workshop_support import learners, owned_in, uid_pids, wait_until
 from workshop_support import shared_install as shared_install  # a fixture
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.ch11]
 USERS = ["lr-ann", "lr-ben"]
 KERNELS = {"ann": "lr-ann", "ben": "lr-ben", "cat": "lr-ann", "dan": "lr-ben"}  # learner -> Unix user
 WRONG, VICTIM = "ben", "dan"

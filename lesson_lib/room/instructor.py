@@ -10,7 +10,6 @@ discarded), or at the round's deadline, naming whom it waited for and what they 
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 import weakref
@@ -59,7 +58,7 @@ class Room:
                  private: bool = False):
         self.name, self.size, self.timeout_s = name, size, timeout_s
         if private:  # a rehearsal: a folder of this process's own, removed with the room
-            base = tempfile.mkdtemp(prefix="lesson-room-")
+            base = place.private_base()
         self.folder = place.make_folder(name, base)
         self.store = place.store(self.folder)
         place.put(self.store, "current", -1)

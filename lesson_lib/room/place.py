@@ -112,6 +112,26 @@ def remove_folder(folder) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+PRIVATE_PREFIX = "lesson-room-"
+
+
+def private_base() -> str:
+    """A temporary folder for a rehearsal's room, with this process's id in it. Those left by a
+    process that is gone (a kernel SIGKILLed before it could close its room) are removed first."""
+    import tempfile
+
+    tmp = tempfile.gettempdir()
+    for entry in os.scandir(tmp):
+        if entry.name.startswith(PRIVATE_PREFIX) and entry.is_dir(follow_symlinks=False):
+            with contextlib.suppress(OSError, ValueError):
+                owner = int(Path(entry.path, "pid").read_text())
+                if entry.stat().st_uid == os.geteuid() and not alive(owner):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+    base = tempfile.mkdtemp(prefix=PRIVATE_PREFIX)
+    Path(base, "pid").write_text(str(os.getpid()))
+    return base
+
+
 def alive(pid: int) -> bool:
     """Is process ``pid`` running (not a zombie)? Read from /proc: it works for other users' pids."""
     try:

@@ -20,6 +20,8 @@ import torch.distributed as dist
 from .rank import RankContext
 
 CHUNK = 4  # elements per chunk: small integers, so every partial sum is exact
+TAG = 6000  # the room's hops carry their own tag: a stray send in a learner's step is never matched
+# with them (a message of the wrong size would make Gloo abort the receiving kernel, a neighbour's)
 
 
 def reference_step(rank: int, n: int, s: int) -> tuple[int, int]:
@@ -51,8 +53,8 @@ def learner(ctx: RankContext) -> dict:
         out, incoming = chunks[send_i].clone(), torch.empty(CHUNK)
         ctx.status("waiting", ctx.names[left], hop=s)
         started = time.perf_counter()
-        sent = dist.isend(out, right)
-        dist.irecv(incoming, left).wait(timeout)
+        sent = dist.isend(out, right, tag=TAG + s)
+        dist.irecv(incoming, left, tag=TAG + s).wait(timeout)
         sent.wait(timeout)
         hops.append({"s": s, "to": right, "from": left, "send_i": send_i, "into_i": into_i,
                      "sent": out.tolist(), "received": incoming.tolist(),
