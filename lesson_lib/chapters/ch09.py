@@ -80,6 +80,12 @@ def recipes(seed: int = 0) -> dict:
             f"{r['scaled_error']:>14.3f}"
         )
     sweep = errors.outlier_sweep(seed=seed)
+    names = list(dict.fromkeys(x["recipe"] for x in sweep))
+    print(f"\nthe same matmul as the outliers grow (the figure below):\n{'outliers ×':>12}"
+          + "".join(f"{n.split(' (')[0]:>13}" for n in names))
+    for size in dict.fromkeys(x["outlier"] for x in sweep):
+        err = {x["recipe"]: x["error"] for x in sweep if x["outlier"] == size}
+        print(f"{size:>12,.0f}" + "".join(f"{err[n]:>13.4f}" for n in names))
     display(plots.fp8.outlier_sweep(sweep))
     return {"rows": {r["recipe"]: r["error"] for r in rows}, "no_scaling": demo, "sweep": sweep}
 

@@ -280,8 +280,22 @@ show_source(elastic.worker)
 # then averages the weights. **DiLoCo** (Douillard et al., 2023) treats the change since the last sync
 # as a gradient: the **pseudo-gradient** Δ = start − local, averaged over the replicas, is fed to an
 # *outer* optimizer, SGD with Nesterov momentum (lr 0.7, momentum 0.9 in the paper), while the inner
-# optimizer runs every step. LocalSGD is DiLoCo with outer lr 1 and no momentum. Written in a cell,
-# DDP (H = None) beside it, every collective through the course's ring (`comm.all_reduce`), whose
+# optimizer runs every step. LocalSGD is DiLoCo with outer lr 1 and no momentum. Before reading on,
+# write that outer step yourself (the check runs it on real ranks):
+
+# %%
+exercises["outer"]
+
+# %%
+def outer_step(local, start, buf, lr, mu):
+    ...  # average start − local over the replicas, then one Nesterov step from start
+
+
+exercises["outer"].submit(outer_step)
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# Here is DiLoCo written in a cell, its outer step through `torch.optim.SGD(nesterov=True)`, DDP
+# (H = None) beside it, every collective through the course's ring (`comm.all_reduce`), whose
 # emulated link (`comm.set_link`) we use below:
 
 # %%
@@ -539,16 +553,6 @@ exercises["interval"]
 
 # %%
 exercises["interval"].submit(...)
-
-# %%
-exercises["outer"]
-
-# %%
-def outer_step(local, start, buf, lr, mu):
-    ...  # average start − local over the replicas, then one Nesterov step from start
-
-
-exercises["outer"].submit(outer_step)
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Summary
