@@ -148,7 +148,8 @@ for s in load:  # counted bytes against chapter 1's 2·N·S
 # %%
 fig = go.Figure()
 workers = [s["workers"] for s in load]
-fig.add_bar(x=workers, y=[s["bytes_per_step"] / 1e3 for s in load], name="server's bytes a step, counted (kB)")
+fig.add_bar(x=workers, y=[s["bytes_per_step"] / 1e3 for s in load],
+            name="server's bytes a step, counted (kB)")
 fig.add_scatter(x=workers, y=[2 * n * load[0]["params"] * 4 / 1e3 for n in workers], mode="lines+markers",
                 name="2·N·S, chapter 1 (kB)")
 fig.add_scatter(x=workers, y=[s["median_step_s"] * 1e3 for s in load], mode="lines+markers", yaxis="y2",
