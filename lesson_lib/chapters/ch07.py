@@ -17,10 +17,12 @@ from .ch07_exercises import exercises
 from .ch07_published import (
     CHAPTER_RUNS,
     LACKS,
+    TORCHTITAN_8B,
     efficiency_curve,
     every_run,
     new_held_out,
     published_check,
+    torchtitan_llama3_8b,
     weak_scaling,
 )
 
@@ -28,8 +30,9 @@ from .ch07_published import (
 # tokens) on 1,024 A100s with one HDR InfiniBand port each, as Narayanan et al. (SC21) trained it.
 GPT3 = {"params": 175e9, "tokens": 300e9, "devices": 1024, "device": "a100-80gb", "link": "ib-hdr"}
 
-__all__ = ["CHAPTER_RUNS", "GPT3", "LACKS", "OVERLAPS", "compression_bound", "conclusions",
-           "efficiency_curve", "every_run", "exercises", "new_held_out", "weak_scaling",
+__all__ = ["CHAPTER_RUNS", "GPT3", "LACKS", "OVERLAPS", "TORCHTITAN_8B", "compression_bound", "conclusions",
+           "torchtitan_llama3_8b", "efficiency_curve", "every_run", "exercises", "new_held_out",
+           "weak_scaling",
            "lamb_microbatches", "measured", "months_to_days", "ps_sharding", "published_check", "run_impact",
            "talk_chart", "table", "validation_table", "what_if"]
 # The chart's two bounds on overlap: nothing hidden, and everything that compute can cover hidden

@@ -230,3 +230,26 @@ def weak_scaling(gpus=(128, 256, 512, 1024, 2048), jitter: float = 0.0) -> list[
     for r in rows:
         r["growth"] = r["step"] / rows[0]["step"] - 1
     return rows
+
+
+# torchtitan's Llama 3.1 8B benchmark (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md,
+# December 2024): FSDP, local batch 2 of 8,192 tokens, selective activation checkpointing, on 8 H100s
+# (Table 1) and 128 (Table 3): tokens/s per GPU. Weak scaling (each GPU keeps its work) and FP8's gain.
+TORCHTITAN_8B = {"FSDP": {8: 5762, 128: 5605}, "FSDP + compile": {8: 6667, 128: 6514},
+                 "FSDP + compile + Float8": {8: 8532, 128: 8380}}
+
+
+def torchtitan_llama3_8b(devices: int, precision: str = "bf16", **options) -> costmodel.Plan:
+    """torchtitan's Llama 3.1 8B run (:data:`TORCHTITAN_8B`) as a Plan: FSDP (ZeRO-3) over all GPUs, each
+    GPU's 2 sequences of 8,192 as one micro-batch, selective recomputation, FlashAttention, the gathers
+    hidden (overlap 1); one host's 8 GPUs talk over NVLink 4, more over 400 Gb/s RDMA per GPU (ib-ndr).
+    Shape: NeMo's Llama3Config8B (32 layers, h 4,096, 32 heads, 8 K/V heads, FFN 14,336), vocabulary
+    128,256, untied. Their H100s are 500 W HBM2e parts, not the SXM datasheet's: compare growths and
+    ratios, not rates."""
+    h, layers, ffn, vocab = 4096, 32, 14336, 128256
+    psi = layers * (2 * h * h + 2 * h * 1024 + 3 * h * ffn) + 2 * vocab * h
+    chosen = dict(device="h100-sxm", link="nvlink4" if devices <= 8 else "ib-ndr", intra_link="nvlink4",
+                  zero=3, micro_batch=0, batch_tokens=2 * devices * 8192, seq_len=8192, layers=layers,
+                  hidden=h, heads=32, kv_heads=8, vocab=vocab, tied_embeddings=False, recompute="selective",
+                  flash_attention=True, overlap=1.0, precision=precision)
+    return costmodel.Plan(psi, 1e12, devices, **{**chosen, **options}).validate()
