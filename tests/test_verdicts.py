@@ -176,3 +176,20 @@ def test_an_fp8_estimate_states_the_fp8_peak():
     assert "1979 TFLOP/s FP8 peak" in text and "989 TFLOP/s peak" not in text, text
     bf16 = "\n".join(cm.assumptions(replace(plan, precision="bf16")))
     assert "989 TFLOP/s peak" in bf16
+
+
+@pytest.mark.ch0
+def test_one_ranks_rest_is_not_called_waiting_for_peers(monkeypatch, capsys):
+    # issue 59 item 9: a 1-rank row showed 7 % "waiting for peers", and one rank has none
+    from lesson_lib.chapters import ch00
+
+    def result(rest):  # steps 1.0 s wall, 0.9 s busy, no run-queue wait: the rest is `rest`
+        step = types.SimpleNamespace(wall_s=1.0, busy_s=1.0 - rest, runqueue_s=0.0)
+        return types.SimpleNamespace(per_rank=[types.SimpleNamespace(steps=[step, step, step])])
+
+    monkeypatch.setattr(ch00, "display", lambda *a, **k: None)
+    monkeypatch.setattr(ch00.plots.training, "busy_idle", lambda *a, **k: None)
+    shares = ch00.idle_resources({1: result(0.07), 4: result(0.30)})
+    out = capsys.readouterr().out
+    assert abs(shares[1]["peers"] - 0.07) < 1e-9 and abs(shares[4]["peers"] - 0.30) < 1e-9
+    assert "7%*" in out and "30% " in out and "*one rank has no peers" in out, out

@@ -204,7 +204,11 @@ def idle_resources(results: dict[int, Result]) -> dict[int, dict]:
           f"{'waiting for peers':>18}")
     for k, s in shares.items():
         core = f"{s['core']:.0%}" if s["core"] is not None else "—"
-        print(f"{k:>5} {s['busy']:>5.0%} {core:>19} {s['peers']:>18.0%}")
+        peers = f"{s['peers']:.0%}" + ("*" if k == 1 else " ")
+        print(f"{k:>5} {s['busy']:>5.0%} {core:>19} {peers:>19}")
+    if 1 in shares:
+        print("*one rank has no peers: its rest is time off the CPU for other reasons (system calls, page "
+              "faults, the clock's own reads), a floor under every row")
     if any(s["core"] is None for s in shares.values()):
         print("—: not measured (only Linux reports it); here it counts as waiting for peers")
     return shares

@@ -524,7 +524,9 @@ ch00.straggler_explorer()
 # * **busy**: its CPU time;
 # * **waiting for a core**: ready to run, but the operating system gave the core to something else
 #   (another rank, this notebook, a browser);
-# * **waiting for peers**: the rest, blocked in communication, for the bytes and for slower ranks.
+# * **waiting for peers**: the rest, blocked in communication, for the bytes and for slower ranks
+#   (and a little time off the CPU for other reasons, system calls and page faults: all the rest is
+#   of that kind at one rank, which has no peers).
 #
 # Only the last is the idle hardware of a real cluster, where each rank has its own device. The second
 # comes from more ranks (and programs) than cores, and varies with whatever else the machine runs
