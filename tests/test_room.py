@@ -99,6 +99,9 @@ def test_a_rooms_folder_is_private_and_names_are_checked(tmp_path):
     assert not stat.S_IMODE((folder / place.STORE_FILE).stat().st_mode) & stat.S_IRWXO
     with pytest.raises(FileExistsError, match="already open"):
         place.make_folder("tuesday", tmp_path)
+    (folder / "instructor.pid").write_text(f"{2**22 + 7} abc")  # its instructor's kernel is gone
+    assert place.make_folder("tuesday", tmp_path) == folder  # opened afresh
+    assert place.opening(folder).split()[0] == str(os.getpid())
     assert place.find_folder("tuesday", tmp_path) == folder
     with pytest.raises(FileNotFoundError, match="no room 'monday' is open"):
         place.find_folder("monday", tmp_path)

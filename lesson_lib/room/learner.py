@@ -33,6 +33,7 @@ class Learner:
         self.name = place.check_name("name", name or getpass.getuser())
         self.folder = place.find_folder(room, base)
         self.store = place.store(self.folder)
+        self._opening = place.opening(self.folder)
         self.submitted: dict[str, Callable] = {}
         self.mine: dict = {"work": work}
         self.log: list[str] = []
@@ -73,12 +74,14 @@ class Learner:
         seen = -1
         while not self._stop.is_set():
             try:
+                if place.opening(self.folder) != self._opening:
+                    raise FileNotFoundError("opened again since you joined: join again")
                 if place.get(self.store, "closed"):
                     self._say("the instructor closed the room")
                     return
                 current = place.get(self.store, "current", -1)
-            except Exception as e:  # the folder is gone: the room was closed
-                self._say(f"the room is gone ({type(e).__name__})")
+            except Exception as e:  # the folder is gone: the room was closed (or opened afresh)
+                self._say(f"the room is gone ({type(e).__name__}: {e})")
                 return
             if current > seen:
                 seen = current

@@ -13,6 +13,7 @@ import grp
 import json
 import os
 import re
+import secrets
 import shutil
 import stat
 import time
@@ -63,8 +64,11 @@ def make_folder(name: str, base: Path | None = None) -> Path:
     try:
         folder.mkdir(mode=0o700)
     except FileExistsError:
-        raise FileExistsError(f"room {name!r} is already open ({folder}); close it first, or "
-                              f"remove the folder if its instructor's kernel is gone") from None
+        if not _abandoned(folder):
+            raise FileExistsError(f"room {name!r} is already open ({folder}): close it first (room.close())"
+                                  ) from None
+        shutil.rmtree(folder)  # its instructor's kernel is gone: this user may open it afresh
+        folder.mkdir(mode=0o700)
     if gid is not None:
         os.chown(folder, -1, gid)
         os.chmod(folder, 0o2770)  # setgid: what is made inside belongs to the group too
@@ -74,7 +78,23 @@ def make_folder(name: str, base: Path | None = None) -> Path:
     if gid is not None:
         os.chown(store, -1, gid)
         os.chmod(store, 0o660)
+    (folder / "instructor.pid").write_text(f"{os.getpid()} {secrets.token_hex(8)}")  # who, and which opening
+    os.chmod(folder / "instructor.pid", 0o644)
     return folder
+
+
+def opening(folder: Path) -> str:
+    """Which opening of the room this is: a learner who joined an earlier one must join again."""
+    return (folder / "instructor.pid").read_text()
+
+
+def _abandoned(folder: Path) -> bool:
+    """A room of this user's whose instructor's process is gone."""
+    try:
+        owner = int((folder / "instructor.pid").read_text().split()[0])
+        return folder.stat().st_uid == os.geteuid() and not alive(owner)
+    except (OSError, ValueError):
+        return False
 
 
 def find_folder(name: str, base: Path | None = None) -> Path:
@@ -92,7 +112,11 @@ def find_folder(name: str, base: Path | None = None) -> Path:
 
 
 def store(folder: Path, timeout_s: float = STORE_TIMEOUT_S) -> dist.FileStore:
-    s = dist.FileStore(str(folder / STORE_FILE), -1)
+    path = folder / STORE_FILE
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise PermissionError(f"cannot read and write {path}: only the workshop's group "
+                              f"({GROUP}) may join a room (ask your instructor)")
+    s = dist.FileStore(str(path), -1)
     s.set_timeout(timedelta(seconds=timeout_s))
     return s
 
