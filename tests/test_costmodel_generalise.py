@@ -242,8 +242,9 @@ def test_the_cli_takes_the_blackwell_rows_and_fp8(tmp_path, capsys):
     out = tmp_path / "gb200.json"
     assert cli_estimate(["--params", "70e9", "--tokens", "1e12", "--data", "8", "--tensor", "8",
                          "--device", "gb200", "--link", "roce-400g", "--intra-link", "nvlink5",
-                         "--precision", "fp8", "--json", str(out)]) == 0
+                         "--precision", "fp8", "--jitter", "0.02", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "5000 TFLOP/s FP8 peak" in text and "NVLink 5" in text and "RoCE" in text
+    assert "varies by 2%" in text and "never its last bucket" in text
     (row,) = json.loads(out.read_text())
     assert "gb200" in json.dumps(row["plan"]) and row["fits"]

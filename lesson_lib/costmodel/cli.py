@@ -31,7 +31,7 @@ def cli_estimate(argv: list[str]) -> int:
                        ("extra-steps", float), ("layers", int), ("hidden", int), ("heads", int),
                        ("chunks", int), ("context", int), ("experts", int), ("expert-parallel", int),
                        ("active-params", float), ("tp-overlap", float), ("zero", int), ("top-k", int),
-                       ("kv-heads", int), ("vocab", int)):
+                       ("kv-heads", int), ("vocab", int), ("bucket-params", float), ("jitter", float)):
         p.add_argument(f"--{name}", type=kind, help=f"overrides the plan's {name.replace('-', '_')}")
     p.add_argument("--data", type=int, help="data-parallel ways d (then devices = t·p·c·d)")
     p.add_argument("--micro-batch-size", dest="micro_batch", type=int,

@@ -54,7 +54,12 @@ def assumptions(plan: Plan) -> list[str]:
         f"between nodes: {net['name']}, {1e-9 / net['beta']:g} GB/s each way per device, "
         f"α = {net['alpha'] * 1e6:g} µs — {net['source']}",
         f"{plan.overlap:.0%} of the data-parallel communication hidden behind compute (assumed; chapters "
-        "0 and 4 measure buckets and prefetch hiding it); pipeline messages never hidden; "
+        "0 and 4 measure buckets and prefetch hiding it), never its last bucket of "
+        + (f"{plan.bucket_params:.3g} gradients" if plan.bucket_params else
+           "max(4e7, 1e6·d·c) gradients (Megatron-Core's default)")
+        + (f"; stragglers: each device's compute varies by {plan.jitter:.0%}, the step waits "
+           "σ·√(2·ln n) for the slowest" if plan.jitter else "; no stragglers (jitter 0)")
+        + "; pipeline messages never hidden; "
         f"{plan.tp_overlap:.0%} of the tensor-parallel messages hidden (tp_overlap: 0 is the bound in which "
         "none is; Megatron-Core's tp_comm_overlap hides part of them, chapter 8)",
         "memory: 2 + 2 + 12 bytes per parameter (bf16 weights and gradients, fp32 Adam; "
