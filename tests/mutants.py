@@ -178,6 +178,28 @@ MUTANTS = (
            "for n in (2, 3)], [", "for n in (2, 2)], [",
            "chapter 10's exchange checker runs 2 replicas twice, never 3 (halving passes)",
            ("tests/test_world_sizes_quick.py",)),
+    # issue 57: the cost model's terms that generalise
+    Mutant("gemm-efficiency-no-ridge", "lesson_lib/costmodel/gemm.py",
+           "return e_max * intensity / (intensity + k * ridge)", "return e_max * intensity / (intensity + k)",
+           "the efficiency curve forgets the device's ridge point (peak over HBM bandwidth)",
+           ("tests/test_costmodel_generalise.py",)),
+    Mutant("fp8-every-flop", "lesson_lib/costmodel/gemm.py",
+           "kept = min(bf16_gemm_flops(plan, tokens), hardware_flops)", "kept = 0.0",
+           "FP8 runs attention's core and the head at the FP8 peak too",
+           ("tests/test_costmodel_generalise.py",)),
+    Mutant("last-bucket-hidden", "lesson_lib/costmodel/planner.py",
+           "return max(0.0, min(overlap, compute / dp_s, 1 - last_s / dp_s))",
+           "return max(0.0, min(overlap, compute / dp_s))",
+           "overlap hides the last data-parallel bucket too, so weak scaling is flat again",
+           ("tests/test_costmodel_generalise.py",)),
+    Mutant("gqa-ignored", "lesson_lib/costmodel/compute.py",
+           "kv = (kv_heads or heads) / heads  # K and V at a_kv/a of the queries' size", "kv = 1.0",
+           "grouped-query attention's K/V heads change no activation",
+           ("tests/test_costmodel_generalise.py",)),
+    Mutant("embedding-lookup-counted", "lesson_lib/costmodel/plan.py",
+           "return self.active - (0 if self.tied_embeddings else self.vocab * hidden)", "return self.active",
+           "an untied input embedding's lookup counted as matmul FLOPs",
+           ("tests/test_costmodel_generalise.py",)),
 )
 
 
