@@ -4,6 +4,7 @@ Functions are defined here with ``__module__ = "__main__"`` so they travel by va
 cell's do, and their lines are the ones the messages must name.
 """
 
+import os
 import time
 
 import probes
@@ -20,10 +21,11 @@ _cell = probes.as_cell
 
 
 @_cell
-def quiet_loop(seconds):
+def quiet_loop(seconds, until=None):
     end = time.monotonic() + seconds
     while time.monotonic() < end:  # loops without a word: no collective, no print, no event
-        pass
+        if until is not None and os.path.exists(until):
+            break
     return dist.get_rank()
 
 
@@ -61,16 +63,28 @@ def nested_cluster():
 
 
 def test_a_silent_job_gets_one_line_naming_the_busy_ranks_where_they_are_and_how_to_stop(
-        clusters, monkeypatch, capsys):
+        clusters, monkeypatch, capsys, tmp_path):
     # bug caught: a function looping without communicating ran 60 s with nothing in the cell
+    # event-driven, not a race against the clock (a 1.6 s loop lost it at load 32): the ranks loop
+    # until the notice has been printed (the parent touches a file then), or 120 s at most
     monkeypatch.setattr(silence, "SILENCE_S", 0.4)
-    assert clusters(2).run(quiet_loop, 1.6) == [0, 1]
+    said = tmp_path / "said"
+    tick = silence.Silence.tick
+
+    def tick_then_mark(self, pending):
+        tick(self, pending)
+        if self.said:
+            said.touch()
+
+    monkeypatch.setattr(silence.Silence, "tick", tick_then_mark)
+    assert clusters(2).run(quiet_loop, 120.0, str(said)) == [0, 1]
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if "has sent nothing" in line]
     assert len(lines) == 1, out  # once per job, not every half second
     line = lines[0]
     assert "the run of quiet_loop" in line and "ranks 0, 1 still busy" in line, line
-    assert "rank 0: running" in line and "while time.monotonic() < end:" in line, line
+    assert "rank 0: running test_runtime_stuck.py, line" in line, line  # its own line, not os.path's
+    assert "while time.monotonic() < end:" in line or "os.path.exists(until):" in line, line
     assert "interrupt the kernel" in line and "timeout_s=" in line, line
     assert clusters(2).run(quiet_loop, 0.0) == [0, 1]  # a quick job: no word
     assert "has sent nothing" not in capsys.readouterr().out
@@ -201,3 +215,18 @@ def test_a_cell_function_passed_to_a_library_job_keeps_its_lines_in_the_tracebac
     finally:
         linecache.cache.pop(name, None)
     assert "raise ValueError('my bug in the ring')" in str(e.value), str(e.value)
+
+
+def test_where_a_rank_is_names_its_own_line_not_pythons_helpers_below_it():
+    # caught: a loop calling os.path.exists was reported as "running <frozen genericpath>, line 19"
+    import json
+
+    from lesson_lib.runtime.diagnosis import TORCH_DIR, where
+
+    mine = ("/home/me/train.py", 12, "step", "if os.path.exists(flag):")
+    frozen = ("<frozen genericpath>", 19, "exists", "")
+    on_disk = (json.__file__, 231, "dumps", "return _default_encoder.encode(obj)")
+    assert where([mine, frozen]) == "running train.py, line 12: if os.path.exists(flag):"
+    assert where([mine, on_disk]) == "running train.py, line 12: if os.path.exists(flag):"
+    recv = (TORCH_DIR + "/distributed/distributed_c10d.py", 2800, "recv", "work.wait()")
+    assert where([mine, recv]).startswith("waiting in torch.distributed recv(), called from train.py, line 12")

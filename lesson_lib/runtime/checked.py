@@ -21,7 +21,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from .errors import UNMATCHED, CollectiveMismatch
+from .errors import CollectiveMismatch
 from .ledger import (
     DTYPE,
     DTYPE_CODES,
@@ -34,11 +34,10 @@ from .ledger import (
     ROOT,
     SEP,
     SLOTS,
-    Call,
     Ledger,
-    describe,
     disagreement,
-    ordinal,
+    mismatch_message,
+    returned_message,
 )
 
 # a process group's method -> what it is (also what exercises.observe records)
@@ -112,8 +111,8 @@ def end() -> None:
             continue
         channel = mine.get(key) or f"the link from rank {me} to rank {q}"
         made = counts.get(key, 0)
-        raise CollectiveMismatch(_returned(channel, ledger.read(slot, q, seq), me, made,
-                                           ledger.read(slot, me, made) if made else None))
+        raise CollectiveMismatch(returned_message(channel, ledger.read(slot, q, seq), me, made,
+                                                  ledger.read(slot, me, made) if made else None))
 
 
 def _checked(method, name: str):
@@ -177,12 +176,12 @@ def _post_and_compare(ledger: Ledger, key: str, parties, code: int, sig: tuple, 
                 a, b = ledger.read(slot, min(me, q), seq), ledger.read(slot, max(me, q), seq)  # by rank
                 why = disagreement(a, b) if a is not None and b is not None else None
                 if why:
-                    raise CollectiveMismatch(_mismatch(_channel(key, group), seq, a, b, why))
+                    raise CollectiveMismatch(mismatch_message(_channel(key, group), seq, a, b, why))
         elif kind != "send" and ledger.done(q) == job:  # q returned: has it made this call?
             made = ledger.count(slot, q, job, crc)
             if made is not None and made < seq:
                 waiting, last = ledger.read(slot, me, seq), ledger.read(slot, q, made) if made else None
-                raise CollectiveMismatch(_returned(_channel(key, group), waiting, q, made, last))
+                raise CollectiveMismatch(returned_message(_channel(key, group), waiting, q, made, last))
 
 
 def _signature(name: str, kind: str, group, args: tuple, kwargs: dict):
@@ -283,27 +282,3 @@ def _channel(key: str, group) -> str:
     if group is None or group == dist.group.WORLD:
         return "the default group"
     return f"the group of ranks {dist.get_process_group_ranks(group)}"
-
-
-def _mismatch(channel: str, seq: int, a: Call, b: Call, why: str) -> str:
-    calls = f"\n  rank {a.rank}: {describe(a)}\n  rank {b.rank}: {describe(b)}\n"
-    if "send" in (a.op, b.op):
-        return (f"message mismatch on {channel}: its {ordinal(seq)} message does not fit the receive "
-                f"({why}){calls}"
-                "A receive must name the rank that sends, with a tensor of the size and dtype sent: sends "
-                "and receives between two ranks pair up in order. Stopped before Gloo could abort a rank.")
-    return (f"collective mismatch on {channel}: the ranks' {ordinal(seq)} calls there do not pair up "
-            f"({why}){calls}"
-            "Every rank must make the same collective calls in the same order, with the same sizes and "
-            "dtypes: a call made on some ranks only meets the others' next call. Stopped before Gloo could "
-            "abort a rank.")
-
-
-def _returned(channel: str, waiting: Call | None, gone: int, made: int, last: Call | None) -> str:
-    who = f"rank {waiting.rank}" if waiting is not None else "a rank"
-    after = f"after {made} call{'s' if made != 1 else ''} there"
-    after += f"; its last: {describe(last)}" if last else ""
-    return (f"{UNMATCHED}{channel}: {who} makes a call that rank {gone} never makes (rank {gone} returned "
-            f"from the function {after}), so {who} would wait for it until the timeout:\n"
-            f"  {who}: {describe(waiting) if waiting is not None else 'a call'}\n"
-            "Is this call made on some ranks only? Every rank must make its side of it.")

@@ -12,7 +12,6 @@ import os
 import pickle
 import queue
 import shutil
-import socket
 import threading
 import time
 import warnings
@@ -126,7 +125,7 @@ class Cluster:
 
     def _spawn(self, init_method: str) -> None:
         env = {"OMP_NUM_THREADS": str(self.threads)}
-        if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _has_iface("lo"):
+        if self.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and placement.has_iface("lo"):
             env["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: keep Gloo on loopback
         with start.starting(self.backend, env, os.path.join(self._tmp, "main-guard")) as (ctx, mark):
             self._mark = mark
@@ -228,8 +227,8 @@ class Cluster:
             self.close()  # those workers are exiting; the next run starts fresh ones
             for why in dict.fromkeys(w for w in broken.values() if w):
                 ranks = [r for r, w in broken.items() if w == why]
-                output.notice(f"lesson_lib: {_ranks(ranks)}: {why}; the workers were replaced for the "
-                              "next run")
+                output.notice(f"lesson_lib: {placement.ranks_text(ranks)}: {why}; the workers were replaced "
+                              "for the next run")
         return [value for value, _ in done]
 
     def _collect_or_stop(self, what: str, *args, **kwargs) -> list:
@@ -297,14 +296,3 @@ class Cluster:
         if self._native is not None:
             self._native.relay()  # what ranks wrote below Python during the job, marked by rank
         return values
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
-
-
-def _has_iface(name: str) -> bool:
-    try:
-        return any(n == name for _, n in socket.if_nameindex())
-    except OSError:
-        return False

@@ -11,6 +11,15 @@ import torch
 RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
 LIBRARY_DIR = os.path.dirname(RUNTIME_DIR)  # lesson_lib/
 TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__))  # os.path.exists, json, queue...
+
+
+def _stdlib(filename: str) -> bool:
+    """Python's own modules, frozen ('<frozen genericpath>') or on disk (not its site-packages)."""
+    if filename.startswith("<frozen "):
+        return True
+    path = os.path.abspath(filename)
+    return path.startswith(STDLIB_DIR + os.sep) and os.sep + "site-packages" + os.sep not in path
 
 
 def in_runtime(filename: str) -> bool:
@@ -71,9 +80,9 @@ def where(frames: list) -> str:
     def library(f) -> bool:
         return os.path.abspath(f[0]).startswith((TORCH_DIR, LIBRARY_DIR))
 
-    mine = [i for i, f in enumerate(frames) if not library(f)]
+    mine = [i for i, f in enumerate(frames) if not library(f) and not _stdlib(f[0])]
     if not mine:  # library code alone (a milestone's worker): its innermost non-torch frame
-        mine = [i for i, f in enumerate(frames) if not f[0].startswith(TORCH_DIR)]
+        mine = [i for i, f in enumerate(frames) if not f[0].startswith(TORCH_DIR) and not _stdlib(f[0])]
     if not mine:
         return "running (no frame outside torch)"
     i = mine[-1]
@@ -81,7 +90,7 @@ def where(frames: list) -> str:
     at = f"{cell_label(filename) or os.path.basename(filename)}, line {lineno}" + (
         f": {line.strip()}" if line else "")
     below = [f for f in frames[i + 1:] if f[2] not in ("wrapper", "inner")]
-    if not below:
+    if not below or all(_stdlib(f[0]) for f in below):  # Python's own helpers are part of the line
         return f"running {at}"
     callee = "torch.distributed" if below[0][0].startswith(TORCH_DIR) else _library_module(below[0][0])
     return f"waiting in {callee} {below[0][2]}(), called from {at}"

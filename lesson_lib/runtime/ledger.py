@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import torch
 
+from .errors import UNMATCHED
+
 SLOTS = 64  # channels, by hash of their name; two names on one slot are told apart by the hash
 RING = 4  # a rank's latest calls kept per channel: asynchronous calls may run ahead of a peer's
 TEXT = 256  # bytes for the lines that made one call, NUL-terminated
@@ -265,3 +267,29 @@ def _n(numel: int) -> str:
 
 def ordinal(k: int) -> str:
     return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def mismatch_message(channel: str, seq: int, a: Call, b: Call, why: str) -> str:
+    """What a rank raises when its call and a peer's do not pair up (:mod:`.checked`)."""
+    calls = f"\n  rank {a.rank}: {describe(a)}\n  rank {b.rank}: {describe(b)}\n"
+    if "send" in (a.op, b.op):
+        return (f"message mismatch on {channel}: its {ordinal(seq)} message does not fit the receive "
+                f"({why}){calls}"
+                "A receive must name the rank that sends, with a tensor of the size and dtype sent: sends "
+                "and receives between two ranks pair up in order. Stopped before Gloo could abort a rank.")
+    return (f"collective mismatch on {channel}: the ranks' {ordinal(seq)} calls there do not pair up "
+            f"({why}){calls}"
+            "Every rank must make the same collective calls in the same order, with the same sizes and "
+            "dtypes: a call made on some ranks only meets the others' next call. Stopped before Gloo could "
+            "abort a rank.")
+
+
+def returned_message(channel: str, waiting: Call | None, gone: int, made: int, last: Call | None) -> str:
+    """What a rank raises when it waits on a call a peer that returned never made (:mod:`.checked`)."""
+    who = f"rank {waiting.rank}" if waiting is not None else "a rank"
+    after = f"after {made} call{'s' if made != 1 else ''} there"
+    after += f"; its last: {describe(last)}" if last else ""
+    return (f"{UNMATCHED}{channel}: {who} makes a call that rank {gone} never makes (rank {gone} returned "
+            f"from the function {after}), so {who} would wait for it until the timeout:\n"
+            f"  {who}: {describe(waiting) if waiting is not None else 'a call'}\n"
+            "Is this call made on some ranks only? Every rank must make its side of it.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -250,3 +251,15 @@ def describe() -> dict:
         "placement": {n: choose_placement(n).reason for n in (1, 2, 4, 8)},
         "threads_per_rank": {n: threads_per_rank(n) for n in (1, 2, 4, 8)},
     }
+
+
+def ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def has_iface(name: str) -> bool:
+    """Whether this machine has the network interface ``name`` (Gloo is bound to loopback, "lo")."""
+    try:
+        return any(n == name for _, n in socket.if_nameindex())
+    except OSError:
+        return False
