@@ -18,9 +18,10 @@ on SC21 Table 1 alone (:func:`.calibrate.fit_gemm_efficiency`), and stored in :d
 another device the same k moves the curve by that device's ridge point (an assumption, printed).
 
 FP8 speeds up only the GEMMs it runs: the linear layers at the FP8 peak; attention's scores and
-weighted sum and the output head stay bf16 GEMMs (torchao's and Transformer Engine's float8 training
-convert ``nn.Linear`` layers only; the head is left out by default); the memory-bound work stays as it
-was; and the casts add HBM traffic (:func:`cast_bytes`).
+weighted sum stay bf16 (torchao's float8 training swaps ``nn.Linear`` modules for ``Float8Linear``, and
+attention's core is no ``nn.Linear``), and so does the output head (torchtitan's Llama 3 configs leave it
+out: ``filter_fqns = "output"``, models/llama3/train_configs/llama3_8b.toml); the memory-bound work
+stays as it was; and the casts add HBM traffic (:func:`cast_bytes`).
 """
 
 from __future__ import annotations
