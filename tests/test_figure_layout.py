@@ -117,3 +117,19 @@ def test_chapter_10s_replica_steps_mark_the_discard_and_the_heal_on_one_clock():
     assert list(fig.data[1].x) == [2.5, 3.0, 3.5, 4.0]  # t0 = 0.5 - 0.5 = 0: a's first step began at 0
     notes = {n.text: n.x for n in fig.layout.annotations}
     assert notes == {"step 3 discarded": 2.0, "healed from replica 0": 2.5}
+
+
+def test_chapter_2s_alpha_beta_at_scale_keeps_its_titles_apart():
+    # issue 59 item 9: the legend beside the two plots squeezed them until their titles overlapped,
+    # and the one-line title ran past the figure's edge
+    from lesson_lib import plots as p
+
+    rows = [{"link": link, "algorithm": alg, "size_bytes": s, "world_size": n, "time_s": 1e-3 * n,
+             "latency_share": 0.1} for link in ("laptop", "IB") for alg in ("ring", "halving-doubling")
+            for s in (25e6, 1e9) for n in (2, 4, 8)]
+    title = "The α-β model at cluster scale: InfiniBand HDR (one 200 Gb/s port per GPU) (α = 5 µs " \
+            "assumed, 1/β = 25 GB/s) beside this laptop's fit"
+    fig = p.alpha_beta.at_scale(rows, "IB", title)
+    assert not _problems("ch2 at scale", fig)
+    assert all(len(line) <= 80 for line in fig.layout.title.text.split("<br>"))
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0  # below, not beside

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .collectives import ALG_COLORS
-from .common import log_axes
+from .common import log_axes, wrap
 
 
 def algorithms_at_scale(rows: list[dict], crossover: list[dict], sizes: list[float], nbytes: float,
@@ -52,8 +52,8 @@ def at_scale(rows: list[dict], link: str, title: str) -> go.Figure:
     Right: on that interconnect, the share of each all-reduce that is latency (2(N−1)·α for the ring,
     2·log₂N·α for halving-doubling), per message size; above 0.5 latency dominates.
     """
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "predicted all-reduce time, ring", f"share of it that is latency, {link}"))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        "predicted all-reduce time, ring", wrap(f"share of it that is latency, {link}", 40)))
     sizes = sorted({r["size_bytes"] for r in rows})
     mid = sizes[len(sizes) // 2]
     for i, name in enumerate(dict.fromkeys(r["link"] for r in rows)):
@@ -74,5 +74,8 @@ def at_scale(rows: list[dict], link: str, title: str) -> go.Figure:
     fig.update_xaxes(type="log", title_text="ranks N")
     fig.update_yaxes(type="log", title_text="ms (model)", row=1, col=1)
     fig.update_yaxes(title_text="latency / total (model)", range=[0, 1], row=1, col=2)
-    fig.update_layout(title=title, height=420)
+    # the title wrapped and the legend below: beside the plots it squeezed them until their titles
+    # overlapped, and the one-line title ran past the figure's edge
+    fig.update_layout(title=wrap(title, 80), height=560, margin={"t": 130, "b": 40},
+                      legend={"orientation": "h", "y": -0.2, "yanchor": "top", "x": 0})
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
