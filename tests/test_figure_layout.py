@@ -133,3 +133,19 @@ def test_chapter_2s_alpha_beta_at_scale_keeps_its_titles_apart():
     assert not _problems("ch2 at scale", fig)
     assert all(len(line) <= 80 for line in fig.layout.title.text.split("<br>"))
     assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0  # below, not beside
+
+
+def test_chapter_6s_crossings_are_named_in_the_legend_not_in_text_that_overlaps():
+    # issue 59 item 9: the stars' text labels, a few N apart, overlapped each other
+    from lesson_lib import plots as p
+
+    ns = [2, 4, 8]
+    fig = p.compression.bytes_vs_ranks(
+        {"none": {2: 4e6}, "top-k 1%": {2: 8e4}}, {"top-k 1%": (ns, [8e4, 2.4e5, 5.6e5])},
+        {"fp32 ring": (ns, [4e6] * 3), "bf16 ring": (ns, [2e6] * 3)},
+        [("top-k 1%", 8, 5.6e5, "fp32"), ("top-k 1%", 4, 2.4e5, "bf16")])
+    stars = [t for t in fig.data if t.marker.symbol in ("star", "star-open")]
+    assert [t.name for t in stars] == ["top-k 1% stops saving at N = 8 (fp32 ring)",
+                                       "top-k 1% stops saving at N = 4 (bf16 ring)"]
+    assert all(t.mode == "markers" and t.showlegend is not False for t in stars)
+    assert not _problems("ch6 bytes", fig)

@@ -73,9 +73,8 @@ def bytes_vs_ranks(counted: dict, lines: dict, baselines: dict, stars: list,
                             hoverinfo="skip")
         fig.add_scatter(x=list(by_n), y=list(by_n.values()), mode="markers", name=label,
                         marker={"size": 9, "color": color, "symbol": _style(label)["symbol"]})
-    for label, n, y, ring in stars:
-        fig.add_scatter(x=[n], y=[y], mode="markers+text", showlegend=False,
-                        text=[f"{label}: N = {n} ({ring})"], textposition="top left",
+    for label, n, y, ring in stars:  # named in the legend: text beside stars a few N apart overlapped
+        fig.add_scatter(x=[n], y=[y], mode="markers", name=f"{label} stops saving at N = {n} ({ring} ring)",
                         marker={"symbol": "star" if ring == "fp32" else "star-open", "size": 14,
                                 "color": _style(label)["color"]})
     fig.update_xaxes(type="log", title_text="ranks N (log; markers measured, lines their formulas)")
