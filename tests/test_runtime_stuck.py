@@ -229,4 +229,5 @@ def test_where_a_rank_is_names_its_own_line_not_pythons_helpers_below_it():
     assert where([mine, frozen]) == "running train.py, line 12: if os.path.exists(flag):"
     assert where([mine, on_disk]) == "running train.py, line 12: if os.path.exists(flag):"
     recv = (TORCH_DIR + "/distributed/distributed_c10d.py", 2800, "recv", "work.wait()")
-    assert where([mine, recv]).startswith("waiting in torch.distributed recv(), called from train.py, line 12")
+    waiting = "waiting in torch.distributed recv(), called from train.py, line 12"
+    assert where([mine, recv]).startswith(waiting)
