@@ -284,7 +284,8 @@ def scale_calculator():
                      f"<b>{compute_s * 1e3:.2f} ms</b> of compute per block: communication is "
                      f"{comm_s / (comm_s + compute_s):.0%} of the step "
                      "if nothing overlaps (width 12,288, 2,048 tokens, bf16, A100 at "
-                     f"{CALIBRATED_EFFICIENCY:.0%} of peak, chapter 7's calibrated efficiency)")
+                     f"{CALIBRATED_EFFICIENCY:.0%} of peak: chapter 7's one calibrated constant; its "
+                     "default model varies the efficiency with the GEMM's shape)")
 
     link.observe(update, "value")
     t.observe(update, "value")
