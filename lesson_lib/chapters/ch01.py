@@ -190,7 +190,7 @@ def worker_failure(mode: str, workers: int = 3, steps: int = 30, lr: float = 0.0
     of them with all workers) is compared with the mean of the last five.
     """
     try:
-        r = _run(mode, workers, fail_worker="1:4", lost_after_s=1.0, steps=steps, lr=lr, global_batch=96)
+        r = _run(mode, workers, fail_worker="1:4", lost_after_s=2.0, steps=steps, lr=lr, global_batch=96)
     except WorkerError as e:
         print(f"{mode}: training failed:\n" + textwrap.fill(str(e).splitlines()[0], 96, initial_indent="  ",
                                                            subsequent_indent="  "))

@@ -57,6 +57,7 @@ import torch.nn.functional as F
 
 from lesson_lib import comm, show_source, warm_cluster
 from lesson_lib.chapters import ch06
+from lesson_lib.chapters.timed import timed_claim
 from lesson_lib.data import teacher_classification
 from lesson_lib.milestones import compression
 from lesson_lib.milestones.compression import PowerSGD, SignAllReduce, TopK, ddp_hook
@@ -368,20 +369,25 @@ t = {(r["compressor"], r["gbps"]): r for r in sweep["rows"]}
 #
 # Where the lines cross (the **crossover**) depends on the machine's compute speed and on what else
 # runs on its cores, so it moves from run to run: compare the predicted and measured crossovers in
-# the table. The slow end does not move. The check below asks each compressor to save at least half
-# of its saved bytes' link time. The other half is room for its compute and its extra messages'
-# sleeps, which a busy machine stretches: with other jobs on the cores, PowerSGD's measured step can
-# be a few times its prediction.
+# the table. The slow end does not move on a quiet machine: below, each compressor should save at
+# least half of its saved bytes' link time. The other half is room for its compute and its extra
+# messages' sleeps, which a busy machine stretches: with other jobs on the cores, PowerSGD's
+# measured step can be a few times its prediction, so the cell prints what this run showed (and the
+# load) rather than stopping; the bytes, which no load changes, are asserted.
 
 # %%
 slow = ch06.GBPS[0]
 base = sweep["base"]
 for c in ("fp16", "topk", "powersgd"):
+    assert base[c]["wire_bytes_per_step"] < base["none"]["wire_bytes_per_step"]  # fewer bytes, always
     link_s = (base["none"]["wire_bytes_per_step"] - base[c]["wire_bytes_per_step"]) * 8 / (slow * 1e9)
     saved = t["none", slow]["step_s"] - t[c, slow]["step_s"]
-    assert saved > 0.5 * link_s, (c, saved, link_s, t[c, slow], t["none", slow])
+    timed_claim(saved > 0.5 * link_s, f"{c} saves at least half its bytes' link time at {slow:g} Gbit/s",
+                f"{saved * 1e3:.0f} ms saved of {link_s * 1e3:.0f} ms")
 # On the slowest link the emulated transfer dominates, and the model predicts it within a third.
-assert abs(t["none", slow]["step_s"] / t["none", slow]["predicted_s"] - 1) < 0.33, t["none", slow]
+ratio = t["none", slow]["step_s"] / t["none", slow]["predicted_s"]
+timed_claim(abs(ratio - 1) < 0.33, "the α-β model predicts the uncompressed step within a third",
+            f"measured / predicted {ratio:.2f}")
 # On 4 ranks the model was fed with the bytes counted there: the ring's and fp16's 2(N−1)/N, top-k's (N−1).
 four = sweep["by_world"][4]["base"]
 assert four["none"]["wire_bytes_per_step"] == compression.ring_busiest_bytes(S, 4, 4)
