@@ -162,3 +162,20 @@ def test_make_install_from_a_wheelhouse_never_asks_the_network():
     wheelhouse = subprocess.run(["make", "-n", "wheelhouse", "WHEELHOUSE=/w"], cwd=ROOT, capture_output=True,
                                 text=True, timeout=60).stdout
     assert '"torch==' in wheelhouse and ".[dev,workshop]" in wheelhouse and "-w /w" in wheelhouse
+
+
+def test_the_proxy_keeps_a_slow_spawns_progress_stream_open(monkeypatch, tmp_path):
+    # caught under load: the Python proxy gave the spawn page's progress stream tornado's default 20 s;
+    # three servers starting at once took 24 s, the stream was cut with a 503, and the learners' pages
+    # never went on to JupyterLab
+    from traitlets.config import Config
+
+    from lesson_lib.workshop import hubconfig, serve
+
+    monkeypatch.setattr(hubconfig, "authenticator_class", lambda password_hash: object)
+    conf = serve.settings(["ana"], "a-long-enough-password", "127.0.0.1", 8000, tmp_path, tmp_path / "venv",
+                          tmp_path / "course", idle_timeout_s=600, kernel_idle_s=1200, limits=False)
+    c = Config()
+    hubconfig.configure(c, conf)
+    flags = [a for a in c.ConfigurableHTTPProxy.command if a.startswith("--proxy-timeout=")]
+    assert flags and int(flags[0].split("=")[1]) >= 1000 * c.Spawner.start_timeout > 20_000, flags

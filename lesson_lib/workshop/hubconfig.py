@@ -47,7 +47,12 @@ def configure(c, settings: dict) -> None:
     c.JupyterHub.ip, c.JupyterHub.port = settings["ip"], settings["port"]
     c.JupyterHub.hub_ip, c.JupyterHub.hub_port = "127.0.0.1", settings["hub_port"]
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings['proxy_api_port']}"
-    c.ConfigurableHTTPProxy.command = [str(bin_ / "configurable-http-proxy")]
+    # The Python proxy gives each proxied request tornado's default 20 s unless told otherwise, and
+    # the spawn page's progress stream lasts as long as a learner's server takes to start: on a busy
+    # machine (3 servers at once on 2 cores took 24 s) it was cut with a 503 and the page never went
+    # on to JupyterLab. Give it the spawner's own limit, plus a minute.
+    c.ConfigurableHTTPProxy.command = [str(bin_ / "configurable-http-proxy"),
+                                       f"--proxy-timeout={(settings['start_timeout_s'] + 60) * 1000}"]
     c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
     c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
