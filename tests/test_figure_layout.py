@@ -149,3 +149,86 @@ def test_chapter_6s_crossings_are_named_in_the_legend_not_in_text_that_overlaps(
                                        "top-k 1% stops saving at N = 4 (bf16 ring)"]
     assert all(t.mode == "markers" and t.showlegend is not False for t in stars)
     assert not _problems("ch6 bytes", fig)
+
+
+def _chapter_1_3_4_figures():
+    """Figures of chapters 1, 3 and 4 as they build them, with the CPU-fallback note where they add it."""
+    from types import SimpleNamespace
+
+    from lesson_lib.plots.common import oversubscription_note
+
+    p = plots
+    note = oversubscription_note([SimpleNamespace(oversubscribed=True, world_size=4)])
+    c = {"time": [0, 1, 2], "updates": [1, 2, 3], "loss": [2, 1.5, 1.2]}
+    segs = [{"worker": w, "step": 1, "phase": ph, "start": i, "end": i + 0.5}
+            for w in range(2) for i, ph in enumerate(p.training.PHASE_COLORS)]
+    ev = [{"rank": r, "kind": k, "microbatch": 0, "start": 0.01 * (r + 3 * j),
+           "end": 0.01 * (r + 3 * j) + 0.008, "step": 1, "busy": 0.007}
+          for r in range(2) for j, k in enumerate(("forward", "backward"))]
+    rows = [{"label": f"stage {s}", "measured": {"params": 1e6}, "formula": {"total": 1e6}} for s in range(4)]
+    yield "ch1 live", go.Figure(p.common.LiveRuns("Parameter server, 3 workers: sync vs async").fig)
+    yield "ch1 loss", p.training.loss_curves({"sync": c, "async": c})
+    yield "ch1 timeline", p.training.timeline(segs, "async: what each worker did, step by step", note)
+    yield "ch1 traffic", p.training.traffic_vs_formula(
+        [{"servers": k, "counted": 1e6 / k, "formula": 1e6 / k, "step_ms": 5.0} for k in (1, 2)], "servers",
+        "server shards (K)", "Sharded servers: the traffic each server carries falls as 1/K, and the step "
+        "time with it", note)
+    yield "ch3 live", go.Figure(p.pipeline.LiveGantt(2, "1f1b: 2 stages, 4 micro-batches, live").fig)
+    yield "ch3 gantt", p.pipeline.pipeline_gantt({"measured: wall clock, step 1": ev, "replayed": ev}, 2,
+                                                 "1f1b: 2 stages, 1 micro-batch — one step as measured", note)
+    yield "ch4 live", go.Figure(p.common.LiveRuns("ZeRO stages 0–3 on 4 ranks (fp32)").fig)
+    yield "ch4 memory", p.memory.memory_vs_formula(
+        rows, "Memory per rank, 4 ranks, fp32: the inventory of what rank 0 holds (bars) vs Rajbhandari "
+        "et al. (2020) (marks)")
+
+
+@pytest.mark.parametrize("name, fig", list(_chapter_1_3_4_figures()),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_chapters_1_3_and_4_titles_sit_below_plotlys_modebar(name, fig):
+    # issue 59 item 9: titles with the CPU-fallback note were pushed (automargin) against the figure's
+    # top edge, where the modebar covered their right-hand end at 700–950 px
+    from lesson_lib.plots.common import MODEBAR_PX, SUP_LINE_PX, TITLE_LINE_PX
+
+    t, height = fig.layout.title, fig.layout.height or 450
+    lines = t.text.split("<br>")
+    assert all(len(line) <= 80 for line in lines if "<sup" not in line), name
+    # anchored by its first line, in pixels from the top: that line's top below the modebar's band
+    assert t.yref == "container" and t.yanchor == "bottom" and t.automargin is False, name
+    first_line_top = (1 - t.y) * height - TITLE_LINE_PX
+    assert first_line_top >= MODEBAR_PX - 1e-6, name
+    # and the top margin holds every line above the plot area
+    sup = sum("<sup" in line for line in lines)
+    assert fig.layout.margin.t >= MODEBAR_PX + TITLE_LINE_PX * (len(lines) - sup) + SUP_LINE_PX * sup, name
+
+
+def test_chapter_7s_talk_chart_keeps_its_labels_apart_and_every_number():
+    # issue 59 item 9: the title ran past the figure's edge and under the legend, the sideways
+    # multi-line milestone names overlapped, and the memory bars' numbers sat on each other and on
+    # the device-memory line's label
+    from lesson_lib.costmodel import claims
+    from lesson_lib.plots.common import MODEBAR_PX
+
+    by = claims.chart(175e9, 300e9, 1024)
+    fig = plots.impact.talk_chart(by, "1.75e+11 parameters, 3e+11 tokens on 1,024 × NVIDIA A100 SXM "
+                                  "(80 GB): modelled time and memory per device, milestone by milestone",
+                                  ["an assumption"])
+    t, height = fig.layout.title, fig.layout.height
+    assert all(len(line) <= 80 for line in t.text.split("<br>"))
+    assert t.yref == "container" and (1 - t.y) * height >= MODEBAR_PX
+    title_bottom = fig.layout.margin.t - plots.impact.LEGEND_PX - 30  # the subplot titles' room under it
+    assert fig.layout.legend.yref == "container" and fig.layout.legend.yanchor == "top"
+    assert (1 - fig.layout.legend.y) * height >= title_bottom  # the legend starts below the title
+    # one-line tick labels on both subplots
+    assert all("<br>" not in s for s in fig.layout.xaxis.ticktext)
+    rows = by[0.0]
+    # every number kept: days per overlap, memory per device and per server
+    days = [tr for tr in fig.data if tr.xaxis == "x" and tr.showlegend is False]
+    assert [list(tr.text) for tr in days] == [[f"{r['days']:.3g} d" for r in by[ov]] for ov in by]
+    memory = [tr for tr in fig.data if tr.xaxis == "x2" and tr.type == "bar" and tr.text]
+    assert list(memory[0].text) == [f"{r['memory']['total'] / 1e9:.3g}" for r in rows]
+    # numbers turned sideways everywhere: side by side they no longer overlap
+    assert all(tr.textangle == -90 for tr in days + memory)
+    # the device's memory named in the legend, not in text on the bars
+    assert not [a for a in fig.layout.annotations if "device memory" in (a.text or "")]
+    assert any(tr.name == "device memory 80 GB" for tr in fig.data)
+    assert all(len(line) <= 125 for line in fig.layout.annotations[-1].text.split("<br>"))

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .common import COLORS, wrap
+from .common import COLORS, titled, wrap
 
 
+@titled
 def resumed_loss(run: dict, title: str) -> go.Figure:
     """``run``: what ``zero.checkpoint.survive`` returned — loss by step uninterrupted, killed (up to
     the kill) and resumed (from the restored step), with the kill and the restore marked."""

@@ -57,6 +57,7 @@ class LiveRuns:
         base.update_layout(title=title, height=400, autosize=True, margin={"b": 110, "t": 80},
                            legend={"orientation": "h", "yref": "container", "y": 0.01, "yanchor": "bottom",
                                    "x": 0, "xanchor": "left"})
+        clear_of_modebar(base)
         base.update_xaxes(title_text="step")
         base.add_annotation(text="", showarrow=False, xref="x domain", yref="y domain", x=1, y=1,
                             xanchor="right", yanchor="top", align="right", name="coincide",
@@ -252,6 +253,59 @@ def legend_outside(fig: go.Figure) -> go.Figure:
 def wrap(text: str, width: int = 80) -> str:
     """Break a long title or note into lines (plotly never wraps, it clips at the figure's edge)."""
     return "<br>".join(textwrap.wrap(text, width))
+
+
+# plotly's modebar (the toolbar that appears over the top-right corner when the mouse is on a figure)
+# covers the top ~24 px of the figure, from the right edge to ~300 px left of it: at 700–950 px (a
+# JupyterLab cell on a laptop) that is most of a long title's first line.
+MODEBAR_PX = 28
+TITLE_LINE_PX = 22  # a title line (17 px font); a <sup> line (a note) takes SUP_LINE_PX
+SUP_LINE_PX = 17
+TITLE_CHARS = 80  # a title line at most this long fits 700 px
+
+
+def title_lines(text: str) -> list[str]:
+    """The lines of a title as drawn, long plain lines wrapped at TITLE_CHARS."""
+    return [line for part in (text or "").split("<br>")
+            for line in ([part] if "<sup" in part else textwrap.wrap(part, TITLE_CHARS) or [""])]
+
+
+def clear_of_modebar(fig: go.Figure) -> go.Figure:
+    """Place ``fig``'s title below plotly's modebar band, with a top margin that holds the title's
+    lines (and the subplot titles under it) and no more: the first line's baseline at a fixed
+    distance from the top, so every line sits under the band whatever the figure's width.
+
+    Without it plotly centres the title in the top margin (or, pushed by ``automargin``, against
+    the figure's top edge), where the modebar covers a long title's right-hand end; ``automargin``
+    also left traces drawn where the plot area was before the margin grew. Returns ``fig``."""
+    text = fig.layout.title.text
+    if not text:
+        return fig
+    lines = title_lines(text)
+    sup = sum("<sup" in line for line in lines)
+    h = TITLE_LINE_PX * (len(lines) - sup) + SUP_LINE_PX * sup
+    subplot_titles = any(a.yref == "paper" and a.y == 1 and a.yanchor == "bottom"
+                         for a in fig.layout.annotations)
+    height = fig.layout.height or 450  # plotly's default
+    top = MODEBAR_PX + h + (34 if subplot_titles else 14)
+    # plotly anchors a multi-line title by its first line: that line's bottom sits MODEBAR_PX + one
+    # line from the top, the others below it
+    fig.update_layout(title={"text": "<br>".join(lines), "yref": "container", "yanchor": "bottom",
+                             "y": 1 - (MODEBAR_PX + TITLE_LINE_PX) / height,
+                             "automargin": False, "pad": {"t": 0, "b": 0}},
+                      margin={"t": max(fig.layout.margin.t or 0, top)})
+    return fig
+
+
+def titled(build):
+    """Decorator: the figure ``build`` returns, its title placed by :func:`clear_of_modebar`."""
+    import functools
+
+    @functools.wraps(build)
+    def wrapper(*args, **kwargs):
+        return clear_of_modebar(build(*args, **kwargs))
+
+    return wrapper
 
 
 def _with_note(title: str, note: str | None) -> dict:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, RUN_COLORS
+from .common import COLORS, RUN_COLORS, titled
 
 
+@titled
 def staleness_sweep(rows: list[dict], title: str) -> go.Figure:
     """rows: {label, bound, compute_ms, wait_ms, loss, max_lead, worker_lead}, one per staleness bound.
 
@@ -39,6 +40,7 @@ def staleness_sweep(rows: list[dict], title: str) -> go.Figure:
     return fig
 
 
+@titled
 def failover(losses: dict[str, list[float]], fail_at: int, run: dict, title: str) -> go.Figure:
     """Left: loss per step of each run (label → losses), the primary's departure marked. Right: the
     bytes of the failed run by kind, counted against the formula (``parameter_server.replicas.summarize``)."""

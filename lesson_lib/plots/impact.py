@@ -8,7 +8,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, _with_note, legend_outside, level, log_axes, wrap
+from .common import COLORS, _with_note, clear_of_modebar, legend_outside, log_axes, wrap
 
 NO_FIT = "#BAB0AC"
 FITS = "#4C78A8"
@@ -23,6 +23,7 @@ def label(record: dict) -> str:
     return record["label"] + (f" ({gbps:g} Gbit/s)" if gbps else "")
 
 
+LEGEND_PX = 95  # the talk chart's legend: up to three rows at 700 px
 OVERLAP_COLORS = ("#4C78A8", "#9ECAE9")  # fitting bars: nothing hidden, then all that compute covers
 
 
@@ -44,8 +45,11 @@ def talk_chart(by_overlap: dict, title: str, assumptions: list[str]) -> go.Figur
     rows = by_overlap[overlaps[0]]
     names = [bar_text(r) for r in rows]
     short = [r["milestone"] + (f" (K={r['servers']:,})" if r.get("servers") else "") for r in rows]
+    # one line per tick (the bars' grey says "does not fit", the legend says so): the multi-line names,
+    # turned sideways, overlapped each other
+    ticks = [s + (" (bound)" if "bound:" in n else "") for s, n in zip(short, names)]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, column_widths=[0.55, 0.45], subplot_titles=(
-        "days to train (modelled), by overlap", "memory per device and per server, GB (modelled)"))
+        "days to train (modelled)", "memory, GB (modelled)"))  # short: side by side at 700 px
     days = []
     for i, ov in enumerate(overlaps):
         these = by_overlap[ov]
@@ -61,27 +65,39 @@ def talk_chart(by_overlap: dict, title: str, assumptions: list[str]) -> go.Figur
                     marker_pattern_shape="" if i == 0 else ".", row=1, col=1)  # the legend's swatch
     colors = [FITS if r["fits"] else NO_FIT for r in rows]
     fig.add_bar(x=short, y=[r["memory"]["total"] / 1e9 for r in rows], marker_color=colors,
-                name="per device (a worker)", row=1, col=2,
+                name="per device (a worker)", row=1, col=2, textangle=-90, showlegend=False,
                 text=[f"{r['memory']['total'] / 1e9:.3g}" for r in rows], textposition="outside")
+    fig.add_bar(x=[None], y=[None], marker_color=FITS, name="per device (a worker)", row=1, col=2)  # swatch
     server = [r["memory"].get("server", 0) / 1e9 or None for r in rows]
     if any(server):
         fig.add_bar(x=short, y=server, marker_color=COLORS["optimizer"], marker_pattern_shape="/",
-                    name="per server (12Ψ/K)", row=1, col=2,
+                    name="per server (12Ψ/K)", row=1, col=2, textangle=-90,
                     text=[f"{g:.3g}" if g else "" for g in server], textposition="outside")
     cap = rows[0]["memory"]["device"] / 1e9
-    level(fig, cap, f"device memory {cap:g} GB", log=True, row=1, col=2, dash="dash", color="#444")
+    # the device's memory named in the legend: its label on the line sat on the bars' numbers
+    fig.add_hline(y=cap, line={"dash": "dash", "color": "#444"}, row=1, col=2)
+    fig.add_scatter(x=[None], y=[None], mode="lines", line={"dash": "dash", "color": "#444"},
+                    name=f"device memory {cap:g} GB", row=1, col=2)
+    if not all(r["fits"] for r in rows):
+        fig.add_bar(x=[None], y=[None], marker_color=NO_FIT, name="grey: does not fit in device memory",
+                    row=1, col=1)
     # log axes with labels above the bars: plotly's autorange runs away, so give the range
     gb = [r["memory"]["total"] / 1e9 for r in rows] + [g for g in server if g]
     for col, values in ((1, days), (2, gb + [cap])):
         lo, hi = math.log10(min(values)), math.log10(max(values))
-        fig.update_yaxes(type="log", range=[lo - 0.3, hi + 1.1], title_text="days" if col == 1 else "GB",
+        fig.update_yaxes(type="log", range=[lo - 0.3, hi + 1.4], title_text="days" if col == 1 else "GB",
                          row=1, col=col)
-    notes = "<br>".join(wrap("• " + a, 150) for a in assumptions)
+    notes = "<br>".join(wrap("• " + a, 120) for a in assumptions)  # 120: within 700 px
+    fig.update_xaxes(tickvals=names, ticktext=ticks, tickangle=-60, row=1, col=1)
+    fig.update_xaxes(tickangle=-60, row=1, col=2)
     fig.update_layout(height=640 + 15 * notes.count("<br>"), barmode="group",
-                      title=wrap(title, 100),
-                      margin={"t": 170, "b": 200 + 15 * notes.count("<br>")},
-                      uniformtext={"minsize": 9, "mode": "show"},
-                      legend={"orientation": "h", "x": 0, "y": 1.1, "yanchor": "bottom"})
+                      title=title, margin={"b": 200 + 15 * notes.count("<br>")},
+                      uniformtext={"minsize": 9, "mode": "show"})
+    clear_of_modebar(fig)  # the title under the modebar; the legend in rows of its own below the title
+    height, top = fig.layout.height, fig.layout.margin.t
+    fig.update_layout(margin={"t": top + LEGEND_PX},
+                      legend={"orientation": "h", "x": 0, "xanchor": "left", "yref": "container",
+                              "y": 1 - (top - 30) / height, "yanchor": "top"})
     # below the rotated milestone names, whatever the plot's height (a shift in pixels, not paper units)
     fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=0, yshift=-185, showarrow=False,
                        align="left", xanchor="left", yanchor="top", font={"size": 10})

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .common import COLORS, wrap
+from .common import COLORS, titled, wrap
 from .training import traffic_vs_formula
 
 
+@titled
 def memory_vs_formula(rows: list[dict], title: str) -> go.Figure:
     """rows: {label, measured: {cat: bytes}, formula: {cat: bytes}} — stacked bars (an inventory) per
     stage, with the paper's total as a marker (chapter 4)."""
@@ -25,6 +26,7 @@ def memory_vs_formula(rows: list[dict], title: str) -> go.Figure:
     return fig
 
 
+@titled
 def stage_traffic(rows: list[dict], title: str = "Bytes each rank sends per step, and step time",
                   note: str | None = None):
     """rows: {label, counted, formula, step_ms, busy_ms}."""
@@ -34,6 +36,7 @@ def stage_traffic(rows: list[dict], title: str = "Bytes each rank sends per step
     return fig
 
 
+@titled
 def fits_table(rows: list[dict], columns: list[str], title: str) -> go.Figure:
     """A plain table figure: rows of dicts, the given columns."""
     values = [[r[c] for r in rows] for c in columns]
@@ -46,6 +49,7 @@ def fits_table(rows: list[dict], columns: list[str], title: str) -> go.Figure:
     return fig
 
 
+@titled
 def gradient_peaks(rows: list[dict], whole: int, title: str) -> go.Figure:
     """Stage 2 with buckets: the most bytes of full gradients a rank held at once (bars, the largest
     over ranks), the bound one bucket + one layer (marks) and the whole gradient (line) (chapter 4)."""
@@ -62,6 +66,7 @@ def gradient_peaks(rows: list[dict], whole: int, title: str) -> go.Figure:
     return fig
 
 
+@titled
 def measured_vs_inventory(rows: list[dict], title: str) -> go.Figure:
     """rows: {label, measured: [bytes per rank] (the allocator's peak), states, buffers, activations:
     [bytes per rank] (the inventory), formula: bytes (the paper)} — a bar per rank for the measured
@@ -88,6 +93,7 @@ def measured_vs_inventory(rows: list[dict], title: str) -> go.Figure:
     return fig
 
 
+@titled
 def side_by_side(rows: list[dict], title: str) -> go.Figure:
     """rows: {label, measured: [bytes per rank] (the allocator's peak), states: [bytes per rank] (the
     inventory of the model states)} — our ZeRO-3 beside FSDP2's (chapter 4, section 8): a bar per rank
@@ -108,6 +114,7 @@ PREFETCH_LANES = {"compute": COLORS["compute"], "gather, in the forward": COLORS
                   "gather, communication thread": "#FFBF79", "waiting for the gather": COLORS["idle"]}
 
 
+@titled
 def prefetch_timeline(runs: dict[str, list[dict]], title: str, lanes: dict | None = None,
                       x_title: str = "ms since the forward's first gather") -> go.Figure:
     """One forward of ZeRO-3 per run (``label → spans {lane, layer, start, end}``, rank 0): each
@@ -142,6 +149,7 @@ GROUP_PARTS = {"param_all_gather": ("all-gather, shard group", COLORS["comm"]),
                "all_reduce_ring_sent": ("all-reduce, replicate group", COLORS["grads"])}
 
 
+@titled
 def group_traffic(rows: list[dict], title: str) -> go.Figure:
     """Bytes a rank sends per step, stacked by collective and group (``rows``: ``label`` and a value
     per key of :data:`GROUP_PARTS`), beside each row's ``measured`` peak memory per rank (chapter 4)."""
@@ -164,6 +172,7 @@ BACKWARD_LANES = {"all-gather, backward": COLORS["comm"], "backward compute": CO
                   "reduce-scatter": "#FFBF79"}
 
 
+@titled
 def backward_timeline(runs: dict[str, list[dict]], title: str) -> go.Figure:
     """FSDP2's backward on rank 0 per run (``label → spans {lane, layer, start, end}``): each layer's
     all-gather, its reduce-scatter and the compute between them, one row per lane (chapter 4)."""

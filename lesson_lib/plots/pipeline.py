@@ -7,7 +7,7 @@ import time
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, _annotate, log_axes, wrap
+from .common import COLORS, _annotate, clear_of_modebar, log_axes, titled, wrap
 from .live import LiveFigure, swap_in
 
 # "weight": the weight-gradient half of a split backward (zero-bubble schedules; "backward" is then B)
@@ -77,6 +77,7 @@ class LiveGantt:
         fig.update_layout(title=title, barmode="overlay", height=140 + 55 * stages,
                           xaxis_title="ms since the first forward (wall clock)")
         _pipe_axes(fig, stages)
+        clear_of_modebar(fig)
         import ipywidgets as W
 
         self.fig = LiveFigure(fig)
@@ -117,6 +118,7 @@ class LiveGantt:
                 trace.text, trace.hovertext = new.text, new.hovertext
 
 
+@titled
 def pipeline_gantt(panels: dict, stages: int, title: str, note: str | None = None,
                    unit: str = "ms") -> go.Figure:
     """Timelines of one step stacked: ``panels`` maps a label to its events ``{rank, kind,
@@ -142,6 +144,7 @@ def pipeline_gantt(panels: dict, stages: int, title: str, note: str | None = Non
     return fig
 
 
+@titled
 def bubble_vs_microbatches(rows: list[dict], title: str, note: str | None = None) -> go.Figure:
     """rows: {stages, microbatches, wall, busy, formula} — the measured idle share against M."""
     fig = go.Figure()
@@ -163,6 +166,7 @@ def bubble_vs_microbatches(rows: list[dict], title: str, note: str | None = None
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def bubble_causes(rows: list[dict], title: str, note: str | None = None) -> go.Figure:
     """rows: {label, formula, stages, busy, wall} — one group of bars per run, the bubble
     rebuilt one cause at a time (:func:`lesson_lib.milestones.pipeline.schedules.bubble_breakdown`)."""
@@ -180,6 +184,7 @@ def bubble_causes(rows: list[dict], title: str, note: str | None = None) -> go.F
     return fig
 
 
+@titled
 def activation_peaks(rows: list[dict], title: str) -> go.Figure:
     """rows: {schedule, microbatches, stage, peak, per_microbatch} — each stage's peak saved
     activations against M, one line per schedule and stage."""
@@ -200,6 +205,7 @@ def activation_peaks(rows: list[dict], title: str) -> go.Figure:
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def stage_params(rows: list[dict], unsplit_bytes: int, title: str) -> go.Figure:
     """rows: {stage, layers, param_bytes} — measured parameter memory per stage vs the whole model."""
     names = [f"stage {r['stage']}<br>layers {r['layers'][0]}–{r['layers'][1] - 1}" for r in rows]
@@ -211,6 +217,7 @@ def stage_params(rows: list[dict], unsplit_bytes: int, title: str) -> go.Figure:
     return fig
 
 
+@titled
 def measured_activations(rows: list[dict], title: str) -> go.Figure:
     """rows: {label, stage, measured, inventory} (bytes) — per stage, the allocator's step peak (bar)
     and the saved tensors held at once (mark), one bar group per run."""

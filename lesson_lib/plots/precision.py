@@ -5,9 +5,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .common import titled
+
 COLORS = {"fp32": "#4C78A8", "fp16": "#E45756", "fp16+scaling": "#54A24B", "bf16": "#F58518"}
 
 
+@titled
 def loss_scaling(runs: dict) -> go.Figure:
     """Per precision (``runs``: name → ``loss_scaling.train``'s result): the training loss per step
     and the share of gradient values that are exactly zero, per step."""
@@ -26,6 +29,7 @@ def loss_scaling(runs: dict) -> go.Figure:
     return fig
 
 
+@titled
 def reduce_gaps(gaps: dict[str, list[float]], tolerance: float, title: str) -> go.Figure:
     """Per run (``gaps``: label → |loss − fp32 reference| per step) the gap per step, and the rounding
     tolerance as a line (chapter 4, §8: the precision FSDP2 reduces gradients in)."""

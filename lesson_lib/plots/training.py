@@ -6,9 +6,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..results import RankResult
-from .common import COLORS, _annotate, log_axes, oversubscription_note
+from .common import COLORS, _annotate, log_axes, oversubscription_note, titled
 
 
+@titled
 def model_growth(rows: list[dict]) -> go.Figure:
     """Parameters of landmark models by year, log scale (chapter 0)."""
     fig = go.Figure(go.Scatter(
@@ -21,6 +22,7 @@ def model_growth(rows: list[dict]) -> go.Figure:
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def time_split(results: dict, title: str = "Where a step's time goes") -> go.Figure:
     """Per run and rank: median compute and communication time per step, with busy time beside."""
     fig = go.Figure()
@@ -41,6 +43,7 @@ def time_split(results: dict, title: str = "Where a step's time goes") -> go.Fig
     return fig
 
 
+@titled
 def memory_by_category(result, title: str = "Memory per rank, by inventory") -> go.Figure:
     """What each rank knows it holds, by category: an inventory (metrics.memory_report), not the
     allocator's measured peak (lesson_lib.peakmem, chapters 0 and 4)."""
@@ -68,6 +71,7 @@ def wait_split(per_rank: RankResult) -> dict:
             "peers": rest}
 
 
+@titled
 def busy_idle(result, title: str = "Busy and waiting time per rank") -> go.Figure:
     """Per rank: busy (CPU) time, time waiting for a core and time waiting for peers (idle resources)."""
     ranks = [f"rank {r.rank}" for r in result.per_rank]
@@ -88,6 +92,7 @@ def busy_idle(result, title: str = "Busy and waiting time per rank") -> go.Figur
     return fig
 
 
+@titled
 def step_times(results: dict, title: str = "Wall time per step, and each rank's work (CPU time)"):
     """Per run: the slowest rank's wall time per step (solid) and each rank's busy time (dotted)."""
     fig = go.Figure()
@@ -108,6 +113,7 @@ def step_times(results: dict, title: str = "Wall time per step, and each rank's 
     return fig
 
 
+@titled
 def comm_vs_size(rows: list[dict], title: str = "Communication grows with the model") -> go.Figure:
     """rows: {params, counted_bytes, formula_bytes, comm_ms, compute_ms, busy_ms} per model size."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes sent per rank per step",
@@ -126,6 +132,7 @@ def comm_vs_size(rows: list[dict], title: str = "Communication grows with the mo
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def comm_share(rows: list[dict], title: str = "Share of the step spent communicating") -> go.Figure:
     """rows: {label, share} — e.g. one per world size."""
     fig = go.Figure(go.Bar(x=[r["label"] for r in rows], y=[100 * r["share"] for r in rows],
@@ -140,6 +147,7 @@ def comm_share(rows: list[dict], title: str = "Share of the step spent communica
 PHASE_COLORS = {"compute": COLORS["compute"], "push": COLORS["comm"], "pull (waiting)": COLORS["idle"]}
 
 
+@titled
 def loss_curves(curves: dict, title: str = "Loss against wall time and against updates") -> go.Figure:
     """curves: label → {"time": [...], "updates": [...], "loss": [...]} (chapter 1)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("against wall time", "against server updates"))
@@ -155,6 +163,7 @@ def loss_curves(curves: dict, title: str = "Loss against wall time and against u
     return fig
 
 
+@titled
 def timeline(segments: list[dict], title: str, note: str | None = None) -> go.Figure:
     """Per-worker Gantt chart of measured phases: {worker, step, phase, start, end} (chapter 1)."""
     segments = [s for s in segments if s["step"] > 0] or segments  # step 0 is warm-up
@@ -172,6 +181,7 @@ def timeline(segments: list[dict], title: str, note: str | None = None) -> go.Fi
     return fig
 
 
+@titled
 def staleness_histogram(hist: dict, title: str = "Staleness of the gradients the server applied"):
     xs = sorted(int(k) for k in hist)
     fig = go.Figure(go.Bar(x=xs, y=[hist[str(x)] for x in xs], marker_color=COLORS["comm"]))
@@ -180,6 +190,7 @@ def staleness_histogram(hist: dict, title: str = "Staleness of the gradients the
     return fig
 
 
+@titled
 def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str, note: str | None = None):
     """rows: {x, counted, formula, step_ms[, busy_ms][, door_ms]} — counted bytes against the formula,
     and step time (with busy time beside it, or the time the bytes need on an emulated link)."""
@@ -203,6 +214,7 @@ def traffic_vs_formula(rows: list[dict], x: str, xlabel: str, title: str, note: 
     return fig
 
 
+@titled
 def overlap_timeline(runs: dict, title: str, note: str | None = None) -> go.Figure:
     """One step per run and rank: the backward, and each gradient bucket's all-reduce (chapter 0).
 
