@@ -130,10 +130,16 @@ def _notebook_to_serve(served: Path, notebook: str) -> str:
 
 
 def _write_lab_settings(settings_dir: Path) -> None:
-    """User settings for the throwaway JupyterLab: no news or update checks over the network."""
+    """User settings for the throwaway JupyterLab: no news or update checks over the network, and no
+    autosave: the test saves once, by hand, after Run All. Under load an autosave raced that save and
+    JupyterLab put up "File Changed ... has changed on disk", a dialog that blocked the next click
+    (chapter 3, a clone's CI run on 2026-12-07)."""
     notification = settings_dir / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     notification.parent.mkdir(parents=True, exist_ok=True)
     notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    docmanager = settings_dir / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings"
+    docmanager.parent.mkdir(parents=True, exist_ok=True)
+    docmanager.write_text(json.dumps({"autosave": False}))
 
 
 def _stop_server(proc: subprocess.Popen, base_url: str, token: str) -> None:
