@@ -128,7 +128,7 @@ def published_check(cases=CHAPTER_RUNS) -> list[dict]:
 
 
 
-# The held-out runs issue 57 added, by source (case prefix): none was looked at to fit e(x).
+# The second set of held-out runs, by source (case prefix): none was looked at to fit e(x).
 NEW_SOURCES = {"nemotron4-340b": "Nemotron-4 340B report (NVIDIA 2024), Table 2",
                "nemo-": "NeMo 24.07 performance summary (NVIDIA 2024), FP8 on DGX-H100",
                "bridge-": "Megatron-Bridge 25.11 performance summary (NVIDIA 2025), FP8 on H100/B200/GB200",
@@ -151,7 +151,7 @@ LACKS = {
 
 
 def new_held_out() -> dict:
-    """The held-out runs issue 57 added (:data:`NEW_SOURCES`): each error, their median and worst |error|,
+    """The second set of held-out runs (:data:`NEW_SOURCES`): each error, their median and worst |error|,
     and for each miss over ±15 % the term the model lacks (:data:`LACKS`). Prints the table."""
     rows = [r for r in calibrate.compare_all("out-of-sample")
             if any(r["case"].startswith(k) for k in NEW_SOURCES)]

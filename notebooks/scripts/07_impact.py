@@ -173,7 +173,7 @@ for name in ("a100-80gb", "h100-sxm"):
 # * **DeepSeek-V3** (DeepSeek-AI, 2024): a mixture of experts (671B parameters, 37B active, 8 of 256
 #   experts per token over 64 expert-parallel ranks), PP 16 with no tensor parallelism, FP8, on 2,048
 #   H800s: 180K GPU hours per trillion tokens, 1,543 tokens/s per GPU;
-# * **held out again** (issue 57), sixteen runs from four sources none of the above came from: the
+# * **held out again**, sixteen runs from four sources none of the above came from: the
 #   **Nemotron-4 340B** report (NVIDIA, 2024, Table 2: 6,144 H100s, 8.0 s per iteration); **NeMo 24.07's
 #   performance summary** (FP8 on DGX-H100: GPT-3 175B, Llama 2 7B to 70B, Nemotron-340B, Llama 3 8B and
 #   70B); **Megatron-Bridge 25.11's** (FP8 Llama 3 on H100, B200 and GB200); and **DGX Cloud
@@ -341,7 +341,7 @@ for n in (8, 128):
 # Megatron-Core's default bucket, max(4·10⁷, 10⁶·d·c) parameters, so it grows with d both by its 2(d−1)
 # steps of α and by the bucket. Measured, steps do grow: torchtitan's Llama 3.1 8B with FSDP, the same
 # 2 sequences per GPU on 8 and on 128 H100s, ran 5,762 and 5,605 tokens/s per GPU (its benchmark,
-# Tables 1 and 3, December 2024): a step 2.8 % longer. A review of this model (issue 57) reports 5–12 %
+# Tables 1 and 3, December 2024): a step 2.8 % longer. A review of this model reported 5–12 %
 # from 128 to 2,048 GPUs, a measurement we could not find published with its layout. What the model
 # predicts for both, and how much variation per GPU it would need: with each GPU's compute varying by σ
 # (`jitter`), a synchronous step waits for the slowest of n, about σ·√(2·ln n) more (the expected
@@ -855,7 +855,7 @@ exercises["pingpong"].submit(ping_pong)
 #
 # What showed each of this chapter's objectives:
 #
-# 1. **training time by hand** — §1's closed form, the efficiency curve e(x) fitted on SC21 Table 1 alone (drawn with its ten points), every held-out run (Korthikanti Table 5, MT-NLG, Llama 3 405B, OPT-175B, BLOOM-176B, DeepSeek-V3, and issue 57's sixteen from Nemotron-4 340B and NVIDIA's NeMo, Megatron-Bridge and DGX Cloud tables) drawn against its prediction on its own layout with each error printed (all within ±30 %, three in four within ±15 %, the new sixteen's median and worst asserted), the term each miss lacks, FP8's step ratio, weak scaling, GQA's memory and the embedding as a lookup, each with the assumption that flips it, the GPT-3 and LLaMA-65B sanity checks, and your GPT-3 days.
+# 1. **training time by hand** — §1's closed form, the efficiency curve e(x) fitted on SC21 Table 1 alone (drawn with its ten points), every held-out run (Korthikanti Table 5, MT-NLG, Llama 3 405B, OPT-175B, BLOOM-176B, DeepSeek-V3, and the sixteen held out again from Nemotron-4 340B and NVIDIA's NeMo, Megatron-Bridge and DGX Cloud tables) drawn against its prediction on its own layout with each error printed (all within ±30 %, three in four within ±15 %, the new sixteen's median and worst asserted), the term each miss lacks, FP8's step ratio, weak scaling, GQA's memory and the embedding as a lookup, each with the assumption that flips it, the GPT-3 and LLaMA-65B sanity checks, and your GPT-3 days.
 # 2. **the chart** — §2's days per milestone at no and at full overlap, which conclusions hold at both (asserted) and which flip, LAMB's verdict with its micro-batches explicit, the compression bar as a bound, "from months to days" in the chart's numbers, the tensor-parallel term, and §3's calculator.
 # 3. **memory and the dominant term** — §2's offload table (ZeRO-Offload fits 13B on one V100; at a trillion parameters ZeRO-3 fits where ZeRO-2 with offload does not, asserted) and your ZeRO stage and link answers.
 # 4. **measured side by side** — §4's table (every milestone to the same loss, asserted) and §5's predictions beside it.
