@@ -91,3 +91,28 @@ def _preloaded(names):
     import sys
 
     return all(n in sys.modules for n in names)
+
+
+def test_a_worker_importing_any_chapter_module_pays_for_no_figure_machinery():
+    """A rank imports a chapter's module to unpickle a job's function. plotly's FigureWidget pulls in
+    its renderers, nbformat and jsonschema: 2.3 s of one core per worker (a whole quick loop went
+    from 334 s to 234 s on 2 cores when it stopped, 2026-12-07). Nothing of it may load at import."""
+    code = ("import importlib, pkgutil, sys\n"
+            "import lesson_lib.chapters as c, lesson_lib.plots, lesson_lib.milestones, lesson_lib.comm\n"
+            "for m in pkgutil.iter_modules(c.__path__):\n"
+            "    importlib.import_module('lesson_lib.chapters.' + m.name)\n"
+            "print(sorted(m for m in ('jsonschema', 'nbformat', 'plotly.basewidget') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_a_live_figure_is_made_on_first_use_and_opens_with_its_whole_figure():
+    import plotly.graph_objects as go
+
+    from lesson_lib.plots.live import LiveFigure, _live_class
+
+    fig = LiveFigure({"data": [{"type": "scatter", "y": [1, 2]}], "layout": {"title": {"text": "t"}}})
+    assert isinstance(fig, go.FigureWidget) and fig.data[0].y == (1, 2)
+    again = fig.fresh()
+    assert isinstance(again, _live_class()) and again is not fig and again.layout.title.text == "t"
