@@ -93,6 +93,7 @@ def _preloaded(names):
     return all(n in sys.modules for n in names)
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and every chapter: 5 s of the quick loop
 def test_a_worker_importing_any_chapter_module_pays_for_no_figure_machinery():
     """A rank imports a chapter's module to unpickle a job's function. plotly's FigureWidget pulls in
     its renderers, nbformat and jsonschema: 2.3 s of one core per worker (a whole quick loop went
