@@ -58,8 +58,9 @@ test: install
 
 # The quick loop while editing: ruff and the unit tests only — no notebooks, no browser, no CLI or
 # torchrun subprocesses, no timeouts waited out (those are marked slow). Every chapter's checkers, right
-# and wrong answers, run here. 2 min 0 s for 1,736 tests on 2 quiet cores (pytest 115 s, 2026-12-05): keep
-# it under 2 minutes; benchmarks/test-times.md shows which files cost the most.
+# and wrong answers, run here. pytest took 115 s for 1,736 tests on 2 quiet cores (2026-12-05) and 234 s
+# for 2,096 on another quiet 2-core machine (2026-12-07; 334 s before workers stopped importing plotly's
+# renderers): the goal is 2 minutes. benchmarks/test-times.md shows which files cost the most.
 test-quick: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests -m "not slow and not browser" -p no:cacheprovider
