@@ -73,9 +73,12 @@ def test_cpu_fallback_note_sits_above_the_subplot_titles_and_is_wrapped_once():
             for n in (2, 4) for s in (1e3, 1e6)]
     title = plots.collectives.allreduce_bandwidth(rows, {}, note).layout.title
     assert note in title.text and "Busy" not in title.text
-    # Anchored at its bottom above the plot area, room left for the subplot titles, margin pushed.
-    assert title.yref == "paper" and title.yanchor == "bottom" and title.y == 1
-    assert title.automargin is True and title.pad.b >= 40
+    # Placed under plotly's modebar (no automargin), the top margin holding the title, the note and
+    # the subplot titles under them.
+    fig = plots.collectives.allreduce_bandwidth(rows, {}, note)
+    assert title.yref == "container" and title.yanchor == "bottom" and title.automargin is False
+    assert fig.layout.margin.t >= plots.common.MODEBAR_PX + plots.common.TITLE_LINE_PX + \
+        plots.common.SUP_LINE_PX * title.text.count("<sup") + 30
     # A note already broken into lines is not broken again into one-word lines ("(CPU time / of / ...").
     long = plots.common.oversubscription_note(_oversubscribed())
     text = plots.common._with_note("t", plots.common.wrap(long, 60))["text"]

@@ -14,6 +14,7 @@ from IPython.display import display
 
 from .. import costmodel
 from ..costmodel import calibrate
+from ..plots.layout import clear_of_modebar
 
 GOAL = 0.15  # the goal for a held-out run: within ±15 % of its published number
 GROUPS = {"in-sample": ("circle", "#4C78A8"), "out-of-sample": ("diamond", "#E45756"),
@@ -79,12 +80,12 @@ def _figure(rows: list[dict]) -> go.Figure:
                         text=[f"{r['case']} ({r['unit']}): {r['error']:+.1%}" for r in mine],
                         hovertemplate="%{text}<extra></extra>")
     title = ("The step model against every published run: predicted vs the paper's number, each in "
-             "its paper's unit<br><sup>s per iteration, TFLOP/s per GPU or tokens/s per GPU; log axes; "
-             "efficiency e(x) from the GEMM shapes, fitted on SC21 Table 1 alone</sup>")
+             "its paper's unit<br><sup>s per iteration, TFLOP/s per GPU or tokens/s per GPU; log axes;"
+             "</sup><br><sup>efficiency e(x) from the GEMM shapes, fitted on SC21 Table 1 alone</sup>")
     fig.update_layout(height=480, title=title, xaxis={"type": "log", "title": "published"},
                       yaxis={"type": "log", "title": "predicted"},
                       legend={"orientation": "h", "y": -0.2}, margin={"t": 90})
-    return fig
+    return clear_of_modebar(fig)  # the title under plotly's modebar
 
 
 # The runs chapter 7's text names first, in TFLOP/s and days; every_run() gives every run of the file.
@@ -205,12 +206,12 @@ def efficiency_curve(devices=("a100-80gb", "h100-sxm", "b200")) -> dict:
     fig.update_layout(height=460, title=(
         "The efficiency from the GEMM shapes: e(x) = E·x/(x + k·R), fitted once on SC21 Table 1<br><sup>"
         f"E = {fit['e_max']:.3f}, k = {fit['k']:.2f}; x = the per-device GEMM's FLOPs per byte "
-        "(b·s/c × h × h/t), R = peak / HBM bandwidth; squared log error "
+        "(b·s/c × h × h/t), R = peak / HBM bandwidth;</sup><br><sup>squared log error "
         f"{fit['loss']:.3f} against the constant's {fit['constant_loss']:.3f}</sup>"),
         xaxis={"type": "log", "title": "GEMM intensity x (FLOPs per byte of bf16 operands)"},
         yaxis={"title": "share of peak (efficiency)", "range": [0.25, 0.8]},
         legend={"orientation": "h", "y": -0.25}, margin={"t": 90})
-    display(fig)
+    display(clear_of_modebar(fig))  # the title under plotly's modebar
     return {"fit": fit, "points": points}
 
 

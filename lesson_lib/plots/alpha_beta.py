@@ -9,9 +9,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .collectives import ALG_COLORS
-from .common import log_axes, wrap
+from .common import log_axes, titled, wrap
 
 
+@titled
 def algorithms_at_scale(rows: list[dict], crossover: list[dict], sizes: list[float], nbytes: float,
                         title: str) -> go.Figure:
     """Left: rows {world_size, algorithm, size_bytes, time_s}, the model's time of the ring, the tree
@@ -44,6 +45,7 @@ def algorithms_at_scale(rows: list[dict], crossover: list[dict], sizes: list[flo
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def at_scale(rows: list[dict], link: str, title: str) -> go.Figure:
     """rows: {link, algorithm, size_bytes, world_size, time_s, latency_share} from the α-β model.
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import _with_note, log_axes
+from .common import _with_note, log_axes, titled
 
 ALG_COLORS = {"ring": "#4C78A8", "pipelined-ring": "#72B7B2", "library": "#54A24B", "naive": "#E45756",
               "halving-doubling": "#B279A2", "parameter server": "#E45756", "tree": "#F58518"}
 
 
+@titled
 def ring_animation(frames: list[dict], title: str = "Ring all-reduce: chunks travel round the ring"):
     """Play ``schedules.ring_states(n)``: each rank holds N chunks (squares labelled with the ranks
     whose values they hold); each step every rank sends one chunk to its right neighbour."""
@@ -85,6 +86,7 @@ def _animated(fig: go.Figure, names: list[str], title: str, height: int, y_range
     return fig
 
 
+@titled
 def pipelined_ring_animation(frames: list[dict], title: str = "Pipelined ring: each chunk in segments"):
     """Play ``schedules.pipelined_ring_slots(n, k)``: each rank holds N chunks (columns) of k segments
     (rows), labelled with the ranks whose values they hold; one frame per slot of the pipeline."""
@@ -155,6 +157,7 @@ def pipelined_ring_animation(frames: list[dict], title: str = "Pipelined ring: e
                      height=620, y_range=(-1.4, 1.5), prefix="")
 
 
+@titled
 def bytes_per_rank(rows: list[dict], title: str) -> go.Figure:
     """rows: {algorithm, rank, sent, recv[, kind]} — bytes through each rank's link, per algorithm.
 
@@ -170,6 +173,7 @@ def bytes_per_rank(rows: list[dict], title: str) -> go.Figure:
     return fig
 
 
+@titled
 def allreduce_bandwidth(rows: list[dict], models: dict, note: str | None = None,
                         title: str = "All-reduce algorithm bandwidth (S / time), measured in one run"):
     """rows: ring_allreduce.bandwidth rows; models: {world_size: {algorithm: (sizes, predicted algbw GB/s)}},
@@ -193,6 +197,7 @@ def allreduce_bandwidth(rows: list[dict], models: dict, note: str | None = None,
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def segments_plot(rows: list[dict], refs: dict, fit: tuple[float, float], title: str) -> go.Figure:
     """rows: {segments, segment_bytes, time_s}; refs: {name: seconds} drawn flat; fit: (base, slope)."""
     fig = go.Figure()
@@ -212,6 +217,7 @@ def segments_plot(rows: list[dict], refs: dict, fit: tuple[float, float], title:
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def ring_vs_parameter_server(rows: list[dict], note: str | None = None,
                              title: str = "Data parallel with the ring vs the parameter server"):
     """rows: {label, n, step_ms, bytes} — bytes through the busiest rank per step (counted)."""

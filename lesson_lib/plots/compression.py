@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import _with_note, legend_outside, log_axes
+from .common import _with_note, legend_outside, log_axes, titled
 
 COMP_COLORS = {"none": "#4C78A8", "fp16": "#72B7B2", "bf16": "#B279A2", "topk": "#F58518",
                "randomk": "#9D755D", "qsgd": "#EECA3B", "sign": "#E45756", "sign-allreduce": "#E45756",
@@ -20,6 +20,7 @@ def _style(label: str) -> dict:
             "dash": "dot" if "no error feedback" in label else "dash" if chunked else "solid"}
 
 
+@titled
 def loss_curves(runs: dict, note: str | None = None) -> go.Figure:
     """Training loss per step and against the gradient bytes a rank has sent, one line per run."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
@@ -38,6 +39,7 @@ def loss_curves(runs: dict, note: str | None = None) -> go.Figure:
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def wire_bytes(rows: list[dict]) -> go.Figure:
     """Counted gradient bytes per step and rank for each compressor, against the uncompressed ring."""
     fig = go.Figure()
@@ -56,6 +58,7 @@ def wire_bytes(rows: list[dict]) -> go.Figure:
     return log_axes(legend_outside(fig))  # decades labelled, 2…9 as minor ticks; legend clear of the bars
 
 
+@titled
 def bytes_vs_ranks(counted: dict, lines: dict, baselines: dict, stars: list,
                    note: str | None = None) -> go.Figure:
     """Counted bytes per step on the busiest rank against the number of ranks N (markers: real runs),
@@ -86,6 +89,7 @@ def bytes_vs_ranks(counted: dict, lines: dict, baselines: dict, stars: list,
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def bandwidth_sweep(panels: dict, latency_us: float, note: str | None = None) -> go.Figure:
     """One panel per number of ranks (``panels``: N → (rows, predicted)): measured time per step
     (filled markers), each rank's busy (CPU) time (open markers: the slowest rank's median) and the
@@ -112,6 +116,7 @@ def bandwidth_sweep(panels: dict, latency_us: float, note: str | None = None) ->
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def time_to_target(rows: list[dict], target: float, latency_us: float, world_size: int) -> go.Figure:
     """Steps to reach a loss × the measured time per step, against the EMULATED bandwidth."""
     fig = go.Figure()

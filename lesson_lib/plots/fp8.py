@@ -5,11 +5,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import log_axes
+from .common import log_axes, titled
 
 COLORS = {"fp32": "#4C78A8", "bf16": "#F58518", "fp8": "#54A24B", "fp8 unscaled": "#E45756"}
 
 
+@titled
 def grids(values: dict) -> go.Figure:
     """``values``: format → its non-negative finite values (:func:`formats.grid`), on a log axis."""
     fig = go.Figure()
@@ -31,6 +32,7 @@ def grids(values: dict) -> go.Figure:
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def outlier_sweep(rows: list[dict]) -> go.Figure:
     fig = go.Figure()
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
@@ -49,6 +51,7 @@ def outlier_sweep(rows: list[dict]) -> go.Figure:
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def losses(runs: dict, title: str) -> go.Figure:
     """``runs``: label → losses per step."""
     fig = make_subplots(rows=1, cols=1)
@@ -66,6 +69,7 @@ def losses(runs: dict, title: str) -> go.Figure:
     return fig
 
 
+@titled
 def terms(rows: list[dict], title: str) -> go.Figure:
     """``rows``: label → {term: seconds}, stacked."""
     fig = go.Figure()

@@ -8,7 +8,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import COLORS, _with_note, clear_of_modebar, legend_outside, log_axes, wrap
+from .common import COLORS, _with_note, clear_of_modebar, legend_outside, log_axes, titled, wrap
 
 NO_FIT = "#BAB0AC"
 FITS = "#4C78A8"
@@ -104,13 +104,15 @@ def talk_chart(by_overlap: dict, title: str, assumptions: list[str]) -> go.Figur
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def dashboard(records: list[dict], target: float, note: str | None = None) -> go.Figure:
     """Measured on this machine: time to the target loss, bytes per step of the busiest rank,
     and the peak memory of the rank that holds most, by category."""
     names = [label(r) for r in records]
     hatch = [EMULATED if r.get("link_gbps") else "" for r in records]
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
-        f"seconds to loss {target:g}", "bytes per step, busiest rank", "memory of the fullest rank, KB"))
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(  # two lines: one ran
+        f"seconds to<br>loss {target:g}", "bytes per step,<br>busiest rank",  # into the next at 700 px
+        "memory of the<br>fullest rank, KB"))
     reached = [r["reached_target"] for r in records]
     seconds = [r["time_to_target_s"] if ok else r["time_run_s"] for r, ok in zip(records, reached)]
     fig.add_bar(x=names, y=seconds,
@@ -125,13 +127,14 @@ def dashboard(records: list[dict], target: float, note: str | None = None) -> go
         fig.add_bar(x=names, y=[m[cat] / 1e3 for m in fullest], name=cat, marker_color=COLORS[cat],
                     row=1, col=3)
     if any(hatch):
-        note = "; ".join(filter(None, [note, "hatched: an EMULATED link (comm.set_link), not a network"]))
+        note = " ".join(filter(None, [note, "Hatched: an EMULATED link (comm.set_link), not a network."]))
     fig.update_layout(barmode="stack", height=480, title=_with_note(
-        "One model, one data set, every milestone — measured here", note), margin={"t": 130})
+        "One model, one data set, every milestone — measured here", note), margin={"t": 150})
     fig.update_xaxes(tickangle=-35)
     return legend_outside(fig)  # not below, over the slanted milestone names
 
 
+@titled
 def predicted_vs_measured(records: list[dict], note: str | None = None) -> go.Figure:
     """Median step time measured beside the cost model's prediction from measured α, β, FLOP/s."""
     names = [label(r) for r in records]

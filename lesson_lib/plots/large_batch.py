@@ -7,12 +7,13 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import _with_note, level, log_axes
+from .common import _with_note, level, log_axes, titled
 
 OPT_COLORS = {"sgd": "#E45756", "adam": "#4C78A8", "lars": "#F58518", "lamb": "#54A24B"}
 _DASHES = ["solid", "dash", "dot", "dashdot", "longdash"]
 
 
+@titled
 def curves(results: dict, note: str | None = None) -> go.Figure:
     """Training loss against samples seen and against wall-clock time, per (optimizer, batch)."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
@@ -36,6 +37,7 @@ def curves(results: dict, note: str | None = None) -> go.Figure:
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def quality_vs_batch(rows: list[dict], base_batch: int, b_simple: float | None = None) -> go.Figure:
     """Held-out accuracy at the end of the budget, against the batch (x for a diverged run), with
     the measured noise scale B_simple as a vertical line when given."""
@@ -61,6 +63,7 @@ def quality_vs_batch(rows: list[dict], base_batch: int, b_simple: float | None =
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def trust_heatmap(ratios: list[list[float]], title: str) -> go.Figure:
     """Per-layer trust ratio (rows) over steps (columns)."""
     layers = len(ratios[0]) if ratios else 0
@@ -71,6 +74,7 @@ def trust_heatmap(ratios: list[list[float]], title: str) -> go.Figure:
     return fig
 
 
+@titled
 def epoch_cost(rows: list[dict], note: str | None = None) -> go.Figure:
     """Time per epoch (wall and busy) and counted gradient bytes per epoch, against the batch."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
@@ -92,6 +96,7 @@ def epoch_cost(rows: list[dict], note: str | None = None) -> go.Figure:
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def noise_scale(evals: list[dict], batches=()) -> go.Figure:
     """B_simple = tr(Σ)/|G|² at each evaluation (McCandlish et al., 2018), the batches beside it."""
     fig = go.Figure()
@@ -107,6 +112,7 @@ def noise_scale(evals: list[dict], batches=()) -> go.Figure:
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def accumulation(rows: list[dict]) -> go.Figure:
     """Gradient accumulation at one global batch (chapter 5, §7): rank 0's measured peak of allocated
     bytes per k, split at the first step, and the counted all-reduce bytes per step beside k times
@@ -130,6 +136,7 @@ def accumulation(rows: list[dict]) -> go.Figure:
     return fig
 
 
+@titled
 def race(rows: list[dict], batch: int, small_batch_accuracy: float | None = None) -> go.Figure:
     """The fair race: held-out accuracy against the learning rate at ``batch``, one line per
     optimizer over its sweep (○ square-root rule, □ linear; ✕ at 0 for a run that diverged), and

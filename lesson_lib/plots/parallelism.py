@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .common import COLORS, legend_outside, wrap
+from .common import COLORS, legend_outside, titled, wrap
 
 
 def _categories(labels: list[str], width: int = 16) -> list[str]:
@@ -12,6 +12,7 @@ def _categories(labels: list[str], width: int = 16) -> list[str]:
     return [wrap(label, width) for label in labels]
 
 
+@titled
 def bytes_vs_formula(rows: list[dict], title: str) -> go.Figure:
     """rows: {label, counted, formula} in bytes per rank — bars counted, markers the formula."""
     labels = _categories([r["label"] for r in rows])
@@ -25,6 +26,7 @@ def bytes_vs_formula(rows: list[dict], title: str) -> go.Figure:
     return legend_outside(fig)
 
 
+@titled
 def memory_per_rank(rows: list[dict], title: str) -> go.Figure:
     """rows: {label, params, block_activations, measured_peak} in bytes (one rank each)."""
     labels = _categories([r["label"] for r in rows])
@@ -42,6 +44,7 @@ def memory_per_rank(rows: list[dict], title: str) -> go.Figure:
     return legend_outside(fig)
 
 
+@titled
 def expert_load(loads: list[list[int]], capacity: int, title: str) -> go.Figure:
     """loads[rank][expert]: tokens each rank's router sent to each expert; the capacity line."""
     fig = go.Figure()
@@ -54,6 +57,7 @@ def expert_load(loads: list[list[int]], capacity: int, title: str) -> go.Figure:
     return legend_outside(fig)
 
 
+@titled
 def ring_blocks(held: list[list[int]], causal: bool, title: str) -> go.Figure:
     """held[rank][step]: the K/V block each rank held at each step of the ring; under ``causal``,
     the blocks of later tokens (block > rank) are marked skipped, the rank's own one triangular."""

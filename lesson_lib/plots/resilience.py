@@ -7,9 +7,10 @@ import math
 
 import plotly.graph_objects as go
 
-from .common import COLORS, log_axes, wrap
+from .common import COLORS, log_axes, titled, wrap
 
 
+@titled
 def goodput_curve(rows: list[dict], marks: dict[str, float], title: str) -> go.Figure:
     """``rows``: ``{"tau_s", "goodput"}`` along the interval; ``marks``: name → (interval (s), goodput)."""
     fig = go.Figure()
@@ -24,6 +25,7 @@ def goodput_curve(rows: list[dict], marks: dict[str, float], title: str) -> go.F
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def replica_steps(runs: dict[str, dict], title: str, marks: tuple = ()) -> go.Figure:
     """``runs``: name → one replica's ``times`` (``{"step", "t", "s"}``, ``t`` on the machine's monotonic
     clock, which every process shares); each step's wall time against one clock, so a replica that was
@@ -46,6 +48,7 @@ def replica_steps(runs: dict[str, dict], title: str, marks: tuple = ()) -> go.Fi
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def diloco_quality(rows: list[dict], title: str) -> go.Figure:
     """``rows``: ``{"label", "floats_sent", "held_out"}``: final held-out loss against floats sent."""
     fig = go.Figure()
@@ -57,6 +60,7 @@ def diloco_quality(rows: list[dict], title: str) -> go.Figure:
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
+@titled
 def time_to_target(curves: dict[str, list], target: float, title: str, note: str) -> go.Figure:
     """``curves``: name → ``[(seconds, held-out loss), …]``; the target loss drawn across."""
     fig = go.Figure()
@@ -71,6 +75,7 @@ def time_to_target(curves: dict[str, list], target: float, title: str, note: str
     return fig
 
 
+@titled
 def internet_scale(rows: list[dict], title: str, note: str) -> go.Figure:
     """``rows``: ``{"label", "factor"}``: how many times fewer bytes than data parallelism, as reported."""
     fig = go.Figure()

@@ -15,6 +15,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..plots.layout import clear_of_modebar
 from .instructor import Room, Round
 
 COLOURS = {"ready": "#9e9e9e", "starting": "#9e9e9e", "healing": "#8e24aa", "computing": "#1e88e5",
@@ -100,14 +101,20 @@ class Dashboard:
             colours.append(COLOURS.get(s["state"], "#9e9e9e"))
             labels.append(f"<b>{html.escape(m)}</b><br>{html.escape(label)}")
             hovers.append(f"{m}: {label}" + (f", step {s['step']}" if s.get("step") is not None else ""))
-        title = f"room {room.name!r}: {len(who)} joined"
+        title = [f"room {room.name!r}: {len(who)} joined"]
         if rnd is not None:
-            title += f"; round {rnd.n}, {rnd.activity}, " + ("running" if rnd.running else
-                                                           ("right" if rnd.ok else "wrong or discarded"))
+            title.append(f"round {rnd.n}, {rnd.activity}, " + ("running" if rnd.running else
+                                                             ("right" if rnd.ok else "wrong or discarded")))
+        # a line each where one is too long for the title's 22 px font in 1000 px (60 characters)
+        title = ("; " if len("; ".join(title)) <= 60 else "<br>").join(title)
         with self.fig.batch_update():
             t = self.fig.data[0]
             t.x, t.y, t.text, t.hovertext, t.marker.color = xs, ys, labels, hovers, colours
-            self.fig.layout.title.text = title
+            # under plotly's modebar (placed on a copy: inside batch_update the widget's layout still
+            # reads as before the batch)
+            placed = clear_of_modebar(go.Figure(layout=self.fig.layout).update_layout(
+                title_text=title, margin_t=90)).layout
+            self.fig.update_layout(title=placed.title, margin_t=placed.margin.t)
             self.fig.layout.annotations = [a for a in self.fig.layout.annotations if a.text in
                                            ("the room, live", "the last round")]
             if rnd is not None and rnd.activity == "ring" and not rnd.running and rnd.summary:
