@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,8 @@ def test_a_rooms_folder_is_private_and_names_are_checked(tmp_path):
 
 def test_a_room_in_one_process_plays_a_round_and_a_leaver_is_left_out():
     """The whole path with no process started: this process's thread joins as a learner and plays
-    one steps round alone (a world of one), then leaves; the room then refuses to start a round."""
+    one steps round alone (a world of one), is told its verdict, then leaves; the room then refuses
+    to start a round."""
     from lesson_lib import room as rooms
 
     room = rooms.open("solo", private=True, timeout_s=10)
@@ -122,6 +124,10 @@ def test_a_room_in_one_process_plays_a_round_and_a_leaver_is_left_out():
         assert room.learners() == {"ada": "ready"}
         rnd = room.run("steps", steps=2)
         assert rnd.ok and rnd.members == ["ada"] and rnd.summary["end_step"] == 2, rnd.verdict
+        deadline = time.monotonic() + 5  # the learner is told the room's verdict on their round
+        while rnd.verdict not in me.log and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rnd.verdict in me.log, f"ada was not told the verdict within 5 s: {me.log}"
         me.leave()
         assert room.learners() == {"ada": "left"}
         with pytest.raises(RuntimeError, match="steps needs 1 ready learners; ready now: nobody"):

@@ -8,6 +8,7 @@ import ast
 import base64
 import hashlib
 import os
+import pwd
 import subprocess
 import sys
 import tomllib
@@ -179,3 +180,26 @@ def test_the_proxy_keeps_a_slow_spawns_progress_stream_open(monkeypatch, tmp_pat
     hubconfig.configure(c, conf)
     flags = [a for a in c.ConfigurableHTTPProxy.command if a.startswith("--proxy-timeout=")]
     assert flags and int(flags[0].split("=")[1]) >= 1000 * c.Spawner.start_timeout > 20_000, flags
+
+
+def test_the_rooms_folder_is_made_open_like_tmp_and_rooms_left_open_are_removed(tmp_path, monkeypatch):
+    """serve makes the rooms' folder itself (an instructor's kernel would own it and refuse every later
+    instructor), where learners' kernels look for it; cleanup removes the rooms a learner left open,
+    unlinking a link without following it."""
+    from lesson_lib.room import place
+
+    monkeypatch.delenv("LESSON_ROOMS", raising=False)
+    assert serve.ROOMS == place.rooms_dir()
+    rooms = tmp_path / "rooms"
+    serve.make_rooms(rooms)
+    assert rooms.stat().st_mode & 0o7777 == 0o1777
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("")
+    (rooms / "tuesday").mkdir()
+    (rooms / "tuesday" / "store").write_text("")
+    (rooms / "link").symlink_to(outside)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    removed = accounts.remove_rooms(me, str(rooms))
+    assert sorted(removed) == sorted(str(rooms / n) for n in ("tuesday", "link"))
+    assert not list(rooms.iterdir()) and (outside / "keep").exists()

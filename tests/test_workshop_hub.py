@@ -8,20 +8,12 @@ the workshop is left. The browser helpers are tests/test_browser.py's.
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
 import json
-import os
 import pwd
 import re
-import secrets
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -35,21 +27,32 @@ from test_browser import (
     STARTED_JS,
     VIEWPORT,
     _error_outputs,
-    _free_port,
     _require_browser,
     _run_all,
     _save_and_read,
 )
-from workshop_support import PREFIX, ROOT, learners, owned_in, uid_pids, wait_until
+from workshop_support import (
+    HUB_STOP_TIMEOUT_S,
+    PREFIX,
+    ROOT,
+    exposed,
+    kernel_idle,
+    learners,
+    log_in,
+    owned_in,
+    process_name,
+    type_into_cell,
+    uid_pids,
+    wait_until,
+    workshop_hub,
+)
 from workshop_support import shared_install as shared_install  # a fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.ch0]
 NAMES = ["lw-hub-ana", "lw-hub-ben", "lw-hub-cy"]
 NOTEBOOK = "00_why_distributed.ipynb"
-HUB_START_TIMEOUT_S = 90
 LAB_OPEN_TIMEOUT_S = 120  # three JupyterLabs start at once on 2 cores
 RUN_ALL_TIMEOUT_S = 600  # three chapter-0 Run Alls at once on 2 cores
-HUB_STOP_TIMEOUT_S = 120
 ARTIFACTS = ROOT / "artifacts" / "workshop"
 TOC_HEADING = (ROOT / "notebooks" / "README.md").read_text(encoding="utf-8").splitlines()[0].lstrip("# ")
 ANSWER = """def average_gradients(model):  # the answer of {name}
@@ -66,71 +69,15 @@ def _marker(name: str) -> str:
     return f"# the answer of {name}"
 
 
-def _workshop_pids(serve: psutil.Process, uids: set[int]) -> set[int]:
-    """The serve command, the hub and its helpers, and every learner's process."""
-    try:
-        tree = {serve.pid, *(p.pid for p in serve.children(recursive=True))}
-    except psutil.Error:
-        tree = set()
-    return tree | {pid for uid in uids for pid in uid_pids(uid)}
-
-
-def _exposed(pids: set[int]) -> list[str]:
-    """Sockets of ``pids`` that listen (TCP) or are bound (UDP) on an address other than loopback."""
-    out = []
-    for c in psutil.net_connections(kind="inet"):
-        listening = c.status == psutil.CONN_LISTEN or (c.type == 2 and not c.raddr)  # 2: SOCK_DGRAM
-        if c.pid in pids and listening and c.laddr and not ipaddress.ip_address(c.laddr.ip).is_loopback:
-            out.append(f"pid {c.pid} ({_name(c.pid)}) on {c.laddr.ip}:{c.laddr.port}")
-    return out
-
-
 def _workshop_cli(*args: str) -> subprocess.CompletedProcess:
     """``python -m lesson_lib workshop ARGS --prefix PREFIX``, its main run in this process."""
     return cli_in_process("workshop", *args, "--prefix", str(PREFIX))
 
 
-def _tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:]
-
-
-def _name(pid: int) -> str:
-    try:
-        return " ".join(psutil.Process(pid).cmdline()[:3])
-    except psutil.Error:
-        return "?"
-
-
-def _log_in(page, base: str, name: str, password: str) -> None:
-    page.goto(f"{base}/hub/login", wait_until="domcontentloaded")
-    page.locator("#username_input").fill(name)
-    page.locator("#password_input").fill(password)
-    page.locator("#login_submit").click()
-
-
-# The server's sessions, fetched as JupyterLab does: its cookie and the _xsrf token as a header.
-SESSIONS_JS = """async (url) => {
-  const m = document.cookie.match(/(?:^|; )_xsrf=([^;]*)/);
-  const r = await fetch(url, {headers: m ? {"X-XSRFToken": decodeURIComponent(m[1])} : {}});
-  return r.ok ? r.json() : [];
-}"""
-
-
-def _kernel_idle(page, name: str) -> bool:
-    """The notebook's kernel started and idle, asked of the learner's server with the page's cookies."""
-    sessions = page.evaluate(SESSIONS_JS, f"/user/{name}/api/sessions")
-    return any(s.get("path", "").endswith(NOTEBOOK) and s["kernel"].get("execution_state") == "idle"
-               for s in sessions)
-
-
 def _write_answer(page, name: str) -> None:
     """Replace the exercise's template cell with this learner's answer, typed into its editor."""
-    cell = page.locator(f"{PANEL} .jp-CodeCell").filter(has_text="def average_gradients(model):")
-    cell.first.locator(".cm-content").click()
-    page.keyboard.press("Control+A")
-    page.keyboard.insert_text(ANSWER.format(name=name))
-    page.keyboard.press("Escape")
-    assert _marker(name) in cell.first.text_content(), f"{name}'s answer did not reach the cell"
+    cell = type_into_cell(page, PANEL, "def average_gradients(model):", ANSWER.format(name=name))
+    assert _marker(name) in cell.text_content(), f"{name}'s answer did not reach the cell"
 
 
 def _verdict(notebook: dict) -> str:
@@ -146,34 +93,13 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
 
     _require_browser()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    password, port = secrets.token_urlsafe(12), _free_port()
-    base = f"http://127.0.0.1:{port}"
-    state = Path(tempfile.mkdtemp(prefix="workshop-state-"))
-    log_path = ARTIFACTS / "hub.log"
-    serve = serve_ps = None
     with learners(NAMES) as users:
         uids = {u.pw_uid for u in users}
-        try:
-            with open(log_path, "wb") as log:
-                serve = subprocess.Popen(
-                    [sys.executable, "-m", "lesson_lib", "workshop", "serve", *NAMES, "--prefix", str(PREFIX),
-                     "--state", str(state), "--port", str(port)],
-                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, env={**os.environ, "WORKSHOP_PASSWORD": password},
-                    start_new_session=True)
-            serve_ps = psutil.Process(serve.pid)
-            started = time.monotonic()
-
-            def hub_up():
-                assert serve.poll() is None, f"serve ended ({serve.returncode}):\n{_tail(log_path)}"
-                try:
-                    with urllib.request.urlopen(f"{base}/hub/api", timeout=2) as r:
-                        return r.status == 200
-                except OSError:
-                    return False
-            wait_until(f"the hub to answer on {base}/hub/api", hub_up, HUB_START_TIMEOUT_S, 0.5)
+        started = time.monotonic()
+        with workshop_hub(NAMES, ARTIFACTS / "hub.log") as hub:
+            serve, base, password, state = hub.serve, hub.base, hub.password, hub.state
             hub_s = time.monotonic() - started
-            exposed: list[str] = []
+            exposed_seen: list[str] = []
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
                 try:
@@ -181,7 +107,7 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
                     for page in pages.values():
                         page.set_default_timeout(60_000)
                     for name, page in pages.items():  # the three servers start at once
-                        _log_in(page, base, name, password)
+                        log_in(page, base, name, password)
                     opened = time.monotonic()
                     for name, page in pages.items():  # each lands on the table of contents, rendered
                         page.wait_for_url(re.compile(f"/user/{name}/lab"), timeout=LAB_OPEN_TIMEOUT_S * 1000)
@@ -194,7 +120,8 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
                     for name, page in pages.items():
                         page.locator(f"{PANEL} .jp-Notebook .jp-Cell").first.wait_for(
                             state="visible", timeout=LAB_OPEN_TIMEOUT_S * 1000)
-                        wait_until(f"{name}'s kernel to be idle", lambda p=page, n=name: _kernel_idle(p, n),
+                        wait_until(f"{name}'s kernel to be idle",
+                                   lambda p=page, n=name: kernel_idle(p, n, NOTEBOOK),
                                    LAB_OPEN_TIMEOUT_S, 0.5)
                         _write_answer(page, name)
                     run_started = {}
@@ -209,7 +136,7 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
                             _run_all(page)
                     run_all_s, deadline = {}, time.monotonic() + RUN_ALL_TIMEOUT_S
                     while len(run_all_s) < len(NAMES):
-                        exposed += _exposed(_workshop_pids(serve_ps, uids))
+                        exposed_seen += exposed(hub.pids(uids))
                         for name, page in pages.items():
                             if name not in run_all_s and page.evaluate(RUN_FINISHED_JS, PANEL):
                                 run_all_s[name] = time.monotonic() - run_started[name]
@@ -230,20 +157,21 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
                 text = json.dumps(nb)
                 others = [o for o in NAMES if o != name and _marker(o) in text]
                 assert _marker(name) in text and not others, f"{name}'s notebook holds answers of {others}"
-            assert not exposed, "the workshop listened beyond loopback:\n" + "\n".join(sorted(set(exposed)))
+            assert not exposed_seen, \
+                "the workshop listened beyond loopback:\n" + "\n".join(sorted(set(exposed_seen)))
             print("Run All of chapter 0, three learners at once: "
                   + ", ".join(f"{n} {s:.1f} s" for n, s in run_all_s.items()))
 
             # Stopped as Ctrl-C would: nothing of the workshop is left.
-            tree = _workshop_pids(serve_ps, uids) - {serve.pid}
-            culler = [_name(p) for p in tree if "jupyterhub_idle_culler" in _name(p)]
+            tree = hub.pids(uids) - {serve.pid}
+            culler = [process_name(p) for p in tree if "jupyterhub_idle_culler" in process_name(p)]
             assert culler, "the idle culler is not running"
             ana = NAMES[0]
             busy = _workshop_cli("reset", ana)  # refused while her server runs: it would save over the copy
             assert busy.returncode == 2 and "--stop" in busy.stderr, busy.stderr
             stopping = time.monotonic()
             serve.send_signal(signal.SIGINT)
-            assert serve.wait(timeout=HUB_STOP_TIMEOUT_S) == 0, _tail(log_path)
+            assert serve.wait(timeout=HUB_STOP_TIMEOUT_S) == 0, hub.tail()
             print(f"the workshop stopped and cleaned up in {time.monotonic() - stopping:.1f} s")
             wait_until("the workshop's processes to end", lambda: not any(psutil.pid_exists(p) for p in tree)
                        and not any(uid_pids(uid) for uid in uids), 30)
@@ -262,15 +190,3 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
             assert len(old) == 1 and _marker(ana) in (old[0] / NOTEBOOK).read_text(encoding="utf-8")
             installed = PREFIX / "course" / "notebooks" / NOTEBOOK
             assert (home / "course" / NOTEBOOK).read_bytes() == installed.read_bytes()
-        finally:  # after a failure: Ctrl-C first, as serve cleans up after itself; then kill its tree
-            if serve is not None and serve.poll() is None and serve_ps is not None:
-                left = [psutil.Process(p) for p in _workshop_pids(serve_ps, uids) if psutil.pid_exists(p)]
-                serve.send_signal(signal.SIGINT)
-                try:
-                    serve.wait(timeout=HUB_STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    for p in left:
-                        with contextlib.suppress(psutil.Error):
-                            p.kill()
-                    serve.wait(timeout=30)
-            shutil.rmtree(state, ignore_errors=True)

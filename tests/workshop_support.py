@@ -1,4 +1,6 @@
-"""What the workshop tests share: root, the shared install, learners made and removed, /proc probes.
+"""What the workshop tests share: root, the shared install, learners made and removed, /proc probes,
+and a running hub (``workshop_hub``: ``python -m lesson_lib workshop serve`` as a learner's room
+would run it) with what its processes listen on.
 
 The shared install (``lesson_lib.workshop.install``) goes in build/workshop and is reused while the
 checkout is unchanged, as ``make install`` reuses .venv: the first run builds it (about 2 minutes on
@@ -9,9 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import ipaddress
 import os
 import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -115,3 +126,148 @@ def wait_until(what: str, predicate, timeout_s: float, every_s: float = 0.25):
             return value
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+HUB_START_TIMEOUT_S = 90
+HUB_STOP_TIMEOUT_S = 120
+
+
+@dataclass
+class Hub:
+    """A running ``workshop serve``: its process, the hub's address and the workshop password."""
+
+    serve: subprocess.Popen
+    ps: object  # psutil.Process of serve
+    base: str
+    password: str
+    state: Path
+    log: Path
+
+    def pids(self, uids: set[int]) -> set[int]:
+        return workshop_pids(self.ps, uids)
+
+    def tail(self) -> str:
+        return tail(self.log)
+
+
+@contextlib.contextmanager
+def workshop_hub(names: list[str], log_path: Path):
+    """``python -m lesson_lib workshop serve NAMES`` on a free loopback port, its output in ``log_path``,
+    yielded once the hub answers. A test stops it itself (SIGINT, as Ctrl-C) to check the cleanup;
+    after a failure it is stopped here: Ctrl-C first, as serve cleans up after itself, then its tree
+    killed."""
+    import psutil
+
+    from lesson_lib.workshop.serve import free_port
+
+    password, port = secrets.token_urlsafe(12), free_port()
+    base = f"http://127.0.0.1:{port}"
+    state = Path(tempfile.mkdtemp(prefix="workshop-state-"))
+    serve = ps = None
+    try:
+        with open(log_path, "wb") as log:
+            serve = subprocess.Popen(
+                [sys.executable, "-m", "lesson_lib", "workshop", "serve", *names, "--prefix", str(PREFIX),
+                 "--state", str(state), "--port", str(port)],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env={**os.environ, "WORKSHOP_PASSWORD": password},
+                start_new_session=True)
+        ps = psutil.Process(serve.pid)
+        hub = Hub(serve, ps, base, password, state, log_path)
+
+        def hub_up():
+            assert serve.poll() is None, f"serve ended ({serve.returncode}):\n{hub.tail()}"
+            try:
+                with urllib.request.urlopen(f"{base}/hub/api", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        wait_until(f"the hub to answer on {base}/hub/api", hub_up, HUB_START_TIMEOUT_S, 0.5)
+        yield hub
+    finally:
+        if serve is not None and serve.poll() is None and ps is not None:
+            uids = set()
+            for name in names:
+                with contextlib.suppress(KeyError):
+                    uids.add(pwd.getpwnam(name).pw_uid)
+            left = [psutil.Process(p) for p in workshop_pids(ps, uids) if psutil.pid_exists(p)]
+            serve.send_signal(signal.SIGINT)
+            try:
+                serve.wait(timeout=HUB_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                for p in left:
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+                serve.wait(timeout=30)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def workshop_pids(serve, uids: set[int]) -> set[int]:
+    """The serve command (a psutil.Process), the hub and its helpers, and every learner's process."""
+    import psutil
+
+    try:
+        tree = {serve.pid, *(p.pid for p in serve.children(recursive=True))}
+    except psutil.Error:
+        tree = set()
+    return tree | {pid for uid in uids for pid in uid_pids(uid)}
+
+
+def exposed(pids: set[int]) -> list[str]:
+    """Sockets of ``pids`` that listen (TCP) or are bound (UDP) on an address other than loopback."""
+    import psutil
+
+    out = []
+    for c in psutil.net_connections(kind="inet"):
+        listening = c.status == psutil.CONN_LISTEN or (c.type == 2 and not c.raddr)  # 2: SOCK_DGRAM
+        if c.pid in pids and listening and c.laddr and not ipaddress.ip_address(c.laddr.ip).is_loopback:
+            out.append(f"pid {c.pid} ({process_name(c.pid)}) on {c.laddr.ip}:{c.laddr.port}")
+    return out
+
+
+def process_name(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline()[:3])
+    except psutil.Error:
+        return "?"
+
+
+def tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:]
+
+
+# --- a learner's JupyterLab through the hub, in a browser page (playwright) ---------------------------
+
+def log_in(page, base: str, name: str, password: str) -> None:
+    page.goto(f"{base}/hub/login", wait_until="domcontentloaded")
+    page.locator("#username_input").fill(name)
+    page.locator("#password_input").fill(password)
+    page.locator("#login_submit").click()
+
+
+# The server's sessions, fetched as JupyterLab does: its cookie and the _xsrf token as a header.
+SESSIONS_JS = """async (url) => {
+  const m = document.cookie.match(/(?:^|; )_xsrf=([^;]*)/);
+  const r = await fetch(url, {headers: m ? {"X-XSRFToken": decodeURIComponent(m[1])} : {}});
+  return r.ok ? r.json() : [];
+}"""
+
+
+def kernel_idle(page, name: str, notebook: str) -> bool:
+    """The notebook's kernel started and idle, asked of the learner's server with the page's cookies."""
+    sessions = page.evaluate(SESSIONS_JS, f"/user/{name}/api/sessions")
+    return any(s.get("path", "").endswith(notebook) and s["kernel"].get("execution_state") == "idle"
+               for s in sessions)
+
+
+def type_into_cell(page, panel: str, has_text: str, text: str):
+    """Replace the code cell of the open notebook that shows ``has_text`` with ``text``, typed into its
+    editor as a learner would; the cell's locator."""
+    cell = page.locator(f"{panel} .jp-CodeCell").filter(has_text=has_text).first
+    cell.locator(".cm-content").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(text)
+    page.keyboard.press("Escape")
+    return cell

@@ -160,6 +160,7 @@ class Room:
             thread.join(timeout=timeout_s)
         rnd.seconds, rnd.running = time.monotonic() - start, False
         self._judge(rnd, mine)
+        place.put(self.store, f"r{n}/verdict", {"ok": rnd.ok, "verdict": rnd.verdict})  # members read it
         self._notify(rnd)
         return rnd
 

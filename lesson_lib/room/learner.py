@@ -71,11 +71,16 @@ class Learner:
         place.put(self.store, f"idle/{self.name}", {"pid": os.getpid(), "round": last})
 
     def _loop(self) -> None:
-        seen = -1
+        seen, judged = -1, []  # judged: rounds played whose verdict the instructor has not written yet
         while not self._stop.is_set():
             try:
                 if place.opening(self.folder) != self._opening:
                     raise FileNotFoundError("opened again since you joined: join again")
+                for n in list(judged):  # the room's verdict on a round you played, as the instructor reads it
+                    verdict = place.get(self.store, f"r{n}/verdict")
+                    if verdict is not None:
+                        judged.remove(n)
+                        self._say(verdict["verdict"])
                 if place.get(self.store, "closed"):
                     self._say("the instructor closed the room")
                     return
@@ -92,6 +97,7 @@ class Learner:
                     place.put(self.store, f"busy/{self.name}", current)
                     self._play(plan)
                     self._idle(current)
+                    judged.append(current)
                 elif plan:
                     self._say(f"round {current} ({plan['activity']}) started without you: "
                               "you are in the next one")

@@ -10,6 +10,7 @@ rather than taken over.
 from __future__ import annotations
 
 import base64
+import contextlib
 import grp
 import hashlib
 import hmac
@@ -17,6 +18,7 @@ import os
 import pwd
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -164,4 +166,23 @@ def remove_shared_memory(name: str, shm: str = "/dev/shm") -> list[str]:
                 removed.append(path)
         except OSError:
             pass
+    return removed
+
+
+def remove_rooms(name: str, rooms: str) -> list[str]:
+    """Remove the rooms learner ``name`` left open in ``rooms`` (lesson_lib.room): a room's folder
+    outlives an instructor's kernel stopped without ``room.close()``. Links are unlinked, never followed."""
+    uid, removed = pwd.getpwnam(name).pw_uid, []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(rooms):
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+                removed.append(entry.path)
+            except OSError:
+                pass
     return removed

@@ -2,7 +2,8 @@
 
 The hub runs as a child process from the shared install's venv (``install.ensure``). When it ends,
 by Ctrl-C or SIGTERM, JupyterHub stops every learner's server; then every process still running as
-a learner is stopped, what they left in /dev/shm removed and their temp folder emptied, so nothing of
+a learner is stopped, what they left in /dev/shm and the rooms they left open (lesson_lib.room)
+removed and their temp folder emptied, so nothing of
 the workshop outlives it except the learners' homes (their work) and the hub's state folder.
 """
 
@@ -21,6 +22,9 @@ from pathlib import Path
 from . import accounts, install
 
 HUB_STOP_TIMEOUT_S = 60  # JupyterHub stops each learner's server (their kernels and ranks) first
+# Where learners' kernels open rooms: lesson_lib.room.place.rooms_dir(), as the hub passes no
+# LESSON_ROOMS (tests/test_workshop.py checks that the two agree). Not imported: it imports torch.
+ROOMS = Path("/tmp/lesson-rooms")
 
 
 def free_port() -> int:
@@ -102,17 +106,30 @@ def run_as(name: str, venv: Path, course: Path, *args: str, timeout_s: float = 1
     return out.stdout.strip()
 
 
-def cleanup(names: list[str], venv: Path, course: Path, log=None) -> None:
-    """Stop what any learner still runs, remove their /dev/shm entries, empty their temp folder."""
+def make_rooms(rooms: Path = ROOMS, log=None) -> None:
+    """The rooms' folder made by root, 1777 like /tmp, before any learner's kernel runs: one made by
+    an instructor's kernel would be theirs, outlive their account, and refuse every later instructor."""
+    if not rooms.exists():
+        rooms.mkdir(mode=0o755)
+        os.chmod(rooms, 0o1777)
+    elif rooms.stat().st_uid != 0:
+        print(f"workshop: {rooms} belongs to uid {rooms.stat().st_uid}: only that user can open a room; "
+              "remove it while no room is open", file=log or sys.stderr, flush=True)
+
+
+def cleanup(names: list[str], venv: Path, course: Path, log=None, rooms: Path = ROOMS) -> None:
+    """Stop what any learner still runs, remove their /dev/shm entries and the rooms they left open,
+    empty their temp folder."""
     log = log or sys.stderr
     for name in names:
         try:
             n = accounts.stop_processes(name)
             shm = accounts.remove_shared_memory(name)
+            left = accounts.remove_rooms(name, str(rooms))
             run_as(name, venv, course, "--clean")
-            if n or shm:
-                print(f"workshop: {name}: {n} process(es) stopped, {len(shm)} /dev/shm entries removed",
-                      file=log, flush=True)
+            if n or shm or left:
+                print(f"workshop: {name}: {n} process(es) stopped, {len(shm)} /dev/shm entries and "
+                      f"{len(left)} room(s) removed", file=log, flush=True)
         except (KeyError, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
             print(f"workshop: cleaning up after {name} failed: {e}", file=log, flush=True)
 
@@ -134,6 +151,7 @@ def serve(names: list[str], password: str, *, ip: str = "127.0.0.1", port: int =
     created = accounts.ensure_users(names)
     if created:
         print(f"workshop: created Unix users {', '.join(created)} (group {accounts.GROUP})", file=log)
+    make_rooms(log=log)
     conf = settings(names, password, ip, port, Path(state).resolve(), venv, course, idle_timeout_s,
                     kernel_idle_s, limits)
     config = write_state(Path(state).resolve(), conf)
