@@ -40,7 +40,8 @@ class Dashboard:
                              textfont={"size": 16}, hoverinfo="text", row=1, col=1)
         self.fig.update_xaxes(visible=False, range=[-1.7, 1.7], row=1, col=1)
         self.fig.update_yaxes(visible=False, range=[-1.8, 1.5], row=1, col=1)
-        self.fig.update_layout(height=520, width=1000, font={"size": 16}, showlegend=True,
+        # the cell's width, not a fixed one: a projector or a 950 px laptop cell shows it whole
+        self.fig.update_layout(height=520, autosize=True, font={"size": 16}, showlegend=True,
                                title={"text": f"room {room.name!r}: nobody has joined yet"},
                                margin={"l": 40, "r": 40, "t": 90, "b": 60},
                                legend={"orientation": "h", "y": -0.15})
