@@ -203,14 +203,16 @@ def efficiency_curve(devices=("a100-80gb", "h100-sxm", "b200")) -> dict:
     fig.add_scatter(x=[xs[0], xs[-1]], y=[costmodel.CALIBRATED_EFFICIENCY] * 2, mode="lines",
                     name=f"the old constant, {costmodel.CALIBRATED_EFFICIENCY:g}",
                     line={"color": "#888", "dash": "dash"})
-    fig.update_layout(height=460, title=(
+    fig.update_layout(height=560, title=(
         "The efficiency from the GEMM shapes: e(x) = E·x/(x + k·R), fitted once on SC21 Table 1<br><sup>"
         f"E = {fit['e_max']:.3f}, k = {fit['k']:.2f}; x = the per-device GEMM's FLOPs per byte "
         "(b·s/c × h × h/t), R = peak / HBM bandwidth;</sup><br><sup>squared log error "
         f"{fit['loss']:.3f} against the constant's {fit['constant_loss']:.3f}</sup>"),
         xaxis={"type": "log", "title": "GEMM intensity x (FLOPs per byte of bf16 operands)"},
         yaxis={"title": "share of peak (efficiency)", "range": [0.25, 0.8]},
-        legend={"orientation": "h", "y": -0.25}, margin={"t": 90})
+        # the legend's rows below the axis title, in a bottom margin that holds them (a three-line
+        # title's top margin leaves a shorter plot, where y = -0.25 fell on the axis title)
+        legend={"orientation": "h", "yanchor": "top", "y": -0.3}, margin={"t": 90, "b": 150})
     display(clear_of_modebar(fig))  # the title under plotly's modebar
     return {"fit": fit, "points": points}
 
