@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from test_browser import (
     CHROMIUM,
@@ -35,15 +33,12 @@ from test_browser import (
     _save_and_read,
 )
 from workshop_support import (
-    HUB_STOP_TIMEOUT_S,
     ROOT,
     exposed,
     kernel_idle,
     learners,
     log_in,
-    owned_in,
     type_into_cell,
-    uid_pids,
     wait_until,
     workshop_hub,
 )
@@ -254,14 +249,7 @@ def test_an_instructor_and_two_learners_play_the_ring_through_the_hub(shared_ins
             assert not seen, "the workshop listened beyond loopback:\n" + "\n".join(sorted(set(seen)))
 
             # Stopped as Ctrl-C would: nothing of the three users, and no room, is left.
-            tree = hub.pids(uids) - {hub.serve.pid}
-            hub.serve.send_signal(signal.SIGINT)
-            assert hub.serve.wait(timeout=HUB_STOP_TIMEOUT_S) == 0, hub.tail()
-            wait_until("the workshop's processes to end", lambda: not any(psutil.pid_exists(p) for p in tree)
-                       and not any(uid_pids(uid) for uid in uids), 30)
+            hub.stop_and_check(users)
             phase("the hub stopped and cleaned up")
-            for u in users:
-                assert not owned_in("/dev/shm", u.pw_uid), owned_in("/dev/shm", u.pw_uid)
-                assert not owned_in("/tmp", u.pw_uid), owned_in("/tmp", u.pw_uid)
             assert not (ROOMS / ROOM).exists(), f"the room's folder {ROOMS / ROOM} was left"
     print(f"phases: {phase}")

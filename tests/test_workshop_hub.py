@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 import pwd
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from conftest import cli_in_process
 from test_browser import (
@@ -32,17 +30,14 @@ from test_browser import (
     _save_and_read,
 )
 from workshop_support import (
-    HUB_STOP_TIMEOUT_S,
     PREFIX,
     ROOT,
     exposed,
     kernel_idle,
     learners,
     log_in,
-    owned_in,
     process_name,
     type_into_cell,
-    uid_pids,
     wait_until,
     workshop_hub,
 )
@@ -169,15 +164,8 @@ def test_three_learners_run_chapter_0_on_one_hub(shared_install):
             ana = NAMES[0]
             busy = _workshop_cli("reset", ana)  # refused while her server runs: it would save over the copy
             assert busy.returncode == 2 and "--stop" in busy.stderr, busy.stderr
-            stopping = time.monotonic()
-            serve.send_signal(signal.SIGINT)
-            assert serve.wait(timeout=HUB_STOP_TIMEOUT_S) == 0, hub.tail()
-            print(f"the workshop stopped and cleaned up in {time.monotonic() - stopping:.1f} s")
-            wait_until("the workshop's processes to end", lambda: not any(psutil.pid_exists(p) for p in tree)
-                       and not any(uid_pids(uid) for uid in uids), 30)
+            print(f"the workshop stopped and cleaned up in {hub.stop_and_check(users):.1f} s")
             for u in users:
-                assert not owned_in("/dev/shm", u.pw_uid), owned_in("/dev/shm", u.pw_uid)
-                assert not owned_in("/tmp", u.pw_uid), owned_in("/tmp", u.pw_uid)
                 tmp = Path(u.pw_dir, ".cache", "lesson-workshop", "tmp")
                 assert not list(tmp.iterdir()), f"{u.pw_name}'s temp folder kept {list(tmp.iterdir())}"
             assert not list(state.glob("*.pid")), list(state.glob("*.pid"))

@@ -149,6 +149,23 @@ class Hub:
     def tail(self) -> str:
         return tail(self.log)
 
+    def stop_and_check(self, users: list) -> float:
+        """Stop the hub as Ctrl-C would (SIGINT to serve) and check that nothing of ``users`` is
+        left: no process, nothing of theirs in /dev/shm or /tmp. Returns the seconds it took."""
+        import psutil
+
+        uids = {u.pw_uid for u in users}
+        tree = self.pids(uids) - {self.serve.pid}
+        stopping = time.monotonic()
+        self.serve.send_signal(signal.SIGINT)
+        assert self.serve.wait(timeout=HUB_STOP_TIMEOUT_S) == 0, self.tail()
+        wait_until("the workshop's processes to end", lambda: not any(psutil.pid_exists(p) for p in tree)
+                   and not any(uid_pids(uid) for uid in uids), 30)
+        for u in users:
+            assert not owned_in("/dev/shm", u.pw_uid), owned_in("/dev/shm", u.pw_uid)
+            assert not owned_in("/tmp", u.pw_uid), owned_in("/tmp", u.pw_uid)
+        return time.monotonic() - stopping
+
 
 @contextlib.contextmanager
 def workshop_hub(names: list[str], log_path: Path):
