@@ -106,7 +106,8 @@ class Dashboard:
         if rnd is not None:
             title.append(f"round {rnd.n}, {rnd.activity}, " + ("running" if rnd.running else
                                                              ("right" if rnd.ok else "wrong or discarded")))
-        # a line each where one is too long for the title's 22 px font in 1000 px (60 characters)
+        # a line each once together they pass 60 characters: one line of the title's 22 px font in a
+        # 1000 px cell (the figure now takes the cell's width, so narrower cells wrap sooner)
         title = ("; " if len("; ".join(title)) <= 60 else "<br>").join(title)
         with self.fig.batch_update():
             t = self.fig.data[0]
