@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-from test_resilience import _diloco_by_hand, _replay
+from test_resilience import _diloco_by_hand, _replay, _without_it_until_healed
 
 from lesson_lib.milestones.resilience import ft_diloco, ft_step
 from lesson_lib.milestones.resilience import task as T
@@ -77,7 +77,7 @@ def test_replica_0_killed_heals_from_replica_1(n, no_orphans):
     # replica 0 is the heal source whenever it is alive; dead, the lowest healthy member takes over
     survivor, healed = _killed(n, (0, 4))
     assert healed["from"] == 1
-    assert any("step" in e and 0 not in e["members"] for e in survivor["log"])  # went on without it
+    _without_it_until_healed(survivor["log"], 0, 4, healed["healed_at"])  # went on without it
 
 
 def test_a_replica_killed_in_the_first_step(no_orphans):
@@ -130,6 +130,8 @@ def test_ft_diloco_survives_a_death_in_the_first_and_the_last_round(kill, no_orp
     assert next(e for e in res[victim]["log"] if "healed_at" in e)["from"] == other
     assert torch.equal(res[0]["params"], res[1]["params"])
     assert sorted(e["outer_step"] for e in res[other]["log"] if "outer_step" in e) == [0, 1, 2]
+    healed = next(e for e in res[victim]["log"] if "healed_at" in e)
+    _without_it_until_healed(res[other]["log"], victim, kill[1], healed["healed_at"], key="outer_step")
 
 
 def test_a_replica_that_raises_is_named_with_its_cell_and_line():
@@ -202,3 +204,38 @@ def test_torchfts_logged_errors_are_kept_as_one_line_each_not_printed_raw():
         top.handlers[:] = saved[1]
         top.propagate = saved[2]
         torchft_glue.CAUGHT[:] = before
+
+
+def _dies_once_then_waits(replica, n, store_path):
+    import os
+    import signal
+    import time
+
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, -1)
+    if replica == 1 and store.add("lives/1", 1) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(2.5)  # both alive a while: the spare's process, too
+    return replica
+
+
+@pytest.mark.slow  # both replicas live 2.5 s
+def test_a_spare_takes_the_dead_ones_place_only_once_the_watcher_has_seen_it_die():
+    # CI's busy machine: the lighthouse's thread slept through a restart, saw replica 1 alive again
+    # (its spare) and waited for the dead one's gradient forever. A watcher that looks only once a
+    # second must still see replica 1 dead, however soon its spare is started.
+    seen = []
+
+    def slow_watcher(store, alive, stop):
+        import time
+
+        while not stop.is_set():
+            seen.append(alive(1))
+            time.sleep(1.0)
+
+    out = replicas.run(_dies_once_then_waits, 2, restart=(1,), restart_after_s=0.0, watch=slow_watcher,
+                       timeout_s=60)
+    assert [d["exitcode"] for d in out["deaths"]] == [-9]
+    assert False in seen, seen  # it saw the death ...
+    assert seen[seen.index(False) + 1:][:1] == [True], seen  # ... and then the spare, alive

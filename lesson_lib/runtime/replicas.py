@@ -8,10 +8,10 @@ missing peer. Everything they share lives in a fresh temporary folder: a ``FileS
 the job (cloudpickled, so a function from a notebook cell runs on the replicas) and their results.
 
 :func:`run` starts ``n`` replicas of ``job(replica, n, store_path, *args)``, restarts a replica that
-died (once per ``restart`` entry, after ``restart_after_s``, from a hot spare started with the others
-and waiting with torch imported, as a cluster keeps spare machines), calls ``watch(store, alive)`` in a
-thread while they run, and returns every result, the deaths and restarts, and the wall time. On
-any error, every process it started is killed and reaped and the folder removed.
+died (once per ``restart`` entry, ``restart_after_s`` after the watcher saw it dead, from a hot spare
+started with the others and waiting with torch imported, as a cluster keeps spare machines), calls
+``watch(store, alive)`` in a thread while they run, and returns every result, the deaths and restarts,
+and the wall time. On any error, every process it started is killed and reaped and the folder removed.
 """
 
 from __future__ import annotations
@@ -92,6 +92,15 @@ def run(job: Callable, n: int, *args: Any, restart: tuple[int, ...] = (), restar
 
     spares: dict[int, Any] = {}
 
+    seen_dead: set[int] = set()  # the processes the watcher saw dead (by id)
+
+    def alive(r: int) -> bool:
+        p = procs[r]
+        if p.is_alive():
+            return True
+        seen_dead.add(id(p))
+        return False
+
     def start(r: int, spare: bool = False) -> None:
         p = ctx.Process(target=_main, args=(folder, r, n, environ, spare), daemon=True)
         p.start()
@@ -110,8 +119,7 @@ def run(job: Callable, n: int, *args: Any, restart: tuple[int, ...] = (), restar
             start(r, spare=True)
         thread = None
         if watch is not None:
-            thread = threading.Thread(target=watch, args=(store, lambda r: procs[r].is_alive(), stop),
-                                      daemon=True)
+            thread = threading.Thread(target=watch, args=(store, alive, stop), daemon=True)
             thread.start()
         done: set[int] = set()
         while len(done) < n:
@@ -134,6 +142,12 @@ def run(job: Callable, n: int, *args: Any, restart: tuple[int, ...] = (), restar
                             f"restart it plans (restart={tuple(restart)}), so a second fault ends it"
                             if again else f"this run restarts only the replicas in restart={tuple(restart)}"))
                 left.remove(r)
+                # the spare takes r's place only once the watcher has seen r dead: on a busy machine its
+                # thread can sleep through a short restart, and would then wait for the dead one forever
+                while thread is not None and thread.is_alive() and id(p) not in seen_dead:
+                    if time.monotonic() - t0 > timeout_s:
+                        raise TimeoutError(f"the watcher had not seen replica {r} die in {timeout_s:.0f} s")
+                    time.sleep(0.005)
                 time.sleep(restart_after_s)
                 restarts.append({"replica": r, "at_s": time.monotonic() - t0})
                 procs[r] = spares.pop(r)
