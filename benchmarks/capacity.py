@@ -1,6 +1,7 @@
 """How many learners a workshop server holds: each chapter run by 1, 2 and 3 learners at once.
 
-    python benchmarks/capacity.py --chapters 00 02 04 > benchmarks/capacity.md
+    python benchmarks/capacity.py > benchmarks/capacity.md              # every chapter: 42 min on 2 cores
+    python benchmarks/capacity.py --chapters 00 02 04 > capacity.md    # some of them
 
 Each learner is a kernel started as JupyterLab starts one (jupyter_client) that runs every code cell
 of the chapter, with the share the workshop hub gives it: ``CPU_LIMIT`` = cores / learners (at least
@@ -102,8 +103,9 @@ def main() -> int:
     for path in paths:
         rows[os.path.basename(path)] = [measure(path, n) for n in args.learners]
     print("# Workshop capacity: learners per core and per GB, chapter by chapter\n")
+    chapters = f"--chapters {' '.join(args.chapters)} " if args.chapters else ""
     print(f"Generated on {time.strftime('%Y-%m-%d')} by `python benchmarks/capacity.py "
-          f"--chapters {' '.join(args.chapters or [])} --slowdown {args.slowdown:g}` on {cores} cores "
+          f"{chapters}--slowdown {args.slowdown:g}` on {cores} cores "
           f"and {mem / 2**30:.0f} GiB (1-minute load {load0:.1f} before it began; "
           f"{os.getloadavg()[0]:.1f} at the end). Each learner a kernel running every code cell, with "
           "CPU_LIMIT = cores / learners; "
