@@ -165,3 +165,42 @@ def test_a_rehearsals_folder_left_by_a_killed_kernel_is_removed_by_the_next(tmp_
         (folder / "pid").write_text(str(pid))
     base = place.private_base()
     assert not stale.exists() and live.exists() and (Path(base) / "pid").read_text() == str(os.getpid())
+
+
+def test_two_learners_ring_arrows_lie_side_by_side_not_on_one_line():
+    # the room's browser test drew two learners' hops as one arrow: the two, opposite, lay on one line
+    from types import SimpleNamespace
+
+    from lesson_lib.room.dashboard import Dashboard
+
+    who = {"ann": "done", "bob": "done"}
+    hops = [{"s": 0, "learner": "ann", "to_learner": "bob", "seconds": 0.001, "bytes": 16},
+            {"s": 0, "learner": "bob", "to_learner": "ann", "seconds": 0.002, "bytes": 16}]
+    rnd = SimpleNamespace(names=list(who), members=list(who), statuses={}, n=0, activity="ring",
+                          running=False, ok=True, summary={"hops": hops}, verdict="", events=[])
+    room = SimpleNamespace(name="pair", rounds=[rnd], listeners=[], learners=lambda: who)
+    arrows = [a for a in Dashboard(room).fig.layout.annotations if a.showarrow]
+    assert sorted(a.text for a in arrows) == ["1.0 ms", "2.0 ms"]
+    ann, bob = sorted(arrows, key=lambda a: a.text)  # ann at the top (0, 1), bob at the bottom (0, -1)
+    assert ann.ay > ann.y and bob.ay < bob.y  # ann's points down to bob, bob's up to ann
+    assert abs(ann.x - ann.ax) < 1e-9 and abs(bob.x - bob.ax) < 1e-9  # both upright, parallel,
+    assert abs(ann.x - bob.x) >= 0.2  # and apart
+
+
+def test_every_learners_ring_arrow_is_drawn_not_only_the_last():
+    # each add_annotation inside the dashboard's batch_update started again from the annotations
+    # before the batch: with three learners only the last hop's arrow stayed in the figure
+    from types import SimpleNamespace
+
+    from lesson_lib.room.dashboard import Dashboard
+
+    names = ["ann", "bob", "cy"]
+    who = dict.fromkeys(names, "done")
+    hops = [{"s": 0, "learner": m, "to_learner": names[(i + 1) % 3], "seconds": (i + 1) / 1e3, "bytes": 16}
+            for i, m in enumerate(names)]
+    rnd = SimpleNamespace(names=names, members=names, statuses={}, n=0, activity="ring", running=False,
+                          ok=True, summary={"hops": hops}, verdict="", events=[])
+    room = SimpleNamespace(name="three", rounds=[rnd], listeners=[], learners=lambda: who)
+    fig = Dashboard(room).fig
+    assert sorted(a.text for a in fig.layout.annotations if a.showarrow) == ["1.0 ms", "2.0 ms", "3.0 ms"]
+    assert {a.text for a in fig.layout.annotations if not a.showarrow} == {"the room, live", "the last round"}

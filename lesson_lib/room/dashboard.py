@@ -117,25 +117,37 @@ class Dashboard:
             placed = clear_of_modebar(go.Figure(layout=self.fig.layout).update_layout(
                 title_text=title, margin_t=90)).layout
             self.fig.update_layout(title=placed.title, margin_t=placed.margin.t)
-            self.fig.layout.annotations = [a for a in self.fig.layout.annotations if a.text in
-                                           ("the room, live", "the last round")]
+            arrows = []
             if rnd is not None and rnd.activity == "ring" and not rnd.running and rnd.summary:
-                self._draw_ring(rnd, dict(zip(order, zip(xs, ys))))
+                arrows = self._ring_arrows(rnd, dict(zip(order, zip(xs, ys))))
+            # in one assignment: inside batch_update each add_annotation would start again from the
+            # annotations before the batch, and only the last arrow would stay
+            self.fig.layout.annotations = [a for a in self.fig.layout.annotations if a.text in
+                                           ("the room, live", "the last round")] + arrows
             self._draw_round(rnd)
         self.verdicts.value = self._verdicts_html()
 
-    def _draw_ring(self, rnd: Round, where: dict) -> None:
+    def _ring_arrows(self, rnd: Round, where: dict) -> list[dict]:
         wrong = (rnd.summary.get("wrong") or {}).get("learner")
+        arrows = []
         for m in rnd.members:
             mine = [h for h in rnd.summary["hops"] if h["learner"] == m]
             if not mine:
                 continue
             (x0, y0), (x1, y1) = where[m], where[mine[0]["to_learner"]]
+            tail = 0.2  # the arrow from a fifth of the way, its label there
+            if len(rnd.members) == 2:  # two learners send to each other: each arrow to the right of
+                length = math.hypot(x1 - x0, y1 - y0) or 1.0  # its way, or the two lie on one line,
+                dx, dy = 0.15 * (y1 - y0) / length, -0.15 * (x1 - x0) / length
+                x0, y0, x1, y1 = x0 + dx, y0 + dy, x1 + dx, y1 + dy
+                tail = 0.35  # and its label clear of the sender's name
             ms = sum(h["seconds"] for h in mine) / len(mine) * 1e3
-            self.fig.add_annotation(x=0.8 * x1 + 0.2 * x0, y=0.8 * y1 + 0.2 * y0, ax=0.8 * x0 + 0.2 * x1,
-                                    ay=0.8 * y0 + 0.2 * y1, xref="x", yref="y", axref="x", ayref="y",
-                                    showarrow=True, arrowhead=3, arrowwidth=3, text=f"{ms:.1f} ms",
-                                    font={"size": 14}, arrowcolor="#e53935" if m == wrong else "#555")
+            arrows.append({"x": 0.8 * x1 + 0.2 * x0, "y": 0.8 * y1 + 0.2 * y0,
+                           "ax": (1 - tail) * x0 + tail * x1, "ay": (1 - tail) * y0 + tail * y1,
+                           "xref": "x", "yref": "y", "axref": "x", "ayref": "y",
+                           "showarrow": True, "arrowhead": 3, "arrowwidth": 3, "text": f"{ms:.1f} ms",
+                           "font": {"size": 14}, "arrowcolor": "#e53935" if m == wrong else "#555"})
+        return arrows
 
     def _draw_round(self, rnd: Round | None) -> None:
         keep = self.fig.data[:1]
