@@ -127,10 +127,10 @@ def test_ft_diloco_survives_a_death_in_the_first_and_the_last_round(kill, no_orp
     victim, other = kill[0], 1 - kill[0]
     res = out["results"]
     assert {"discarded": kill[1], "members": [0, 1]} in res[other]["log"]
-    assert next(e for e in res[victim]["log"] if "healed_at" in e)["from"] == other
+    healed = next(e for e in res[victim]["log"] if "healed_at" in e)
+    assert healed["from"] == other
     assert torch.equal(res[0]["params"], res[1]["params"])
     assert sorted(e["outer_step"] for e in res[other]["log"] if "outer_step" in e) == [0, 1, 2]
-    healed = next(e for e in res[victim]["log"] if "healed_at" in e)
     _without_it_until_healed(res[other]["log"], victim, kill[1], healed["healed_at"], key="outer_step")
 
 

@@ -167,19 +167,25 @@ def test_a_rehearsals_folder_left_by_a_killed_kernel_is_removed_by_the_next(tmp_
     assert not stale.exists() and live.exists() and (Path(base) / "pid").read_text() == str(os.getpid())
 
 
-def test_two_learners_ring_arrows_lie_side_by_side_not_on_one_line():
-    # the room's browser test drew two learners' hops as one arrow: the two, opposite, lay on one line
+
+def _ring_figure(names, ms):
+    """The dashboard's figure after a ring round in which ``names[i]`` sent to the next name in
+    ``ms[i]`` milliseconds (a room and a round faked with just what the dashboard reads)."""
     from types import SimpleNamespace
 
     from lesson_lib.room.dashboard import Dashboard
 
-    who = {"ann": "done", "bob": "done"}
-    hops = [{"s": 0, "learner": "ann", "to_learner": "bob", "seconds": 0.001, "bytes": 16},
-            {"s": 0, "learner": "bob", "to_learner": "ann", "seconds": 0.002, "bytes": 16}]
-    rnd = SimpleNamespace(names=list(who), members=list(who), statuses={}, n=0, activity="ring",
-                          running=False, ok=True, summary={"hops": hops}, verdict="", events=[])
-    room = SimpleNamespace(name="pair", rounds=[rnd], listeners=[], learners=lambda: who)
-    arrows = [a for a in Dashboard(room).fig.layout.annotations if a.showarrow]
+    who = dict.fromkeys(names, "done")
+    hops = [{"s": 0, "learner": m, "to_learner": names[(i + 1) % len(names)], "seconds": ms[i] / 1e3,
+             "bytes": 16} for i, m in enumerate(names)]
+    rnd = SimpleNamespace(names=names, members=names, statuses={}, n=0, activity="ring", running=False,
+                          ok=True, summary={"hops": hops}, verdict="", events=[])
+    return Dashboard(SimpleNamespace(name="ring", rounds=[rnd], listeners=[], learners=lambda: who)).fig
+
+
+def test_two_learners_ring_arrows_lie_side_by_side_not_on_one_line():
+    # the room's browser test drew two learners' hops as one arrow: the two, opposite, lay on one line
+    arrows = [a for a in _ring_figure(["ann", "bob"], [1, 2]).layout.annotations if a.showarrow]
     assert sorted(a.text for a in arrows) == ["1.0 ms", "2.0 ms"]
     ann, bob = sorted(arrows, key=lambda a: a.text)  # ann at the top (0, 1), bob at the bottom (0, -1)
     assert ann.ay > ann.y and bob.ay < bob.y  # ann's points down to bob, bob's up to ann
@@ -190,17 +196,6 @@ def test_two_learners_ring_arrows_lie_side_by_side_not_on_one_line():
 def test_every_learners_ring_arrow_is_drawn_not_only_the_last():
     # each add_annotation inside the dashboard's batch_update started again from the annotations
     # before the batch: with three learners only the last hop's arrow stayed in the figure
-    from types import SimpleNamespace
-
-    from lesson_lib.room.dashboard import Dashboard
-
-    names = ["ann", "bob", "cy"]
-    who = dict.fromkeys(names, "done")
-    hops = [{"s": 0, "learner": m, "to_learner": names[(i + 1) % 3], "seconds": (i + 1) / 1e3, "bytes": 16}
-            for i, m in enumerate(names)]
-    rnd = SimpleNamespace(names=names, members=names, statuses={}, n=0, activity="ring", running=False,
-                          ok=True, summary={"hops": hops}, verdict="", events=[])
-    room = SimpleNamespace(name="three", rounds=[rnd], listeners=[], learners=lambda: who)
-    fig = Dashboard(room).fig
+    fig = _ring_figure(["ann", "bob", "cy"], [1, 2, 3])
     assert sorted(a.text for a in fig.layout.annotations if a.showarrow) == ["1.0 ms", "2.0 ms", "3.0 ms"]
     assert {a.text for a in fig.layout.annotations if not a.showarrow} == {"the room, live", "the last round"}

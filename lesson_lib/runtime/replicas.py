@@ -92,13 +92,13 @@ def run(job: Callable, n: int, *args: Any, restart: tuple[int, ...] = (), restar
 
     spares: dict[int, Any] = {}
 
-    seen_dead: set[int] = set()  # the processes the watcher saw dead (by id)
+    seen_dead: list = []  # the processes the watcher saw dead
 
     def alive(r: int) -> bool:
         p = procs[r]
         if p.is_alive():
             return True
-        seen_dead.add(id(p))
+        seen_dead.append(p)
         return False
 
     def start(r: int, spare: bool = False) -> None:
@@ -144,7 +144,7 @@ def run(job: Callable, n: int, *args: Any, restart: tuple[int, ...] = (), restar
                 left.remove(r)
                 # the spare takes r's place only once the watcher has seen r dead: on a busy machine its
                 # thread can sleep through a short restart, and would then wait for the dead one forever
-                while thread is not None and thread.is_alive() and id(p) not in seen_dead:
+                while thread is not None and thread.is_alive() and p not in seen_dead:
                     if time.monotonic() - t0 > timeout_s:
                         raise TimeoutError(f"the watcher had not seen replica {r} die in {timeout_s:.0f} s")
                     time.sleep(0.005)

@@ -521,8 +521,8 @@ assert abs(dl["loss"] / dl["clean_loss"] - 1) < 0.1  # a failure cost one round,
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # How many rounds the survivor ran alone depends on how soon the spare started on this machine (none,
-# on a busy machine where the spare joined the redone round); the rest holds in every run. On a cluster the returner copies gigabytes, not a small MLP, and the rounds
-# between syncs last minutes (H = 500 in the paper): a death costs the survivors at most one round's
+# on a busy machine where the spare joined the redone round); the rest holds in every run. On a
+# cluster the returner copies gigabytes, not a small MLP, and the rounds between syncs last minutes (H = 500 in the paper): a death costs the survivors at most one round's
 # inner steps, which is why DiLoCo and fault tolerance fit together (torchft ships both).
 
 # %% [markdown] slideshow={"slide_type": "slide"}
