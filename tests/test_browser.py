@@ -347,6 +347,12 @@ ANIMATION_VALUE_JS = """
   return plot._fullLayout.sliders[0].active;
 }
 """
+# The page-wide copies of plotly's widget module (lesson_lib/plots/live.py) and the figures drawn by
+# widgets: one copy for them all, where anywidget alone would evaluate plotly.js once per figure.
+SHARED_PLOTLY_JS = """(panel) => ({
+  copies: Object.keys(globalThis).filter((k) => k.startsWith('lesson_lib:plotly-widget:')).length,
+  widget_figures: document.querySelectorAll(panel + ' .js-plotly-plot:not(.jp-RenderedPlotly)').length,
+})"""  # a figure of plotly's mimetype renderer is .jp-RenderedPlotly; a FigureWidget's is not
 ANIMATED = {"02"}  # chapters that must have an animation for the test to play (the ring, step by step)
 # Console errors that are not the page's: a resource JupyterLab tries offline.
 BENIGN_CONSOLE = re.compile(r"Failed to load resource|net::ERR_")
@@ -590,6 +596,9 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
                     page.wait_for_timeout(3000)
                     bad_figures = [b for b in page.evaluate(FIGURE_CHECKS_JS, PANEL) if b in bad_figures]
                 assert not bad_figures, "figures that hide data or text:\n" + "\n".join(bad_figures)
+                # every live figure shares one copy of plotly's widget module (lesson_lib/plots/live.py)
+                shared = page.evaluate(SHARED_PLOTLY_JS, PANEL)
+                assert shared["copies"] == (1 if shared["widget_figures"] else 0), shared
 
                 # ipywidgets shows "Error displaying widget" (also with class jupyter-widgets)
                 # when the widget manager cannot render a model.

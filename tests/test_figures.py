@@ -204,3 +204,24 @@ def test_a_table_figure_is_tall_and_wide_enough_for_every_row_on_one_line():
     assert fig.layout.height >= fig.layout.margin.t + table.header.height + table.cells.height * len(rows)
     widths = list(table.columnwidth)
     assert widths[1] / sum(widths) >= len("Gloo's dist.all_reduce") / (len("Gloo's dist.all_reduce") + 30)
+
+
+def test_every_live_figure_carries_plotlys_own_widget_module_imported_once_per_page():
+    # anywidget imports each widget's _esm from a Blob URL of its own: without a page-wide cache every
+    # figure evaluates plotly.js (5 MB) again. The browser test checks the cache on a real page.
+    import json
+    import re
+
+    from plotly.basewidget import BaseFigureWidget
+
+    from lesson_lib.plots.live import LiveFigure
+
+    a, b = LiveFigure({}), LiveFigure({"data": [{"type": "bar", "y": [1]}]})
+    assert a._esm == b._esm == a.fresh()._esm
+    consts = dict(re.findall(r"^const (\w+) = (.*);$", a._esm, re.M))
+    assert json.loads(consts["BUNDLE"]) == str(BaseFigureWidget._esm)  # plotly's code, unchanged
+    assert json.loads(consts["KEY"]).startswith("lesson_lib:plotly-widget:")
+    # the bundle is imported in one place only, behind the page-wide key, and its factory called per figure
+    code = "\n".join(line for line in a._esm.splitlines() if not line.startswith("const BUNDLE = "))
+    assert code.count("import(") == 1 and "globalThis[KEY] ??= import(" in code
+    assert "(await globalThis[KEY]).default()" in code

@@ -8,8 +8,34 @@ function, though no rank ever draws (the quick loop: ``benchmarks/test-times.md`
 from __future__ import annotations
 
 import functools
+import json
 
 import plotly.graph_objects as go
+
+# anywidget imports each widget's ``_esm`` from a Blob URL of its own, so every FigureWidget on a page
+# evaluates plotly.js (5 MB) again, in a module whose code starts cold: in chapter 7, 11 copies cost
+# Chromium's main thread about 24 s of one core while the ranks trained beside it. This module, made
+# from plotly's own widget bundle, imports that bundle once per page and hands every figure the same
+# copy: the figure code is plotly's, unchanged; only the loading is shared.
+_SHARED_ESM = """\
+const KEY = %(key)s;
+const BUNDLE = %(bundle)s;
+export default async () => {
+  globalThis[KEY] ??= import(URL.createObjectURL(new Blob([BUNDLE], {type: "text/javascript"})));
+  return (await globalThis[KEY]).default();
+};
+"""
+
+
+@functools.cache
+def shared_esm() -> str:
+    """The ``_esm`` of :func:`_live_class`'s figures: plotly's widget bundle, loaded once per page."""
+    import plotly
+    from plotly.basewidget import BaseFigureWidget
+
+    bundle = str(BaseFigureWidget._esm)
+    key = f"lesson_lib:plotly-widget:{plotly.__version__}:{len(bundle)}"
+    return _SHARED_ESM % {"key": json.dumps(key), "bundle": json.dumps(bundle)}
 
 
 @functools.cache
@@ -23,6 +49,8 @@ def _live_class() -> type:
         once the figure is complete. :meth:`fresh` makes a new one from the current figure, which a
         live plot swaps in when its runs have ended, so the final drawing never depends on a message
         that arrived too early."""
+
+        _esm = shared_esm()
 
         def __init__(self, *args, **kwargs):
             self._open_deferred = True

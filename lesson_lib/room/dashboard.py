@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..plots.layout import clear_of_modebar
+from ..plots.live import LiveFigure
 from .instructor import Room, Round
 
 COLOURS = {"ready": "#9e9e9e", "starting": "#9e9e9e", "healing": "#8e24aa", "computing": "#1e88e5",
@@ -32,7 +33,7 @@ class Dashboard:
 
     def __init__(self, room: Room):
         self.room, self._drawn = room, 0.0
-        self.fig = go.FigureWidget(make_subplots(
+        self.fig = LiveFigure(make_subplots(
             rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.12,
             subplot_titles=("the room, live", "the last round")))
         self.fig.add_scatter(x=[], y=[], mode="markers+text", textposition="bottom center",
