@@ -154,6 +154,33 @@ def test_fp8_speeds_up_only_the_matmul_share_and_rowwise_gathers_bf16():
 
 
 @pytest.mark.numerics
+def test_chapter_9_at_scale_stays_compute_bound_on_ndr_and_flips_on_hdr_by_hand():
+    # Chapter 9 §5's claim, worked by hand: a 70B model, ZeRO-3 over d = 1,536 / 8 nodes' worth of
+    # data parallelism, overlap 0. Each step gathers the parameters twice (forward, backward) and
+    # reduce-scatters the gradients once, each moving (d − 1)/d of a rank's Ψ/t over the ring:
+    # bf16 2 + 2 + 2 bytes, FP8 tensorwise 1 + 1 + 2. FP8's compute is bf16's × (1 − s + s·989/1979).
+    from lesson_lib.chapters.ch09_scale import _plan, flip_share
+    from lesson_lib.costmodel.terms import links
+
+    n, psi, t = 1536, 70e9, 8
+    d = n // t
+    g = 989 / 1979
+    flips = {}
+    for link, intra in (("ib-ndr", "nvlink4"), ("ib-hdr", "nvlink3")):
+        plan = _plan(n, psi, 0.0, link, intra)
+        per_byte = (d - 1) / d * psi / t * links()[link]["beta"]  # seconds per byte of each parameter
+        out = fp8_step(plan, 1.0)
+        assert out["bf16"]["bandwidth"] == pytest.approx(6 * per_byte, rel=1e-9)
+        assert out["fp8"]["bandwidth"] == pytest.approx(4 * per_byte, rel=1e-9)
+        compute = out["bf16"]["compute"]
+        # the smallest s (in hundredths) at which FP8's compute falls below its gathers' time
+        hand = next((k / 100 for k in range(101) if compute * (1 - k / 100 * (1 - g)) < 4 * per_byte), None)
+        assert flip_share(plan) == hand
+        flips[link] = hand
+    assert flips["ib-ndr"] is None  # on H100's own links compute stays largest at every share
+    assert flips["ib-hdr"] is not None and flips["ib-hdr"] > 0.5  # on A100's, only near s = 1
+
+
 def test_fp8_training_on_ranks_equals_one_process_and_sits_near_fp32():
     cfg = train.Config(steps=10)
     fp32 = train.reference(cfg, "fp32", 2)["losses"]
