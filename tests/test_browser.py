@@ -534,6 +534,13 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
             page.on("console", lambda m: console_errors.append(m.text)
                     if m.type == "error" and not BENIGN_CONSOLE.search(m.text) else None)
             page.set_default_timeout(30_000)
+            received = {"bytes": 0, "large": 0}  # the kernel's messages to the page, and those over 4 MB
+
+            def on_frame(payload) -> None:
+                received["bytes"] += len(payload)
+                received["large"] += len(payload) > 4e6
+
+            page.on("websocket", lambda ws: ws.on("framereceived", on_frame))
             try:
                 # A workspace of the chapter's own, so the last chapter's notebook is not reopened
                 # beside it (not ?reset: JupyterLab reloads the page for it, racing the clicks below).
@@ -599,6 +606,9 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
                 # every live figure shares one copy of plotly's widget module (lesson_lib/plots/live.py)
                 shared = page.evaluate(SHARED_PLOTLY_JS, PANEL)
                 assert shared["copies"] == (1 if shared["widget_figures"] else 0), shared
+                # and it crossed the websocket once: plotly.js is 4.96 MB; each FigureWidget sent it before
+                print(f"received over the websockets: {received['bytes'] / 1e6:.1f} MB")
+                assert received["large"] <= 1, f"{received['large']} messages over 4 MB: plotly.js again?"
 
                 # ipywidgets shows "Error displaying widget" (also with class jupyter-widgets)
                 # when the widget manager cannot render a model.

@@ -11,31 +11,84 @@ import functools
 import json
 
 import plotly.graph_objects as go
+import traitlets
 
-# anywidget imports each widget's ``_esm`` from a Blob URL of its own, so every FigureWidget on a page
-# evaluates plotly.js (5 MB) again, in a module whose code starts cold: in chapter 7, 11 copies cost
-# Chromium's main thread about 24 s of one core while the ranks trained beside it. This module, made
-# from plotly's own widget bundle, imports that bundle once per page and hands every figure the same
-# copy: the figure code is plotly's, unchanged; only the loading is shared.
+# anywidget imports each widget's ``_esm`` from a Blob URL of its own, so every FigureWidget sent
+# plotly.js (4.96 MB) over the kernel's websocket and the browser evaluated it again, in a module whose
+# code starts cold: chapter 4 received 81 MB, 98 % of it these copies, and in chapter 7, 11 copies cost
+# Chromium's main thread about 24 s of one core while the ranks trained beside it. Here a small module
+# does the loading: the first live figure of a kernel carries plotly's own widget bundle (``_bundle``),
+# the page imports it once, and every figure on the page calls its factory; a figure that finds no
+# copy on its page after 5 s asks its kernel for one. The figure code is plotly's, unchanged.
 _SHARED_ESM = """\
 const KEY = %(key)s;
-const BUNDLE = %(bundle)s;
-export default async () => {
-  globalThis[KEY] ??= import(URL.createObjectURL(new Blob([BUNDLE], {type: "text/javascript"})));
-  return (await globalThis[KEY]).default();
+const slot = () => globalThis[KEY] ??= (() => {
+  const s = {started: false};
+  s.module = new Promise((resolve) => { s.resolve = resolve; });
+  return s;
+})();
+function load(s, text) {
+  if (s.started || !text) return;
+  s.started = true;
+  s.resolve(import(URL.createObjectURL(new Blob([text], {type: "text/javascript"}))));
+}
+function ask(model, s) {  // no figure on this page carries the bundle: its kernel sends one
+  model.on("msg:custom", (msg, buffers) => {
+    if (msg && msg.type === "lesson_lib:plotly-bundle" && buffers && buffers.length) {
+      load(s, new TextDecoder().decode(buffers[0]));
+    }
+  });
+  model.send({type: "lesson_lib:plotly-bundle?"});
+}
+export default () => {
+  let inner;
+  return {
+    async initialize(ctx) {
+      const s = slot();
+      load(s, ctx.model.get("_bundle"));
+      if (!s.started) setTimeout(() => { if (!s.started) ask(ctx.model, s); }, 5000);
+      inner = (await s.module).default();
+      return inner.initialize(ctx);
+    },
+    render(ctx) { return inner.render(ctx); },
+  };
 };
 """
+BUNDLE_REQUEST, BUNDLE_REPLY = "lesson_lib:plotly-bundle?", "lesson_lib:plotly-bundle"
+
+
+@functools.cache
+def plotly_bundle() -> str:
+    """plotly's own widget module (the ``_esm`` every ``FigureWidget`` would send)."""
+    from plotly.basewidget import BaseFigureWidget
+
+    return str(BaseFigureWidget._esm)
 
 
 @functools.cache
 def shared_esm() -> str:
-    """The ``_esm`` of :func:`_live_class`'s figures: plotly's widget bundle, loaded once per page."""
+    """The ``_esm`` of :func:`_live_class`'s figures: loads :func:`plotly_bundle` once per page."""
     import plotly
-    from plotly.basewidget import BaseFigureWidget
 
-    bundle = str(BaseFigureWidget._esm)
-    key = f"lesson_lib:plotly-widget:{plotly.__version__}:{len(bundle)}"
-    return _SHARED_ESM % {"key": json.dumps(key), "bundle": json.dumps(bundle)}
+    key = f"lesson_lib:plotly-widget:{plotly.__version__}:{len(plotly_bundle())}"
+    return _SHARED_ESM % {"key": json.dumps(key)}
+
+
+_CARRIER: list = []  # the live figure of this kernel that carries the bundle to the browser
+
+
+def _carries_bundle(fig) -> bool:
+    """Whether ``fig`` is to carry the bundle: the first live figure, or the first after the one that
+    carried it was closed (its model gone from the browser too)."""
+    if _CARRIER and getattr(_CARRIER[0], "comm", None) is not None:
+        return False
+    _CARRIER[:] = [fig]
+    return True
+
+
+def _answer(widget, content, buffers) -> None:
+    if isinstance(content, dict) and content.get("type") == BUNDLE_REQUEST:
+        widget.send({"type": BUNDLE_REPLY}, buffers=[plotly_bundle().encode()])
 
 
 @functools.cache
@@ -51,10 +104,14 @@ def _live_class() -> type:
         that arrived too early."""
 
         _esm = shared_esm()
+        _bundle = traitlets.Unicode("").tag(sync=True)
 
         def __init__(self, *args, **kwargs):
             self._open_deferred = True
             super().__init__(*args, **kwargs)
+            if _carries_bundle(self):
+                self._bundle = plotly_bundle()
+            self.on_msg(_answer)
             self._open_deferred = False
             self.open()
 
