@@ -153,7 +153,6 @@ def test_fp8_speeds_up_only_the_matmul_share_and_rowwise_gathers_bf16():
         fp8_step(_h100_70b(0.0), matmul_share=1.5)
 
 
-@pytest.mark.numerics
 def test_chapter_9_at_scale_stays_compute_bound_on_ndr_and_flips_on_hdr_by_hand():
     # Chapter 9 §5's claim, worked by hand: a 70B model, ZeRO-3 over d = 1,536 / 8 nodes' worth of
     # data parallelism, overlap 0. Each step gathers the parameters twice (forward, backward) and
@@ -181,6 +180,7 @@ def test_chapter_9_at_scale_stays_compute_bound_on_ndr_and_flips_on_hdr_by_hand(
     assert flips["ib-hdr"] is not None and flips["ib-hdr"] > 0.5  # on A100's, only near s = 1
 
 
+@pytest.mark.numerics
 def test_fp8_training_on_ranks_equals_one_process_and_sits_near_fp32():
     cfg = train.Config(steps=10)
     fp32 = train.reference(cfg, "fp32", 2)["losses"]
