@@ -19,9 +19,9 @@ import traitlets
 # Chromium's main thread about 24 s of one core while the ranks trained beside it. Here a small module
 # does the loading: the first live figure of a kernel carries plotly's own widget bundle (``_bundle``),
 # the page imports it once, and every figure on the page calls its factory; a figure that finds no
-# copy on its page after 5 s asks its kernel for one. The figure code is plotly's, unchanged.
-# Known gap: a carrier closed before its page loaded it leaves the kernel's other figures empty (one
-# browser trial; the request above did not bring the copy). The course never closes a live figure.
+# copy on its page within 1 s returns from initialize (anywidget allows 2 s), asks its kernel for one
+# if none is on its way (a carrier closed before its page loaded it), keeps the updates that arrive
+# meanwhile and replays them to plotly's figure once it starts. The figure code is plotly's, unchanged.
 _SHARED_ESM = """\
 const KEY = %(key)s;
 const slot = () => globalThis[KEY] ??= (() => {
@@ -42,17 +42,45 @@ function ask(model, s) {  // no figure on this page carries the bundle: its kern
   });
   model.send({type: "lesson_lib:plotly-bundle?"});
 }
+// anywidget fails a model whose initialize has not returned within 2 s ("Failed to initialize model")
+// and then handles none of its messages; until a model's initialize returns, it holds that model's
+// messages, and JupyterLab every later message of the kernel. So wait at most WAIT_MS for the copy.
+const WAIT_MS = 1000;
 export default () => {
-  let inner;
+  let inner, started;
+  const ready = new Promise((resolve) => { started = resolve; });
   return {
     async initialize(ctx) {
       const s = slot();
       load(s, ctx.model.get("_bundle"));
-      if (!s.started) setTimeout(() => { if (!s.started) ask(ctx.model, s); }, 5000);
-      inner = (await s.module).default();
-      return inner.initialize(ctx);
+      const module = await Promise.race([s.module, new Promise((r) => setTimeout(() => r(null), WAIT_MS))]);
+      if (module) {
+        inner = module.default();
+        started();
+        return inner.initialize(ctx);
+      }
+      // No copy yet (a busy page still importing it, or none on the page): return now, keep the
+      // kernel's figure updates, ask for a copy if none is on its way, and start plotly's figure on it.
+      const missed = [];
+      const keep = (model) => {
+        for (const [k, v] of Object.entries(model.changedAttributes() || {})) {
+          if (k.startsWith("_py2js_") && v !== null) missed.push([k, v]);
+        }
+      };
+      ctx.model.on("change", keep);
+      if (!s.started) ask(ctx.model, s);
+      s.module.then(async (m) => {
+        inner = m.default();
+        await inner.initialize(ctx);
+        ctx.model.off("change", keep);
+        for (const [k, v] of missed) { ctx.model.set(k, v); ctx.model.set(k, null); }
+        started();
+      });
     },
-    render(ctx) { return inner.render(ctx); },
+    async render(ctx) {
+      await ready;
+      return inner.render(ctx);
+    },
   };
 };
 """
