@@ -660,17 +660,18 @@ def test_notebook_runs_in_jupyterlab(jupyter_lab):
 
 # The fallback of lesson_lib/plots/live.py: the live figure that carries plotly's widget module to the
 # page is closed before the page loaded it, so the figure shown must ask its kernel for a copy, and
-# must keep the updates that the kernel sent while it waited.
+# must keep the updates that the kernel sent while it waited, each applied once.
 CARRIER_CLOSED_CELLS = [
     "from lesson_lib.plots.live import LiveFigure\n"
     "a = LiveFigure({'data': [{'type': 'bar', 'y': [1, 2]}]})\n"
     "b = LiveFigure({'data': [{'type': 'scatter', 'y': [3, 1, 2]}]})\n"
     "b",
-    "a.close()\nb.data[0].y = [5, 4, 5]\nb.layout.title = 'updated'",
+    "a.close()\nb.data[0].y = [5, 4, 5]\nb.add_scatter(y=[1, 1, 1])\nb.layout.title = 'updated'",
 ]
 WIDGET_FIGURE_DATA_JS = """(panel) =>
   [...document.querySelectorAll(panel + ' .js-plotly-plot:not(.jp-RenderedPlotly)')]
-  .map((p) => ({y: p.data && p.data[0] && [...p.data[0].y], title: p.layout && p.layout.title}))"""
+  .map((p) => ({y: p.data && p.data[0] && [...p.data[0].y], traces: p.data && p.data.length,
+                title: p.layout && p.layout.title}))"""
 
 
 def test_a_live_figure_draws_itself_when_the_figure_carrying_plotly_was_closed(lab_server):
@@ -704,7 +705,7 @@ def test_a_live_figure_draws_itself_when_the_figure_carrying_plotly_was_closed(l
                 finally:
                     page.screenshot(path=str(ARTIFACTS / "live-carrier-closed.png"))
                 figures = page.evaluate(WIDGET_FIGURE_DATA_JS, PANEL)
-                assert figures[0]["title"]["text"] == "updated", figures
+                assert figures[0]["title"]["text"] == "updated" and figures[0]["traces"] == 2, figures
                 assert page.evaluate(SHARED_PLOTLY_JS, PANEL)["copies"] == 1
             finally:
                 browser.close()

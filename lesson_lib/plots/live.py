@@ -69,12 +69,14 @@ export default () => {
       };
       ctx.model.on("change", keep);
       if (!s.started) ask(ctx.model, s);
-      s.module.then(async (m) => {
+      s.module.then((m) => {
         inner = m.default();
-        await inner.initialize(ctx);
+        // plotly's initialize puts its listeners on synchronously: replay before anything can yield,
+        // so that no update is applied twice or out of order
+        const init = inner.initialize(ctx);
         ctx.model.off("change", keep);
         for (const [k, v] of missed) { ctx.model.set(k, v); ctx.model.set(k, null); }
-        started();
+        Promise.resolve(init).then(started);
       });
     },
     async render(ctx) {
