@@ -109,6 +109,23 @@ def outer_halved(local, start, buf, lr, mu):  # right at 2 ranks only
     return start - lr * (delta + mu * buf), buf
 
 
+def outer_lr_and_mu_swapped(local, start, buf, lr, mu):  # told apart only when lr ≠ μ (a reviewer's)
+    delta = start - local
+    dist.all_reduce(delta)
+    delta /= dist.get_world_size()
+    buf = lr * buf + delta
+    return start - mu * (delta + lr * buf), buf
+
+
+def outer_momentum_of_rank_0_only(local, start, buf, lr, mu):  # the other ranks keep a local buffer
+    delta = start - local
+    dist.all_reduce(delta)
+    delta /= dist.get_world_size()
+    new_buf = mu * buf + delta
+    mine = new_buf if dist.get_rank() == 0 else mu * buf + start - local
+    return start - lr * (delta + mu * new_buf), mine
+
+
 @pytest.mark.parametrize("answer", [outer_imported, outer_with_torch_sgd], ids=["imported", "torch-sgd"])
 def test_outer_accepts_other_right_forms(answer):
     assert EX["outer"].submit(answer)
@@ -120,7 +137,9 @@ def test_outer_accepts_other_right_forms(answer):
     (outer_wrong_sign, "wrong way"),
     (outer_summed, "summed, not averaged"),
     (outer_halved, "4 ranks"),
-], ids=["no-all-reduce", "heavy-ball", "sign", "summed", "halved"])
+    (outer_lr_and_mu_swapped, "momentum is not μ·buffer + Δ"),
+    (outer_momentum_of_rank_0_only, "rank 1's returned momentum"),
+], ids=["no-all-reduce", "heavy-ball", "sign", "summed", "halved", "lr-mu-swapped", "local-momentum"])
 def test_outer_rejects_wrong_answers_saying_why(answer, says):
     v = EX["outer"].submit(answer)
     assert not v and says in v.message, v.message

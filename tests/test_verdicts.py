@@ -87,6 +87,22 @@ def test_the_librarys_own_quantizer_is_refused():
     assert not v and "library's own" in v.message and "qsgd_quantize" in v.message, v.message
 
 
+@pytest.mark.ch10
+def test_the_librarys_function_that_is_the_reference_is_refused_when_imported():
+    # chapter 10's notebook imports ft_step, whose exchange is the exchange exercise's reference (a
+    # reviewer submitted it and was told "correct"); only what reference() hands the tests passes as itself
+    from lesson_lib.chapters import ch06_exercises, ch10_exercises
+    from lesson_lib.milestones.resilience import ft_step
+
+    ex = ch10_exercises.exercises()["exchange"]
+    v = ex.submit(ft_step.exchange)
+    assert not v and "library's own" in v.message and "ft_step.exchange" in v.message, v.message
+    ex = ch06_exercises.exercises()["randomk"]
+    v = ex.submit(ch06_exercises.randomk_step)
+    assert not v and "library's own" in v.message, v.message
+    assert ex.submit(ex.reference())  # the same function, handed out by reference(): the tests' way
+
+
 # --------------------------------------------------------------------------- the runtime's words
 
 

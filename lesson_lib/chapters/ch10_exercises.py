@@ -28,7 +28,9 @@ from ..milestones.resilience import task as T
 from ..runtime import replicas
 
 DELTA_S, DEVICES, DEVICE_MTBF_H = 300.0, 4096, 50_000.0  # the interval exercise's question
-NUMEL, LR, MU = 12, 0.5, 0.5  # small integers and powers of two: every value below is exact in float32
+# small integers and powers of two: every value below is exact in float32; lr ≠ μ, so that an answer
+# that swaps them (or squares the wrong one) is told apart
+NUMEL, LR, MU = 12, 0.5, 0.25
 
 
 def _young() -> float:
@@ -112,8 +114,12 @@ def _formula(outs: list[dict]) -> str | None:
     new_buf = MU * buf + delta
     want = start - LR * (delta + MU * new_buf)
     got = outs[0]["params"]
-    if torch.equal(got, want) and torch.equal(outs[0]["buf"], new_buf):
+    if torch.equal(got, want) and all(torch.equal(o["buf"], new_buf) for o in outs):
         return None
+    if torch.equal(got, want):  # the parameters right, a rank's momentum not: it is the next step's
+        r = next(r for r, o in enumerate(outs) if not torch.equal(o["buf"], new_buf))
+        return (f"rank {r}'s returned momentum is not μ·buffer + Δ (Δ averaged over the replicas): every "
+                "replica carries the same buffer into the next outer step")
     if torch.equal(got, start - LR * new_buf):
         return "that is plain (heavy-ball) momentum; Nesterov steps by Δ + μ·buffer"
     flipped = -delta  # local − start: the momentum then runs the wrong way too
