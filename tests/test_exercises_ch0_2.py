@@ -495,6 +495,8 @@ def test_ch2_reduce_scatter_reference_is_accepted(ch2):
     assert v.ok, v.message
     v = ch2["reduce_scatter"].check(_isend_irecv)
     assert v.ok, v.message
+    v = ch2["reduce_scatter"].submit(_adds_through_an_ellipsis_index)  # not "not answered yet"
+    assert v.ok, v.message
 
 
 def _step(chunks, send_i, into_i, add=True):
@@ -556,6 +558,24 @@ def _isend_irecv(chunks):  # right, in another form: torch's own point-to-point 
         chunks[into_i].add_(incoming)
 
 
+def _all_reduce_then_idle_sends(chunks):  # a reviewer's: all_reduce sums, N − 1 sends add nothing
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for c in chunks:
+        dist.all_reduce(c)
+    for s in range(n - 1):
+        incoming = torch.empty_like(chunks[(rank - s - 1) % n])
+        comm.exchange(chunks[(rank - s) % n], (rank + 1) % n, incoming, (rank - 1) % n).wait()
+
+
+def _adds_through_an_ellipsis_index(chunks):  # right: chunk[...] = chunk + incoming writes in place
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for s in range(n - 1):
+        send_i, into_i = (rank - s) % n, (rank - s - 1) % n
+        incoming = torch.empty_like(chunks[into_i])
+        comm.exchange(chunks[send_i], (rank + 1) % n, incoming, (rank - 1) % n).wait()
+        chunks[into_i][...] = chunks[into_i] + incoming
+
+
 def _steps_forward(chunks):  # index moves the wrong way round the ring
     rank, n = dist.get_rank(), dist.get_world_size()
     for s in range(n - 1):
@@ -570,6 +590,7 @@ def _steps_forward(chunks):  # index moves the wrong way round the ring
     (_rebinds_the_entries, "in place"),
     (_sends_everything, "more than a chunk"),
     (_steps_forward, "each rank should own a different one"),
+    (_all_reduce_then_idle_sends, "point-to-point steps only"),
 ])
 def test_ch2_reduce_scatter_wrong_answers_are_rejected(ch2, wrong, words):
     v = ch2["reduce_scatter"].check(wrong)

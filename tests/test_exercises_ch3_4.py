@@ -213,7 +213,14 @@ def forgot_return(params, grads, rank, world_size, lr):
     params[rank * size:(rank + 1) * size] -= lr * grads[rank * size:(rank + 1) * size]
 
 
+def lr_typed_in(params, grads, rank, world_size, lr):  # a reviewer's: right while lr is 0.1 only
+    size = -(-params.numel() // world_size)
+    lo, hi = min(rank * size, params.numel()), min((rank + 1) * size, params.numel())
+    return params[lo:hi] - 0.1 * grads[lo:hi]
+
+
 @pytest.mark.parametrize("answer, words", [
+    (lr_typed_in, "lr = 0.03"),
     (whole_update_on_rank0, "ceil"),
     (tensor_split_shard, "ceil"),
     (floor_sized_last_takes_rest, "ceil"),

@@ -71,6 +71,16 @@ def _owners(outs: list[dict], key: str = "chunks") -> list[int] | None:
     return _distinct_owners([_owned(o, key) for o in outs], n, empty)
 
 
+def _point_to_point_only(outs: list[dict]) -> str | None:
+    """A collective does the summing for you (a reviewer's: dist.all_reduce, then N − 1 idle sends)."""
+    for r, o in enumerate(outs):
+        other = [c["api"] for c in o["calls"] if c["op"] not in ("send", "recv", "exchange")]
+        if other:
+            return (f"rank {r} called {other[0]}: a collective then does the summing, and the ring is not "
+                    "yours. This exercise builds reduce-scatter from point-to-point steps only")
+    return None
+
+
 def _steps(outs: list[dict]) -> str | None:
     n = len(outs)
     sends = [sum(c["op"] == "send" for c in o["calls"]) for o in outs]
@@ -112,13 +122,31 @@ def _unpaired(e: WorkerError) -> str:
     return ""
 
 
+def _template_ellipsis(fn: Callable) -> bool:
+    """Whether ``fn`` still holds the template's ``...`` as a value (``send_i = ...``), not as an index
+    (``chunk[...] = chunk + incoming``, a right answer a reviewer wrote)."""
+    import ast
+    import inspect
+    import textwrap
+
+    if Ellipsis not in getattr(getattr(fn, "__code__", None), "co_consts", ()):
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return True  # no source to read: the constant alone decides
+    indices = {id(node.slice) for node in ast.walk(tree) if isinstance(node, ast.Subscript)}
+    return any(isinstance(node, ast.Constant) and node.value is Ellipsis and id(node) not in indices
+               for node in ast.walk(tree))
+
+
 def check_reduce_scatter(fn: Callable) -> Verdict:
     """Every rank must end owning one fully summed chunk of the tensor it was given, no two ranks the
     same, after exactly N−1 steps of one chunk each (the bandwidth-optimal count), for N = 2…4 and
     lengths not divisible by N."""
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(my_reduce_scatter)")
-    if Ellipsis in getattr(getattr(fn, "__code__", None), "co_consts", ()):
+    if _template_ellipsis(fn):
         # The template's "send_i = ..." would fail on every rank: say "not answered yet" instead.
         raise TypeError("the template's ... (an ellipsis) is still in the function")
 
@@ -127,6 +155,7 @@ def check_reduce_scatter(fn: Callable) -> Verdict:
                         length, n * 100 + length, timeout_s=TIMEOUT_S, advice=_unpaired)
 
     return judge([case(n, length) for n, length in CASES], [
+        Property("point-to-point steps only", _point_to_point_only),
         Property("N − 1 steps", _steps),
         Property("of one chunk each", _one_chunk_per_step),
         Property("leave every rank owning a different chunk of its tensor, summed over all ranks",

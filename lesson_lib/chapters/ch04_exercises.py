@@ -69,9 +69,9 @@ def stage1_slices(numel: int, n: int) -> list[tuple[int, int]]:
     return [(min(r * size, numel), min((r + 1) * size, numel)) for r in range(n)]
 
 
-def _stage1_run(fn, numel: int, n: int, seed: int) -> dict:
+def _stage1_run(fn, numel: int, n: int, seed: int, lr: float = 0.1) -> dict:
     g = torch.Generator().manual_seed(seed)
-    params, grads, lr = torch.randn(numel, generator=g), torch.randn(numel, generator=g), 0.1
+    params, grads = torch.randn(numel, generator=g), torch.randn(numel, generator=g)
     got = []
     for r in range(n):  # each rank's call on its own: one that raises is that rank's verdict
         try:
@@ -116,8 +116,10 @@ def _stepped_slice(o: dict) -> str | None:
 def check_stage1_update(fn) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit a function stage1_update(params, grads, rank, world_size, lr)")
-    cases = [locally(f"{numel} parameters on N = {n} ranks", _stage1_run, fn, numel, n, seed)
-             for seed, (numel, n) in enumerate(((10, 4), (13, 4), (12, 3), (7, 2), (5, 4)))]
+    # the learning rate varies too: an answer that types 0.1 in is right at one of them only
+    cases = [locally(f"{numel} parameters on N = {n} ranks, lr = {lr:g}", _stage1_run, fn, numel, n, seed, lr)
+             for seed, (numel, n, lr) in enumerate(((10, 4, 0.1), (13, 4, 0.1), (12, 3, 0.03), (7, 2, 0.5),
+                                                    (5, 4, 0.1)))]
     return judge(cases, [
         Property("each rank returns its own slice, ceil(len/N) values in rank order", _own_slice_length),
         Property("each slice takes the SGD step params − lr·grads", _stepped_slice)],
