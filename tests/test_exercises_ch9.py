@@ -35,6 +35,11 @@ def cast_wrong_dtype(x):
     return (x / s).to(torch.float8_e5m2), s
 
 
+def cast_clips_the_top(x):  # a reviewer's: maps the amax to 480, so the top values saturate (6.7 % off)
+    s = x.abs().max().clamp_min(1e-12) / 480
+    return (x / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+
 def test_cast_accepts_another_form():
     assert EX["cast"].submit(cast_float_scale)
 
@@ -45,6 +50,7 @@ def test_cast_accepts_another_form():
         (cast_zero_scale, "scale of 1"),
         (cast_unscaled, "cast unscaled"),  # once "divide by the scale before the cast"
         (cast_wrong_dtype, "not torch.float8_e4m3fn"),
+        (cast_clips_the_top, "clipped, not rounded"),
     ],
 )
 def test_cast_rejects_wrong_answers_saying_why(answer, says):

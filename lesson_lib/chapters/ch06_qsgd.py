@@ -34,6 +34,8 @@ def _qsgd_draws(fn, x, s: int, draws: int) -> dict:
         if values is None:
             return {"shape": False, "x": x, "returned": type(out).__name__}
         outs.append(values)
+        if values.numel() == x.numel() and tuple(torch.as_tensor(out).shape) != tuple(x.shape):
+            return {"shape": False, "x": x, "as": tuple(torch.as_tensor(out).shape)}  # e.g. [1, 64]
     if any(o.numel() != x.numel() for o in outs):
         return {"shape": False, "x": x}
     return {"shape": True, "outs": torch.stack(outs), "x": x, "s": s, "norm": float(x.norm())}
@@ -42,6 +44,9 @@ def _qsgd_draws(fn, x, s: int, draws: int) -> dict:
 def _qsgd_shaped(o) -> str | None:
     if "returned" in o:
         return f"it returned {o['returned']}, not a tensor: return the quantized x"
+    if "as" in o:
+        return (f"it returned shape {list(o['as'])}; x's is {list(o['x'].shape)}: return the quantized x "
+                "in x's shape")
     if not o["shape"] or not torch.isfinite(o["outs"]).all():
         return f"it did not return {o['x'].numel()} finite values shaped like x"
     return None

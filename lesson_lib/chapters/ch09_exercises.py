@@ -90,6 +90,9 @@ def _cast_values(outs):
                 return (f"rank {r}, {name}: the largest value became {fixed(float(back.abs().max()), 4)}, "
                         "below e4m3's 448: the scale must map the amax to 448 (scale = amax / 448; divide "
                         "x by it)")
+            if amax / float(s) > TOP * (1 + 2**-5):  # beyond what rounds to 448: clipped
+                return (f"rank {r}, {name}: the scale maps the amax to {fixed(amax / float(s), 4)}, beyond "
+                        "e4m3's 448, so the largest values were clipped, not rounded: scale = amax / 448")
             want = (x / (amax / TOP)).clamp(-TOP, TOP).to(E4M3).float() * (amax / TOP)  # torch's own cast
             if not torch.allclose(back * s, want, rtol=0.07, atol=amax * 2**-9 / TOP * 2):
                 return (f"rank {r}, {name}: x8 · scale is not x (largest gap "
