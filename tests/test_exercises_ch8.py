@@ -295,12 +295,21 @@ def test_dispatch_accepts_other_right_forms(answer):
     assert EX["dispatch"].submit(answer)
 
 
+def exchange_all_gather_as_all_to_all(buf):  # a reviewer's: every rank is sent the whole buffer
+    n, r = dist.get_world_size(), dist.get_rank()
+    big = buf.repeat(n, *[1] * (buf.dim() - 1))
+    out = torch.empty_like(big)
+    dist.all_to_all_single(out, big)
+    return torch.cat([o.chunk(n)[r] for o in out.chunk(n)])
+
+
 @pytest.mark.parametrize("answer, says", [
     (exchange_nothing, "no tokens left their rank"),
     (exchange_all_gather, "sends more"),
+    (exchange_all_gather_as_all_to_all, "sends more"),
     (exchange_reversed, "came back wrong"),
     (exchange_flattened, "buffer's shape"),
-], ids=["nothing", "all-gather", "reversed", "wrong-shape"])
+], ids=["nothing", "all-gather", "all-gather-as-all-to-all", "reversed", "wrong-shape"])
 def test_dispatch_rejects_wrong_answers_saying_why(answer, says):
     v = EX["dispatch"].submit(answer)
     assert not v and says in v.message, v.message

@@ -215,8 +215,10 @@ def _dispatch_bytes(outs: list[dict]) -> str | None:
     n = len(outs)
     for r, o in enumerate(outs):
         ops = {c["op"] for c in o["calls"]}
-        if "all_to_all" in ops and ops <= {"all_to_all"}:
-            continue
+        handed = sum(c["bytes"] for c in o["calls"] if c["op"] == "all_to_all")  # inputs and outputs
+        calls = len(o["shapes"])  # the layer's exchanges: dispatch and combine
+        if "all_to_all" in ops and ops <= {"all_to_all"} and handed <= 2 * o["buffer_bytes"] * calls + 8:
+            continue  # a buffer in and one out per exchange (a reviewer's buffer repeated N times was not)
         sent = sum(c["bytes"] for c in o["calls"] if c["op"] == "send")
         if ops and ops <= {"send", "recv"} and sent <= 2 * (n - 1) / n * o["buffer_bytes"] + 8:
             continue  # built from point-to-point messages: each chunk to its own rank only
