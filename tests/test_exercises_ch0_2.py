@@ -250,6 +250,27 @@ def _functional_collectives(model):  # right: funcol's all_reduce is asynchronou
     return finish
 
 
+def _all_from_the_last_hook(model):  # a reviewer's: every all-reduce starts when the last gradient is ready
+    world, params, pending, seen = dist.get_world_size(), list(model.parameters()), [], [0]
+
+    def hook(p):
+        seen[0] += 1
+        if seen[0] == len(params):
+            seen[0] = 0
+            pending.extend(dist.all_reduce(q.grad, async_op=True) for q in params)
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for work in pending:
+            work.wait()
+        pending.clear()
+        for q in params:
+            q.grad /= world
+    return finish
+
+
 @pytest.fixture(scope="module")
 def ch0_overlap():
     return ch00_exercises.exercises()["start_overlap"]
@@ -271,6 +292,7 @@ def test_ch0_overlap_reference_is_accepted(ch0_overlap):
 @pytest.mark.parametrize("wrong, words", [
     pytest.param(_blocks_in_the_hook, "blocked", marks=pytest.mark.slow),  # waits for a timeout
     (_all_after_the_backward, "after the backward"),
+    (_all_from_the_last_hook, "only once the backward's last gradient was ready"),  # once accepted
     (lambda m: _overlap(m, divide=False), "whole batch"),
     (lambda m: _overlap(m, skip_bias=True), "never summed across the ranks"),
     (lambda m: _overlap(m, wait=False), "without waiting"),

@@ -164,13 +164,27 @@ def train_overlapped_with(start_overlap: Callable, task: dict) -> dict:
     return {**out, **log.as_data()}
 
 
+def _later_gradients(marks: list[dict], last: bool = False) -> list[float]:
+    """When each gradient but the last of its step became ready (``last``: when the last did). At the
+    step's last gradient nothing is left to overlap: a reviewer's answer started every all-reduce from
+    the hook of the last one and was told it overlapped."""
+    times, step = [], []
+    for m in marks + [{"label": "finish returned"}]:
+        if m["label"] == "gradient ready":
+            step.append(m["at"])
+        elif m["label"] == "finish returned" and step:
+            times += step[-1:] if last else step[:-1]
+            step = []
+    return times
+
+
 def _overlapped(outs: list[dict]) -> str | None:
     """Some all-reduce was still running (started, not yet finished for the code) when autograd
     produced a later gradient: the communication overlapped the backward."""
     for o in outs:
         log = Log()
         log.extend(o["calls"])
-        if any(m["label"] == "gradient ready" and log.in_flight(m["at"], "all_reduce") for m in o["marks"]):
+        if any(log.in_flight(at, "all_reduce") for at in _later_gradients(o["marks"])):
             continue
         reduces = [c for c in o["calls"] if c["op"] == "all_reduce"]
         if not reduces:
@@ -179,6 +193,9 @@ def _overlapped(outs: list[dict]) -> str | None:
             return ("your all-reduces all started after the backward had finished (in finish()), so they "
                     "overlapped nothing: start each one from a hook that autograd calls as soon as that "
                     "gradient is complete")
+        if any(log.in_flight(at, "all_reduce") for at in _later_gradients(o["marks"], last=True)):
+            return ("your all-reduces started only once the backward's last gradient was ready, so none ran "
+                    "while autograd produced another: start each gradient's all-reduce from its own hook")
         if not any(c["async"] for c in reduces):
             return ("each all-reduce blocked inside its hook: the backward stopped until its bytes had "
                     "arrived. Start it with async_op=True, keep the handle, and wait in finish()")
