@@ -33,6 +33,23 @@ def test_traffic_in_kilobytes_is_told_its_unit():
 
 
 @pytest.mark.ch1
+@pytest.mark.parametrize("text", ["354,624 bytes", "354624 B", "354.624 kB", "0.354624 MB"])
+def test_bytes_written_with_their_unit_are_read(text):
+    # a reviewer's "354,624 bytes" was told to write decimals with a point; "354624 B" did not read
+    v = ch01_traffic(44_328).submit(text)
+    assert v and "354,624 bytes" in v.message, v.message
+
+
+def test_a_percentage_is_a_fraction_and_a_foreign_unit_is_not_read():
+    from lesson_lib.exercises.answers import AnswerError, byte_count, number
+
+    assert number("27.27%") == pytest.approx(0.2727) and number(" 3/11 ") == pytest.approx(3 / 11)
+    assert byte_count("1.5 MiB") == 1.5 * 1024**2 and byte_count("600 kB") == 600_000
+    with pytest.raises(AnswerError, match="does not read as a number"):
+        byte_count("5 s")
+
+
+@pytest.mark.ch1
 def test_a_computed_float_is_shown_to_two_decimals_not_sixteen():
     v = ch01_traffic(44_328).submit(559_642.5912137006)
     assert not v and "559,642.59 bytes" in v.message and "5912137006" not in v.message, v.message

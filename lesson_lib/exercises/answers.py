@@ -45,6 +45,8 @@ def number(answer: Any, what: str = "a number") -> float:
         raise AnswerError(f"you gave {value}, a truth value; the answer is {what}")
     if isinstance(value, str):
         text = value.strip().replace("_", "")
+        if text.endswith("%") and len(text) > 1:  # "27.27%": a percentage is a fraction (0.2727)
+            return number(text[:-1], what) / 100
         if "," in text:  # thousands separators only: "1,5" is refused, never read as 15
             if not _THOUSANDS.fullmatch(text):
                 raise AnswerError(f"you gave {_describe(answer)}; the answer is {what}, written with a point "
@@ -219,11 +221,27 @@ def unit_slip(value: float, expected: float, unit: str) -> str | None:
     return None
 
 
+BYTE_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_WITH_UNIT = re.compile(r"\s*(.*?\d\.?)\s*([a-zA-Z]+)\s*")
+
+
+def byte_count(answer: Any, what: str = "a number of bytes") -> float:
+    """A number of bytes: any form :func:`number` reads, or a text with its unit ("354,624 bytes",
+    "354.6 kB", "1.5 MiB"; kB = 1,000 bytes, KiB = 1,024)."""
+    if isinstance(answer, str):
+        m = _WITH_UNIT.fullmatch(answer)
+        if m and m.group(2).lower() in BYTE_UNITS:
+            return number(m.group(1), what) * BYTE_UNITS[m.group(2).lower()]
+    return number(answer, what)
+
+
 def close_to(expected: float, rel: float = 0.01, unit: str = "", hint: str = "check your formula",
              what: str = "a number"):
-    """A check that a number (in any form :func:`number` reads) is within ``rel`` of ``expected``."""
+    """A check that a number (in any form :func:`number` reads; with a unit of bytes when ``unit`` is
+    bytes, :func:`byte_count`) is within ``rel`` of ``expected``."""
     def check(answer: Any) -> Verdict:
-        value = number(answer, what)
+        value = byte_count(answer, what) if unit.strip() == "bytes" else number(answer, what)
         ok = compare(value, expected, rel)
         why = "" if ok else f"; {unit_slip(value, expected, unit) or hint}"
         return Verdict(ok, f"you said {shown(value)}{unit}{why}")
