@@ -104,6 +104,13 @@ def _reduce_scattered(outs: list[dict]) -> str | None:
         return f"rank {r}'s step ran {summary(calls)}: no reduce-scatter of the gradient"
 
 
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal to a few roundings: with N = 3 the mean is inexact, and grad / 3, grad · (1/3) or dividing
+    before the reduce-scatter differ in the last bit (a reviewer's right answers were refused)."""
+    scale = 1.0 + float(b.abs().max()) if b.numel() else 1.0
+    return a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=8 * torch.finfo(b.dtype).eps * scale)
+
+
 def _same_as_sgd(outs: list[dict]) -> str | None:
     n = len(outs)
     for r, o in enumerate(outs):
@@ -113,18 +120,18 @@ def _same_as_sgd(outs: list[dict]) -> str | None:
         want = before - ZERO1_LR * mean
         if got.shape != want.shape:
             if got.numel() == size:
-                whose = next((f"rank {k}'s slice" for k in range(n) if torch.equal(got, _chunk(want, k, size))
-                              or torch.equal(got, _chunk(before, k, size))), "one slice's worth")
+                whose = next((f"rank {k}'s slice" for k in range(n) if _close(got, _chunk(want, k, size))
+                              or _close(got, _chunk(before, k, size))), "one slice's worth")
                 return (f"rank {r} returned {size} values, {whose}, not the parameters: return the whole "
                         f"tensor of {numel}, every rank's updated slice gathered back into it (all-gather)")
             return f"rank {r} returned {got.numel()} values; the parameters have {numel}"
-        if torch.equal(got, want):
+        if _close(got, want):
             continue
-        if torch.equal(got, before - ZERO1_LR * n * mean):
+        if _close(got, before - ZERO1_LR * n * mean):
             return ("every update is N times too large: the global gradient is the mean of the ranks' "
                     "gradients, and a reduce-scatter gives their sum")
-        wrong = [k for k in range(n) if not torch.equal(_chunk(got, k, size), _chunk(want, k, size))]
-        if r not in wrong and all(torch.equal(_chunk(got, k, size), _chunk(before, k, size)) for k in wrong):
+        wrong = [k for k in range(n) if not _close(_chunk(got, k, size), _chunk(want, k, size))]
+        if r not in wrong and all(_close(_chunk(got, k, size), _chunk(before, k, size)) for k in wrong):
             return (f"on rank {r}, slices {wrong} still hold the old parameters: the other ranks' updated "
                     "slices never arrived")
         return (f"on rank {r}, slices {wrong} differ from single-process SGD (params − lr · the mean of the "
