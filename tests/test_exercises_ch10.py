@@ -179,6 +179,22 @@ def exchange_own_words(store, rnd, me, grad, members):  # right: its own seriali
         time.sleep(0.002)
 
 
+def exchange_times_the_inverse(store, rnd, me, grad, members):  # right: · (1/n) (refused once, not bit-equal)
+    import time
+
+    _put(store, f"grad/{rnd}/{me}", grad)
+    keys = [f"grad/{rnd}/{m}" for m in members]
+    while True:
+        if store.check(keys):
+            total = torch.zeros_like(grad)
+            for k in keys:
+                total = total + _get(store, k)
+            return total * (1.0 / len(members))
+        if store.check([f"dead/{rnd}"]):
+            return None
+        time.sleep(0.002)
+
+
 def exchange_partial(store, rnd, me, grad, members):  # averages whatever arrived once a peer is dead
     import time
 
@@ -214,8 +230,10 @@ def exchange_waits_forever(store, rnd, me, grad, members):
     return sum(_get(store, k) for k in keys) / len(members)
 
 
-def test_exchange_accepts_another_right_form(no_orphans):
-    assert EX["exchange"].submit(exchange_own_words)
+@pytest.mark.parametrize("answer", [exchange_own_words, exchange_times_the_inverse],
+                         ids=["own-words", "inverse"])
+def test_exchange_accepts_another_right_form(answer, no_orphans):
+    assert EX["exchange"].submit(answer)
 
 
 @pytest.mark.parametrize("answer, says", [
