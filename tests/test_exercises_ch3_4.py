@@ -498,7 +498,8 @@ def test_order_accepts_every_form_and_says_what_holds():
     # alternates one forward, one backward, and drains the last two backwards
     by_hand = "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5"
     for answer in (by_hand, order("1f1b"), order("1f1b").replace(" ", ", "), [f"{a}{i}" for a, i in want],
-                   want, [(a.lower(), i) for a, i in want]):
+                   want, [(a.lower(), i) for a, i in want],
+                   by_hand.replace(" ", " → "), by_hand.replace(" ", "->") + ".", by_hand.replace(" ", ";")):
         v = verdict(EX3["order"], answer)
         assert v and "that is stage 1's 1F1B order" in v.message and "at most 3" in v.message, v.message
 
@@ -515,6 +516,8 @@ def test_order_accepts_every_form_and_says_what_holds():
     ("B0 F0 F1 F2 F3 F4 F5 B1 B2 B3 B4 B5", "B0 comes before F0"),
     ("F0 F1 F2 B0", "exactly once"),
     ("F0 F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4", "exactly once"),
+    ([0, 1, 2], "each is 'F' or 'B' and a micro-batch"),  # once "your answer raised TypeError"
+    ("forward all, then backward", "write the actions in order"),
 ])
 def test_order_rejects_wrong_answers_with_the_right_reason(answer, words):
     v = verdict(EX3["order"], answer)

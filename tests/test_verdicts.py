@@ -49,6 +49,18 @@ def test_a_percentage_is_a_fraction_and_a_foreign_unit_is_not_read():
         byte_count("5 s")
 
 
+@pytest.mark.ch3
+@pytest.mark.parametrize("answer, says", [
+    (28.000001, "you gave 28.000001, not a whole number"),  # once "you gave 28; … a whole number"
+    (10**400, "a number of 401 digits, beyond any float"),  # once "your answer raised OverflowError"
+])
+def test_a_near_whole_or_huge_number_is_shown_as_given(answer, says):
+    from lesson_lib.chapters import ch03_exercises
+
+    v = ch03_exercises.exercises()["smallest_m"].submit(answer)
+    assert not v and says in v.message and "raised" not in v.message, v.message
+
+
 @pytest.mark.ch1
 def test_a_computed_float_is_shown_to_two_decimals_not_sixteen():
     v = ch01_traffic(44_328).submit(559_642.5912137006)

@@ -23,11 +23,28 @@ from .ch03_gpipe import check_gpipe, my_gpipe_stage
 
 
 def parse_actions(answer) -> list[tuple[str, int]]:
-    """'F0 F1 B0 ...', ['F0', 'B0', ...] or [('F', 0), ...] → [('F', 0), ...]."""
-    items = answer.replace(",", " ").split() if isinstance(answer, str) else list(answer)
+    """'F0 F1 B0 ...' (any separators: commas, arrows, semicolons), ['F0', 'B0', ...] or [('F', 0), ...]
+    → [('F', 0), ...]. Anything else is an :class:`AnswerError` that says what was given."""
+    import re
+
+    from ..exercises import AnswerError
+
+    if isinstance(answer, str):
+        items = re.findall(r"[A-Za-z]\s*\d+", answer)
+        if not items or re.sub(r"[A-Za-z]\s*\d+|[\s,;.→>\-|/]", "", answer):
+            raise AnswerError(f"you gave the text {answer!r}; write the actions in order, as 'F0 F1 B0 …'")
+    else:
+        items = list(answer)
     out = []
     for a in items:
-        kind, i = (a[0], a[1:]) if isinstance(a, str) else a
+        if isinstance(a, str):
+            a = a.replace(" ", "")
+            kind, i = a[0], a[1:]
+        elif isinstance(a, (tuple, list)) and len(a) == 2:
+            kind, i = a
+        else:
+            raise AnswerError(f"you gave {a!r} among the actions; each is 'F' or 'B' and a micro-batch, "
+                              "as 'F0' or ('F', 0)")
         out.append((str(kind).upper(), int(i)))
     return out
 

@@ -69,7 +69,11 @@ def number(answer: Any, what: str = "a number") -> float:
             value = value.item()
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise AnswerError(f"you gave {_describe(answer)}; the answer is {what} (one value)")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float's range (a reviewer's 10**400)
+        raise AnswerError(f"you gave a number of {len(str(abs(int(value))))} digits, beyond any float; "
+                          f"the answer is {what}") from None
     if not math.isfinite(value):
         raise AnswerError(f"you gave {value}; the answer is {what}, a finite one")
     return value
@@ -78,8 +82,8 @@ def number(answer: Any, what: str = "a number") -> float:
 def whole_number(answer: Any, what: str = "a whole number") -> int:
     """``answer`` as an int; ``2.0`` and ``"2"`` are 2, ``2.5`` is refused."""
     value = number(answer, what)
-    if value != int(value):
-        raise AnswerError(f"you gave {value:g}; the answer is {what}")
+    if value != int(value):  # repr, not :g: 28.000001 shown as 28 told a reviewer 28 was not whole
+        raise AnswerError(f"you gave {value!r}, not a whole number; the answer is {what}")
     return int(value)
 
 
