@@ -396,6 +396,12 @@ def test_topk_mistakes_are_told_apart_in_the_exercises_case():
                                     for b in values[i + 1:]), values
 
 
+def test_topk_bytes_read_from_a_dict_by_their_names(ex):  # a reviewer's {"k": …, "bytes": …} was misread
+    sent, even = ex["topk_bytes"].reference()
+    assert ex["topk_bytes"].submit({"k": even, "bytes": sent})
+    assert ex["topk_bytes"].submit({"sent": sent, "break_even": even})
+
+
 def test_topk_bytes_exercise(ex):
     assert ex["topk_bytes"].submit(ex["topk_bytes"].reference())
     n, k, s = TOPK_CASE["world"], TOPK_CASE["k"], TOPK_CASE["params"]

@@ -315,7 +315,8 @@ def test_stage2_accepts_the_formula_in_other_forms(answer):
 
 @pytest.mark.parametrize("answer, ok", [(1, True), (1.0, True), (1.9, False), (0, False), (2, False),
                                         (3, False), (True, False), ("1", True), (" 1 ", True),
-                                        (torch.tensor(1), True), (-1, False), ("one", False)])
+                                        (torch.tensor(1), True), (-1, False), ("one", False),
+                                        ("stage 1", True), ("ZeRO-1", True), ("ZeRO-2", False)])
 def test_fit_requires_the_integer_stage(answer, ok):
     v = verdict(EX4["fit"], answer)
     assert bool(v) is ok, (answer, v.message)

@@ -274,7 +274,7 @@ def test_stage_rejects_plausible_mistakes(exercises, answer, says):
     assert not v.ok and says in v.message
 
 
-@pytest.mark.parametrize("answer", [2, 2.0, "2", torch.tensor(2)])
+@pytest.mark.parametrize("answer", [2, 2.0, "2", torch.tensor(2), "stage 2", "ZeRO-2", "zero stage 2"])
 def test_stage_accepts_the_stage_in_every_form(exercises, answer):
     assert exercises["stage"].submit(answer)
 

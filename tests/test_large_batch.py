@@ -295,7 +295,8 @@ def test_scaling_exercise_without_the_run(ex):
         verdict = assess(lambda a: _check_scaling(a, run_check=False), wrong)
         assert not verdict and says in verdict.message, (wrong, verdict)
     for right in ((0.8, 12.0), ("0.8", "12"), [torch.tensor(0.8), 12], {"lr": 0.8, "warmup_steps": 12},
-                  "0.8, 12", (0.8, 100)):  # the same answer in other forms; a long warm-up is not wrong
+                  "0.8, 12", (0.8, 100), {"learning rate": 0.8, "warm-up steps": 12}):
+        # the same answer in other forms; a long warm-up is not wrong
         assert _check_scaling(right, run_check=False), right
 
 

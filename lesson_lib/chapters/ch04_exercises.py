@@ -21,7 +21,7 @@ from ..exercises import (
     mismatch,
     number,
     solution_text,
-    whole_number,
+    stage,
 )
 from ..models import mlp
 from .ch04_zero1 import check_zero1, my_zero1_step, zero1_job  # noqa: F401  (zero1_job runs on ranks)
@@ -136,7 +136,7 @@ def first_fitting_stage(params: float, world_size: int, device_gb: float, precis
 
 def check_fit(answer) -> Verdict:
     want = first_fitting_stage(13e9, 8, 80)
-    got = whole_number(answer, "a stage, one of the whole numbers 0, 1, 2, 3")
+    got = stage(answer, "a stage, one of the whole numbers 0, 1, 2, 3")  # "stage 1", "ZeRO-1" too
     if got not in (0, 1, 2, 3):
         return Verdict(False, f"you said {got}: a stage is one of the whole numbers 0, 1, 2, 3")
     ok = got == want

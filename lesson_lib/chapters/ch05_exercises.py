@@ -61,7 +61,8 @@ def _check_ratio(answer) -> Verdict:
 def _check_scaling(answer, run_check: bool = True) -> Verdict:
     """``(lr, warmup_steps)`` for SGD at 8 × B₀; the rate must follow the linear rule."""
     lr, warmup = numbers_of(answer, 2, "a pair: (learning rate, warm-up steps)", names=(
-        ("lr", "learning_rate", "rate"), ("warmup_steps", "warmup", "warm_up", "warmup_step")))
+        ("lr", "learning_rate", "rate"),
+        ("warmup_steps", "warmup", "warm_up", "warmup_step", "warm_up_steps", "warm_up_step")))
     warmup = whole_number(warmup, "the warm-up steps, a whole number")
     base, batch = lb.BASE_LR["sgd"], 8 * lb.BASE_BATCH
     if compare(lr, base * math.sqrt(8), 0.01):

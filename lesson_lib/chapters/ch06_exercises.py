@@ -26,7 +26,9 @@ def topk_bytes(params: int, world: int, k: int) -> tuple[int, int]:
 
 
 def _check_topk(answer) -> Verdict:
-    sent, even = numbers_of(answer, 2, "a pair: (bytes each rank sends, k where top-k stops saving)")
+    sent, even = numbers_of(answer, 2, "a pair: (bytes each rank sends, k where top-k stops saving)",
+                            names=(("bytes", "sent", "bytes_sent", "sent_bytes", "bytes_per_rank"),
+                                   ("k", "even", "break_even", "k_even", "k_break_even")))
     c = TOPK_CASE
     want_sent, want_even = topk_bytes(**c)
     n, k = c["world"], c["k"]

@@ -18,10 +18,10 @@ from ..exercises import (
     judge,
     observe,
     on_ranks,
+    stage,
     summary,
     unobserved,
     values_of,
-    whole_number,
 )
 from ..source import source
 
@@ -59,7 +59,7 @@ def fit_stage(params, devices, device) -> int:
 
 
 def _check_stage(answer) -> Verdict:
-    answer = whole_number(answer, "a ZeRO stage: 0, 1, 2 or 3")
+    answer = stage(answer, "a ZeRO stage: 0, 1, 2 or 3")  # "stage 2", "ZeRO-2" too
     if answer not in (0, 1, 2, 3):
         return Verdict(False, "answer with a ZeRO stage: 0, 1, 2 or 3")
     c = FIT_CASE

@@ -16,6 +16,7 @@ from .answers import (
     number,
     numbers_of,
     pair,
+    stage,
     values_of,
     whole_number,
 )
@@ -27,5 +28,5 @@ from .verdict import Verdict
 __all__ = [
     "AnswerError", "Exercise", "Log", "Property", "Verdict", "assess", "choice", "close_to", "compare",
     "duration", "judge", "locally", "mismatch", "number", "on_ranks", "numbers_of", "observe", "pair",
-    "solution_text", "summary", "unanswered", "unobserved", "values_of", "whole_number",
+    "solution_text", "stage", "summary", "unanswered", "unobserved", "values_of", "whole_number",
 ]

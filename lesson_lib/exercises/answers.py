@@ -87,6 +87,16 @@ def whole_number(answer: Any, what: str = "a whole number") -> int:
     return int(value)
 
 
+_STAGE = re.compile(r"\s*(?:zero)?[\s\-_]*(?:stage)?[\s\-_]*(\d+)\s*", re.IGNORECASE)
+
+
+def stage(answer: Any, what: str = "a ZeRO stage: 0, 1, 2 or 3") -> int:
+    """A ZeRO stage as a whole number: 2, "2", "stage 2", "ZeRO-2" or "zero stage 2"."""
+    if isinstance(answer, str) and (m := _STAGE.fullmatch(answer)):
+        answer = m.group(1)
+    return whole_number(answer, what)
+
+
 def _key(name: Any) -> str:
     return re.sub(r"[\s\-]+", "_", str(name).strip().lower())
 
