@@ -1,12 +1,8 @@
-"""Chapter 0's exercises, checked on real ranks (notebooks/00_why_distributed.ipynb).
-
-The learner writes ``average_gradients(model)``; :func:`train_with` runs it on every rank of a
-warm cluster between ``backward()`` and ``optimizer.step()``, and the check compares the ranks'
-losses with single-process training on the whole batch (``data_parallel.reference``).
-The second, ``start_overlap(model)``, starts each all-reduce from a hook during the backward;
-:func:`train_overlapped_with` also records whether each ``all_reduce`` call came during the
-backward and without blocking.
-"""
+"""Chapter 0's exercises, checked on real ranks (notebooks/00_why_distributed.ipynb). The learner's
+``average_gradients(model)`` runs on every rank of a warm cluster between ``backward()`` and ``step()``
+(:func:`train_with`), judged against single-process training on the whole batch (``data_parallel.reference``);
+``start_overlap(model)`` starts each all-reduce from a hook during the backward, and
+:func:`train_overlapped_with` records whether each ``all_reduce`` came during the backward, unblocking."""
 
 from __future__ import annotations
 
@@ -165,16 +161,13 @@ def train_overlapped_with(start_overlap: Callable, task: dict) -> dict:
 
 
 def _later_gradients(marks: list[dict], last: bool = False) -> list[float]:
-    """When each gradient but the last of its step became ready (``last``: when the last did). At the
-    step's last gradient nothing is left to overlap: a reviewer's answer started every all-reduce from
-    the hook of the last one and was told it overlapped."""
+    """When each gradient but its step's last became ready (``last``: the last's, which nothing overlaps)."""
     times, step = [], []
     for m in marks + [{"label": "finish returned"}]:
         if m["label"] == "gradient ready":
             step.append(m["at"])
-        elif m["label"] == "finish returned" and step:
-            times += step[-1:] if last else step[:-1]
-            step = []
+        elif step:  # "finish returned": the step ended
+            times, step = times + (step[-1:] if last else step[:-1]), []
     return times
 
 
