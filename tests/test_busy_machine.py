@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ("notebooks/00_why_distributed.ipynb", "notebooks/10_resilience.ipynb")
 BURNERS = 8
 LIMIT_S = 900  # 2 chapters of ~20-25 s each, stretched about 5× by 8 burners on 2 cores, plus slack
+KERNEL_START_S = 240  # each kernel's start, within LIMIT_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.ch0, pytest.mark.ch10]
 
@@ -40,12 +41,15 @@ def test_run_all_finishes_beside_eight_cpu_bound_processes(busy_machine, tmp_pat
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     t0 = time.monotonic()
     try:
+        # a kernel's start is bounded too, but not by nbval's 60 s: beside 8 burners one took longer in
+        # a fresh clone's CI run (2026-12-07), and every cell of both chapters then failed to run
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "--nbval-lax", *NOTEBOOKS], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=LIMIT_S)
+                               "--nbval-lax", f"--nbval-kernel-startup-timeout={KERNEL_START_S}", *NOTEBOOKS],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=LIMIT_S)
     except subprocess.TimeoutExpired:
         pytest.fail(f"nbval on {', '.join(NOTEBOOKS)} beside {BURNERS} burners ran past {LIMIT_S} s")
     took = time.monotonic() - t0
     assert all(p.poll() is None for p in busy_machine), "a burner died: the machine was not busy throughout"
-    assert proc.returncode == 0, f"Run All stopped on a busy machine:\n{proc.stdout[-6000:]}"
+    said = proc.stdout if len(proc.stdout) < 9000 else f"{proc.stdout[:3000]}\n[…]\n{proc.stdout[-6000:]}"
+    assert proc.returncode == 0, f"Run All stopped on a busy machine:\n{said}"  # the first error kept
     print(f"chapters 0 and 10 under nbval beside {BURNERS} burners on {os.cpu_count()} cores: {took:.0f} s")
