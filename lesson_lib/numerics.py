@@ -30,6 +30,14 @@ def sum_order_tolerance(reference: list[float]) -> float:
     return 10 * len(reference) * FP32_EPS * max(abs(x) for x in reference)
 
 
+def within_roundings(a: torch.Tensor, b: torch.Tensor, roundings: int = 8) -> bool:
+    """``a`` equals ``b`` up to a few roundings of ``b``'s dtype at ``b``'s scale: the same arithmetic
+    written another way (x / 3 against x · (1/3), a division before a sum or after it). A wrong
+    factor or a missing term differs by far more."""
+    atol = roundings * torch.finfo(b.dtype).eps * (1.0 + (float(b.abs().max()) if b.numel() else 0.0))
+    return a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=atol)
+
+
 def pipeline_tolerance(microbatches: int, steps: int, depth: int, scale: float = 3.0) -> float:
     """Float32 rounding allowed between a pipelined run and single-process SGD of the unsplit model:
     a few roundings of ε = 2⁻²³ per accumulated term per step, relative to ``scale``. A missing 1/M

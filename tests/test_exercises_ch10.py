@@ -163,36 +163,26 @@ def _put(store, key, t):
     store.set(key, buf.getvalue())
 
 
-def exchange_own_words(store, rnd, me, grad, members):  # right: its own serialization, sum by hand
-    import time
+def _by_hand(average):
+    def exchange(store, rnd, me, grad, members):  # its own serialization, the sum by hand
+        import time
 
-    _put(store, f"grad/{rnd}/{me}", grad)
-    keys = [f"grad/{rnd}/{m}" for m in members]
-    while True:
-        if store.check(keys):
-            total = torch.zeros_like(grad)
-            for k in keys:
-                total = total + _get(store, k)
-            return total / len(members)
-        if store.check([f"dead/{rnd}"]):
-            return None
-        time.sleep(0.002)
+        _put(store, f"grad/{rnd}/{me}", grad)
+        keys = [f"grad/{rnd}/{m}" for m in members]
+        while True:
+            if store.check(keys):
+                total = torch.zeros_like(grad)
+                for k in keys:
+                    total = total + _get(store, k)
+                return average(total, len(members))
+            if store.check([f"dead/{rnd}"]):
+                return None
+            time.sleep(0.002)
+    return exchange
 
 
-def exchange_times_the_inverse(store, rnd, me, grad, members):  # right: · (1/n) (refused once, not bit-equal)
-    import time
-
-    _put(store, f"grad/{rnd}/{me}", grad)
-    keys = [f"grad/{rnd}/{m}" for m in members]
-    while True:
-        if store.check(keys):
-            total = torch.zeros_like(grad)
-            for k in keys:
-                total = total + _get(store, k)
-            return total * (1.0 / len(members))
-        if store.check([f"dead/{rnd}"]):
-            return None
-        time.sleep(0.002)
+exchange_own_words = _by_hand(lambda total, n: total / n)  # right
+exchange_times_the_inverse = _by_hand(lambda total, n: total * (1.0 / n))  # right: once refused (bits)
 
 
 def exchange_partial(store, rnd, me, grad, members):  # averages whatever arrived once a peer is dead

@@ -37,3 +37,13 @@ def test_adam_drift_stays_below_one_skipped_step():
 def test_pipeline_tolerance_grows_with_the_terms_summed():
     small, more = (numerics.pipeline_tolerance(m, steps=4, depth=7) for m in (2, 8))
     assert 0 < small < more < 1e-3
+
+
+def test_within_roundings_takes_the_same_arithmetic_and_refuses_a_wrong_factor():
+    from lesson_lib.numerics import within_roundings
+
+    x = torch.arange(1, 751, dtype=torch.float32)
+    assert not torch.equal(x / 3, x * (1.0 / 3))  # the two spellings differ in the last bit somewhere
+    assert within_roundings(x * (1.0 / 3), x / 3)
+    assert not within_roundings(x / 3 * 1.0001, x / 3)  # 1e-4 relative is ~800 roundings at 1
+    assert not within_roundings((x / 3)[None], x / 3)  # another shape

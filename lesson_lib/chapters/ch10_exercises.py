@@ -25,6 +25,7 @@ from ..exercises import (
 )
 from ..milestones.resilience import ft_step
 from ..milestones.resilience import task as T
+from ..numerics import within_roundings
 from ..runtime import replicas
 
 DELTA_S, DEVICES, DEVICE_MTBF_H = 300.0, 4096, 50_000.0  # the interval exercise's question
@@ -192,9 +193,7 @@ def _averaged(out: dict) -> str | None:
         if torch.equal(ft_step.replay(SURVIVE_TASK, backwards), survivor["params"]):
             return ("the gradients were added in reverse member order: floats round differently in another "
                     "order, so add them in the order of members, as every replica must")
-        want = ft_step.replay(SURVIVE_TASK, survivor["log"])
-        if torch.allclose(survivor["params"], want, rtol=0, atol=16 * torch.finfo(want.dtype).eps
-                          * (1 + float(want.abs().max()))):
+        if within_roundings(survivor["params"], ft_step.replay(SURVIVE_TASK, survivor["log"]), 16):
             return None  # the same sum, scaled another way (a reviewer's sum · (1/n)): a rounding apart
         return ("the weights differ from one process averaging every member's gradient of each committed "
                 "step (divide the sum of all the members' gradients by their number)")
