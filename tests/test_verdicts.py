@@ -238,7 +238,7 @@ def test_one_ranks_rest_is_not_called_waiting_for_peers(monkeypatch, capsys):
 
     def result(rest):  # steps 1.0 s wall, 0.9 s busy, no run-queue wait: the rest is `rest`
         step = types.SimpleNamespace(wall_s=1.0, busy_s=1.0 - rest, runqueue_s=0.0)
-        return types.SimpleNamespace(per_rank=[types.SimpleNamespace(steps=[step, step, step])])
+        return _Run([types.SimpleNamespace(steps=[step, step, step])], [])
 
     monkeypatch.setattr(ch00, "display", lambda *a, **k: None)
     monkeypatch.setattr(ch00.plots.training, "busy_idle", lambda *a, **k: None)
@@ -246,3 +246,30 @@ def test_one_ranks_rest_is_not_called_waiting_for_peers(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert abs(shares[1]["peers"] - 0.07) < 1e-9 and abs(shares[4]["peers"] - 0.30) < 1e-9
     assert "7%*" in out and "30% " in out and "*one rank has no peers" in out, out
+
+
+class _Run(types.SimpleNamespace):
+    """A Result's face for idle_resources: per_rank, and ``["timeline"]`` (one dict a rank)."""
+
+    def __init__(self, per_rank, timeline):
+        super().__init__(per_rank=per_rank, timeline=timeline)
+
+    def __getitem__(self, key):
+        return getattr(self, key)
+
+
+@pytest.mark.ch0
+def test_the_wait_for_the_last_rank_is_read_from_the_all_reduces_start_and_end():
+    # issue 59: a busy hub flipped "waiting for peers grows"; the order of events cannot flip
+    from lesson_lib.chapters import ch00
+
+    def run(*spans):  # (start, end) in seconds of each rank's one all-reduce
+        return _Run([], [{"backward": (0.0, 0.0), "buckets": [{"start": a, "end": b}]} for a, b in spans])
+
+    order = ch00.waited_for_the_last(run((1.000, 1.500), (1.200, 1.501), (1.450, 1.502)))
+    assert order["every_end_after_last_start"] is True
+    assert [round(ms, 6) for ms in order["waited_ms"]] == [450.0, 250.0, 0.0]
+    # a rank whose all-reduce "ended" before the last one began was not all-reducing with it
+    assert ch00.waited_for_the_last(run((1.0, 1.1), (1.2, 1.3)))["every_end_after_last_start"] is False
+    assert ch00.waited_for_the_last(run((1.0, 1.1))) is None  # one rank: no peer
+    assert ch00.waited_for_the_last(_Run([], [{"backward": (0, 1), "buckets": []}] * 2)) is None

@@ -54,17 +54,26 @@ def shared_install():
     return venv, PREFIX / "course"
 
 
+TEST_PREFIXES = ("lw-", "lr-")  # every test's learner names start so (test_room_kernels: "lr-")
+
+
 @contextlib.contextmanager
 def learners(names: list[str]):
     """Unix users for ``names`` (the workshop's own code makes them), removed with their homes after,
     and the learners' group too if this made it."""
     from lesson_lib.workshop import accounts
 
+    # A run killed mid-test (a timeout, a machine stopped) leaves its learners behind: remove those,
+    # which this suite made (learners' group, a test's name), and refuse any other user of that name.
+    leftover = [n for n in names if _user_exists(n)]
+    ours = [n for n in leftover if accounts.is_learner(n) and n.startswith(TEST_PREFIXES)]
+    if ours:
+        print(f"removing a previous run's learners: {', '.join(ours)}")
+        accounts.remove_users(ours)
+    for name in leftover:
+        if _user_exists(name):
+            pytest.fail(f"user {name} already exists and is not a test's learner (userdel -r {name})")
     had_group = _group_exists(accounts.GROUP)
-    for name in names:
-        with contextlib.suppress(KeyError):
-            pwd.getpwnam(name)
-            pytest.fail(f"user {name} already exists: a previous run's? (userdel -r {name})")
     try:
         accounts.ensure_users(names)
         yield [pwd.getpwnam(n) for n in names]

@@ -20,7 +20,7 @@ from .ch00_seeds import seeding
 
 __all__ = ["model_growth", "memory_calculator", "memory_bill", "fits", "config", "data_parallel",
            "max_loss_gap", "comm_overhead", "overlap", "straggler", "straggler_explorer", "idle_resources",
-           "failure_demo", "seeding", "exercises"]
+           "waited_for_the_last", "failure_demo", "seeding", "exercises"]
 
 
 def model_growth():
@@ -211,7 +211,29 @@ def idle_resources(results: dict[int, Result]) -> dict[int, dict]:
               "faults, the clock's own reads), a floor under every row")
     if any(s["core"] is None for s in shares.values()):
         print("—: not measured (only Linux reports it); here it counts as waiting for peers")
+    for k, res in results.items():
+        shares[k]["waited_for_the_last"] = order = waited_for_the_last(res)
+        if order is not None:
+            lead, after = max(order["waited_ms"]), order["every_end_after_last_start"]
+            print(f"{k} ranks, the last step's all-reduce: begun up to {lead:.2f} ms apart; every rank's "
+                  f"ended after the last rank began its own: {after} (each earlier one waited its lead)")
     return shares
+
+
+def waited_for_the_last(result) -> dict | None:
+    """What the clock cannot change, from the last step's all-reduces (the ranks share one monotonic
+    clock): no rank's ends before the last rank has begun its own, as each output needs every rank's
+    input, so a rank that begins earlier waits at least the difference. None for one rank (no
+    all-reduce, no peer)."""
+    try:
+        steps = [t.get("buckets") or [] for t in result["timeline"] or []]
+    except KeyError:  # a milestone that records no timeline
+        return None
+    if len(steps) < 2 or not all(steps):
+        return None
+    last = [max(s[b]["start"] for s in steps) for b in range(len(steps[0]))]  # per bucket
+    return {"every_end_after_last_start": all(e["end"] >= last[b] for s in steps for b, e in enumerate(s)),
+            "waited_ms": [1e3 * (last[0] - s[0]["start"]) for s in steps]}
 
 
 def failure_demo(world_size: int = 2) -> str:
