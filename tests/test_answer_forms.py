@@ -107,3 +107,43 @@ def test_values_of_keeps_text_values_for_the_checker():
     assert values_of("compute, 1.5", 2, "(term, seconds)") == ["compute", "1.5"]
     assert values_of({"term": "compute", "seconds": "1.5 s"}, 2, "(term, seconds)",
                      (("term",), ("seconds",))) == ["compute", "1.5 s"]
+
+
+@pytest.mark.parametrize("answer", ["1h25m35s", "1 h 25 min 35 s", "1:25:35", "01:25:35", "5,135 s",
+                                    "1 hour, 25 minutes and 35 seconds", "5135000 ms"])
+def test_a_duration_in_parts_or_as_a_clock(answer):
+    assert duration(answer, "s", "seconds") == pytest.approx(5135)
+
+
+@pytest.mark.parametrize("answer", ["4 weeks, 6 days", "34/7 weeks", {"weeks": 34 / 7}, "816 h"])
+def test_weeks_and_days_together(answer):
+    assert duration(answer, "days", "days") == pytest.approx(34.0)
+
+
+@pytest.mark.parametrize("answer, said", [("1:25", "h:mm:ss"), ("1h banana", "number of seconds"),
+                                          ("5 parsecs", "number of seconds"),
+                                          ("1:75:00", "number of seconds")])
+def test_a_duration_that_cannot_be_read_says_how_to_write_it(answer, said):
+    with pytest.raises(AnswerError, match=said):
+        duration(answer, "s", "a number of seconds")
+
+
+def test_a_bare_number_right_in_another_unit_is_named():
+    from lesson_lib.chapters import ch10_exercises
+
+    young_h = (2 * 300 * 50_000 * 3600 / 4096) ** 0.5 / 3600  # √(2·δ·M) by hand: 5,134.9 s = 1.4264 h
+    v = ch10_exercises.check_interval(round(young_h, 3))
+    assert not v.ok and "hours would be right" in v.message and "read in seconds" in v.message, v.message
+    v = ch07_exercises._check_days(round(GPT3_DAYS / 7, 2))  # 4.84: weeks
+    assert not v.ok and "weeks would be right" in v.message and "read in days" in v.message, v.message
+    assert ch07_exercises._check_days(f"{GPT3_DAYS / 7:.3f} weeks").ok
+
+
+def test_chapter_7_link_as_a_dict_and_in_milliseconds():
+    e = ch07_exercises.link_case()
+    t = e["terms"]  # the step with 10× the bandwidth, written out: only the bandwidth term shrinks
+    good = t["compute"] + t["bubble"] + t["bandwidth"] / 10 + t["latency"] + t["tensor"]
+    assert ch07_exercises._check_link({e["dominant"]: good}).ok
+    assert ch07_exercises._check_link((e["dominant"], f"{good * 1000:.1f} ms")).ok
+    v = ch07_exercises._check_link((e["dominant"], good * 1000))
+    assert not v.ok and "milliseconds would be right" in v.message, v.message

@@ -15,6 +15,7 @@ from ..exercises import (
     Property,
     Verdict,
     duration,
+    duration_slip,
     judge,
     observe,
     on_ranks,
@@ -50,7 +51,8 @@ def _check_days(answer) -> Verdict:
     for v, why in wrong.items():
         if math.isclose(value, v, rel_tol=0.02):
             return Verdict(False, why)
-    return Verdict(False, f"you said {value:g}; write 8·T·Ψ/(n·X) with the numbers above, in days")
+    slip = duration_slip(value, expected, "days")  # 4.84: right in weeks
+    return Verdict(False, slip or f"you said {value:g}; write 8·T·Ψ/(n·X) with the numbers above, in days")
 
 
 def fit_stage(params, devices, device) -> int:
@@ -95,6 +97,8 @@ def _link_solution() -> str:
 
 def _check_link(answer) -> Verdict:
     what = "a pair: (term, step seconds with the faster link)"
+    if isinstance(answer, dict) and len(answer) == 1 and str(*answer).strip().lower() in costmodel.TERMS:
+        answer = tuple(*answer.items())  # {"bandwidth": 1.23}: the term, keyed to the step's seconds
     term, seconds = values_of(answer, 2, what, names=(("term", "dominant"),
                                                       ("seconds", "step_s", "step", "s")))
     seconds = duration(seconds, "s", what)
@@ -111,8 +115,8 @@ def _check_link(answer) -> Verdict:
     if math.isclose(seconds, good - t["latency"] * 0.9, rel_tol=0.005):
         return Verdict(False, "a faster link carries more bytes per second; its latency α stays")
     if not math.isclose(seconds, good, rel_tol=0.02):
-        return Verdict(False, f"you said {seconds:.3g} s; keep compute, bubble and latency, divide "
-                              "the bandwidth term by 10")
+        return Verdict(False, f"you said {seconds:.3g} s; " + (duration_slip(seconds, good, "s") or
+                              "keep compute, bubble and latency, divide the bandwidth term by 10"))
     new = max(("compute", t["compute"]), ("bandwidth", t["bandwidth"] / 10), key=lambda kv: kv[1])[0]
     return Verdict(True, f"{e['step_s']:.1f} s → {seconds:.1f} s per step: {e['step_s'] / seconds:.1f}× "
                          f"faster, not 10×; now {new} dominates")
@@ -222,7 +226,9 @@ def exercises() -> dict[str, Exercise]:
             key="days", title="GPT-3's training time by hand",
             prompt=f"GPT-3 has Ψ = {d['params']:.3g} parameters and was trained on T = {d['tokens']:.3g} "
                    f"tokens. On n = {d['devices']:,} A100s each delivering X = {d['flops'] / 1e12:g} "
-                   "TFLOP/s, how many days does 8·T·Ψ/(n·X) give?",
+                   "TFLOP/s, how many days does 8·T·Ψ/(n·X) give? A number of days, a text with its "
+                   "units (<code>\"30 days\"</code>, <code>\"4 weeks, 2 days\"</code>) or a "
+                   "<code>datetime.timedelta</code>.",
             check=_check_days,
             hint="8 FLOPs per parameter per token (6 for forward and backward, 2 to recompute the forward); "
                  "a day is 86,400 s.",
@@ -242,7 +248,8 @@ def exercises() -> dict[str, Exercise]:
             prompt=f"Model GPT-3 under {k['milestone']} on {k['devices']:,} A100s with HDR InfiniBand "
                    "(<code>costmodel.estimate(costmodel.plan_for(...))</code>, printed above). Which term "
                    "dominates the step, and how many seconds is a step when the link carries 10× the "
-                   "bandwidth? Answer <code>(term, seconds)</code>.",
+                   "bandwidth? Answer <code>(term, seconds)</code> or <code>{term: seconds}</code>; the "
+                   "seconds may carry a unit (<code>\"850 ms\"</code>).",
             check=_check_link, hint="Only the bandwidth term depends on the link's bandwidth.",
             solution=_link_solution(), reference=lambda: faster_link(link_case())),
         "pingpong": Exercise(

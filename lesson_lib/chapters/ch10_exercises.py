@@ -18,6 +18,7 @@ from ..exercises import (
     Property,
     Verdict,
     duration,
+    duration_slip,
     judge,
     observe,
     on_ranks,
@@ -59,6 +60,9 @@ def check_interval(answer) -> Verdict:
                        (math.sqrt(2 * DELTA_S / 60 * m), "δ and M must be in the same unit (seconds)")):
         if abs(tau - wrong) <= 0.02 * wrong:
             return Verdict(False, f"you said {tau:,.0f} s: {why}")
+    slip = duration_slip(tau, young, "s")
+    if slip:  # a bare number in hours or minutes: "1.43"
+        return Verdict(False, slip)
     return Verdict(False, f"you said {tau:,.0f} s: work out the job's MTBF M first, then √(2·δ·M)")
 
 
@@ -223,8 +227,8 @@ def exercises() -> dict[str, Exercise]:
                    f"{DEVICE_MTBF_H:,.0f} hours, independently of the others. A checkpoint takes "
                    f"δ = {DELTA_S:.0f} s. Every how many "
                    "<b>seconds</b> should it checkpoint (Young's interval)? A number of seconds, a "
-                   "text with its unit (<code>\"5000 s\"</code>, <code>\"1.4 h\"</code>) or a "
-                   "<code>datetime.timedelta</code>.",
+                   "text with its units (<code>\"5000 s\"</code>, <code>\"1.4 h\"</code>, <code>\"1h 23m"
+                   "\"</code>, <code>\"1:23:20\"</code>) or a <code>datetime.timedelta</code>.",
             check=check_interval,
             hint="The job fails when any GPU fails: its MTBF M is one GPU's divided by the number of GPUs. "
                  "Then τ = √(2·δ·M), both in seconds.",

@@ -11,7 +11,6 @@ from .answers import (
     choice,
     close_to,
     compare,
-    duration,
     mismatch,
     number,
     numbers_of,
@@ -21,12 +20,14 @@ from .answers import (
     whole_number,
 )
 from .core import Exercise, assess, solution_text, unanswered
+from .durations import duration, duration_slip
 from .judge import Property, judge, locally, on_ranks
 from .observe import Log, observe, summary, unobserved
 from .verdict import Verdict
 
 __all__ = [
     "AnswerError", "Exercise", "Log", "Property", "Verdict", "assess", "choice", "close_to", "compare",
-    "duration", "judge", "locally", "mismatch", "number", "on_ranks", "numbers_of", "observe", "pair",
-    "solution_text", "stage", "summary", "unanswered", "unobserved", "values_of", "whole_number",
+    "duration", "duration_slip", "judge", "locally", "mismatch", "number", "on_ranks", "numbers_of",
+    "observe", "pair", "solution_text", "stage", "summary", "unanswered", "unobserved", "values_of",
+    "whole_number",
 ]

@@ -3,16 +3,14 @@
 Accepted: ``int``, ``float``, ``Fraction``, ``Decimal``, numpy scalars, one-element tensors, and
 numeric strings (``"1.5e6"``, ``"1_000_000"``, ``"1,000,000"``, a fraction ``"3/11"``); not bools.
 A whole number may be ``2.0``. Several values (:func:`values_of`, :func:`numbers_of`): any sequence,
-``"2,2,2"``, or a dict or dataclass keyed by name; a duration (:func:`duration`): a number in the
-asked unit, a ``timedelta``, ``"34 days"``. Anything else raises :class:`AnswerError` with a message
-saying what is expected.
+``"2,2,2"``, or a dict or dataclass keyed by name (durations: :mod:`.durations`). Anything else
+raises :class:`AnswerError` with a message saying what is expected.
 :func:`compare` is the one tolerance test, :func:`mismatch` the one message for a wrong number.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import decimal
 import math
 import numbers
@@ -135,34 +133,6 @@ def values_of(answer: Any, count: int, what: str, names=()) -> list:
 def numbers_of(answer: Any, count: int, what: str, names=()) -> list[float]:
     """``count`` numbers in any form :func:`values_of` reads, each read by :func:`number`."""
     return [number(a, what) for a in values_of(answer, count, what, names)]
-
-
-UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0, "secs": 1.0, "min": 60.0, "mins": 60.0,
-         "minute": 60.0, "minutes": 60.0, "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0,
-         "hours": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0}
-_DURATION = re.compile(r"\s*([-+]?[\d_.,]+(?:[eE][-+]?\d+)?)\s*([a-zA-Z]+)\s*")
-
-
-def duration(answer: Any, unit: str, what: str) -> float:
-    """A duration in ``unit`` ("s", "min", "h" or "days"): a number (taken in ``unit``), a
-    ``datetime.timedelta``, a text with its unit (``"5135 s"``, ``"34 days"``, ``"1.4 h"``), or a
-    dict or dataclass with one field named for its unit (``{"days": 34}``)."""
-    per = UNITS[unit]
-    value = answer
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = dataclasses.asdict(value)
-    if isinstance(value, dict) and len(value) == 1:
-        (key, inner), = value.items()
-        if _key(key) in UNITS:
-            return number(inner, what) * UNITS[_key(key)] / per
-        return duration(inner, unit, what)
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds() / per
-    if isinstance(value, str):
-        m = _DURATION.fullmatch(value)
-        if m and m.group(2).lower() in UNITS:
-            return number(m.group(1), what) * UNITS[m.group(2).lower()] / per
-    return number(value, what)
 
 
 def choice(answer: Any, options, what: str = "one letter") -> str:
