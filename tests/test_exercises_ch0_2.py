@@ -455,6 +455,31 @@ def test_ch1_average_accepts_right_answers_in_other_forms(ch1, right):
     assert v.ok, v.message
 
 
+def _one_tuple(shard, grads, lr):  # right, with a trailing comma: `return new,`
+    new = shard - lr * sum(grads) / len(grads)
+    return new,
+
+
+@pytest.mark.ch1
+def test_ch1_average_reads_a_one_tuple_as_the_shard_and_says_so(ch1):
+    v = ch1["average"].submit(_one_tuple)  # once "your answer raised ValueError: only one element ..."
+    assert v.ok and "inside a one-item tuple" in v.message and "raised" not in v.message, v.message
+
+
+@pytest.mark.ch1
+@pytest.mark.parametrize("wrong, words", [
+    (lambda shard, grads, lr: {"shard": shard - lr * sum(grads) / len(grads)},
+     "returned a dict with keys 'shard'"),
+    (lambda shard, grads, lr: (shard - lr * sum(grads) / len(grads), lr), "returned a tuple of 2 item(s)"),
+    (lambda shard, grads, lr: "shard - lr * mean", "returned the text 'shard - lr * mean'"),
+    (lambda shard, grads, lr: ([0.0] * 10, [0.0]), "a tensor shaped like the old one, (10,)"),
+    (lambda shard, grads, lr: (shard[:4] - lr * grads[0][:4],), "the one item of a tuple"),
+])
+def test_ch1_average_says_what_came_back_never_that_the_answer_raised(ch1, wrong, words):
+    v = ch1["average"].submit(wrong)  # once the checker's own TypeError/ValueError, blamed on the learner
+    assert not v.ok and words in v.message and "raised" not in v.message, v.message
+
+
 @pytest.mark.ch1
 def test_ch1_average_and_traffic_references_and_wrong_numbers(ch1):
     assert ch1["average"].check(ch1["average"].reference()).ok

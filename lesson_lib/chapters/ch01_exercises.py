@@ -176,19 +176,49 @@ def worker_step_exercise() -> Exercise:
 AVERAGE_CASES = ((10, 3, 0.1), (7, 1, 0.5), (6, 4, 0.05))  # values per shard, workers, learning rate
 
 
+def _what(x) -> str:
+    """What a learner's function returned, in words (never its values: they may be the answer)."""
+    if isinstance(x, dict):
+        return f"a dict with keys {', '.join(repr(k) for k in x)}" if x else "an empty dict"
+    if isinstance(x, (tuple, list)):
+        kinds = sorted({type(v).__name__ for v in x})
+        return f"a {type(x).__name__} of {len(x)} item(s) ({', '.join(kinds) or 'none'})"
+    if isinstance(x, str):
+        return f"the text {x[:40]!r}"
+    shape = getattr(x, "shape", None)
+    return f"a {type(x).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "")
+
+
+def _read_shard(got, shard: torch.Tensor) -> dict:
+    """The learner's return value as a tensor (``new``), or ``problem`` saying what came back. A
+    1-tuple or 1-list around the shard (``return new,``: a trailing comma) is read as the shard."""
+    inner = got[0] if isinstance(got, (tuple, list)) and len(got) == 1 else None
+    boxed = type(got).__name__ if inner is not None and (
+        isinstance(inner, (tuple, list)) or getattr(inner, "ndim", 0) >= 1) else ""
+    try:
+        return {"new": torch.as_tensor(inner if boxed else got, dtype=shard.dtype), "boxed": boxed}
+    except Exception:  # whatever it is, the verdict says what came back: never the checker's error
+        return {"new": None, "boxed": boxed, "problem": (
+            f"your function returned {_what(got)}; return the new shard itself: a tensor shaped like "
+            f"the old one, {tuple(shard.shape)} (or a list of its {shard.numel()} numbers)")}
+
+
 def _a_shard(o: dict) -> str | None:
     if o["got"] is None:
         return "your function returned None: write its body and return the new shard"
-    got = torch.as_tensor(o["got"], dtype=o["shard"].dtype)
+    if o["new"] is None:
+        return o["problem"]
+    got = o["new"]
     if got.shape != o["shard"].shape:
-        return f"the new shard has shape {tuple(got.shape)}, the old one {tuple(o['shard'].shape)}"
+        inside = f" (the one item of {_what(o['got'])})" if o["boxed"] else ""
+        return f"the new shard{inside} has shape {tuple(got.shape)}, the old one {tuple(o['shard'].shape)}"
     return None
 
 
 def _one_sgd_step(o: dict) -> str | None:
     shard, grads, lr = o["shard"], o["grads"], o["lr"]
     want = -lr * torch.stack(grads).mean(0)
-    step = torch.as_tensor(o["got"], dtype=shard.dtype) - shard
+    step = o["new"] - shard
     # float32 rounding of a step of this scale, with room for any order of summation
     tol = 16 * torch.finfo(shard.dtype).eps * float(shard.abs().max() + lr * torch.stack(grads).abs().max())
     if torch.allclose(step, want, rtol=0, atol=tol):
@@ -210,18 +240,30 @@ def check_average(fn) -> Verdict:
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(server_update)")
 
+    boxed = []
+
     def case(n: int, workers: int, lr: float):
         g = torch.Generator().manual_seed(7 + workers)
         shard = torch.randn(n, generator=g)
         grads = [torch.randn(n, generator=g) for _ in range(workers)]
-        return locally(f"a shard of {n} values, {workers} worker(s), lr = {lr}", fn, shard.clone(),
-                       [x.clone() for x in grads], lr,
-                       then=lambda got: {"got": got, "shard": shard, "grads": grads, "lr": lr})
 
-    return judge([case(*c) for c in AVERAGE_CASES], [
+        def seen(got):
+            o = {"got": got, "shard": shard, "grads": grads, "lr": lr, **_read_shard(got, shard)}
+            boxed.append(o["boxed"])
+            return o
+
+        return locally(f"a shard of {n} values, {workers} worker(s), lr = {lr}", fn, shard.clone(),
+                       [x.clone() for x in grads], lr, then=seen)
+
+    verdict = judge([case(*c) for c in AVERAGE_CASES], [
         Property("the server returns its new shard, shaped like the old one", _a_shard),
         Property("the shard takes one SGD step against the workers' gradients, each counting equally "
                  "(shard − lr · their mean)", _one_sgd_step)])
+    if verdict.ok and any(boxed):
+        comma = " (a trailing comma after return makes one)" if "tuple" in boxed else ""
+        verdict.message += (f". Your function returned the shard inside a one-item {max(boxed)}{comma}; "
+                            "it was read as the shard, but return the tensor itself")
+    return verdict
 
 
 def reference_average():
