@@ -388,9 +388,68 @@ def merge_output_only(m_a, l_a, o_a, m_b, l_b, o_b):
     return o_a * torch.exp(m_a - m) + o_b * torch.exp(m_b - m)
 
 
-@pytest.mark.parametrize("answer", [merge_lse, merge_list], ids=["log-sum-exp", "list-where"])
+def merge_with_default(m_a, l_a, o_a, m_b, l_b, o_b, tiny=0.0):  # right, with an extra defaulted parameter
+    m = torch.maximum(m_a, m_b)
+    a, b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, l_a * a + l_b * b + tiny, o_a * a + o_b * b
+
+
+def merge_star_args(*state):  # a right answer that unpacks its six arguments itself
+    m_a, l_a, o_a, m_b, l_b, o_b = state
+    m = torch.maximum(m_a, m_b)
+    a, b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, l_a * a + l_b * b, o_a * a + o_b * b
+
+
+def merge_lse_star_args(*parts, scale=1.0):  # the log-sum-exp form, through *args
+    out_a, lse_a, out_b, lse_b = parts
+    lse = torch.logaddexp(lse_a, lse_b)
+    return scale * (torch.exp(lse_a - lse) * out_a + torch.exp(lse_b - lse) * out_b), lse
+
+
+def merge_float64(m_a, l_a, o_a, m_b, l_b, o_b):  # right numbers, in float64
+    m = torch.maximum(m_a, m_b).double()
+    a, b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, l_a * a + l_b * b, o_a * a + o_b * b
+
+
+def merge_smaller_max(m_a, l_a, o_a, m_b, l_b, o_b):  # right for close maxima; exp(gap) overflows
+    m = torch.minimum(m_a, m_b)
+    a, b = torch.exp(m_a - m), torch.exp(m_b - m)
+    return m, l_a * a + l_b * b, o_a * a + o_b * b
+
+
+def merge_onto_b(m_a, l_a, o_a, m_b, l_b, o_b):  # A rescaled to B's maximum, whichever is larger
+    a = torch.exp(m_a - m_b)
+    return m_b, l_a * a + l_b, o_a * a + o_b
+
+
+@pytest.mark.parametrize("answer", [merge_lse, merge_list, merge_with_default, merge_star_args,
+                                    merge_lse_star_args],
+                         ids=["log-sum-exp", "list-where", "extra-default", "star-args", "lse-star-args"])
 def test_merge_accepts_other_right_forms(answer):
-    assert EX["merge"].submit(answer)
+    v = EX["merge"].submit(answer)
+    assert v, v.message
+
+
+def test_merge_in_float64_is_told_its_dtype():
+    v = EX["merge"].submit(merge_float64)
+    assert not v and "returned float64" in v.message and "the inputs are float32" in v.message, v.message
+
+
+@pytest.mark.parametrize("answer", [merge_smaller_max, merge_onto_b], ids=["smaller-max", "onto-b"])
+def test_merge_overflowing_by_the_gap_is_told_so_not_that_it_exponentiated_the_scores(answer):
+    # once told "exp(209) overflows": these exponentiate the gap between the maxima, never a score
+    v = EX["merge"].submit(answer)
+    assert not v and "far apart" in v.message and "the smaller one subtracted" in v.message, v.message
+    assert "overflows float32" in v.message and "exp(209)" not in v.message, v.message
+
+
+def test_merge_exponentiating_the_maxima_is_told_so():
+    v = EX["merge"].submit(merge_unstable)
+    assert not v and "exponentiates the maxima themselves" in v.message, v.message
+    v = EX["merge"].submit(merge_unstable_lse)
+    assert not v and "exponentiates the log-sum-exps themselves" in v.message, v.message
 
 
 @pytest.mark.parametrize("answer, says", [

@@ -3,59 +3,25 @@
 pass on 2 and 4 ranks in place of :func:`~.ring_attention.block_update`'s rescaling, and judged
 against one ``torch.softmax`` over all the keys.
 
-Two forms are read, by the number of arguments: the state ``ring_attention`` keeps, running maximum,
+Two forms are read (:mod:`.ch08_merge_form`): the state ``ring_attention`` keeps, running maximum,
 sum and unnormalised output, ``merge(m_a, l_a, o_a, m_b, l_b, o_b) → (m, l, o)``; or the log-sum-exp
 form ``merge(out_a, lse_a, out_b, lse_b) → (out, lse)`` with ``out`` normalised.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
 import torch.distributed as dist
 
-from ..exercises import AnswerError, Exercise, Property, Verdict, judge, on_ranks, solution_text
+from ..exercises import Exercise, Property, Verdict, judge, on_ranks, solution_text
 from ..milestones.context_parallel import ring_attention
 from ..numerics import FP32_UNIT_ROUNDOFF
+from .ch08_merge_form import FORMS, Bad, form_of, read_state
 
 BATCH, HEADS, SEQ, DIM = 1, 2, 16, 8
 SCALES = {"moderate": 1.0, "large": 60.0}  # × q: scores near ±1 … ±5, then near ±200 (e^89 overflows)
-FORMS = {6: ("m", "l", "o"), 4: ("out", "lse")}
-
-
-class _Bad(Exception):
-    """The learner's merge returned something that is not the state: the message says what."""
-
-
-def form_of(fn) -> tuple[str, ...]:
-    """The names of the state ``fn`` returns, read from how many arguments it takes."""
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        params = []
-    if len(params) not in FORMS:
-        raise AnswerError(f"your merge takes {len(params)} arguments; write merge(m_a, l_a, o_a, m_b, l_b, "
-                          "o_b) → (m, l, o), or the log-sum-exp form merge(out_a, lse_a, out_b, lse_b) → "
-                          "(out, lse)")
-    return FORMS[len(params)]
-
-
-def _read(got, names: tuple[str, ...], shapes: tuple) -> tuple:
-    if isinstance(got, dict) and set(names) <= set(got):
-        got = tuple(got[n] for n in names)
-    if not isinstance(got, (tuple, list)) or len(got) != len(names) \
-            or not all(isinstance(t, torch.Tensor) for t in got):
-        what = type(got).__name__ if not isinstance(got, (tuple, list)) else f"{len(got)} values"
-        raise _Bad(f"your merge returned {what}; return the merged state ({', '.join(names)}) as a tuple "
-                   "of tensors: the next block is merged into it")
-    for name, t, shape in zip(names, got, shapes):
-        if tuple(t.shape) != tuple(shape):
-            raise _Bad(f"your merge returned {name} of shape {tuple(t.shape)}; the state's {name} has "
-                       f"shape {tuple(shape)} (one value per query{' and feature' if shape[-1] > 1 else ''})")
-    return tuple(got)
 
 
 def merge_job(fn, seed: int) -> dict:
@@ -74,17 +40,17 @@ def merge_job(fn, seed: int) -> dict:
             if torch.isneginf(m).all():
                 state = part  # the first block: nothing to merge into yet
             elif names == ("m", "l", "o"):
-                state = _read(fn(m, denom, o, *part), names, (m.shape, denom.shape, o.shape))
+                state = read_state(fn(m, denom, o, *part), names, (m.shape, denom.shape, o.shape), q.dtype)
             else:
                 got = fn(o / denom, m + torch.log(denom), part[2] / part[1], part[0] + torch.log(part[1]))
-                out, lse = _read(got, names, (o.shape, m.shape))
+                out, lse = read_state(got, names, (o.shape, m.shape), q.dtype)
                 state = (lse, torch.ones_like(lse), out)  # out = o / l with l = 1
             last[:] = state
             return state
 
         try:
             out = ring_attention.ring_attention(q * scale, k, v, causal=False, update=update)
-        except _Bad as e:
+        except Bad as e:
             return {"error": str(e)}
         found[label] = {"out": out.detach().clone(), "lse": (last[0] + torch.log(last[1])).detach().clone()}
     return found
@@ -162,12 +128,7 @@ def _output(label: str, fn, lse_form: bool):
         for r, o in enumerate(outs):
             got = o[label]
             if label == "large" and not all(bool(torch.isfinite(got[k]).all()) for k in ("out", "lse")):
-                smax = float(ref["s"].abs().max())
-                sub = "exp(lse_a − lse) and exp(lse_b − lse)" if lse_form else "exp(m_a − m) and exp(m_b − m)"
-                return (f"rank {r}'s state holds inf or nan with scores up to {smax:.0f}: exp({smax:.0f}) "
-                        "overflows float32 (its largest value is about e^88.7). Subtract the larger maximum "
-                        f"before exponentiating, so that {sub} are at most 1"
-                        + (" (torch.logaddexp does it for you)" if lse_form else ""))
+                return _overflow(fn, lse_form, ref, r, c)
             mine = ref["out"][..., r * SEQ // c:(r + 1) * SEQ // c, :]
             if not torch.allclose(got["out"], mine, atol=tol, rtol=0):
                 said = _diagnose(got, ref, r, c, lse_form)
@@ -183,6 +144,42 @@ def _output(label: str, fn, lse_form: bool):
                 if problem:
                     return problem
     return test
+
+
+def _overflow(fn, lse_form: bool, ref: dict, r: int, c: int) -> str:
+    """Why rank r's state went inf or nan at large scores, from what ``fn`` does when asked again here:
+    given two equal large maxima (it exponentiates the maxima themselves), or two far apart (it
+    rescales by exp(larger − smaller): the smaller maximum subtracted)."""
+    smax = float(ref["s"].abs().max())
+    rows = ref["s"][..., r * SEQ // c:(r + 1) * SEQ // c, :]
+    blocks = rows.reshape(*rows.shape[:-1], c, SEQ // c).amax(-1)  # each key block's maximum, per query
+    gap = float((blocks.amax(-1) - blocks.amin(-1)).max())
+    what, sub = ("log-sum-exps", "exp(lse_a − lse) and exp(lse_b − lse)") if lse_form \
+        else ("maxima", "exp(m_a − m) and exp(m_b − m)")
+    head = f"rank {r}'s state holds inf or nan with scores up to {smax:.0f}: "
+    tail = (f"Subtract the larger of the two {what} before exponentiating, so that {sub} are at most 1"
+            + (" (torch.logaddexp does it for you)" if lse_form else ""))
+    if not _finite(fn, lse_form, smax, smax):
+        return (head + f"your merge exponentiates the {what} themselves, and exp({smax:.0f}) overflows "
+                f"float32 (its largest value is about e^88.7). " + tail)
+    if not (_finite(fn, lse_form, 0.0, smax) and _finite(fn, lse_form, smax, 0.0)):
+        return (head + f"your merge is finite when the two {what} are equal and not when they are far "
+                f"apart (here up to {gap:.0f}): it rescales by exp(larger − smaller), the smaller one "
+                f"subtracted, and exp({gap:.0f}) overflows float32 (its largest value is about e^88.7). "
+                + tail)
+    return (head + "something in your merge overflows float32 (its largest value is about e^88.7). "
+            + tail)
+
+
+def _finite(fn, lse_form: bool, a: float, b: float) -> bool:
+    """Whether ``fn`` merges two parts of maxima (or log-sum-exps) ``a`` and ``b`` into finite numbers."""
+    m_a, m_b, denom, o = torch.full((2, 1), a), torch.full((2, 1), b), torch.ones(2, 1), torch.ones(2, 3)
+    try:
+        got = fn(o, m_a, o.clone(), m_b) if lse_form else fn(m_a, denom, o, m_b, denom.clone(), o.clone())
+        parts = got.values() if isinstance(got, dict) else got
+        return all(bool(torch.isfinite(t).all()) for t in parts)
+    except Exception:  # the learner's code: a merge that raises here is judged on the ranks, not here
+        return True
 
 
 def _lse(label: str):
