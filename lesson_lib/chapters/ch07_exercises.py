@@ -69,7 +69,7 @@ def _check_stage(answer) -> Verdict:
     held = costmodel.zero_memory(c["params"], c["devices"], answer, "mixed")["total"]
     if held > cap:
         return Verdict(False, f"at stage {answer} each device still holds {held / 1e9:.1f} GB of model "
-                              f"state, more than its {cap / 1e9:g} GB")
+                              f"state, more than its {cap / 2**30:g} GB ({cap / 1e9:.1f}e9 bytes)")
     if answer > fit_stage(**c):
         return Verdict(False, f"stage {answer} fits, but so does a smaller stage, with less traffic")
     return Verdict(True, f"stage {answer}: {held / 1e9:.1f} GB of model state per device "

@@ -44,6 +44,8 @@ def cli_estimate(argv: list[str]) -> int:
     p.add_argument("--untied-embeddings", dest="tied_embeddings", action="store_false", default=None,
                    help="the input embedding is a table of its own (Llama, Nemotron-4): its V·h lookup is "
                    "not counted as a matmul (PaLM's MFU); needs --vocab")
+    p.add_argument("--no-dropout", dest="dropout", action="store_false", default=None,
+                   help="trained without dropout (Llama, Nemotron-4): no dropout masks among the activations")
     for flag, what in (("sequence-parallel", "sequence parallelism over the tensor-parallel ranks "
                         "(Korthikanti et al. 2022)"), ("flash-attention", "no s×s attention scores "
                         "stored (Dao et al. 2022)"), ("attention-flops", "count attention's FLOPs "
@@ -60,7 +62,7 @@ def cli_estimate(argv: list[str]) -> int:
     layout = {"data", "chunks", "micro_batch", "seq_len", "recompute", "flash_attention", "context",
               "experts", "expert_parallel", "active_params", "precision", "tp_overlap", "zero", "heads",
               "top_k", "kv_heads", "vocab", "context_algorithm", "attention_flops",
-              "tied_embeddings"}
+              "tied_embeddings", "dropout"}
     options = {k: v for k, v in vars(args).items() if v is not None and k not in (
         "params", "tokens", "devices", "milestone", "json", "published", "data")}
     devices_n = args.devices

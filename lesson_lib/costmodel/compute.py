@@ -50,7 +50,7 @@ def utilisation(flops_per_step: float, step_s: float, devices: int, peak_flops: 
 
 def layer_activation_bytes(seq: int, micro: float, hidden: int, heads: int, tensor: int = 1,
                            sequence_parallel: bool = False, policy: str = "none",
-                           flash_attention: bool = False, kv_heads: int = 0) -> float:
+                           flash_attention: bool = False, kv_heads: int = 0, dropout: bool = True) -> float:
     """One layer's saved 16-bit activations per micro-batch (Korthikanti et al., 2022, Table 2):
 
     ======================  ===========================
@@ -65,7 +65,12 @@ def layer_activation_bytes(seq: int, micro: float, hidden: int, heads: int, tens
 
     Grouped-query attention (Ainslie et al., 2023) with ``kv_heads`` = a_kv < a: of the 24/t, the
     keys and values attention keeps (2·s·b·h each, Korthikanti's count) shrink to a_kv/a of that, so
-    24/t becomes (20 + 4·a_kv/a)/t; the queries, the projection's input and the MLP's 16/t stay."""
+    24/t becomes (20 + 4·a_kv/a)/t; the queries, the projection's input and the MLP's 16/t stay.
+
+    Korthikanti's counts keep dropout's masks: one byte per element after attention and after the
+    MLP (2 of the 10), and of the scores a mask (a·s²·b bytes) and dropout's output (2·a·s²·b) beside
+    the softmax's (2·a·s²·b). A model trained without dropout (``dropout=False``: Llama, Nemotron-4)
+    keeps only the softmax's output: 10 → 8 and 5·a·s/h → 2·a·s/h."""
     if policy not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {policy!r}")
     if not 0 <= kv_heads <= heads:
@@ -73,8 +78,9 @@ def layer_activation_bytes(seq: int, micro: float, hidden: int, heads: int, tens
     sbh = seq * micro * hidden
     if policy == "full":
         return 2 * sbh / (tensor if sequence_parallel else 1)
-    between = 10 / tensor if sequence_parallel else 10
-    scores = 0.0 if (policy == "selective" or flash_attention) else 5 * heads * seq / (hidden * tensor)
+    between = (10 if dropout else 8) / (tensor if sequence_parallel else 1)
+    scores = 0.0 if (policy == "selective" or flash_attention) else \
+        (5 if dropout else 2) * heads * seq / (hidden * tensor)
     kv = (kv_heads or heads) / heads  # K and V at a_kv/a of the queries' size
     return sbh * (between + (20 + 4 * kv) / tensor + scores)
 

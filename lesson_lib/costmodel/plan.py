@@ -95,6 +95,7 @@ class Plan:
     attention_flops: bool = True       # count attention's 12·L·h·s FLOPs per token (SC21 Eq. 3)
     vocab: int = 0                     # V, for SC21 Eq. 3's logit layer (0: inside Ψ, not split out)
     tied_embeddings: bool = True       # input embedding = output head (GPT); False: Llama, Nemotron-4
+    dropout: bool = True               # its masks saved (GPT-3, Korthikanti); False: Llama, Nemotron-4
     tp_overlap: float = 0.0            # share of tensor-parallel communication hidden behind compute
     context: int = 1                   # c, context-parallel ranks: each holds s/c of every sequence
     context_algorithm: str = "all-gather"  # all-gather (Llama 3) | ring (ring attention)
@@ -196,8 +197,9 @@ class Plan:
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.comm == "ps" and (self.zero or self.pipeline > 1):
             raise ValueError("comm='ps' models chapter 1's parameter server: use it with zero=0, pipeline=1")
-        if not isinstance(self.tied_embeddings, bool):
-            raise ValueError(f"tied_embeddings must be True or False, got {self.tied_embeddings!r}")
+        for flag in ("tied_embeddings", "dropout"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         if not self.tied_embeddings and not self.vocab:
             raise ValueError("tied_embeddings=False needs vocab (the input embedding's V·h is left out of "
                              "the matmul FLOPs)")
@@ -285,7 +287,7 @@ def published_plan(case: str, **options) -> Plan:
                   batch_tokens=batch, seq_len=int(p["seq_len"]), layers=int(p["layers"]),
                   hidden=int(p["hidden"]), heads=int(p["heads"]), kv_heads=int(num("kv_heads", 0)),
                   vocab=int(num("vocab", 0)), tied_embeddings=bool(num("tied_embeddings", 1)),
-                  recompute=recompute,
+                  recompute=recompute, dropout=bool(num("dropout", 1)),
                   sequence_parallel=bool(num("sequence_parallel", 0)),
                   flash_attention=bool(num("flash_attention", 0)), attention_flops=True,
                   experts=int(num("experts", 0)), expert_parallel=int(num("expert_parallel", 1)),

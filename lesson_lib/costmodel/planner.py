@@ -61,13 +61,14 @@ def memory(plan: Plan) -> dict:
     t, sp, policy = plan.tensor, plan.sequence_parallel, plan.recompute_policy
     seq, micro = plan.seq_len // plan.context, plan.sequences_per_microbatch
     kv = plan.kv_heads  # grouped-query attention: K and V at kv_heads/heads of the queries' size
-    full = layer_activation_bytes(seq, micro, hidden, heads, t, sp, "none", plan.flash_attention, kv)
+    full = layer_activation_bytes(seq, micro, hidden, heads, t, sp, "none", plan.flash_attention, kv,
+                                  plan.dropout)
     held = pipeline_layers_held(layers, plan.pipeline, plan.microbatches, plan.chunks)
     if policy == "full":  # keep each layer's input (÷ t only with sequence parallelism), rebuild one
         act = held * layer_activation_bytes(seq, micro, hidden, heads, t, sp, "full") + full
     else:
         act = held * layer_activation_bytes(seq, micro, hidden, heads, t, sp, policy, plan.flash_attention,
-                                            kv)
+                                            kv, plan.dropout)
     # ZeRO-Offload (on ZeRO-2; Ren et al., 2021): gradient and Adam shards on the host
     host = states["grads"] + states["optimizer"] if plan.offload else 0.0
     if plan.offload:

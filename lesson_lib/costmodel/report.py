@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .gemm import GEMM_FIT, gemm_efficiency, plan_intensity, ridge
 from .plan import FP8_PEAK_FLOPS, Plan
-from .terms import CALIBRATED_EFFICIENCY, devices, links, server_memory
+from .terms import CALIBRATED_EFFICIENCY, GIB, devices, links, server_memory
 
 
 def _flops_words(plan: Plan) -> str:
@@ -49,7 +49,7 @@ def assumptions(plan: Plan) -> list[str]:
         f"{plan.devices} × {dev['name']}: "
         + (f"{FP8_PEAK_FLOPS[plan.device] / 1e12:g} TFLOP/s FP8 peak (dense) for the linear layers, "
            if plan.precision == "fp8" else f"{dev['peak_flops'] / 1e12:g} TFLOP/s peak, ")
-        + f"{dev['memory'] / 1e9:g} GB — {dev['source']}",
+        + f"{dev['memory'] / GIB:g} GB, binary ({dev['memory'] / 1e9:.1f}e9 bytes) — {dev['source']}",
         _efficiency_words(plan, dev) + "; " + _flops_words(plan),
         f"between nodes: {net['name']}, {1e-9 / net['beta']:g} GB/s each way per device, "
         f"α = {net['alpha'] * 1e6:g} µs — {net['source']}",

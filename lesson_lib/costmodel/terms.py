@@ -37,9 +37,15 @@ def memory_bill(params: float, precision: str = "mixed-precision Adam") -> dict:
     return bill
 
 
+# A datasheet's GB of device memory are binary: DRAM is made in power-of-two densities (an H100's 80 GB
+# are five 16 GiB HBM3 stacks; NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022), so "80 GB"
+# holds 80·2³⁰ = 85.9e9 bytes, of which the driver keeps a little. Bills stay in 1e9-byte GB.
+GIB = 2**30
+
+
 def accelerators() -> list[dict]:
-    """Devices from data/accelerators.csv (checksum-verified) with their memory in bytes."""
-    return [{"device": r["device"], "bytes": float(r["memory_gb"]) * 1e9, "source": r["source"]}
+    """Devices from data/accelerators.csv (checksum-verified) with their memory in bytes (:data:`GIB`)."""
+    return [{"device": r["device"], "bytes": float(r["memory_gb"]) * GIB, "source": r["source"]}
             for r in read_csv("accelerators.csv")]
 
 
@@ -92,11 +98,11 @@ def zero_traffic(params: float, world_size: int, stage: int, element_size: int =
 
 def devices() -> dict[str, dict]:
     """Accelerators by id (data/devices.csv): peak dense bf16 FLOP/s, dense FP8 FLOP/s (None without
-    FP8), memory bytes, HBM bytes/s, the GPUs one NVLink domain holds (8 in a DGX/HGX server, 72 in a
-    GB200 NVL72), source."""
+    FP8), memory bytes (the datasheet's GB, binary: :data:`GIB`), HBM bytes/s, the GPUs one NVLink
+    domain holds (8 in a DGX/HGX server, 72 in a GB200 NVL72), source."""
     return {r["id"]: {"name": r["name"], "peak_flops": float(r["peak_tflops"]) * 1e12,
                       "fp8_flops": float(r["fp8_tflops"]) * 1e12 if r["fp8_tflops"] else None,
-                      "memory": float(r["memory_gb"]) * 1e9, "hbm_bytes_per_s": float(r["hbm_tbs"]) * 1e12,
+                      "memory": float(r["memory_gb"]) * GIB, "hbm_bytes_per_s": float(r["hbm_tbs"]) * 1e12,
                       "domain": int(r["nvlink_domain"]), "source": r["source"]}
             for r in read_csv("devices.csv")}
 

@@ -77,7 +77,7 @@ def talk_chart(by_overlap: dict, title: str, assumptions: list[str]) -> go.Figur
     # the device's memory named in the legend: its label on the line sat on the bars' numbers
     fig.add_hline(y=cap, line={"dash": "dash", "color": "#444"}, row=1, col=2)
     fig.add_scatter(x=[None], y=[None], mode="lines", line={"dash": "dash", "color": "#444"},
-                    name=f"device memory {cap:g} GB", row=1, col=2)
+                    name=f"device memory {cap * 1e9 / 2**30:g} GB (binary: {cap:.1f}e9 bytes)", row=1, col=2)
     if not all(r["fits"] for r in rows):
         fig.add_bar(x=[None], y=[None], marker_color=NO_FIT, name="grey: does not fit in device memory",
                     row=1, col=1)

@@ -184,8 +184,8 @@ for name in ("a100-80gb", "h100-sxm"):
 # §5.1's text gives 140 TFLOP/s per GPU on 1,024 A100s at batch 1,536 and about 34 days, but no layout
 # (Table 1 has no 175B row), so t = 8 and p = 8 are *assumed* here. **LLaMA-65B** (Touvron et al.,
 # 2023): 2,048 A100s, about 380 tokens/s per GPU, its shape, its batch of 4M tokens, its saved linear
-# outputs and its sequence parallelism from the paper; t = 8 and p = 4 the model's own choice (the
-# fewest stages at which it fits).
+# outputs and its sequence parallelism from the paper; t = 8 and p = 4 assumed (the layout is not
+# reported).
 #
 # An error is predicted ÷ published − 1, so its sign depends on the unit: positive means too slow a
 # step in seconds per iteration, too high a rate in TFLOP/s or tokens/s. Every run, drawn and printed:
@@ -220,9 +220,13 @@ assert hidden > 1.15 * deepseek["published"]
 assert opt_by_ones["predicted"] < 0.5 * opt["predicted"] and deepseek["estimate"]["dominant"] == "expert"
 llama = costmodel.calibrate.compare("llama3-405b-8k")["estimate"]
 mem = llama["memory"]
+masks = costmodel.memory(costmodel.published_plan("llama3-405b-8k", dropout=True))
 print(f"Llama 3 405B's layout, memory per GPU by the model: {mem['total'] / 1e9:.1f} GB (activations "
-      f"{mem['activations'] / 1e9:.1f} GB) on an 80 GB H100: it says 'does not fit' a layout Meta trained")
-assert not llama["fits"] and mem["total"] < 1.25 * mem["device"]  # over, but by less than a quarter
+      f"{mem['activations'] / 1e9:.1f} GB) of an 80 GB H100's {mem['device'] / 1e9:.1f}e9 bytes; with "
+      f"dropout masks Llama does not have, {masks['total'] / 1e9:.1f} GB; with 80 GB read as 80e9 bytes, "
+      f"{'fits' if masks['total'] <= 80e9 else 'does not fit'}")
+assert llama["fits"] and mem["device"] - mem["total"] < 0.1 * mem["device"]  # fits, less than a tenth to spare
+assert masks["total"] > 80e9  # the model's old answer, 'does not fit', came from the two terms
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # The spread is the one printed above, measured, not a number typed here. With one efficiency for every
@@ -238,11 +242,14 @@ assert not llama["fits"] and mem["total"] < 1.25 * mem["device"]  # over, but by
 # layer at the FP8 peak with the efficiency fitted on dense GEMMs, where DeepSeek-V3's experts are small
 # (7,168 × 2,048). A MoE needs both terms, not one of them.
 #
-# Memory has a miss of its own. On Llama 3 405B's layout the model counts more than 80 GB per GPU (the
-# line printed above), most of it activations: Korthikanti et al.'s count for the interleaved 1F1B
-# schedule, in which the first stage holds the activations of p = 16 micro-batches of 8,192 tokens. Meta trained that layout on
-# 80 GB GPUs with a pipeline schedule of its own (Llama 3 paper, §3.3.2); the model does not know what
-# that schedule holds, so its "does not fit" is the model's limit, not the run's. (Before selective
+# Memory had a miss of its own. On Llama 3 405B's layout the model said "does not fit", on a layout Meta
+# trained on 80 GB GPUs. Two of its terms were wrong (the line above prints both): it read a datasheet's
+# 80 GB as 80e9 bytes, where DRAM's GB are binary (an H100's 80 GB are five 16 GiB HBM3 stacks, NVIDIA's
+# H100 architecture whitepaper, 2022: 85.9e9 bytes), and it kept Korthikanti et al.'s dropout masks, which
+# Llama does not have. Most of what remains is activations: the interleaved 1F1B schedule's first stage
+# holds those of p = 16 micro-batches of 8,192 tokens. The margin is thin, and the model's count is not
+# the run's: Llama's gated MLP keeps more than the 4h GELU MLP the count assumes, while Meta's pipeline
+# schedule (Llama 3 paper, §3.3.2) and the allocator's own needs are not modelled. (Before selective
 # recomputation, FlashAttention and interleaving were modelled, it said 947 GB.)
 # `tests/test_published_runs.py` holds each miss to its own band and fails if one starts meeting the
 # goal, so the list above is kept honest.
@@ -254,8 +261,11 @@ fresh = ch07.new_held_out()
 assert len(fresh["rows"]) >= 12 and len(fresh["sources"]) >= 3
 assert fresh["median"] <= 0.08 and abs(fresh["worst"]["error"]) <= 0.15 and not fresh["misses"]
 no_fit = [r["case"] for r in fresh["rows"] if not r["estimate"]["fits"]]
-print("the model says 'does not fit' for layouts NVIDIA ran:", ", ".join(no_fit))
-assert len(no_fit) == 3
+tightest = min(fresh["rows"], key=lambda r: r["estimate"]["memory"]["device"] - r["estimate"]["memory"]["total"])
+spare = tightest["estimate"]["memory"]["device"] - tightest["estimate"]["memory"]["total"]
+print("the model says 'does not fit' for layouts NVIDIA ran:", ", ".join(no_fit) or "none", f"(the tightest, "
+      f"{tightest['case']}: {spare / 1e9:.1f} GB to spare)")
+assert not no_fit
 blackwell = [r["error"] for r in fresh["rows"] if r["estimate"]["plan"].device in ("b200", "gb200")]
 assert len(blackwell) == 4 and all(abs(e) < 0.06 for e in blackwell)
 # these benchmarks ran with Megatron's tensor-parallel overlap; with all of it exposed the answer moves
@@ -268,11 +278,11 @@ assert abs(exposed[worst]) > 0.15  # the assumption flips a run out of the goal
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # Every error of the new runs is within ±15 %, most too slow by 3–14 % on H100s; on B200 and GB200 the 8B
 # and 405B runs land within ±6 %. The assumption that decides it is printed above: with Megatron's
-# tensor-parallel overlap assumed off, the H100 runs with t > 1 fall up to a quarter short. Memory misses
-# where the rate does not: on three layouts NVIDIA ran, the model counts more than the GPU holds. Its
-# activations are Korthikanti's GPT layer, with dropout masks these models do not have and a 4h MLP where
-# Llama's is gated, and it knows no partial recomputation, so its "does not fit" there is the model's
-# limit, not the run's.
+# tensor-parallel overlap assumed off, the H100 runs with t > 1 fall up to a quarter short. Memory now
+# agrees too: with 80 GB read as 80 GiB and no dropout masks (these models have none), every layout NVIDIA
+# ran fits, the tightest by the few GB printed above. Its activations are still Korthikanti's GPT layer,
+# with a 4h MLP where Llama's is gated, and it knows no partial recomputation, so a margin that thin is
+# the model's count, not a promise about the run.
 #
 # The four runs this chapter names, per GPU and end to end (days where the paper gives them):
 
@@ -391,9 +401,11 @@ unsharded = costmodel.memory(costmodel.published_plan("nemotron4-340b", zero=0))
 print(f"Nemotron-4 340B, t 8, p 12, v 8, d 64: {nem['memory']['total'] / 1e9:.1f} GB per GPU, "
       f"{'fits' if nem['fits'] else 'does not fit'} on 80 GB; every K/V head kept: "
       f"+{(every_head['total'] - nem['memory']['total']) / 1e9:.1f} GB")
-print(f"assumed: the distributed optimizer (NeMo's recipe); without it {unsharded['total'] / 1e9:.0f} GB, "
-      "does not fit")
-assert nem["fits"] and not unsharded["fits"] and every_head["total"] > nem["memory"]["total"]
+left = unsharded["device"] - unsharded["total"]
+print(f"assumed: the distributed optimizer (NeMo's recipe); without it {unsharded['total'] / 1e9:.1f} GB of "
+      f"{unsharded['device'] / 1e9:.1f}e9 bytes: {left / 1e9:.1f} GB left for the CUDA context, the "
+      "allocator's fragmentation and communication buffers, which the model does not count")
+assert nem["fits"] and left < 1e9 and every_head["total"] > nem["memory"]["total"]
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # **The embedding is a lookup.** PaLM's MFU counts 6·N matmul FLOPs per token (Chowdhery et al., 2022,
