@@ -289,6 +289,19 @@ def exchange_flattened(buf):
     return out.reshape(-1)[: buf.numel() // 2]
 
 
+def exchange_flat(buf):  # the right tokens, as one flat vector
+    out = torch.empty_like(buf)
+    dist.all_to_all_single(out, buf)
+    return out.flatten()
+
+
+def test_dispatch_returning_a_flat_tensor_is_told_both_shapes():
+    # once "rank 0's tokens came back wrong": the numbers were right, the shape was not
+    v = EX["dispatch"].submit(exchange_flat)
+    assert not v and "returned a tensor of shape (640,)" in v.message, v.message
+    assert "expected (4, 10, 16), the buffer's shape" in v.message and "came back wrong" not in v.message
+
+
 @pytest.mark.parametrize("answer", [exchange_imported, exchange_lists, exchange_point_to_point],
                          ids=["imported-by-name", "list-all-to-all", "point-to-point"])
 def test_dispatch_accepts_other_right_forms(answer):

@@ -103,12 +103,29 @@ def _check_randomk(fn) -> Verdict:
                         then=lambda outs: {"ranks": outs, "ref": _randomk_reference(world, numel, k, steps)})
 
     return judge([case(2), case(3)], [
+        Property(f"each step keeps k = {k} coordinates", _k_kept),
         Property("only the k chosen values travel", _k_values_only),
         Property("every rank ends each step with the same average", _ranks_agree),
         Property("it is random-k with error feedback, as on one process", _as_reference),
         Property("each rank keeps what it did not send: its sum with the sent coordinates zeroed",
                  _residual_kept)],
         done=f"{steps} steps of k = {k} of {numel} values")
+
+
+def _k_kept(o: dict) -> str | None:
+    """How many coordinates each step kept, counted where the average is not zero (a dense or an
+    all-zero average is judged by the bytes and the numbers instead)."""
+    numel, k, steps = RANDOMK["numel"], RANDOMK["k"], RANDOMK["steps"]
+    for r, out in enumerate(o["ranks"]):
+        for step, avg in enumerate(out["outs"]):
+            kept = int(torch.count_nonzero(avg))
+            if avg.numel() != numel or kept in (0, k, numel):
+                continue
+            handed = sum(c["bytes"] for c in out["calls"])
+            sent = f" and sent {kept:,} values a step" if handed == 4 * kept * steps else ""
+            return (f"rank {r} kept {kept:,} coordinates at step {step} (its average is non-zero at {kept:,} "
+                    f"of the {numel:,}){sent}, not k = {k}: keep the first k of the permutation, with k "
+                    "the argument your function is handed")
 
 
 def _k_values_only(o: dict) -> str | None:

@@ -172,10 +172,11 @@ def dispatch_job(fn, cfg: moe.MoEConfig) -> dict:
     r, n = dist.get_rank(), dist.get_world_size()
     w = moe.weights(cfg)
     local = slice(r * cfg.experts // n, (r + 1) * cfg.experts // n)
-    seen = []
+    seen, sizes = [], []
 
     def exchange(buf):
         out = fn(buf.clone())
+        sizes.append(tuple(buf.shape))
         seen.append(None if not isinstance(out, torch.Tensor) else tuple(out.shape))
         if isinstance(out, torch.Tensor) and out.shape == buf.shape:
             return out
@@ -184,17 +185,19 @@ def dispatch_job(fn, cfg: moe.MoEConfig) -> dict:
     with torch.no_grad(), observe() as log:
         x = moe.tokens(cfg, n)[r]
         y, _ = moe.moe_expert_parallel(x, w["router"], w["w1"][local], w["w2"][local], cfg, exchange=exchange)
-    return {"y": y, "shapes": seen, "calls": log.as_data()["calls"],
+    return {"y": y, "shapes": seen, "buffers": sizes, "calls": log.as_data()["calls"],
             "buffer_bytes": 4 * cfg.experts * cfg.capacity * cfg.d_model}
 
 
 def _dispatch_shape(outs: list[dict]) -> str | None:
     for r, o in enumerate(outs):
-        want = (o["buffer_bytes"] // 4,)
-        bad = [s for s in o["shapes"] if s is None or torch.Size(s).numel() != want[0]]
-        if bad:
-            return (f"rank {r}'s exchange returned {bad[0] or 'no tensor'}: return a tensor of the "
-                    "buffer's shape")
+        for got, want in zip(o["shapes"], o["buffers"]):
+            if got != want:
+                what = "no tensor" if got is None else f"a tensor of shape {got}"
+                more = " (as many values as the buffer, in another shape)" \
+                    if got is not None and torch.Size(got).numel() == torch.Size(want).numel() else ""
+                return (f"rank {r}'s exchange returned {what}{more}; expected {want}, the buffer's shape "
+                        "[experts, capacity, d]: return a tensor of the buffer's shape")
 
 
 def _dispatch_result(cfg: moe.MoEConfig) -> Callable:
