@@ -6,6 +6,8 @@ import types
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
 from lesson_lib.exercises.answers import close_to, mismatch
 
@@ -77,6 +79,171 @@ def test_large_numbers_in_a_mismatch_have_no_exponent():
     msg = mismatch(2_238_570.0, 2_238_574.0, " bytes", said="f() returned")
     assert "2,238,570 bytes" in msg and "2,238,574 bytes" in msg and "e+" not in msg, msg
     assert "e+" not in close_to(1e6, 0.01, " bytes")(2_238_570.0).message
+
+
+# --------------------------------------------------------------------------- chapter 5
+
+
+def acc_not_divided_by_k(model, batches):  # the sum of k micro-batch means: k × the gradient
+    for x, y in batches:
+        F.cross_entropy(model(x), y).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+def acc_divided_by_k_twice(model, batches):
+    k = len(batches)
+    for x, y in batches:
+        (F.cross_entropy(model(x), y) / k).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size() * k
+
+
+def acc_not_divided_by_ranks(model, batches):
+    for x, y in batches:
+        (F.cross_entropy(model(x), y) / len(batches)).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+
+
+def acc_all_reduce_every_micro_batch(model, batches):  # all-reduces the running sum: wrong and k × bytes
+    for x, y in batches:
+        (F.cross_entropy(model(x), y) / len(batches)).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+    for p in model.parameters():
+        p.grad /= dist.get_world_size()
+
+
+def acc_each_micro_batch_reduced_then_added(model, batches):  # the right gradient, at k × the bytes
+    params = list(model.parameters())
+    total = [torch.zeros_like(p) for p in params]
+    for x, y in batches:
+        for p in params:
+            p.grad = None
+        (F.cross_entropy(model(x), y) / len(batches)).backward()
+        for t, p in zip(total, params):
+            dist.all_reduce(p.grad)
+            t += p.grad / dist.get_world_size()
+    for t, p in zip(total, params):
+        p.grad = t
+
+
+@pytest.mark.ch5
+@pytest.mark.parametrize("answer, says", [
+    # each once "training equals single-process training ... how often is it divided by k, and the sum
+    # by the ranks?", the same question for every scale
+    (acc_not_divided_by_k, "p.grad is 4× the gradient single-process training takes"),
+    (acc_not_divided_by_k, "divide each loss (or the summed gradient) by k"),
+    (acc_divided_by_k_twice, "p.grad is 0.25× the gradient"),
+    (acc_divided_by_k_twice, "divided by k = 4 twice"),
+    (acc_not_divided_by_ranks, "p.grad is 2× the gradient"),
+    (acc_not_divided_by_ranks, "divide the sum by N"),
+    # once "ran from micro-batch 1 of 4 on" and "each all-reduce of a part sum", right numbers or not
+    (acc_all_reduce_every_micro_batch, "ran after micro-batch 1, 2, 3 of 4, before the last one"),
+    (acc_all_reduce_every_micro_batch, "the gradient it leaves is not the whole batch's either"),
+    (acc_each_micro_batch_reduced_then_added, "4× the gradients'"),
+    (acc_each_micro_batch_reduced_then_added, "the gradient it leaves is right: only the traffic is wrong"),
+], ids=["k-times", "k-times-why", "k-twice", "k-twice-why", "ranks", "ranks-why", "every", "every-wrong",
+        "every-bytes", "every-right"])
+def test_accumulate_names_the_scale_of_the_gradient_and_the_traffic(answer, says):
+    from lesson_lib.chapters.ch05_accumulate import exercise
+
+    answer.__module__ = "__main__"  # as a learner's cell function: sent to the ranks by value
+    v = exercise().submit(answer)
+    assert not v and says in v.message, v.message
+
+
+def sharded_returns_both_norms(w_shard, u_shard):
+    sq = torch.stack([w_shard.square().sum(), u_shard.square().sum()])
+    dist.all_reduce(sq)
+    return sq.sqrt()
+
+
+def sharded_returns_its_slice(w_shard, u_shard):  # the slice scaled by the ratio: a shard, not a number
+    sq = torch.stack([w_shard.square().sum(), u_shard.square().sum()])
+    dist.all_reduce(sq)
+    return w_shard * (sq[0] / sq[1]).sqrt()
+
+
+def sharded_own_slice_of_w(w_shard, u_shard):  # the layer's ‖u‖ but its own slice's ‖w‖
+    sq = torch.stack([w_shard.square().sum(), u_shard.square().sum()])
+    dist.all_reduce(sq)
+    return float(w_shard.norm() / sq[1].sqrt())
+
+
+def sharded_reduce_to_rank_0(w_shard, u_shard):
+    sq = torch.stack([w_shard.square().sum(), u_shard.square().sum()])
+    dist.reduce(sq, dst=0)
+    return float(sq[0].sqrt() / sq[1].sqrt())
+
+
+def sharded_no_square_root(w_shard, u_shard):
+    sq = torch.stack([w_shard.square().sum(), u_shard.square().sum()])
+    dist.all_reduce(sq)
+    return float(sq[0] / sq[1])
+
+
+@pytest.mark.ch5
+@pytest.mark.parametrize("answer, says", [
+    # the two once a WorkerError traceback from the harness's own number()
+    (sharded_returns_both_norms, "rank 0 returned a Tensor of shape (2,), two values"),
+    (sharded_returns_its_slice, "rank 0 returned a Tensor of shape (19,), its slice's shape"),
+    (sharded_own_slice_of_w, "rank 0 62.0886 (its slice's ‖w‖ / the layer's ‖u‖)"),
+    (sharded_reduce_to_rank_0, "dist.reduce leaves the sum on one rank only"),
+    (sharded_no_square_root, "(‖w‖/‖u‖)²: take the square root"),  # once "norms or squares?"
+], ids=["two-values", "its-slice", "own-w", "reduce", "no-sqrt"])
+def test_sharded_ratio_says_what_each_rank_returned(answer, says):
+    from lesson_lib.chapters import ch05_exercises
+
+    answer.__module__ = "__main__"
+    v = ch05_exercises.exercises()["sharded"].submit(answer)
+    assert not v and says in v.message, v.message
+    assert "WorkerError" not in v.message and "Traceback" not in v.message, v.message
+
+
+def sharded_one_item_list(w_shard, u_shard):  # right, as a list of one number
+    sq = torch.stack([w_shard.square().sum(), u_shard.square().sum()])
+    dist.all_reduce(sq)
+    return [float(sq[0].sqrt() / sq[1].sqrt())]
+
+
+@pytest.mark.ch5
+def test_sharded_ratio_accepts_one_number_in_a_list():
+    from lesson_lib.chapters import ch05_exercises
+
+    sharded_one_item_list.__module__ = "__main__"
+    v = ch05_exercises.exercises()["sharded"].submit(sharded_one_item_list)
+    assert v, v.message
+
+
+def lamb_eps_inside_root(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):  # √(v̂ + ε), not √v̂ + ε
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    u = (m / (1 - b1**t)) / (v / (1 - b2**t) + eps).sqrt() + wd * w
+    return w - lr * w.norm() / u.norm() * u, m, v
+
+
+def lamb_eps_on_v(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):  # ε added to v, then corrected
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    u = (m / (1 - b1**t)) / ((v + eps) / (1 - b2**t)).sqrt() + wd * w
+    return w - lr * w.norm() / u.norm() * u, m, v
+
+
+@pytest.mark.ch5
+@pytest.mark.parametrize("answer, says", [
+    # once "differ ... by 0.00018 (relative)" with the generic hint, 1.8 × the tolerance: a borderline
+    (lamb_eps_inside_root, "ε is inside the square root, √(v̂ + ε): LAMB adds it after, √v̂ + ε"),
+    (lamb_eps_on_v, "ε is inside the square root, added to v before the bias correction"),
+])
+def test_lamb_names_epsilon_inside_the_square_root(answer, says):
+    from lesson_lib.chapters import ch05_exercises
+
+    v = ch05_exercises.exercises()["lamb"].submit(answer)
+    assert not v and "your weights differ" in v.message and says in v.message, v.message
 
 
 # --------------------------------------------------------------------------- chapter 6

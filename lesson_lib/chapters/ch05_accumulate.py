@@ -99,6 +99,9 @@ def accumulate_job(fn: Callable, k: int, task: dict) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     x_all, y_all = teacher_classification(cfg.samples, cfg.d_in, cfg.classes)
     reduce, losses = unobserved(dist.all_reduce), []  # the loop's own sum of the losses, not logged
+    whole = mlp(cfg.d_in, cfg.hidden, cfg.depth, cfg.classes, cfg.seed)  # step 0's model, unhooked
+    at0 = batch_indices(cfg.samples, cfg.global_batch, 0, cfg.seed)
+    F.cross_entropy(whole(x_all[at0]), y_all[at0]).backward()  # the whole global batch's gradient
     first, seen, resets = next(model.parameters()), {"prev": None, "incoming": None}, []
 
     def accumulated(p):  # after each backward: did p.grad add this micro-batch's gradient to the last?
@@ -124,9 +127,25 @@ def accumulate_job(fn: Callable, k: int, task: dict) -> dict:
             log.mark("step")
             fn(model, [(x_all[m], y_all[m]) for m in idx.chunk(k)])
             log.mark("returned", settle=True)
+            if step == 0:
+                scale = _scale(model, whole)
             optimizer.step()
     grad_bytes = 4 * sum(p.numel() for p in model.parameters())
-    return {"losses": losses, **log.as_data(), "k": k, "grad_bytes": grad_bytes, "resets": resets}
+    return {"losses": losses, **log.as_data(), "k": k, "grad_bytes": grad_bytes, "resets": resets,
+            "world": world, **scale}
+
+
+def _scale(model, whole) -> dict:
+    """Step 0's p.grad against the whole global batch's gradient: ``ratio`` (the least-squares
+    multiple) and whether p.grad is that multiple of it (``parallel``), to float32 rounding."""
+    def flat(m):
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in m.parameters()])
+
+    got, want = flat(model), flat(whole)
+    ratio = float(got @ want / (want @ want))
+    off = float((got - ratio * want).norm())
+    return {"ratio": ratio, "parallel": off <= 1e-3 * abs(ratio) * float(want.norm())}
 
 
 def _steps(o: dict) -> list[dict]:
@@ -155,10 +174,17 @@ def _none_before_last(outs: list[dict]) -> str | None:
             last = step["passes"][-2]["at"]  # the last micro-batch's forward began
             early = [c for c in step["calls"] if c["start"] < last]
             if early:
-                done = sum(m["label"] == "backward" and m["at"] < early[0]["start"] for m in step["passes"])
-                return (f"on rank {r}, step {s}: {summary(early)} ran from micro-batch {done} of {o['k']} "
-                        "on, before the last one: each all-reduce of a part sum sends the whole gradient "
-                        "again — add the k gradients locally, then communicate once")
+                after = sorted({sum(m["label"] == "backward" and m["at"] < c["start"] for m in step["passes"])
+                                for c in early})
+                right = o["parallel"] and abs(o["ratio"] - 1) < 1e-3
+                sent = sum(c["bytes"] for c in step["calls"])
+                return (f"on rank {r}, step {s}: {summary(early)} ran after micro-batch "
+                        f"{', '.join(map(str, after))} of {o['k']}, before the last one; the step sent "
+                        f"{sent:,} bytes, {sent / o['grad_bytes']:.3g}× the gradients' {o['grad_bytes']:,}: "
+                        "all-reducing as the micro-batches go sends the whole gradient again each time — let "
+                        "backward add the k gradients up in p.grad, then all-reduce once, after the last"
+                        + (" (the gradient it leaves is right: only the traffic is wrong)" if right else
+                           "; and the gradient it leaves is not the whole batch's either"))
 
 
 def _once(outs: list[dict]) -> str | None:
@@ -186,6 +212,23 @@ def _adds_up(outs: list[dict]) -> str | None:
                     "step: zero the gradients once, before the first micro-batch, and let backward add up")
 
 
+def _scaled(outs: list[dict]) -> str | None:
+    for r, o in enumerate(outs):
+        ratio, k, n = o["ratio"], o["k"], o["world"]
+        if not o["parallel"] or abs(ratio - 1) < 1e-3:
+            continue  # right, or not a multiple of it: the losses below say how far training went
+        named = {k: f"the k = {k} micro-batch losses, each a mean over its own samples, add up to k × the "
+                    "mean: divide each loss (or the summed gradient) by k",
+                 1 / k: f"divided by k = {k} twice: once is enough, each loss or the summed gradient",
+                 n: f"all_reduce sums the N = {n} ranks' gradients: divide the sum by N",
+                 1 / n: f"divided by N = {n} twice: once, after the all-reduce, is enough",
+                 k * n: f"divided neither by k = {k} (the micro-batches) nor by N = {n} (the ranks)"}
+        why = next((w for x, w in named.items() if abs(ratio - x) < 1e-3 * x),
+                   f"the whole batch's mean is the sum over micro-batches and ranks divided by k·N = {k * n}")
+        return (f"on rank {r}, after step 0 p.grad is {ratio:.4g}× the gradient single-process training "
+                f"takes on the whole global batch: {why}")
+
+
 def _whole_batch(outs: list[dict]) -> str | None:
     ref = dp.reference(dp.Config(world_size=1, optimizer="sgd", **TASK))
     tol, got = sum_order_tolerance(ref), outs[0]["losses"]
@@ -208,6 +251,7 @@ def check_accumulate(fn: Callable) -> Verdict:
         Property("no communication before the last micro-batch", _none_before_last),
         Property("the micro-batches' gradients add up in p.grad", _adds_up),
         Property("each gradient all-reduced once per step, finished when accumulate_step returns", _once),
+        Property("p.grad holds the whole global batch's gradient (its mean loss's)", _scaled),
         Property("training equals single-process training on the whole batch", _whole_batch)],
         done="The bytes per step are those of one all-reduce, whatever k.")
 

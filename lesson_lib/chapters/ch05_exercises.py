@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from ..comm.schedules import chunk_bounds
 from ..exercises import (
+    AnswerError,
     Exercise,
     Property,
     Verdict,
@@ -117,16 +118,50 @@ def _check_zero_choice(answer) -> Verdict:
 
 
 def sharded_ratio_harness(fn, numel: int, seed: int) -> dict:
-    """On each rank: this rank's slice of a seeded layer (w and u), the learner's ratio from it,
-    the whole layer's ‖w‖/‖u‖, and the communication the learner's function made."""
+    """On each rank: this rank's slice of a seeded layer (w and u), the learner's ratio from it (or
+    what came back instead), the norms of the slice and of the whole layer, and the communication the
+    learner's function made."""
     rank, n = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(seed)
     w, u = torch.randn(numel, generator=g), torch.randn(numel, generator=g) * 0.01
     lo, hi = chunk_bounds(numel, n)[rank]
     with observe() as log:
         got = fn(w[lo:hi].clone(), u[lo:hi].clone())
-    return {"got": number(got, "the ratio, one number"), "expected": float(w.norm() / u.norm()),
-            "calls": log.as_data()["calls"], "slice_bytes": 4 * (hi - lo)}
+    norms = {"w_own": float(w[lo:hi].norm()), "u_own": float(u[lo:hi].norm()),
+             "w_all": float(w.norm()), "u_all": float(u.norm())}
+    return {"got": _one_number(got), "returned": _returned(got, hi - lo), "calls": log.as_data()["calls"],
+            "expected": float(w.norm() / u.norm()), "slice_bytes": 4 * (hi - lo), **norms}
+
+
+def _one_number(got) -> float | None:
+    """One number in any form :func:`number` reads, or a one-item list or tuple of one; else None."""
+    if isinstance(got, (tuple, list)) and len(got) == 1:
+        got = got[0]
+    try:
+        return number(got)
+    except AnswerError:
+        return None
+
+
+def _returned(got, slice_len: int) -> str:
+    shape = getattr(got, "shape", None)
+    if got is None:
+        return "None"
+    if shape is None:
+        size = f" of {len(got)} items" if isinstance(got, (tuple, list, dict)) else ""
+        return f"a {type(got).__name__}{size}"
+    why = (f", its slice's shape ({slice_len} elements)" if tuple(shape) == (slice_len,) else
+           ", two values: ‖w‖ and ‖u‖? return their quotient" if math.prod(shape) == 2 else "")
+    return f"a {type(got).__name__} of shape {tuple(shape)}{why}"
+
+
+def _norms_used(o: dict) -> str:
+    """Which norms a rank's number is the quotient of: its slice's or the layer's, for w and for u."""
+    for a, wn in (("its slice's", o["w_own"]), ("the layer's", o["w_all"])):
+        for b, un in (("its slice's", o["u_own"]), ("the layer's", o["u_all"])):
+            if compare(o["got"], wn / un, 1e-4):
+                return f" ({a} ‖w‖ / {b} ‖u‖)"
+    return ""
 
 
 def _check_sharded(fn) -> Verdict:
@@ -137,17 +172,31 @@ def _check_sharded(fn) -> Verdict:
         return on_ranks(f"{world} ranks, {numel} elements", world, sharded_ratio_harness, fn, numel, world,
                         timeout_s=10)
 
+    def one_number(outs):
+        for r, o in enumerate(outs):
+            if o["got"] is None:
+                return (f"rank {r} returned {o['returned']}: the ratio is one number (a float, or a "
+                        "0-d tensor)")
+
     def agree(outs):
         got = [o["got"] for o in outs]
         if not all(compare(x, got[0], 1e-6) for x in got):
-            return f"the ranks returned {', '.join(f'{x:.6g}' for x in got)}"
+            said = ", ".join(f"rank {r} {o['got']:.6g}{_norms_used(o)}" for r, o in enumerate(outs))
+            ops = {c["op"] for o in outs for c in o["calls"]}
+            return f"the ranks returned: {said}" + (
+                ": dist.reduce leaves the sum on one rank only; all_reduce leaves it on every rank"
+                if "reduce" in ops else ": each must use the layer's sums of squares for both norms")
 
     def whole_layer(outs):
         got, want = outs[0]["got"], outs[0]["expected"]
         if not compare(got, want, 1e-4):
             a, b = pair(got, want)
-            return (f"you got {a} and the layer's ‖w‖/‖u‖ is {b}: what adds up across slices — norms or "
-                    "squares?")
+            summed = sum(o["w_own"] for o in outs) / sum(o["u_own"] for o in outs)
+            why = ("(‖w‖/‖u‖)²: take the square root of each summed square" if compare(got, want**2, 1e-4)
+                   else "the ratio of the slices' norms summed: norms do not add up across slices; "
+                   "squares do" if compare(got, summed, 1e-4)
+                   else "what adds up across slices — norms or squares?")
+            return f"you got {a} and the layer's ‖w‖/‖u‖ is {b}: {why}"
 
     def few_bytes(outs):
         for r, o in enumerate(outs):
@@ -159,6 +208,7 @@ def _check_sharded(fn) -> Verdict:
                         f"slice ({o['slice_bytes']:,} bytes): only two sums need to travel")
 
     return judge([case(2, 37), case(3, 100)], [
+        Property("every rank returns one number", one_number),
         Property("every rank returns the same number", agree),
         Property("it is the whole layer's ‖w‖/‖u‖", whole_layer),
         Property("only a few numbers travel, not the slices", few_bytes)])

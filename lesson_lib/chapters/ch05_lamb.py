@@ -20,13 +20,16 @@ def _reference_lamb(w, grads, lr, wd, betas=(0.9, 0.999), eps=1e-6):
     return p.detach()
 
 
-LAMB_CASES = (((6, 5), 0.01, 0.0), ((6, 5), 0.05, 0.1), ((7,), 0.02, 0.01))  # shape, lr, weight decay
+# shape, lr, weight decay, the gradients' scale: at 1e-3, v̂ ≈ 1e-6 is as small as ε, so where ε goes
+# (√v̂ + ε or √(v̂ + ε)) moves w by ~3e-2 (relative); at 0.1 by at most 2e-4, LAMB_REL's order
+LAMB_CASES = (((6, 5), 0.01, 0.0, 0.1), ((6, 5), 0.05, 0.1, 0.1), ((7,), 0.02, 0.01, 0.1),
+              ((5, 4), 0.04, 0.01, 1e-3))
 LAMB_REL = 1e-4  # right answers differ ~1e-8 (float32, 3 steps); each tested mistake ≥ 4e-3 in a case
 
 
-def _lamb_run(fn, shape, lr, wd) -> dict:
+def _lamb_run(fn, shape, lr, wd, scale) -> dict:
     g = torch.Generator().manual_seed(int(lr * 1000) + len(shape))
-    w, grads = torch.randn(*shape, generator=g), [torch.randn(*shape, generator=g) * 0.1 for _ in range(3)]
+    w, grads = torch.randn(*shape, generator=g), [torch.randn(*shape, generator=g) * scale for _ in range(3)]
     mine, m, v, steps = w.clone(), torch.zeros_like(w), torch.zeros_like(w), []
     for t, grad in enumerate(grads, start=1):
         out = fn(mine.clone(), grad.clone(), m.clone(), v.clone(), t, lr, wd)
@@ -42,23 +45,29 @@ def _lamb_run(fn, shape, lr, wd) -> dict:
 
 
 # The weights three steps of each known mistake reach: (bias correction's step offset, or None for
-# none; weight decay inside u). With no weight decay the ratio ‖w‖/‖u‖ cancels any scalar on r, so a
-# bias-correction mistake shows only in the cases with decay, where it could pass for a decay mistake.
+# none; weight decay inside u; ε inside the square root, added to v̂ or to v, or None). With no weight
+# decay the ratio ‖w‖/‖u‖ cancels any scalar on r, so a bias-correction mistake shows only in the
+# cases with decay, where it could pass for a decay mistake.
 LAMB_MISTAKES = {
-    "the bias correction uses the step after this one (1 − β^(t+1)): is t counted twice?": (1, True),
-    "the bias correction is one step late (1 − β^(t−1) from step 2 on)": (-1, True),
-    "r has no bias correction: divide m by 1 − β₁ᵗ and v by 1 − β₂ᵗ": (None, True),
-    "λw is added after the ratio: it belongs inside u, before ‖u‖ is taken": (0, False),
+    "the bias correction uses the step after this one (1 − β^(t+1)): is t counted twice?": (1, True, None),
+    "the bias correction is one step late (1 − β^(t−1) from step 2 on)": (-1, True, None),
+    "r has no bias correction: divide m by 1 − β₁ᵗ and v by 1 − β₂ᵗ": (None, True, None),
+    "λw is added after the ratio: it belongs inside u, before ‖u‖ is taken": (0, False, None),
+    "ε is inside the square root, √(v̂ + ε): LAMB adds it after, √v̂ + ε (the two differ most where v̂ "
+    "is as small as ε)": (0, True, "v̂"),
+    "ε is inside the square root, added to v before the bias correction: LAMB adds it after the root, "
+    "√v̂ + ε": (0, True, "v"),
 }
 
 
-def _lamb_mistake(w, grads, lr, wd, offset, decay_inside, b1=0.9, b2=0.999, eps=1e-6):
+def _lamb_mistake(w, grads, lr, wd, offset, decay_inside, eps_inside, b1=0.9, b2=0.999, eps=1e-6):
     m, v = torch.zeros_like(w), torch.zeros_like(w)
     for t, g in enumerate(grads, start=1):
         m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
         k = max(t + (offset or 0), 1)  # one step late: step 1's correction (1 − β⁰) would divide by 0
         c1, c2 = (1.0, 1.0) if offset is None else (1 - b1**k, 1 - b2**k)
-        r = (m / c1) / ((v / c2).sqrt() + eps)
+        root = {"v̂": (v / c2 + eps).sqrt(), "v": ((v + eps) / c2).sqrt()}.get(eps_inside)
+        r = (m / c1) / (root if root is not None else (v / c2).sqrt() + eps)
         u = r + wd * w if decay_inside else r
         w = w - lr * w.norm() / u.norm() * u - (0 if decay_inside else lr * wd * w)
     return w
@@ -98,8 +107,9 @@ def _check_lamb(fn) -> Verdict:
     """Three steps of the learner's ``lamb_step`` against lesson_lib.optim.LAMB, on three settings."""
     if not callable(fn):
         return Verdict(False, "submit your function, e.g. ex.submit(lamb_step)")
-    cases = [locally(f"shape {shape}, lr = {lr}, weight_decay = {wd}", _lamb_run, fn, shape, lr, wd)
-             for shape, lr, wd in LAMB_CASES]
+    cases = [locally(f"shape {shape}, lr = {lr}, weight_decay = {wd}"
+                     + (f", gradients of about {scale:g}" if scale != 0.1 else ""), _lamb_run, fn, shape, lr,
+                     wd, scale) for shape, lr, wd, scale in LAMB_CASES]
     return judge(cases, [
         Property("each step returns (w, m, v), shaped like w", _lamb_returns),
         Property("m and v are Adam's moments of g and g²", _lamb_moments),
