@@ -182,6 +182,87 @@ def test_zero1_accepts_right_answers_in_other_forms(answer):
     assert v, v.message
 
 
+def zero1_gather_by_all_reduce(params, grad, step):  # right: the all-gather as an all-reduce of zeros + slice
+    rank, n = dist.get_rank(), dist.get_world_size()
+    size = params.numel() // n
+    mine = comm.ring_reduce_scatter(grad).div_(n)
+    step(params[rank * size:(rank + 1) * size], mine)
+    padded = torch.zeros_like(params)
+    padded[rank * size:(rank + 1) * size] = params[rank * size:(rank + 1) * size]
+    dist.all_reduce(padded)
+    params.copy_(padded)
+    return params
+
+
+@pytest.mark.ch4
+def test_zero1_accepts_an_all_gather_done_as_an_all_reduce_and_says_it_costs_twice():
+    v = verdict(EX4["zero1"], zero1_gather_by_all_reduce)  # once "hands every rank the whole summed gradient"
+    assert v and "twice the bytes of an all-gather" in v.message, v.message
+
+
+def zero1_gather_by_all_reduce_unpadded(params, grad, step):  # every rank hands in its whole vector
+    rank, n = dist.get_rank(), dist.get_world_size()
+    size = params.numel() // n
+    mine = comm.ring_reduce_scatter(grad).div_(n)
+    step(params[rank * size:(rank + 1) * size], mine)
+    dist.all_reduce(params)
+    return params
+
+
+@pytest.mark.ch4
+def test_zero1_all_reduce_of_the_whole_parameters_is_told_what_it_summed():
+    v = verdict(EX4["zero1"], zero1_gather_by_all_reduce_unpadded)
+    assert not v and "summed every rank's whole parameter vector" in v.message, v.message
+    assert "plus N−1 copies of the old values" in v.message and "gradient" not in v.message, v.message
+
+
+def zero1_reduce_each_slice(params, grad, step):  # right: dist.reduce of slice k to its owner k
+    rank, n = dist.get_rank(), dist.get_world_size()
+    size = params.numel() // n
+    for k in range(n):
+        dist.reduce(grad[k * size:(k + 1) * size], dst=k)
+    step(params[rank * size:(rank + 1) * size], grad[rank * size:(rank + 1) * size] / n)
+    dist.all_gather_into_tensor(params, params[rank * size:(rank + 1) * size].clone())
+    return params
+
+
+def zero1_reduce_and_broadcast_each_slice(params, grad, step):  # right: slice k reduced to k, then sent out
+    rank, n = dist.get_rank(), dist.get_world_size()
+    size = params.numel() // n
+    for k in range(n):
+        dist.reduce(grad[k * size:(k + 1) * size], dst=k)
+    step(params[rank * size:(rank + 1) * size], grad[rank * size:(rank + 1) * size] / n)
+    for k in range(n):
+        dist.broadcast(params[k * size:(k + 1) * size], src=k)
+    return params
+
+
+@pytest.mark.ch4
+@pytest.mark.parametrize("answer", [zero1_reduce_each_slice, zero1_reduce_and_broadcast_each_slice])
+def test_zero1_accepts_a_reduce_of_each_slice_to_its_owner(answer):
+    v = verdict(EX4["zero1"], answer)  # once "no reduce-scatter of the gradient"
+    assert v, v.message
+
+
+def zero1_reduce_whole_gradient_to_each(params, grad, step):  # the whole gradient reduced N times
+    rank, n = dist.get_rank(), dist.get_world_size()
+    size = params.numel() // n
+    for k in range(n):
+        summed = grad.clone()
+        dist.reduce(summed, dst=k)
+        if k == rank:
+            mine = summed[rank * size:(rank + 1) * size] / n
+    step(params[rank * size:(rank + 1) * size], mine)
+    comm.ring_all_gather(params)
+    return params
+
+
+@pytest.mark.ch4
+def test_zero1_reduce_of_the_whole_gradient_to_each_rank_is_named():
+    v = verdict(EX4["zero1"], zero1_reduce_whole_gradient_to_each)
+    assert not v and "a reduce carried 48 bytes, more than one slice's 12" in v.message, v.message
+
+
 def test_zero1_template_is_not_answered_yet():
     def my_zero1_step(params, grad, step):
         # 1. reduce-scatter ...
@@ -310,6 +391,22 @@ def test_stage2_rejects_wrong_formulas(answer):
 ])
 def test_stage2_accepts_the_formula_in_other_forms(answer):
     v = verdict(EX4["stage2"], answer)
+    assert v, v.message
+
+
+@pytest.mark.ch4
+@pytest.mark.parametrize("answer, unit", [
+    (lambda psi, n: (2 * psi + 14 * psi / n) / 1e9, "that reads as GB (× 1,000,000,000)"),
+    (lambda psi, n: (2 * psi + 14 * psi / n) / 2**30, "that reads as GiB (× 1,073,741,824)"),
+], ids=["GB", "GiB"])
+def test_stage2_in_gigabytes_is_told_its_unit(answer, unit):
+    v = verdict(EX4["stage2"], answer)  # once "think about which parts are replicated": the formula was right
+    assert not v and unit in v.message and "replicated" not in v.message, v.message
+
+
+@pytest.mark.ch4
+def test_stage2_reads_bytes_written_with_their_unit():
+    v = verdict(EX4["stage2"], lambda psi, n: f"{(2 * psi + 14 * psi / n) / 1e6} MB")  # once "does not read"
     assert v, v.message
 
 

@@ -19,10 +19,10 @@ from ..exercises import (
     judge,
     locally,
     mismatch,
-    number,
     solution_text,
     stage,
 )
+from ..exercises.answers import byte_count, unit_slip
 from ..models import mlp
 from .ch04_zero1 import check_zero1, my_zero1_step, zero1_job  # noqa: F401  (zero1_job runs on ranks)
 
@@ -46,11 +46,12 @@ def task(cfg):
 
 def _stage2_bytes(o: tuple) -> str | None:
     psi, n, returned = o
-    got, want = number(returned, "a number of bytes"), zero_memory(psi, n, 2, "mixed")["total"]
+    got, want = byte_count(returned, "a number of bytes"), zero_memory(psi, n, 2, "mixed")["total"]
     if compare(got, want, abs_=1.0):  # whole bytes (floor division) are as right
         return None
-    return (mismatch(got, want, said=f"stage2({psi:g}, {n}) returned") + "; think about which parts are "
-            "replicated and which are split")
+    slip = unit_slip(got, want, " bytes")  # 16.64 for 16.64e9: GB, and the formula right
+    return (mismatch(got, want, said=f"stage2({psi:g}, {n}) returned") + "; "
+            + (slip or "think about which parts are replicated and which are split"))
 
 
 def check_stage2(fn) -> Verdict:
