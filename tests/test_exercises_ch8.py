@@ -211,6 +211,39 @@ class GChunked(torch.autograd.Function):  # right: the sum in two all-reduces of
         return grad
 
 
+class GAsyncFuture(torch.autograd.Function):  # a right answer: async_op=True, waited through its future
+    @staticmethod
+    def forward(ctx, x):
+        out = x.clone()
+        dist.all_reduce(out, async_op=True).get_future().wait()
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GAsyncNeverWaited(torch.autograd.Function):  # the handle dropped: the sum may not have arrived
+    @staticmethod
+    def forward(ctx, x):
+        out = x.clone()
+        dist.all_reduce(out, async_op=True)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def test_g_started_asynchronously_and_never_waited_is_told_so():
+    # once "rank 0 returned only its own partial sum": the all-reduce was made, its result not awaited
+    v = EX["g"].submit(GAsyncNeverWaited)
+    assert not v and ("the all-reduce was started with async_op=True but its work was never waited: call "
+                      ".wait() before reading the result") in v.message, v.message
+    v = EX["g"].submit(GAsyncFuture)
+    assert v, v.message
+
+
 @pytest.mark.parametrize("answer", [GImported, g_as_function, GFunctional, GCourseRing, GAsyncWaited,
                                     GChunked],
                          ids=["imported-by-name", "function", "functional", "course-ring", "async-waited",
@@ -300,6 +333,42 @@ def test_dispatch_returning_a_flat_tensor_is_told_both_shapes():
     v = EX["dispatch"].submit(exchange_flat)
     assert not v and "returned a tensor of shape (640,)" in v.message, v.message
     assert "expected (4, 10, 16), the buffer's shape" in v.message and "came back wrong" not in v.message
+
+
+def exchange_async_never_waited(buf):
+    out = torch.empty_like(buf)
+    dist.all_to_all_single(out, buf, async_op=True)
+    return out
+
+
+def exchange_point_to_point_never_waited(buf):  # sends and receives posted, none waited for
+    n, r = dist.get_world_size(), dist.get_rank()
+    ins, outs = list(buf.chunk(n)), [torch.empty_like(c) for c in buf.chunk(n)]
+    outs[r].copy_(ins[r])
+    for j in range(n):
+        if j != r:
+            dist.isend(ins[j].contiguous(), j)
+            dist.irecv(outs[j], j)
+    return torch.cat(outs)
+
+
+def exchange_async_wait_all(buf):  # a right answer: the handles' futures waited for together
+    out = torch.empty_like(buf)
+    torch.futures.wait_all([dist.all_to_all_single(out, buf, async_op=True).get_future()])
+    return out
+
+
+@pytest.mark.parametrize("answer, says", [
+    (exchange_async_never_waited, "the all-to-all was started with async_op=True but its work was never "
+                                  "waited: call .wait() before reading the result"),
+    (exchange_point_to_point_never_waited, "was started by dist.isend but its work was never waited"),
+], ids=["all-to-all", "isend"])
+def test_dispatch_started_asynchronously_and_never_waited_is_told_so(answer, says):
+    # once "rank 0's tokens came back wrong"; the unwaited sends also stalled the next check's ranks
+    v = EX["dispatch"].submit(answer)
+    assert not v and says in v.message, v.message
+    v = EX["dispatch"].submit(exchange_async_wait_all)
+    assert v, v.message
 
 
 @pytest.mark.parametrize("answer", [exchange_imported, exchange_lists, exchange_point_to_point],

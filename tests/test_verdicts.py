@@ -332,6 +332,41 @@ def test_randomk_with_another_k_is_told_k(answer, says):
     assert not v and says in v.message and "not k = 50" in v.message, v.message
 
 
+def randomk_async(grad, residual, k, step, wait=True):  # the all-reduce overlapped with the residual
+    import torch.distributed as dist
+
+    acc = grad + residual
+    idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step))[:k]
+    vals = acc[idx]
+    work = dist.all_reduce(vals, async_op=True)
+    residual = acc.clone()
+    residual[idx] = 0
+    if wait:
+        work.wait()
+    avg = torch.zeros_like(acc)
+    avg[idx] = vals / dist.get_world_size()
+    return avg, residual
+
+
+def randomk_async_never_waited(grad, residual, k, step):
+    return randomk_async(grad, residual, k, step, wait=False)
+
+
+@pytest.mark.ch6
+def test_randomk_started_asynchronously_and_never_waited_is_told_so():
+    # once "the ranks ended with different averages — do they all pick the same indices?"
+    from lesson_lib.chapters import ch06_exercises
+
+    ex = ch06_exercises.exercises()["randomk"]
+    for answer in (randomk_async, randomk_async_never_waited):
+        answer.__module__ = "__main__"  # as a learner's cell function: sent by value
+    v = ex.submit(randomk_async_never_waited)
+    assert not v and ("the all-reduce was started with async_op=True but its work was never waited: call "
+                      ".wait() before reading the result") in v.message, v.message
+    v = ex.submit(randomk_async)  # started early, waited for before the average is read: right
+    assert v, v.message
+
+
 @pytest.mark.ch10
 def test_the_librarys_function_that_is_the_reference_is_refused_when_imported():
     # chapter 10's notebook imports ft_step, whose exchange is the exchange exercise's reference (a

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from .. import comm
 from ..exercises import Exercise, Property, Verdict, judge, numbers_of, observe, on_ranks, summary
+from ..exercises.unwaited import drain, never_waited
 from ..source import source
 from .ch06_crossover import CROSSOVER_CASE, _check_crossover, crossover, crossover_case  # noqa: F401
 from .ch06_qsgd import _check_qsgd, qsgd
@@ -69,6 +70,7 @@ def randomk_harness(fn, numel: int, k: int, steps: int) -> dict:
             outs.append(torch.as_tensor(avg).detach().clone().reshape(-1))
             residual = torch.as_tensor(residual).detach().clone()
             residuals.append(residual.reshape(-1).clone())
+    drain(log)
     return {"outs": outs, "residuals": residuals, "calls": log.as_data()["calls"]}
 
 
@@ -103,6 +105,7 @@ def _check_randomk(fn) -> Verdict:
                         then=lambda outs: {"ranks": outs, "ref": _randomk_reference(world, numel, k, steps)})
 
     return judge([case(2), case(3)], [
+        Property("every asynchronous call is waited for", _waited),
         Property(f"each step keeps k = {k} coordinates", _k_kept),
         Property("only the k chosen values travel", _k_values_only),
         Property("every rank ends each step with the same average", _ranks_agree),
@@ -110,6 +113,13 @@ def _check_randomk(fn) -> Verdict:
         Property("each rank keeps what it did not send: its sum with the sent coordinates zeroed",
                  _residual_kept)],
         done=f"{steps} steps of k = {k} of {numel} values")
+
+
+def _waited(o: dict) -> str | None:
+    """Every handle a rank was handed (``async_op=True``) waited for: else its average is whatever
+    had arrived when it was read."""
+    return next((f"on rank {r} {said}" for r, out in enumerate(o["ranks"])
+                 if (said := never_waited(out["calls"]))), None)
 
 
 def _k_kept(o: dict) -> str | None:

@@ -24,11 +24,13 @@ from ..exercises import (
     summary,
     unanswered,
 )
+from ..exercises.unwaited import drain, never_waited
 from ..milestones.expert_parallel import moe
 from .ch08_grid import layout_exercise
 from .ch08_merge import merge_exercise
 from .ch08_plan import plan_exercise
 
+WAITED = "every asynchronous call is waited for"
 G_ROWS, G_IN, G_OUT = 6, 8, 5  # small integers throughout: every sum below is exact in float32
 
 
@@ -60,12 +62,22 @@ def g_job(fn, seed: int) -> dict:
         log.mark("backward")
         if y.requires_grad:
             (y * c).sum().backward()
+    drain(log)
     at = log.marks[0]["at"]
     grads = [None if t.grad is None else t.grad.clone() for t in (x_r, w_r)]
     return {"y": y.detach().clone(), "x_grad": grads[0], "w_grad": grads[1], "cols": (cols.start, cols.stop),
             "forward": [cl for cl in log.as_data()["calls"] if cl["start"] < at],
             "backward": [cl for cl in log.as_data()["calls"] if cl["start"] >= at], "seed": seed,
             "part_bytes": part.numel() * part.element_size()}
+
+
+def _waited(outs: list[dict]) -> str | None:
+    """Every handle the ranks were handed (``async_op=True``, ``isend``) waited for: else the result
+    was read whenever it happened to arrive."""
+    for r, o in enumerate(outs):
+        said = "error" not in o and never_waited(o.get("calls", o.get("forward", []) + o.get("backward", [])))
+        if said:
+            return f"on rank {r} {said}"
 
 
 def _g_forward(outs: list[dict]) -> str | None:
@@ -143,6 +155,7 @@ def check_g(fn) -> Verdict:
         raise ValueError("the template's Ellipsis is still there")  # submit() reads: not answered yet
     cases = [on_ranks(f"{n} ranks", n, g_job, fn, seed, timeout_s=15) for n, seed in ((2, 1), (4, 2))]
     return judge(cases, [
+        Property(WAITED, _waited),
         Property("every rank's output is the whole layer's x·Wᵀ", _g_forward),
         Property("every rank's gradients are the whole layer's, sliced", _g_backward),
         Property("one all-reduce of the partial sum in the forward, no communication in the backward",
@@ -185,6 +198,7 @@ def dispatch_job(fn, cfg: moe.MoEConfig) -> dict:
     with torch.no_grad(), observe() as log:
         x = moe.tokens(cfg, n)[r]
         y, _ = moe.moe_expert_parallel(x, w["router"], w["w1"][local], w["w2"][local], cfg, exchange=exchange)
+    drain(log)
     return {"y": y, "shapes": seen, "buffers": sizes, "calls": log.as_data()["calls"],
             "buffer_bytes": 4 * cfg.experts * cfg.capacity * cfg.d_model}
 
@@ -238,6 +252,7 @@ def check_dispatch(fn) -> Verdict:
         cfg = moe.MoEConfig(capacity_factor=1.25).check(n)
         cases.append(on_ranks(f"{n} ranks, {cfg.experts} experts", n, dispatch_job, fn, cfg, timeout_s=15))
     return judge(cases, [
+        Property(WAITED, _waited),
         Property("the exchange returns the buffer's shape", _dispatch_shape),
         Property("every token comes back from its expert as in one process", _dispatch_result(moe.MoEConfig(
             capacity_factor=1.25))),
