@@ -532,8 +532,9 @@ ch00.straggler_explorer()
 # comes from more ranks (and programs) than cores, and varies with whatever else the machine runs
 # (Linux reports it in `/proc/<pid>/task/<tid>/schedstat`). On a quiet machine, more ranks on the same
 # global batch spend a larger share waiting for peers. The shares are timings, though, and a busy
-# machine moves them: on a workshop server running three learners' notebooks, the one-rank row once
-# showed 70 % off the CPU for other reasons, more than the four-rank row's wait for peers.
+# machine moves them: in the course's workshop test (three learners running this notebook at once on
+# one 2-core CI machine) the one-rank row once showed 70 % off the CPU for other reasons, more than the
+# four-rank row's 53 % waiting for peers.
 #
 # What no load can change is the order of events. An all-reduce's output needs every rank's input,
 # so no rank's all-reduce can end before the last rank has begun its own; every rank that began earlier
