@@ -711,3 +711,33 @@ def test_ch2_bytes_and_crossover(ch2):
         ...
 
     assert ch2["bytes"].submit(ring_bytes).message == "not answered yet"
+
+
+# --------------------------------------------------------------------------- the library's own, wrapped
+
+
+def _average_gradients_around_the_reference(model):  # the exercise's own answer, called from the learner's
+    ch00_exercises.exercises()["average_gradients"].reference()(model)
+
+
+@pytest.mark.ch0
+def test_ch0_an_answer_calling_the_librarys_own_is_refused(ch0):
+    v = ch0.submit(_average_gradients_around_the_reference)
+    assert not v and v.message == ("your answer calls lesson_lib's own ch00_exercises.average_gradients, the "
+                                   "thing this exercise asks you to write: write it yourself"), v.message
+
+
+def _reduce_scatter_around_the_librarys(chunks):  # comm's own ring reduce-scatter, the chunks copied back
+    flat = torch.cat([c.flatten() for c in chunks])
+    comm.ring_reduce_scatter(flat)
+    at = 0
+    for c in chunks:
+        c.copy_(flat[at:at + c.numel()].view_as(c))
+        at += c.numel()
+
+
+@pytest.mark.ch2
+def test_ch2_an_answer_calling_the_librarys_own_is_refused(ch2):
+    v = ch2["reduce_scatter"].submit(_reduce_scatter_around_the_librarys)
+    assert not v and v.message == ("your answer calls lesson_lib's own ring.ring_reduce_scatter, the thing "
+                                   "this exercise asks you to write: write it yourself"), v.message

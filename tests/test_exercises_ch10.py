@@ -345,3 +345,26 @@ def outer_flipped_pseudo_gradient(local, start, buf, lr, mu):  # local − start
 def test_outer_with_a_flipped_pseudo_gradient_is_told_the_step_goes_the_wrong_way():
     v = EX["outer"].submit(outer_flipped_pseudo_gradient)
     assert not v and "wrong way" in v.message and "momentum" not in v.message, v.message
+
+
+# --------------------------------------------------------------------------- the library's own, wrapped
+
+
+def exchange_around_the_librarys(store, rnd, me, grad, members):  # ft_step's own, called on each replica
+    from lesson_lib.milestones.resilience import ft_step
+
+    return ft_step.exchange(store, rnd, me, grad, members)
+
+
+def outer_around_the_reference(local, start, buf, lr, mu):
+    return ch10_exercises.outer_step(local, start, buf, lr, mu)
+
+
+@pytest.mark.parametrize("key, answer, name", [
+    ("exchange", exchange_around_the_librarys, "ft_step.exchange"),
+    ("outer", outer_around_the_reference, "ch10_exercises.outer_step"),
+], ids=["exchange", "outer"])
+def test_an_answer_calling_the_librarys_own_is_refused(key, answer, name, no_orphans):
+    v = EX[key].submit(answer)
+    assert not v and v.message == (f"your answer calls lesson_lib's own {name}, the thing this exercise asks "
+                                   "you to write: write it yourself"), v.message

@@ -49,8 +49,8 @@ class GImported(torch.autograd.Function):  # a right answer: all_reduce imported
         return grad
 
 
-def g_as_function(x):  # a right answer in another form: a plain function around a Function
-    return ch08_exercises.ReduceFromRegion.apply(x)
+def g_as_function(x):  # a right answer in another form: a plain function around (the learner's) Function
+    return GImported.apply(x)
 
 
 class GBothWays(torch.autograd.Function):
@@ -556,31 +556,44 @@ def test_merge_rejects_wrong_answers_saying_why(answer, says):
 # --------------------------------------------------------------------------- plan (parallelize_module)
 
 
-def plan_sequence_parallel():
+def plan_sequence_parallel():  # the block's plan written out: extending block_plan() calls the library's
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import PrepareModuleInput, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
 
     gather = PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),))
-    return {**ch08_plan.block_plan(), "ln1": SequenceParallel(sequence_dim=0),
+    return {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "mlp.fc1": ColwiseParallel(), "ln1": SequenceParallel(sequence_dim=0),
             "ln2": SequenceParallel(sequence_dim=0), "attn": gather, "mlp": gather,
             "attn.o": RowwiseParallel(output_layouts=Shard(0)),
             "mlp.fc2": RowwiseParallel(output_layouts=Shard(0))}
 
 
+def _block_plan_written_out():  # the right plan, the test's own (calling block_plan() is refused as such)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(), "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+
+
 def plan_swapped():
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    return {**ch08_plan.block_plan(), "attn.q": RowwiseParallel(), "attn.o": ColwiseParallel()}
+    return {**_block_plan_written_out(), "attn.q": RowwiseParallel(), "attn.o": ColwiseParallel()}
 
 
 def plan_o_column():
     from torch.distributed.tensor.parallel import ColwiseParallel
 
-    return {**ch08_plan.block_plan(), "mlp.fc2": ColwiseParallel()}
+    return {**_block_plan_written_out(), "mlp.fc2": ColwiseParallel()}
 
 
 def plan_mlp_missing():  # runs and trains right: the MLP stays whole on every rank
-    plan = ch08_plan.block_plan()
+    plan = _block_plan_written_out()
     del plan["mlp.fc1"], plan["mlp.fc2"]
     return plan
 
@@ -589,7 +602,7 @@ def plan_partial_output():  # right placements; o's partial sums handed on witho
     from torch.distributed.tensor import Partial
     from torch.distributed.tensor.parallel import RowwiseParallel
 
-    return {**ch08_plan.block_plan(), "attn.o": RowwiseParallel(output_layouts=Partial())}
+    return {**_block_plan_written_out(), "attn.o": RowwiseParallel(output_layouts=Partial())}
 
 
 def plan_full_names():
@@ -615,3 +628,42 @@ def test_plan_accepts_other_right_forms(answer):
 def test_plan_rejects_wrong_answers_saying_why(answer, says):
     v = EX["plan"].submit(answer)
     assert not v and says in v.message, v.message
+
+
+# --------------------------------------------------------------------------- the library's own, wrapped
+
+
+def g_around_the_librarys(x):  # the library's own g, called from the learner's function
+    return ch08_exercises.ReduceFromRegion.apply(x)
+
+
+class GCallingTheLibrarys(torch.autograd.Function):  # the learner's class, the library's g inside
+    @staticmethod
+    def forward(ctx, x):
+        return ch08_exercises.ReduceFromRegion.apply(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GInheritingTheLibrarys(ch08_exercises.ReduceFromRegion):  # the library's methods, inherited
+    pass
+
+
+def exchange_around_the_librarys(buf):
+    from lesson_lib.milestones.expert_parallel import moe
+
+    return moe._all_to_all(buf, None)
+
+
+@pytest.mark.parametrize("key, answer, name", [
+    ("g", g_around_the_librarys, "ch08_exercises.ReduceFromRegion.forward"),
+    ("g", GCallingTheLibrarys, "ch08_exercises.ReduceFromRegion.forward"),
+    ("g", GInheritingTheLibrarys, "ch08_exercises.ReduceFromRegion.forward"),
+    ("dispatch", exchange_around_the_librarys, "moe._all_to_all"),
+], ids=["g-function", "g-class-calls", "g-class-inherits", "dispatch"])
+def test_an_answer_calling_the_librarys_own_is_refused(key, answer, name):
+    v = EX[key].submit(answer)
+    assert not v and v.message == (f"your answer calls lesson_lib's own {name}, the thing this exercise asks "
+                                   "you to write: write it yourself"), v.message

@@ -86,9 +86,11 @@ def blocks_per_tensor(w):
     return (w / s).to(torch.float8_e4m3fn), s.expand(2, 2)
 
 
-def blocks_transposed(w):
-    w8, s = ch09_exercises.block_quantize(w)
-    return w8, s.t()
+def blocks_transposed(w):  # written out: calling the library's block_quantize is refused as such
+    blocks = w.reshape(2, 128, 2, 128)
+    s = blocks.abs().amax(dim=(1, 3)) / 448
+    w8 = (blocks / s[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return w8.reshape(w.shape), s.t()
 
 
 def blocks_loops(w):  # a right answer written with loops
@@ -155,3 +157,45 @@ def blocks_one_row_short(w):  # each block's slice stops a row early: rows 127 a
 def test_blocks_off_by_one_row_is_told_so():
     v = EX["blocks"].submit(blocks_one_row_short)
     assert not v and "rows 127, 255 are wrong" in v.message and "block i covers rows" in v.message, v.message
+
+
+# --------------------------------------------------------------------------- wrapping the library
+
+
+def cast_wrapping_the_library(x):  # the library's cast, called from the learner's own function
+    from lesson_lib.milestones.fp8 import scaling
+
+    return scaling.quantize(x, "e4m3")
+
+
+def blocks_wrapping_the_library(w):
+    from lesson_lib.milestones.fp8 import scaling
+
+    return scaling.quantize_blocks(w)
+
+
+def blocks_calling_the_reference(w):
+    return ch09_exercises.block_quantize(w.clone())
+
+
+@pytest.mark.parametrize("key, answer, name", [
+    ("cast", cast_wrapping_the_library, "scaling.quantize"),
+    ("cast", lambda x: ch09_exercises.fp8_cast(x), "ch09_exercises.fp8_cast"),
+    ("blocks", blocks_wrapping_the_library, "scaling.quantize_blocks"),
+    ("blocks", blocks_calling_the_reference, "ch09_exercises.block_quantize"),
+], ids=["cast-quantize", "cast-lambda", "blocks-quantize_blocks", "blocks-reference"])
+def test_an_answer_calling_the_librarys_own_is_refused(key, answer, name):
+    v = EX[key].submit(answer)
+    assert not v and v.message == (f"your answer calls lesson_lib's own {name}, the thing this exercise asks "
+                                   "you to write: write it yourself"), v.message
+
+
+def test_formats_may_call_the_error_helper_the_prompt_names():  # it casts with scaling.quantize inside
+    from lesson_lib.milestones.fp8 import errors
+
+    def choose(x):
+        e4, e5 = (errors.elementwise_error(x, d) for d in (torch.float8_e4m3fn, torch.float8_e5m2))
+        return "e4m3" if e4 <= e5 else "e5m2"
+
+    assert EX["formats"].submit(choose)
+

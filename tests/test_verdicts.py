@@ -516,3 +516,41 @@ def test_the_wait_for_the_last_rank_is_read_from_the_all_reduces_start_and_end()
     assert ch00.waited_for_the_last(run((1.0, 1.1), (1.2, 1.3)))["every_end_after_last_start"] is False
     assert ch00.waited_for_the_last(run((1.0, 1.1))) is None  # one rank: no peer
     assert ch00.waited_for_the_last(_Run([], [{"backward": (0, 1), "buckets": []}] * 2)) is None
+
+
+# --------------------------------------------------------------------------- the library's own, wrapped
+
+LIBRARYS_OWN = ("your answer calls lesson_lib's own {}, the thing this exercise asks you to write: write it "
+                "yourself")
+
+
+def lamb_through_the_librarys_optimizer(w, g, m, v, t, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
+    from lesson_lib.optim import LAMB
+
+    p = torch.nn.Parameter(w.clone())
+    p.grad = g.clone()
+    LAMB([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd).step()
+    return p.detach(), m, v
+
+
+@pytest.mark.ch5
+def test_lamb_calling_the_librarys_optimizer_is_refused():
+    from lesson_lib.chapters import ch05_exercises
+
+    v = ch05_exercises.exercises()["lamb"].submit(lamb_through_the_librarys_optimizer)
+    assert not v and v.message == LIBRARYS_OWN.format("optim._LayerWise.step"), v.message
+
+
+def qsgd_through_the_librarys(x, s):  # the library's quantizer and its inverse, around the learner's shape
+    from lesson_lib.milestones.compression import compressors
+
+    norms, q = compressors.qsgd_quantize(x.flatten(), s)
+    return compressors.qsgd_dequantize(norms, q, s, x.numel()).view_as(x)
+
+
+@pytest.mark.ch6
+def test_qsgd_calling_the_librarys_quantizer_is_refused():
+    from lesson_lib.chapters import ch06_exercises
+
+    v = ch06_exercises.exercises()["qsgd"].submit(qsgd_through_the_librarys)
+    assert not v and v.message == LIBRARYS_OWN.format("compressors.qsgd_quantize"), v.message

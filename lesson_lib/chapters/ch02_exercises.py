@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from ..comm import ring_reduce_scatter
 from ..comm.schedules import chunk_bounds
 from ..costmodel import latency_crossover_bytes
 from ..exercises import (
@@ -246,7 +247,7 @@ def exercises(alpha: float, beta: float, world_size: int = 2) -> dict[str, Exerc
             hint="At step s, rank r sends chunk (r − s) mod N. What arrives from the left is the chunk the "
                  "left neighbour sent, so the chunk you add it into is the one you send at the next step.",
             solution=solution_text(_reference_reduce_scatter()),
-            reference=_reference_reduce_scatter),
+            reference=_reference_reduce_scatter, also=(ring_reduce_scatter,)),
         "bytes": Exercise(
             key="bytes", title="bytes per rank",
             prompt="Write <code>ring_bytes(n, s)</code>: how many bytes does each of n ranks send in a ring "

@@ -29,6 +29,7 @@ from ..exercises import (
 )
 from ..experiments import run_warm
 from ..milestones import large_batch as lb
+from ..optim import LAMB
 from .ch05_accumulate import exercise as accumulate_exercise
 from .ch05_lamb import _check_lamb, lamb_step
 
@@ -240,7 +241,7 @@ def exercises() -> dict[str, Exercise]:
             check=_check_lamb,
             hint="Follow Algorithm 2 of You et al. (2020) line by line; the weight decay is added to r "
                  "before the norm of u is taken.",
-            solution=solution_text(lamb_step), reference=lambda: lamb_step),
+            solution=solution_text(lamb_step), reference=lambda: lamb_step, also=(LAMB.step,)),
         "scaling": Exercise(
             key="scaling", title="the linear scaling rule, then a run",
             prompt="SGD with momentum was tuned at B₀ = 64 with lr = 0.1. Pick the learning rate and the "

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from .. import comm
 from ..exercises import Exercise, Property, Verdict, judge, numbers_of, observe, on_ranks, summary
 from ..exercises.unwaited import drain, never_waited
+from ..milestones.compression import qsgd_dequantize, qsgd_quantize
 from ..source import source
 from .ch06_crossover import CROSSOVER_CASE, _check_crossover, crossover, crossover_case  # noqa: F401
 from .ch06_qsgd import _check_qsgd, qsgd
@@ -221,7 +222,7 @@ def exercises(case: dict | None = None) -> dict[str, Exercise]:
                    "‖x‖·sign(x_i)·level/s (Alistarh et al., 2017). The check draws it thousands of times: "
                    "the mean must be x (unbiased) and every value on the grid of 2s+1 levels.",
             check=_check_qsgd, hint="torch.rand_like(x) < fraction is True with probability = fraction.",
-            solution=source(qsgd).text, reference=lambda: qsgd),
+            solution=source(qsgd).text, reference=lambda: qsgd, also=(qsgd_quantize, qsgd_dequantize)),
         "crossover": Exercise(
             key="crossover", title="below which bandwidth does PowerSGD pay?",
             prompt="Measured on this machine (per step; bytes a rank sends; latency per emulated message): "

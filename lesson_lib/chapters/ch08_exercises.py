@@ -26,6 +26,7 @@ from ..exercises import (
 )
 from ..exercises.unwaited import drain, never_waited
 from ..milestones.expert_parallel import moe
+from ..milestones.tensor_parallel import ReduceFromTensorRegion, g
 from .ch08_grid import layout_exercise
 from .ch08_merge import merge_exercise
 from .ch08_plan import plan_exercise
@@ -279,7 +280,7 @@ def exercises() -> dict[str, Exercise]:
             hint="What is the gradient of a sum with respect to each term? Every rank already has the "
                  "gradient of g's output.",
             solution=solution_text(ReduceFromRegion).replace("class ReduceFromRegion", "class MyG", 1),
-            reference=lambda: ReduceFromRegion),
+            reference=lambda: ReduceFromRegion, also=(ReduceFromTensorRegion, g)),
         "dispatch": Exercise(
             key="dispatch", title="write the all-to-all that carries tokens to their experts",
             prompt="Write <code>exchange(buf)</code>, run on every rank: <code>buf</code> is "
@@ -288,7 +289,8 @@ def exercises() -> dict[str, Exercise]:
                    "is the chunk rank i sent you. The check runs a whole MoE layer with it on 2 and 4 ranks.",
             check=check_dispatch,
             hint="dist.all_to_all_single(output, input) does exactly this with equal splits.",
-            solution=solution_text(exchange), reference=lambda: exchange),
+            solution=solution_text(exchange), reference=lambda: exchange,
+            also=(moe.AllToAll, moe._all_to_all)),
         "merge": merge_exercise(),
         "plan": plan_exercise(),
         "layout": layout_exercise(),

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ..exercises import Exercise, Property, Verdict, judge, on_ranks, solution_text
 from ..exercises.answers import fixed
+from ..milestones.fp8 import scaling
 from .ch09_formats import check_formats, choose_format
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -220,6 +221,7 @@ def exercises() -> dict[str, Exercise]:
             hint="The scale maps the largest |x| to 448. What if the largest |x| is 0?",
             solution=solution_text(fp8_cast),
             reference=lambda: fp8_cast,
+            also=(scaling.quantize, scaling.DelayedScaling.quantize),
         ),
         "formats": Exercise(
             key="formats",
@@ -249,5 +251,6 @@ def exercises() -> dict[str, Exercise]:
             hint="reshape(2, 128, 2, 128): block (i, j) is [i, :, j, :]; its amax sets its scale.",
             solution=solution_text(block_quantize),
             reference=lambda: block_quantize,
+            also=(scaling.quantize_blocks,),
         ),
     }

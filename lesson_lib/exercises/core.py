@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..runtime.output import held
+from . import borrowed
 from .answers import AnswerError
 from .verdict import Verdict
 
@@ -29,12 +30,18 @@ class Exercise:
     reference: Callable[[], Any] | None = field(default=None, repr=False)
     """Returns a correct answer (used by the tests, never shown in the notebook)."""
 
+    also: tuple = field(default=(), repr=False)
+    """lesson_lib's own implementations of what is asked, beside the reference's (``scaling.quantize``
+    for a scaled cast): an answer that calls one of them, or the reference's, is refused."""
+
     passed: bool = field(default=False, repr=False)
     _handed: list = field(default_factory=list, init=False, repr=False, compare=False)
+    _make: Callable[[], Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.reference is not None:  # keep what reference() hands out: only that passes as itself
             make, handed = self.reference, self._handed
+            self._make = make
 
             def reference():
                 answer = make()
@@ -51,14 +58,40 @@ class Exercise:
             verdict = Verdict(False, f"that is the library's own {lib}, not yours: write the function "
                                      "in the cell and submit it (the exercise judges your lines)")
         else:
-            with held():  # a cluster's banner said before the verdict, never among its lines
-                verdict = assess(self.check, answer)
+            verdict = self._judged(answer)
         if verdict is None:
             return self._not_yet()
         print(f"[{self.title}] {'✓ correct' if verdict.ok else '✗ not yet'} — {verdict.message}")
         self.passed = verdict.ok
         verdict.printed = True
         return verdict
+
+    def _judged(self, answer: Any) -> Verdict | None:
+        """The check's verdict on ``answer``, unless the answer called lesson_lib's own implementation
+        of what is asked (noted while it ran, here or on the ranks: :mod:`.borrowed`)."""
+        asked = self.asked() if callable(answer) and not self._is_reference(answer) else []
+        took = borrowed.inherited(answer, asked)
+        if took:
+            return borrowed.borrowed_verdict(took)
+        record = borrowed.Record() if asked else None
+        try:
+            with held():  # a cluster's banner said before the verdict, never among its lines
+                verdict = assess(self.check, borrowed.watched(answer, asked, record) if asked else answer)
+            seen = record.seen() if record else []
+        finally:
+            if record:
+                record.close()
+        return borrowed.borrowed_verdict(seen[0]) if seen and verdict is not None else verdict
+
+    def asked(self) -> list[borrowed.Asked]:
+        """The functions this exercise asks the learner to write, as lesson_lib implements them: what
+        the reference hands over (when it is a function or an autograd Function) and :attr:`also`."""
+        try:
+            handed = self._make() if self._make is not None else None
+        except Exception:  # a reference that needs a cluster, say: its :attr:`also` still counts
+            handed = None
+        fns = ([_unwrap(handed)] if callable(handed) else []) + list(self.also)
+        return [a for fn in fns for a in borrowed.asked_of(fn)]
 
     def _is_reference(self, answer: Any) -> bool:
         """Whether ``answer`` came from this exercise's ``reference()`` (as the tests submit it). The
