@@ -199,3 +199,24 @@ def test_formats_may_call_the_error_helper_the_prompt_names():  # it casts with 
 
     assert EX["formats"].submit(choose)
 
+
+# --------------------------------------------------------------------------- a block's amax off the top
+
+
+def blocks_mapped_to(top):  # every block's amax mapped to ``top`` rather than 448, saturating beyond it
+    def answer(w):
+        blocks = w.reshape(2, 128, 2, 128)
+        s = blocks.abs().amax(dim=(1, 3)) / top
+        w8 = (blocks / s[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        return w8.reshape(w.shape), s
+
+    return answer
+
+
+@pytest.mark.parametrize("top, says", [
+    (224, "block (0, 0)'s amax is mapped to 224, below e4m3's 448"),
+    (470, "block (0, 0)'s amax is mapped to 470, beyond e4m3's 448"),
+], ids=["half-range", "saturating"])
+def test_blocks_refuse_an_amax_not_mapped_to_448(top, says):
+    v = EX["blocks"].submit(blocks_mapped_to(top))
+    assert not v and says in v.message, v.message

@@ -8,6 +8,8 @@ Nothing here imports IPython: the ``*_job`` functions run inside the workers.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -170,19 +172,41 @@ def _edge(w8, s, w) -> str:
     return ""
 
 
+def _block_range(r: int, i: int, j: int, amax: float, scale: float) -> str | None:
+    """What is wrong with the value block (i, j)'s scale maps its amax to, as for the per-tensor cast:
+    below e4m3's top (range left unused) or beyond what rounds to 448 (its largest values clipped)."""
+    if amax == 0:
+        return None
+    mapped = amax / scale if scale > 0 else math.inf
+    if FULL <= mapped <= TOP * (1 + 2**-5):
+        return None
+    where = "below e4m3's 448, so part of its range is left unused" if mapped < FULL else \
+        "beyond e4m3's 448, so its largest values were clipped, not rounded"
+    return (f"rank {r}: block ({i}, {j})'s amax is mapped to {fixed(mapped, 4)}, {where}: each block's "
+            "scale must map its own amax to 448 (scales[i, j] = the block's amax / 448)")
+
+
 def _blocks_values(outs):
     for r, o in enumerate(outs):
         w, (w8, s) = o["w"], _got(o["out"])
+        ranged = []
         for i in range(2):
             for j in range(2):
                 rows, cols = slice(128 * i, 128 * (i + 1)), slice(128 * j, 128 * (j + 1))
                 blk, amax = w[rows, cols], float(w[rows, cols].abs().max())
+                off = _block_range(r, i, j, amax, float(s[i, j]))
                 if not _close(w8[rows, cols], s[i, j], blk, amax):
                     hint = " (scales[i, j] belongs to rows 128·i…, columns 128·j…: check the order)" \
                         if _close(w8[rows, cols], s[j, i], blk, amax) else _edge(w8, s, w)
+                    if off and not hint:  # saturated far enough to miss the block: say where it went
+                        return off
                     gap = float((w8[rows, cols].float() * s[i, j] - blk).abs().max())
                     return (f"rank {r}: block ({i}, {j}) · its scale is not the weight's block (largest gap "
                             f"{gap:.3g} where the block's amax is {amax:.3g}){hint}")
+                ranged.append(off)
+        off = next((m for m in ranged if m), None)
+        if off:
+            return off
 
 
 def check_blocks(fn) -> Verdict:
@@ -192,7 +216,8 @@ def check_blocks(fn) -> Verdict:
         [on_ranks(f"{n} ranks", n, blocks_job, fn, timeout_s=30) for n in (2, 4)],
         [
             Property("returns (w8 in e4m3, one scale per 128×128 block)", _blocks_form),
-            Property("each block · its scale recovers the weight's block", _blocks_values),
+            Property("each block · its scale recovers the weight's block, its amax mapped to e4m3's 448",
+                     _blocks_values),
         ],
         done="DeepSeek-V3 scales weights this way, and activations in 1×128 tiles.",
     )
