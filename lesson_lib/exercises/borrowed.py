@@ -69,11 +69,18 @@ def asked_of(fn: Any) -> list[Asked]:
                   f"{module}.{qualname}")]
 
 
+_OBSERVE = os.path.join(_LIB, "exercises", "observe.py")  # its ``recorded`` wrappers pass calls through
+
+
 def _from_learner(frame) -> bool:
-    """Whether the nearest caller of ``frame`` that is not torch's or Python's is the learner's."""
+    """Whether the nearest caller of ``frame`` that is not torch's or Python's (nor :mod:`.observe`'s
+    recording wrapper around ``comm``'s functions) is the learner's."""
     frame = frame.f_back
     while frame is not None:
         path = frame.f_code.co_filename
+        if path == _OBSERVE and frame.f_code.co_name == "recorded":
+            frame = frame.f_back
+            continue
         if path.startswith(_LIB):
             return False
         if not (path.startswith(_THIRD) or path.startswith("<frozen")):
