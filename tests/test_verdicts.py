@@ -554,3 +554,33 @@ def test_qsgd_calling_the_librarys_quantizer_is_refused():
 
     v = ch06_exercises.exercises()["qsgd"].submit(qsgd_through_the_librarys)
     assert not v and v.message == LIBRARYS_OWN.format("compressors.qsgd_quantize"), v.message
+
+
+@pytest.mark.ch7
+def test_pingpong_wrapping_the_librarys_is_refused_and_the_timed_trips_run_unwatched():
+    import torch.distributed as dist
+
+    from lesson_lib.chapters import ch07_exercises
+    from lesson_lib.exercises import borrowed
+
+    def mine(send, recv):  # the library's ping_pong, borrowed: refused by name
+        return ch07_exercises.ping_pong(send, recv)
+
+    v = ch07_exercises.exercises()["pingpong"].submit(mine)
+    assert not v.ok and "lesson_lib's own ch07_exercises.ping_pong" in v.message, v.message
+
+    def own(send, recv):  # written out: accepted
+        if dist.get_rank() == 0:
+            dist.send(send, 1)
+            dist.recv(recv, 1)
+        else:
+            dist.recv(recv, 0)
+            dist.send(recv, 0)
+
+    assert ch07_exercises.exercises()["pingpong"].submit(own).ok
+    record = borrowed.Record()
+    try:
+        watched = borrowed.watched(own, borrowed.asked_of(ch07_exercises.ping_pong), record)
+        assert watched is not own and borrowed.unwatched(watched) is own and borrowed.unwatched(own) is own
+    finally:
+        record.close()

@@ -150,6 +150,12 @@ class _Watch:
             sys.setprofile(before)
 
 
+def unwatched(fn: Any) -> Any:
+    """The learner's function itself, for a checker that times it: the profile hook costs microseconds
+    a call (chapter 7's ping-pong watches its checked round trips, and times the others unwatched)."""
+    return fn._fn if isinstance(fn, _Watch) else fn
+
+
 def watched(answer: Any, asked: list[Asked], record: Record) -> Any:
     """``answer`` as the checker should receive it: a function wrapped (:class:`_Watch`), an autograd
     Function subclassed with its ``forward`` and ``backward`` wrapped; anything else as it is."""
