@@ -230,5 +230,5 @@ def test_chapter_7s_talk_chart_keeps_its_labels_apart_and_every_number():
     assert all(tr.textangle == -90 for tr in days + memory)
     # the device's memory named in the legend, not in text on the bars
     assert not [a for a in fig.layout.annotations if "device memory" in (a.text or "")]
-    assert any(tr.name == "device memory 80 GB" for tr in fig.data)
+    assert any(tr.name == "device memory 80 GB (binary: 85.9e9 bytes)" for tr in fig.data)  # 80 GiB
     assert all(len(line) <= 125 for line in fig.layout.annotations[-1].text.split("<br>"))
