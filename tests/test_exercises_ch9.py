@@ -178,12 +178,20 @@ def blocks_calling_the_reference(w):
     return ch09_exercises.block_quantize(w.clone())
 
 
+def cast_from_the_librarys_halves(x):  # quantize's two halves called by hand: still the library's cast
+    from lesson_lib.milestones.fp8 import scaling
+
+    scale = scaling.scale_for(x.abs().max())
+    return scaling.saturating_cast(x, scale), scale
+
+
 @pytest.mark.parametrize("key, answer, name", [
     ("cast", cast_wrapping_the_library, "scaling.quantize"),
     ("cast", lambda x: ch09_exercises.fp8_cast(x), "ch09_exercises.fp8_cast"),
+    ("cast", cast_from_the_librarys_halves, "scaling.scale_for"),
     ("blocks", blocks_wrapping_the_library, "scaling.quantize_blocks"),
     ("blocks", blocks_calling_the_reference, "ch09_exercises.block_quantize"),
-], ids=["cast-quantize", "cast-lambda", "blocks-quantize_blocks", "blocks-reference"])
+], ids=["cast-quantize", "cast-lambda", "cast-halves", "blocks-quantize_blocks", "blocks-reference"])
 def test_an_answer_calling_the_librarys_own_is_refused(key, answer, name):
     v = EX[key].submit(answer)
     assert not v and v.message == (f"your answer calls lesson_lib's own {name}, the thing this exercise asks "

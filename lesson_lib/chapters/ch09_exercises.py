@@ -246,7 +246,8 @@ def exercises() -> dict[str, Exercise]:
             hint="The scale maps the largest |x| to 448. What if the largest |x| is 0?",
             solution=solution_text(fp8_cast),
             reference=lambda: fp8_cast,
-            also=(scaling.quantize, scaling.DelayedScaling.quantize),
+            also=(scaling.quantize, scaling.DelayedScaling.quantize, scaling.scale_for,
+                  scaling.saturating_cast),  # quantize's two halves: the scale and the cast asked for
         ),
         "formats": Exercise(
             key="formats",
@@ -276,6 +277,6 @@ def exercises() -> dict[str, Exercise]:
             hint="reshape(2, 128, 2, 128): block (i, j) is [i, :, j, :]; its amax sets its scale.",
             solution=solution_text(block_quantize),
             reference=lambda: block_quantize,
-            also=(scaling.quantize_blocks,),
+            also=(scaling.quantize_blocks, scaling.scale_for, scaling.saturating_cast),
         ),
     }
