@@ -19,6 +19,15 @@ from ..runtime import warm_cluster
 TIMELINE = {"world_size": 2, "global_batch": 4096, "link_gbps": 1.0, "steps": 3}
 
 
+# Counted in every run, so that what the forward stood still for is told by events, not by ms: which
+# gathers ran inside the forward (it waits for all of each) and which on the communication thread.
+_LANES = {"gathers_in_forward": "gather, in the forward", "gathers_ahead": "gather, communication thread"}
+
+
+def _count(spans: list[dict], lane: str) -> int:
+    return sum(1 for s in spans if s["lane"] == lane)
+
+
 def _waits(spans: list[dict]) -> dict:
     """ms the forward stood still for parameters, ms of gathers on the communication thread, the
     forward's length (from its first gather to its last layer's end)."""
@@ -53,7 +62,8 @@ def prefetch_timeline(depths=(0, 1), repeats: int = 5, **options) -> dict[int, d
     for d, rs in runs.items():
         waits = [_waits(r["timeline"]) for r in rs]
         out[d] = {k: statistics.median(w[k] for w in waits) for k in waits[0]}
-        out[d].update(losses=[r.losses for r in rs], traffic=[r["traffic_per_step"] for r in rs])
+        out[d].update(losses=[r.losses for r in rs], traffic=[r["traffic_per_step"] for r in rs],
+                      **{k: sorted({_count(r["timeline"], lane) for r in rs}) for k, lane in _LANES.items()})
         w = out[d]
         print(f"{d:>8} {w['waiting_ms']:>7.1f} {w['compute_ms']:>9.1f} {w['hidden_gather_ms']:>15.1f} "
               f"{w['forward_ms']:>8.1f}")

@@ -66,6 +66,7 @@ def survive(task: T.Task, n: int = 2, kill: tuple[int, int] = (1, 5), job=None,
     replay = torch.equal(ft_step.replay(task, survivor["log"]), survivor["params"])
     healed = next(e for e in res[kill[0]]["log"] if "healed_at" in e)
     alone = sum(1 for e in survivor["log"] if "step" in e and len(e["members"]) < n)
+    discarded = [e["discarded"] for e in survivor["log"] if "discarded" in e]
     print(f"replica {kill[0]} SIGKILLed in step {kill[1]} (exit code {out['deaths'][0]['exitcode']}), "
           f"its spare started {out['restarts'][0]['at_s'] - out['deaths'][0]['at_s']:.2f} s later\n"
           f"the survivors: step {kill[1]} discarded after {stall * 1e3:.0f} ms (a median step: "
@@ -77,7 +78,7 @@ def survive(task: T.Task, n: int = 2, kill: tuple[int, int] = (1, 5), job=None,
     _steps_figure(res, kill, f"{n} replica groups, replica {kill[0]} SIGKILLed in step {kill[1]}: the "
                              "survivor's step waits for the lighthouse to notice, then goes on alone")
     return {"out": out, "equal": equal, "replay": replay, "stall_s": stall, "median_s": usual, "hold_s": hold,
-            "healed": healed, "alone": alone}
+            "healed": healed, "alone": alone, "discarded": discarded}
 
 
 def quorum_batch(task: T.Task, survived: dict, n: int = 2) -> list[dict]:

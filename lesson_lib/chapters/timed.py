@@ -23,7 +23,7 @@ def load_words() -> str:
 def timed_claim(holds: bool, claim: str, seen: str) -> bool:
     """Print whether ``claim`` showed in this run (``seen``: what was measured); never raises.
 
-    Used by chapters 0 and 10 (wall-clock overlap, time to a target)."""
+    Every chapter with a claim that rests on the wall clock calls it (tests/test_timing_asserts.py)."""
     if holds:
         print(f"shown in this run: {claim} ({seen})")
     else:

@@ -54,6 +54,7 @@ import torch.distributed as dist
 
 from lesson_lib import comm, show_source, warm_cluster
 from lesson_lib.chapters import ch02
+from lesson_lib.chapters.timed import timed_claim
 from lesson_lib.comm import schedules
 
 # %% [markdown] slideshow={"slide_type": "slide"}
@@ -212,9 +213,13 @@ bw = ch02.bandwidth(world_sizes=(2, 4), repeats=3)
 big = [r for (n, s), r in bw["ratios"].items() if s >= 4 * 2**20]
 print("ring / Gloo at ≥ 4 MiB:", [f"{r:.2f}" for r in big])
 ring = {(r["world_size"], r["size_bytes"]): r["algbw_GBps"] for r in bw["rows"] if r["algorithm"] == "ring"}
-assert ring[2, 16 * 2**20] > 10 * ring[2, 4096]   # big messages use the link far better than small ones
-assert sorted(big)[len(big) // 2] > 0.5           # same league as the library (noisy machine: see text)
-assert bw["fits"][2]["rms_rel_error"] < 0.5       # the two-parameter model describes the ring
+# measured times, which other work on the cores stretches: printed with the load, never stopping Run All
+timed_claim(ring[2, 16 * 2**20] > 10 * ring[2, 4096], "big messages use the link far better than small ones",
+            f"{ring[2, 16 * 2**20]:.2f} GB/s at 16 MiB, {ring[2, 4096]:.3f} GB/s at 4 KiB")
+timed_claim(sorted(big)[len(big) // 2] > 0.5, "our ring is in the library's league at ≥ 4 MiB",
+            f"median ring / Gloo {sorted(big)[len(big) // 2]:.2f}")
+timed_claim(bw["fits"][2]["rms_rel_error"] < 0.5, "the two-parameter model describes the ring",
+            f"rms relative error {bw['fits'][2]['rms_rel_error']:.2f}")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # **Where the gap comes from.** Gloo's `all_reduce` is a ring too (`gloo/allreduce.cc`), so both send
@@ -223,8 +228,8 @@ assert bw["fits"][2]["rms_rel_error"] < 0.5       # the two-parameter model desc
 #
 # The ratio ring / Gloo is what moves most from run to run, with whatever else the machine is doing,
 # and most where ranks outnumber the cores and also wait for one. Read this run's ratios in the table
-# and rerun the cell to see them move; the assert claims only the same league (a median ratio above
-# 0.5).
+# and rerun the cell to see them move; the cell claims only the same league (a median ratio above
+# 0.5), and prints whether this run showed it, with the machine's load.
 #
 # The structural difference: our ring adds a chunk only after receiving all of it. Gloo's C++ loop
 # cuts each chunk into segments and keeps two in flight, so reducing one overlaps receiving the next,
@@ -359,8 +364,11 @@ assert all(all(ranks) for ranks in same_pipelined.values()), same_pipelined
 sweep = ch02.segment_sweep(world_size=2, size_mb=4.0)
 
 # %%
-assert sweep["slope_s"] > 0                                           # more messages, more fixed costs
-assert sweep["rows"][-1]["time_s"] > sweep["rows"][0]["time_s"]     # 128 segments cost more than one
+# what each message costs is a time, which other work on the cores stretches: shown, not asserted
+timed_claim(sweep["slope_s"] > 0 and sweep["rows"][-1]["time_s"] > sweep["rows"][0]["time_s"],
+            "more messages, more fixed costs: 128 segments cost more than one",
+            f"{sweep['rows'][0]['time_s'] * 1e3:.2f} ms with one segment, "
+            f"{sweep['rows'][-1]['time_s'] * 1e3:.2f} ms with {sweep['rows'][-1]['segments']}")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # That fixed cost is why segments are sized in bytes and not too small: up to 2 MiB per chunk the
@@ -381,7 +389,8 @@ assert sweep["rows"][-1]["time_s"] > sweep["rows"][0]["time_s"]     # 128 segmen
 pipelining = ch02.pipelining_fit(bw)
 
 # %%
-assert all(f["rms_rel_error"] < 0.5 for o in pipelining.values() for f in (o["ring"], o["pipelined"]))
+worst = max(f["rms_rel_error"] for o in pipelining.values() for f in (o["ring"], o["pipelined"]))
+timed_claim(worst < 0.5, "the α-β model describes both rings", f"worst rms relative error {worst:.2f}")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. What the model predicts beyond one machine

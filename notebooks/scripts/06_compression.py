@@ -404,10 +404,12 @@ ttt = {(r["compressor"], r["gbps"]): r for r in ch06.time_to_target(runs, sweep,
 
 # %%
 # The compressed runs need a few more steps than the uncompressed one (fewer than 1.5 times as many
-# here), and on the slowest link each step is over 3 times faster (asserted above): they get there first.
+# here, counted), and on the slowest link each step is much shorter (measured: printed with the load).
 assert all(ttt[c, slow]["steps"] < 1.5 * ttt["none", slow]["steps"] for c in ("topk", "powersgd")), ttt
 for c in ("topk", "powersgd"):
-    assert ttt[c, slow]["time_s"] < ttt["none", slow]["time_s"] / 2, (c, ttt[c, slow], ttt["none", slow])
+    timed_claim(ttt[c, slow]["time_s"] < ttt["none", slow]["time_s"] / 2,
+                f"{c} reached the target in less than half the uncompressed run's time at {slow:g} Gbit/s",
+                f"{ttt[c, slow]['time_s']:.1f} s against {ttt['none', slow]['time_s']:.1f} s")
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Try it

@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from lesson_lib import comm, show_source
 from lesson_lib.chapters import ch10, ch10_exercises
+from lesson_lib.chapters.timed import timed_claim
 from lesson_lib.milestones.resilience import failures, ft_step, torchft_glue
 from lesson_lib.milestones.resilience import task as T
 
@@ -172,7 +173,11 @@ ours = ch10.survive(task, n=2, kill=(1, 5))
 assert ours["out"]["deaths"][0]["exitcode"] == -9  # a real SIGKILL
 assert ours["equal"] and ours["replay"]  # all bit-equal, and equal to one process replaying the quorums
 assert ours["healed"]["from"] == 0 and ours["alone"] == ours["healed"]["healed_at"] - 5  # alone until healed
-assert ours["stall_s"] < 1.0  # our lighthouse sees the process die: milliseconds, not a heartbeat timeout
+assert ours["discarded"] == [5]  # the survivor dropped the step its peer died in, and no other
+# our lighthouse has no timer: it sees the process die (milliseconds on a quiet machine; a busy one
+# stretches every step, so that is printed, not asserted)
+timed_claim(ours["stall_s"] < 1.0, "the survivor went on within a second of its peer's death",
+            f"step 5 took {ours['stall_s'] * 1e3:.0f} ms, a median step {ours['median_s'] * 1e3:.0f} ms")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # **A smaller quorum is a smaller batch.** While replica 1 was gone, each committed step averaged
@@ -238,7 +243,8 @@ ft = ch10.torchft_survives(T.Task(steps=48, hidden=2048, batch=512), kill=(1, 4)
 # %%
 assert ft["out"]["deaths"][0]["exitcode"] == -9 and 4 in ft["discarded"]  # that step dropped
 assert ft["healed_at"] is not None and ft["equal"]  # healed from the live replica, bit-equal at the end
-assert ft["stall_s"] > 4 * ft["median_s"]  # the survivor waited for a quorum without it
+timed_claim(ft["stall_s"] > 4 * ft["median_s"], "the survivor waited for a quorum without its dead peer",
+            f"its longest step {ft['stall_s']:.2f} s, a median step {ft['median_s'] * 1e3:.0f} ms")
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Fault tolerance in practice
@@ -560,7 +566,7 @@ exercises["interval"].submit(...)
 # What showed each of this chapter's objectives:
 #
 # 1. **failures cost** — §1's MTBF table, δ measured three ways (blocking DCP, `dcp.async_save`, a peer's memory) with both copies read back, goodput taken apart into checkpoints, lost work and restarts at Llama 3's storage rate, the restart dominating once δ is seconds (asserted), Young's and Daly's intervals on the goodput curve, and your interval.
-# 2. **per-step fault tolerance** — §2's quorum, discard and heal written out, a replica SIGKILLed mid-exchange while its peer carried on, the stall measured, the returner bit-equal (asserted), torchft equal to ours and surviving the same SIGKILL with the step discarded, the stall and the heal (asserted), and your exchange surviving a killed peer.
+# 2. **per-step fault tolerance** — §2's quorum, discard and heal written out, a replica SIGKILLed mid-exchange while its peer carried on, discarding that step alone, the returner bit-equal (asserted; the stall measured and printed), torchft equal to ours and surviving the same SIGKILL with the step discarded and the heal (asserted; the stall printed), and your exchange surviving a killed peer.
 # 3. **DiLoCo** — §3's outer step in a cell equal to torchft's, Streaming DiLoCo's fragments and delayed sync in a cell equal to torchft's (asserted), H× fewer floats counted (asserted), held-out loss against DDP at several H, time to a target over a slow link beside chapter 6's PowerSGD (fewer bytes than DDP for both, asserted; the order of arrival printed) with the bytes at other H, ranks and top-k, and your outer step.
 # 4. **internet scale** — §4's reported figures and what this CPU run cannot show.
 #
