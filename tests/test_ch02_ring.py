@@ -104,7 +104,7 @@ class _TimedCluster:
     def __init__(self, outs):
         self.outs = outs
 
-    def run(self, fn, sizes, algorithms, repeats):
+    def run(self, fn, sizes, algorithms, repeats, dtype="float32", batch_bytes=2**23):
         return self.outs
 
 

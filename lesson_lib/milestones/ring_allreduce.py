@@ -196,12 +196,13 @@ ALLREDUCE_ALGORITHMS = ("ring", "pipelined-ring", "library", "naive", "halving-d
 
 
 def bandwidth(sizes=ALLREDUCE_SIZES, world_sizes=(2, 4), algorithms=ALLREDUCE_ALGORITHMS,
-              repeats: int = 15, cluster_for=None) -> list[dict]:
+              repeats: int = 15, cluster_for=None, batch_bytes: int = 2**23) -> list[dict]:
     """Algorithm bandwidth (S / time) of our all-reduces and the backend's, in the same run.
 
     One row per (world size, size, algorithm): ``time_s``, the median of the slowest rank's time;
     ``vs_library``, the median paired ratio library time / ours. ``cluster_for(n)`` supplies warm
-    clusters (default: a fresh one per world size). Few repeats leave the ratios noisy.
+    clusters (default: a fresh one per world size). Few repeats leave the ratios noisy, and so do
+    fewer ``batch_bytes`` (small messages run in batches moving about that many, at most 50 calls).
     """
 
     algorithms = list(algorithms)
@@ -209,7 +210,7 @@ def bandwidth(sizes=ALLREDUCE_SIZES, world_sizes=(2, 4), algorithms=ALLREDUCE_AL
     for n in world_sizes:
         cluster = cluster_for(n) if cluster_for else Cluster(n, quiet=True)
         try:
-            outs = cluster.run(time_algorithms, list(sizes), algorithms, repeats)
+            outs = cluster.run(time_algorithms, list(sizes), algorithms, repeats, "float32", batch_bytes)
         finally:
             if cluster_for is None:
                 cluster.close()
