@@ -2,8 +2,10 @@
 or when asked. Both paths must give the same workers: the cluster's settings, not the server's."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import wait_no_workers, worker_children
@@ -117,3 +119,43 @@ def test_a_live_figure_is_made_on_first_use_and_opens_with_its_whole_figure():
     assert isinstance(fig, go.FigureWidget) and fig.data[0].y == (1, 2)
     again = fig.fresh()
     assert isinstance(again, _live_class()) and again is not fig and again.layout.title.text == "t"
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+def test_an_interrupt_while_workers_start_is_kept_for_the_parent_and_spares_what_started():
+    # catches: SIGINT ignored while workers start (the learner's interrupt was lost and the job ran
+    # on), raised mid-start (workers killed while unpickling, the fork server killed while importing
+    # torch), or not kept from the children (each printed its own KeyboardInterrupt)
+    code = "import time; print('started', flush=True); time.sleep(1.5); print('alive', flush=True)"
+    start.take_deferred_interrupt()
+    with start._environment({}):
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline() == "started\n"
+        os.kill(child.pid, signal.SIGINT)  # as Ctrl-C, which reaches the whole process group
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # nothing raised here: the start goes on
+    assert start.take_deferred_interrupt() and not start.take_deferred_interrupt()  # kept once
+    assert child.communicate(timeout=30)[0] == "alive\n" and child.returncode == 0
+
+
+@pytest.mark.skipif("forkserver" not in METHODS, reason="Linux only")
+def test_an_interrupt_during_a_cold_start_stops_it_once_the_workers_are_up(tmp_path):
+    # catches: the interrupt lost (the job then ran), or raised while the fork server imported torch
+    # (it died, and the next start failed with EOFError or a worker that exited with code 1)
+    code = ("import os, signal, threading\n"
+            "from lesson_lib import Cluster\n"
+            "from lesson_lib.runtime.errors import RunInterrupted\n"
+            "if __name__ == '__main__':\n"
+            "    threading.Timer(0.3, os.killpg, (os.getpgrp(), signal.SIGINT)).start()\n"
+            "    try:\n"
+            "        Cluster(2, quiet=True).run(print, 'the job ran')\n"
+            "    except RunInterrupted as e:\n"
+            "        print('interrupted:', e)\n"
+            "    print('again', Cluster(2, quiet=True).run(sum, [1, 2]))\n")
+    script = tmp_path / "interrupted.py"
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         start_new_session=True, env={**os.environ, "LESSON_LIB_START_METHOD": "forkserver"})
+    assert out.stdout.startswith("interrupted: start-up was interrupted"), (out.stdout, out.stderr)
+    assert "again [3, 3]" in out.stdout and "the job ran" not in out.stdout, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr

@@ -1,13 +1,13 @@
 """``Cluster``: warm worker processes with a process group ready, and the one ``run`` contract.
 
 Workers come from a fork server or are spawned (:mod:`.start`), never forked from the kernel;
-rendezvous is a ``file://`` store in a fresh folder (no fixed port); every wait is bounded. The
-design is described in docs/runtime.md.
+rendezvous is a ``file://`` store in a fresh folder (no fixed port); every wait is bounded (docs/runtime.md).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import queue
@@ -48,8 +48,7 @@ class Cluster:
     >>> with Cluster(world_size=2) as cluster:                        # doctest: +SKIP
     ...     ranks = cluster.run(some_module.fn, arg)   # fn(arg) on every rank, list by rank
 
-    A failed job closes the workers (their process group may be broken); the next ``run``
-    starts fresh ones. Used by every chapter.
+    A failed job closes the workers (their process group may be broken); the next ``run`` starts fresh ones.
     """
 
     def __init__(self, world_size: int = 2, backend: str = "auto", timeout_s: float = 30.0,
@@ -114,11 +113,11 @@ class Cluster:
         self._tmp = folders.new()
         self._native = output.NativeStderr(self._tmp, self.world_size)
         _LIVE.add(self)
-        self._spawn("file://" + os.path.join(self._tmp, "rendezvous"))
-        progress = output.StartProgress(self.world_size, self.quiet)
-        try:
-            self._collect_or_stop("start-up", 0, kinds=(Kind.READY,),
-                                  deadline=time.monotonic() + 120 + self.timeout_s, on_ready=progress)
+        progress, store = output.StartProgress(self.world_size, self.quiet), f"{self._tmp}/rendezvous"
+        try:  # an interrupt while workers start arrives as their start ends (start.py): stop them too
+            self._collect_or_stop("start-up", 0, kinds=(Kind.READY,), on_ready=progress,
+                                  first=lambda: self._spawn("file://" + store),
+                                  deadline=time.monotonic() + 120 + self.timeout_s)
         finally:
             progress.done()
         self.start_seconds = time.perf_counter() - t0
@@ -183,10 +182,8 @@ class Cluster:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
@@ -231,10 +228,15 @@ class Cluster:
                               "for the next run")
         return [value for value, _ in done]
 
-    def _collect_or_stop(self, what: str, *args, **kwargs) -> list:
-        """:meth:`_collect`; on any failure or interrupt the workers are stopped first."""
+    def _collect_or_stop(self, what: str, *args, first: Callable | None = None, **kwargs) -> list:
+        """``first()``, then :meth:`_collect`; on any failure or interrupt the workers are stopped first."""
         try:
-            return self._collect(*args, **kwargs)
+            if first is not None:
+                first()
+            out = self._collect(*args, **kwargs)
+            if start.take_deferred_interrupt():  # came while the workers started: raised once they are up
+                raise KeyboardInterrupt
+            return out
         except KeyboardInterrupt:
             n = self.world_size
             self.close()

@@ -70,12 +70,15 @@ def _raise_if_it_raised(folder: str, replica: int) -> None:
 def _context():
     """Forked from a fork server that has imported torch (the one the course's clusters use, with the
     same preload), so a replica starts in a fraction of a second; spawned where there is none."""
-    from .start import method, starting
+    from .start import method, starting, take_deferred_interrupt
 
     if method("gloo") != "forkserver":
         return mp.get_context("spawn")
     with starting("gloo", {}, "") as (ctx, _):  # started as the runtime starts it, if not running yet
-        return ctx
+        pass
+    if take_deferred_interrupt():  # one that came while the fork server started
+        raise KeyboardInterrupt
+    return ctx
 
 
 def run(job: Callable, n: int, *args: Any, restart: tuple[int, ...] = (), restart_after_s: float = 0.2,

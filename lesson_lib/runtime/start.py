@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing.forkserver as forkserver
+import multiprocessing.resource_tracker as resource_tracker
 import os
 import shutil
 import signal
@@ -48,19 +49,46 @@ def method(backend: str) -> str:
     return "spawn"
 
 
+_DEFERRED: list[bool] = []  # interrupts that came while workers started (the main thread's)
+
+
+def take_deferred_interrupt() -> bool:
+    """Whether an interrupt came while workers started (:func:`_environment`); forgets it. The
+    caller raises it once its workers are up (``Cluster``), so that none is killed mid-start."""
+    hit = bool(_DEFERRED)
+    _DEFERRED.clear()
+    return hit
+
+
 @contextmanager
 def _environment(values: dict[str, str]):
-    """``values`` in ``os.environ`` and SIGINT ignored for what starts inside (an ignored signal
-    stays ignored across exec, and Python then installs no KeyboardInterrupt handler: an interrupt
-    during start-up prints no traceback per worker; the parent alone handles it)."""
+    """``values`` in ``os.environ``, and SIGINT kept from what starts inside: an interrupt during
+    start-up prints no traceback per worker (nor kills the fork server while it imports torch).
+
+    SIGINT is blocked in this thread, not ignored, as CPython's resource tracker starts its process:
+    a blocked signal stays blocked across fork and exec, so the children never see it (a worker then
+    ignores it for good). The parent notes an interrupt that comes meanwhile (through another thread,
+    or pending on this one) for :func:`take_deferred_interrupt`: ignoring SIGINT here lost Jupyter's
+    interrupt during a start-up, which takes seconds on a busy machine. Without ``pthread_sigmask``
+    (Windows) it is ignored as before."""
     backup = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
-    sigint = None
+    sigint = mask = None
     if threading.current_thread() is threading.main_thread():
-        sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if hasattr(signal, "pthread_sigmask"):
+            resource_tracker.ensure_running()  # its first start unblocks SIGINT after it: start it before
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            sigint = signal.signal(signal.SIGINT, lambda *_: _DEFERRED.append(True))
+        else:
+            sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
+        if mask is not None:
+            if signal.SIGINT in signal.sigpending():  # held back by this thread's block: take it
+                signal.sigwait({signal.SIGINT})
+                _DEFERRED.append(True)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if sigint is not None:
             signal.signal(signal.SIGINT, sigint)
         for k, v in backup.items():
