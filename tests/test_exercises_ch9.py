@@ -185,13 +185,24 @@ def cast_from_the_librarys_halves(x):  # quantize's two halves called by hand: s
     return scaling.saturating_cast(x, scale), scale
 
 
+def cast_in_a_thread(x):  # the library's cast, called from a thread the answer starts
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lesson_lib.milestones.fp8 import scaling
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: scaling.quantize(x)).result()
+
+
 @pytest.mark.parametrize("key, answer, name", [
     ("cast", cast_wrapping_the_library, "scaling.quantize"),
+    ("cast", cast_in_a_thread, "scaling.quantize"),
     ("cast", lambda x: ch09_exercises.fp8_cast(x), "ch09_exercises.fp8_cast"),
     ("cast", cast_from_the_librarys_halves, "scaling.scale_for"),
     ("blocks", blocks_wrapping_the_library, "scaling.quantize_blocks"),
     ("blocks", blocks_calling_the_reference, "ch09_exercises.block_quantize"),
-], ids=["cast-quantize", "cast-lambda", "cast-halves", "blocks-quantize_blocks", "blocks-reference"])
+], ids=["cast-quantize", "cast-thread", "cast-lambda", "cast-halves", "blocks-quantize_blocks",
+         "blocks-reference"])
 def test_an_answer_calling_the_librarys_own_is_refused(key, answer, name):
     v = EX[key].submit(answer)
     assert not v and v.message == (f"your answer calls lesson_lib's own {name}, the thing this exercise asks "

@@ -3,10 +3,11 @@
 
 :func:`watched` hands the checker the answer wrapped so that, while the learner's function (or an
 autograd Function's ``forward``/``backward``) runs, in this process or on a rank, a profile hook
-notes every call of an asked function made from the learner's own code: the nearest caller that is
-neither torch's nor Python's own. The checker's calls, and the helpers a prompt tells learners to
-use (lesson_lib code calling the asked function inside), do not count. What was noted is written to
-a file the parent reads back (:meth:`Record.seen`), so a rank's call reaches the verdict too.
+notes every call of an asked function made from the learner's own code (in threads it starts too):
+the nearest caller that is neither torch's nor Python's own. The checker's calls, and the helpers a
+prompt tells learners to use (lesson_lib code calling the asked function inside), do not count.
+What was noted is written to a file the parent reads back (:meth:`Record.seen`), so a rank's call
+reaches the verdict too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import site
 import sys
 import sysconfig
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -144,9 +146,12 @@ class _Watch:
                 before(frame, event, arg)
 
         sys.setprofile(hook)
+        threads = threading.getprofile()
+        threading.setprofile(hook)  # and in the threads the answer starts (a pool's, its own)
         try:
             return self._fn(*args, **kwargs)
         finally:
+            threading.setprofile(threads)
             sys.setprofile(before)
 
 
