@@ -78,7 +78,8 @@ def _environment(values: dict[str, str]):
         if hasattr(signal, "pthread_sigmask"):
             resource_tracker.ensure_running()  # its first start unblocks SIGINT after it: start it before
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            sigint = signal.signal(signal.SIGINT, lambda *_: _DEFERRED.append(True))
+            if signal.getsignal(signal.SIGINT) is not None:  # None: a C handler, which we could not restore
+                sigint = signal.signal(signal.SIGINT, lambda *_: _DEFERRED.append(True))
         else:
             sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
