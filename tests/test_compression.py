@@ -595,16 +595,23 @@ def _randomk_dense(grad, residual, k, step):  # right numbers, but the whole vec
     return sparse / dist.get_world_size(), residual
 
 
-def _randomk_torch(grad, residual, k, step):  # right, with dist.all_reduce instead of lesson_lib.comm
-    acc = grad + residual
-    idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step))[:k]
-    vals = acc[idx]
-    dist.all_reduce(vals)
-    avg = torch.zeros_like(acc)
-    avg[idx] = vals / dist.get_world_size()
-    residual = acc.clone()
-    residual[idx] = 0
-    return avg, residual
+def randomk_keeping(count):
+    """A random-k answer written with torch's own ``dist.all_reduce``, right but for the number of
+    coordinates it keeps and sends, ``count(k)`` (tests/test_verdicts.py takes its wrong ones here)."""
+    def answer(grad, residual, k, step):
+        acc = grad + residual
+        idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step))[:count(k)]
+        vals = acc[idx]
+        dist.all_reduce(vals)
+        avg = torch.zeros_like(acc)
+        avg[idx] = vals / dist.get_world_size()
+        residual = acc.clone()
+        residual[idx] = 0
+        return avg, residual
+    return answer
+
+
+_randomk_torch = randomk_keeping(lambda k: k)  # right, with dist.all_reduce instead of lesson_lib.comm
 
 
 def _randomk_no_mean(grad, residual, k, step):

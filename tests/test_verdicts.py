@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from test_compression import randomk_keeping
 
 from lesson_lib.exercises.answers import close_to, mismatch
 
@@ -291,25 +292,8 @@ def test_the_librarys_own_quantizer_is_refused():
     assert not v and "library's own" in v.message and "qsgd_quantize" in v.message, v.message
 
 
-def _randomk_keeping(count):
-    """A random-k answer, otherwise right, that keeps and sends ``count(k)`` coordinates."""
-    def answer(grad, residual, k, step):
-        import torch.distributed as dist
-
-        acc = grad + residual
-        idx = torch.randperm(acc.numel(), generator=torch.Generator().manual_seed(step))[:count(k)]
-        vals = acc[idx]
-        dist.all_reduce(vals)
-        avg = torch.zeros_like(acc)
-        avg[idx] = vals / dist.get_world_size()
-        residual = acc.clone()
-        residual[idx] = 0
-        return avg, residual
-    return answer
-
-
-randomk_double_k = _randomk_keeping(lambda k: 2 * k)  # keeps and sends 2k coordinates
-randomk_fixed_k = _randomk_keeping(lambda k: 20)  # k written in as 20, the argument ignored
+randomk_double_k = randomk_keeping(lambda k: 2 * k)  # keeps and sends 2k coordinates
+randomk_fixed_k = randomk_keeping(lambda k: 20)  # k written in as 20, the argument ignored
 
 
 @pytest.mark.ch6
