@@ -234,8 +234,7 @@ class Cluster:
             if first is not None:
                 first()
             out = self._collect(*args, **kwargs)
-            if start.take_deferred_interrupt():  # came while the workers started: raised once they are up
-                raise KeyboardInterrupt
+            start.raise_deferred_interrupt()  # one that came while the workers started: now they are up
             return out
         except KeyboardInterrupt:
             n = self.world_size

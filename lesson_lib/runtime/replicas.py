@@ -70,14 +70,13 @@ def _raise_if_it_raised(folder: str, replica: int) -> None:
 def _context():
     """Forked from a fork server that has imported torch (the one the course's clusters use, with the
     same preload), so a replica starts in a fraction of a second; spawned where there is none."""
-    from .start import method, starting, take_deferred_interrupt
+    from .start import method, raise_deferred_interrupt, starting
 
     if method("gloo") != "forkserver":
         return mp.get_context("spawn")
     with starting("gloo", {}, "") as (ctx, _):  # started as the runtime starts it, if not running yet
         pass
-    if take_deferred_interrupt():  # one that came while the fork server started
-        raise KeyboardInterrupt
+    raise_deferred_interrupt()  # one that came while the fork server started
     return ctx
 
 

@@ -52,12 +52,12 @@ def method(backend: str) -> str:
 _DEFERRED: list[bool] = []  # interrupts that came while workers started (the main thread's)
 
 
-def take_deferred_interrupt() -> bool:
-    """Whether an interrupt came while workers started (:func:`_environment`); forgets it. The
-    caller raises it once its workers are up (``Cluster``), so that none is killed mid-start."""
-    hit = bool(_DEFERRED)
-    _DEFERRED.clear()
-    return hit
+def raise_deferred_interrupt() -> None:
+    """KeyboardInterrupt, once, if one came while workers started (:func:`_environment`). Called
+    once the workers are up (``Cluster``), so that none is killed mid-start."""
+    if _DEFERRED:
+        _DEFERRED.clear()
+        raise KeyboardInterrupt
 
 
 @contextmanager
@@ -68,7 +68,7 @@ def _environment(values: dict[str, str]):
     SIGINT is blocked in this thread, not ignored, as CPython's resource tracker starts its process:
     a blocked signal stays blocked across fork and exec, so the children never see it (a worker then
     ignores it for good). The parent notes an interrupt that comes meanwhile (through another thread,
-    or pending on this one) for :func:`take_deferred_interrupt`: ignoring SIGINT here lost Jupyter's
+    or pending on this one) for :func:`raise_deferred_interrupt`: ignoring SIGINT here lost Jupyter's
     interrupt during a start-up, which takes seconds on a busy machine. Without ``pthread_sigmask``
     (Windows) it is ignored as before."""
     backup = {k: os.environ.get(k) for k in values}
