@@ -12,8 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from tests.test_busy_machine import NOTEBOOKS as RUN_BESIDE_BURNERS
+from test_busy_machine import NOTEBOOKS as RUN_BESIDE_BURNERS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "notebooks" / "scripts").glob("*.py"))
@@ -25,8 +24,6 @@ TIMED = re.compile(r"(_ms|_s|seconds|wall|stall|time|throughput|per_s|bw|gbps|sp
 BOUNDS = {
     ("01_parameter_server", 'all(r["cycle_ms"] >= r["door_ms"] for r in traffic)'):
         "a floor: the emulated link sleeps out each transfer's bytes/bandwidth, and load only adds",
-    ("01_parameter_server", 'traffic[-1]["cycle_ms"] >= traffic[-1]["workers"] * traffic[0]["door_ms"]'):
-        "the same floor, at 4 workers",
     ("02_ring_allreduce",
      'abs(r["busbw"] - r["algbw"] * 2 * (r["ranks"] - 1) / r["ranks"]) <= 1e-12 * r["busbw"]'):
         "an identity between two figures of one measured time",

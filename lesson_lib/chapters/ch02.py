@@ -109,8 +109,8 @@ def bandwidth(sizes=SIZES, world_sizes=(2, 4), repeats: int = 3,
 
     Both are fitted with the ring's model, T = 2(N−1)·α + 2(N−1)/N·S·β, so α is the cost of one
     ring step and β the cost of a byte (the pipelined ring's extra messages, one per segment, grow
-    with the bytes: their cost lands in β). Small messages run in batches of about ``batch_bytes``:
-    2 MiB: the chapter's runs took 12.3 s, against 16.9 s at 8 MiB (2 quiet cores, 2026-12-07).
+    with the bytes: their cost lands in β). Small messages run in batches of about ``batch_bytes``,
+    2 MiB here rather than ``bench allreduce``'s 8 (benchmarks/history/ring-allreduce.md).
     """
     rows = ra.bandwidth(sizes, world_sizes, algorithms, repeats, cluster_for=warm_cluster,
                         batch_bytes=batch_bytes)

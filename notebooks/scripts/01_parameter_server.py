@@ -289,9 +289,7 @@ traffic = ch01.bottleneck(worker_counts=(1, 2, 4))
 
 # %%
 assert all(r["counted"] == r["formula"] for r in traffic), traffic
-assert all(r["cycle_ms"] >= r["door_ms"] for r in traffic), traffic     # the door is the floor
-# and it widens with N: 4 workers' steps took at least 4 times one worker's floor, on any machine
-assert traffic[-1]["cycle_ms"] >= traffic[-1]["workers"] * traffic[0]["door_ms"], traffic
+assert all(r["cycle_ms"] >= r["door_ms"] for r in traffic), traffic     # the door is the floor, N·S / B
 timed_claim(traffic[-1]["step_ms"] > 1.5 * traffic[0]["step_ms"], "the median step widens with the workers",
             f"{traffic[0]['step_ms']:.0f} ms with 1 worker, {traffic[-1]['step_ms']:.0f} ms with "
             f"{traffic[-1]['workers']}")
