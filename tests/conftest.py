@@ -116,6 +116,9 @@ def pytest_sessionfinish(session, exitstatus):
     import re
     import sys
 
+    from workshop_support import stop_background_install
+
+    stop_background_install()
     whole_dir = [Path(a).resolve() for a in session.config.args] == [Path(__file__).parent]
     if not _FILE_SECONDS or not whole_dir:  # only runs over all of tests/: a subset would mislead
         return
@@ -136,3 +139,13 @@ def pytest_collection_modifyitems(session, config, items):
     from recent_first import order
 
     items[:] = order(items)
+
+
+def pytest_collection_finish(session):
+    """When the workshop's tests will run (selected, not deselected), their shared install starts
+    building now, in the background (tests/workshop_support.py)."""
+    if not session.config.getoption("collectonly") and any(
+            "shared_install" in getattr(i, "fixturenames", ()) for i in session.items):
+        from workshop_support import start_background_install
+
+        start_background_install()

@@ -3,8 +3,9 @@ and a running hub (``workshop_hub``: ``python -m lesson_lib workshop serve`` as 
 would run it) with what its processes listen on.
 
 The shared install (``lesson_lib.workshop.install``) goes in build/workshop and is reused while the
-checkout is unchanged, as ``make install`` reuses .venv: the first run builds it (about 2 minutes on
-2 cores, from pip's cache), later runs only recopy the course when it changed.
+checkout is unchanged, as ``make install`` reuses .venv: the first run builds it (67 s on 2 quiet cores,
+2026-12-08; niced, in the background from collection on, so it overlaps the tests before it), later
+runs only recopy the course when it changed.
 """
 
 from __future__ import annotations
@@ -40,6 +41,36 @@ def require_root() -> None:
         pytest.skip("the workshop tests need root (they make Unix users)")
 
 
+# A fresh clone builds the shared install in about 70 s, mostly pip unpacking wheels on one core. When
+# the run will need it, conftest starts it at collection, niced, so it fills the cores that the tests
+# before the workshop's leave idle; the fixture waits for it, then checks it as before.
+_BACKGROUND: dict[str, subprocess.Popen] = {}
+BACKGROUND_TIMEOUT_S = 2400  # pip's own cap (install.PIP_TIMEOUT_S) is 1,800 s a command
+
+
+def start_background_install() -> None:
+    """Build the shared install in a niced process of its own (root only; once a session)."""
+    if os.geteuid() != 0 or "install" in _BACKGROUND:
+        return
+    INSTALL_LOG.parent.mkdir(parents=True, exist_ok=True)
+    code = ("import sys; from lesson_lib.workshop import install; "
+            "install.ensure(sys.argv[1], sys.argv[2], log=sys.stdout)")
+    with open(INSTALL_LOG, "a") as log:
+        print(f"background install started at collection (pid of pytest {os.getpid()})", file=log, flush=True)
+        _BACKGROUND["install"] = subprocess.Popen(
+            ["nice", "-n", "19", sys.executable, "-c", code, str(PREFIX), str(ROOT)], cwd=ROOT,
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop_background_install() -> None:
+    """At the session's end: a background install still running (the run was cut short) is killed."""
+    proc = _BACKGROUND.pop("install", None)
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="session")
 def shared_install():
     """The course installed for every learner: (venv, course) under build/workshop."""
@@ -48,7 +79,17 @@ def shared_install():
 
     INSTALL_LOG.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with open(INSTALL_LOG, "a") as log:
+    background = _BACKGROUND.get("install")
+    if background is not None:
+        try:
+            code = background.wait(timeout=BACKGROUND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            stop_background_install()
+            pytest.fail(f"the background shared install did not finish within {BACKGROUND_TIMEOUT_S} s "
+                        f"({INSTALL_LOG})")
+        waited = time.monotonic() - started
+        print(f"background shared install: exit status {code}, waited {waited:.1f} s for it")
+    with open(INSTALL_LOG, "a") as log:  # at once when the background one finished; else done here
         venv = install.ensure(PREFIX, ROOT, log=log)
     print(f"shared install ready in {time.monotonic() - started:.1f} s ({PREFIX})")
     return venv, PREFIX / "course"
