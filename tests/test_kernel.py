@@ -2,6 +2,7 @@
 traceback names the cell and quotes the learner's line, as IPython does for local errors."""
 
 import queue
+import time
 
 import pytest
 
@@ -56,3 +57,34 @@ def test_a_cell_function_runs_on_real_ranks_and_its_traceback_names_the_cell():
     assert "Cell In[4], line 3" in text and "t = t + undefined_name  # learner's typo" in text, text
     assert "multiprocessing" not in text and "lesson_lib/runtime/" not in text, text
     assert outs[4] == ("[0, 1]\n", [])
+
+
+# ipykernel's shutdown SIGTERMs the children in its process group and waits, 0.01 s up to 10 s at a
+# time, until none is left, then does the same with SIGKILL: 28.9 s of waits in all. A fork server
+# that died unreaped, or a resource tracker (which ignores SIGTERM), kept it waiting to the end.
+IPYKERNEL_LADDER_S = 2 * (0.01 + 0.03 + 0.1 + 0.3 + 1 + 3 + 10)
+
+
+def test_a_kernel_with_warm_ranks_shuts_down_at_once_and_closes_them():
+    import os
+
+    import psutil
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    km.shutdown_wait_time = 4 * IPYKERNEL_LADDER_S  # never cut short here: the kernel's own time
+    try:
+        out, err = _execute(kc, "import os, torch\nfrom lesson_lib.runtime import warm_cluster\n"
+                                "c = warm_cluster(2)\nprint('ranks', *c.pids(), c._tmp)")
+        assert not err, err
+        *ranks, folder = next(line for line in out.splitlines() if line.startswith("ranks ")).split()[1:]
+        ranks = [int(p) for p in ranks]
+        started = time.monotonic()
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+    took = time.monotonic() - started
+    assert took < IPYKERNEL_LADDER_S / 2, f"the kernel took {took:.1f} s to shut down: ipykernel waited"
+    assert not os.path.exists(folder), f"the cluster's folder {folder} was left: its close never ran"
+    for pid in ranks:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid

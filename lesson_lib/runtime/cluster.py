@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from . import folders, output, placement, start
+from . import folders, kernel_exit, output, placement, start
 from .errors import MAIN_GUARD_HELP, RunInterrupted, WorkerTimeout
 from .failures import check_alive, raise_failure, raise_timeout
 from .ledger import Ledger, mode
@@ -36,8 +36,9 @@ _LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
 
 @atexit.register
+@kernel_exit.on_shutdown
 def close_all() -> None:
-    """Close every cluster this process started (called at interpreter exit too)."""
+    """Close every cluster this process started (at interpreter exit, and first at a kernel's shutdown)."""
     for cluster in list(_LIVE):
         cluster.close()
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import torch.multiprocessing as mp
 
-from . import folders
+from . import folders, kernel_exit
 
 SPAWN_MARK = "LESSON_LIB_SPAWN_MARK"
 # What the server imports once for all its workers. Not only torch: a worker's first optimizer step
@@ -106,6 +106,7 @@ def starting(backend: str, env: dict[str, str], cluster_mark: str):
     a script without a main guard (``cluster_mark`` under spawn; the server's own under forkserver)."""
     how = method(backend)
     ctx = mp.get_context(how)
+    kernel_exit.install()  # in a Jupyter kernel: its shutdown closes the ranks first
     if how == "spawn":
         with _environment({**env, SPAWN_MARK: cluster_mark}):
             yield ctx, cluster_mark
