@@ -161,3 +161,40 @@ def test_an_interrupt_during_a_cold_start_stops_it_once_the_workers_are_up(tmp_p
     assert out.stdout.startswith("interrupted: start-up was interrupted"), (out.stdout, out.stderr)
     assert "again [3, 3]" in out.stdout and "the job ran" not in out.stdout, (out.stdout, out.stderr)
     assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_kernels_shutdown_closes_the_ranks_and_reaps_the_helpers_before_its_own(monkeypatch):
+    """runtime/kernel_exit.py on a stand-in kernel: the order of what runs is the point (the real
+    kernel's timing is tests/test_kernel.py)."""
+    import multiprocessing.forkserver as forkserver
+    import multiprocessing.resource_tracker as resource_tracker
+    import types
+
+    import IPython
+
+    from lesson_lib.runtime import kernel_exit
+
+    done = []
+
+    class Kernel:
+        def do_shutdown(self, restart):
+            done.append(("kernel", restart))
+            return {"status": "ok", "restart": restart}
+
+    class Helper:
+        def __init__(self, name):
+            self.name, self._forkserver_pid = name, None
+
+        def _stop(self):
+            done.append(self.name)
+
+    kernel = Kernel()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=kernel))
+    monkeypatch.setattr(forkserver, "_forkserver", Helper("fork server"))
+    monkeypatch.setattr(resource_tracker, "_resource_tracker", Helper("tracker"))
+    monkeypatch.setattr(kernel_exit, "_CLOSERS", [lambda: done.append("clusters")])
+    assert kernel_exit.install() and kernel_exit.install()  # wrapped once, however often asked
+    assert kernel.do_shutdown(True) == {"status": "ok", "restart": True}
+    assert done == ["clusters", "fork server", "tracker", ("kernel", True)]
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)  # a script, or IPython in a terminal
+    assert not kernel_exit.install()
