@@ -61,6 +61,21 @@
       if (r.left < box.left - 2 || r.right > box.right + 2 || r.top < box.top - 2 || r.bottom > box.bottom + 2)
         problems.push(`${name}: the text "${label(el)}" is cut off at the figure's edge`);
     }
+    // a point's label: inside its subplot's plotting area (plotly clips it at that edge, not the
+    // figure's) and clear of every other point's label
+    const points = [...gd.querySelectorAll(".textpoint text")].filter((el) => label(el) && el.getBoundingClientRect().width > 0);
+    const boxes = points.map((el) => el.getBoundingClientRect());
+    points.forEach((el, i) => {
+      const sub = el.closest(".subplot"), plot = sub && L._plots && L._plots[[...sub.classList].find((c) => L._plots[c])];
+      if (!plot) return;
+      const r = boxes[i], left = box.left + plot.xaxis._offset, top = box.top + plot.yaxis._offset;
+      if (r.left < left - 2 || r.right > left + plot.xaxis._length + 2 || r.top < top - 2 || r.bottom > top + plot.yaxis._length + 2)
+        problems.push(`${name}: the label "${label(el)}" is cut off at the plotting area's edge`);
+      for (let j = 0; j < i; j++) {
+        const q = boxes[j], w = Math.min(r.right, q.right) - Math.max(r.left, q.left), h = Math.min(r.bottom, q.bottom) - Math.max(r.top, q.top);
+        if (w > 2 && h > 2) problems.push(`${name}: the labels "${label(points[j])}" and "${label(el)}" overlap`);
+      }
+    });
     const legend = gd.querySelector(".legend .bg") || gd.querySelector(".legend");
     if (legend && L.showlegend !== false) {
       const g = legend.getBoundingClientRect();

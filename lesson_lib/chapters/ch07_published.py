@@ -15,6 +15,7 @@ from IPython.display import display
 from .. import costmodel
 from ..costmodel import calibrate
 from ..plots.layout import clear_of_modebar
+from .ch03_memory import print_table
 
 GOAL = 0.15  # the goal for a held-out run: within ±15 % of its published number
 GROUPS = {"in-sample": ("circle", "#4C78A8"), "out-of-sample": ("diamond", "#E45756"),
@@ -196,10 +197,15 @@ def efficiency_curve(devices=("a100-80gb", "h100-sxm", "b200")) -> dict:
         fig.add_scatter(x=xs, y=curve,
                         mode="lines", name=f"e(x) on {d['name']} (R = {gemm.ridge(d):.0f} FLOPs/byte)",
                         line={"color": color})
-    fig.add_scatter(x=[p["x"] for p in points], y=[p["needed"] for p in points], mode="markers+text",
-                    name="SC21 Table 1: the efficiency each row needs (A100)",
-                    text=[f"{p['params'] / 1e9:g}B t={p['t']}" for p in points], textposition="top center",
-                    marker={"color": "#4C78A8", "size": 9, "symbol": "circle"})
+    # ten rows within a factor of 2.2 in x: one marker per tensor-parallel size, each row named on hover
+    # and in the table printed below (as text on the points, their labels covered one another)
+    symbols = ("circle", "square", "diamond", "triangle-up", "x")
+    for i, t in enumerate(sorted({p["t"] for p in points})):
+        mine = [p for p in points if p["t"] == t]
+        fig.add_scatter(x=[p["x"] for p in mine], y=[p["needed"] for p in mine], mode="markers",
+                        name=f"SC21 Table 1, t = {t}: the efficiency each row needs (A100)",
+                        hovertext=[f"{p['params'] / 1e9:g}B, t = {t}" for p in mine],
+                        marker={"color": "#4C78A8", "size": 9, "symbol": symbols[i % len(symbols)]})
     fig.add_scatter(x=[xs[0], xs[-1]], y=[costmodel.CALIBRATED_EFFICIENCY] * 2, mode="lines",
                     name=f"the old constant, {costmodel.CALIBRATED_EFFICIENCY:g}",
                     line={"color": "#888", "dash": "dash"})
@@ -214,6 +220,9 @@ def efficiency_curve(devices=("a100-80gb", "h100-sxm", "b200")) -> dict:
         # title's top margin leaves a shorter plot, where y = -0.25 fell on the axis title)
         legend={"orientation": "h", "yanchor": "top", "y": -0.3}, margin={"t": 90, "b": 150})
     display(clear_of_modebar(fig))  # the title under plotly's modebar
+    print_table(["SC21 Table 1 row", "t", "x (FLOPs/byte)", "needed", "e(x), fitted"],
+                [[f"{p['params'] / 1e9:g}B", str(p["t"]), f"{p['x']:.0f}", f"{p['needed']:.3f}",
+                  f"{p['fitted']:.3f}"] for p in sorted(points, key=lambda p: p["x"])])
     return {"fit": fit, "points": points}
 
 

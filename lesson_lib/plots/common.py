@@ -20,6 +20,7 @@ from .layout import (  # noqa: F401  (re-exported: plots import them from here)
     legend_outside,
     level,
     log_axes,
+    room_for_labels,
     title_lines,
     titled,
     wrap,

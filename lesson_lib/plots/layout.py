@@ -142,3 +142,11 @@ def level(fig, value: float, text: str, axis: str = "y", log: bool = False, row:
         fig.add_vline(x=value, line=style, **at)
         fig.add_annotation(x=where, xref=x, y=1, yref=f"{y} domain", text=text, showarrow=False,
                            xanchor="right", yanchor="top")  # text to the left: the axis need not grow
+
+
+def room_for_labels(values, below: float = 0.12, above: float = 0.2) -> list[float]:
+    """A linear axis's range over ``values`` with room for the point labels drawn above (and below)
+    the extreme points: plotly pads its autorange for the markers, not their text, which it clips."""
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or abs(hi) or 1.0
+    return [lo - below * span, hi + above * span]

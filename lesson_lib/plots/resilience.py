@@ -7,7 +7,7 @@ import math
 
 import plotly.graph_objects as go
 
-from .common import COLORS, log_axes, titled, wrap
+from .common import COLORS, log_axes, room_for_labels, titled, wrap
 
 
 @titled
@@ -20,8 +20,10 @@ def goodput_curve(rows: list[dict], marks: dict[str, float], title: str) -> go.F
         fig.add_scatter(x=[tau / 60], y=[g], mode="markers+text", text=[name], name=name,
                         textposition="top center" if i else "bottom center",
                         marker={"size": 11, "color": COLORS["comm"] if i else "#E45756"})
+    shown = [r["goodput"] for r in rows] + [g for _, g in marks.values()]
     fig.update_layout(title=wrap(title, 80), xaxis_title="checkpoint interval τ (minutes, log)",
-                      xaxis_type="log", yaxis_title="useful time / wall time", height=420, margin={"t": 90})
+                      xaxis_type="log", yaxis_title="useful time / wall time", height=420, margin={"t": 90},
+                      yaxis_range=room_for_labels(shown, below=0.2))  # the first mark's label hangs below
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 
@@ -56,7 +58,8 @@ def diloco_quality(rows: list[dict], title: str) -> go.Figure:
                     text=[r["label"] for r in rows], mode="markers+text", textposition="top center",
                     marker={"size": 12, "color": COLORS["comm"]}, showlegend=False)
     fig.update_layout(title=wrap(title, 80), xaxis_title="floats each replica sent (log)", xaxis_type="log",
-                      yaxis_title="held-out loss after the same tokens", height=420, margin={"t": 90})
+                      yaxis_title="held-out loss after the same tokens", height=420, margin={"t": 90},
+                      yaxis_range=room_for_labels([r["held_out"] for r in rows]))
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
 

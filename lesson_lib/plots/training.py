@@ -11,13 +11,24 @@ from .common import COLORS, _annotate, log_axes, oversubscription_note, titled
 
 @titled
 def model_growth(rows: list[dict]) -> go.Figure:
-    """Parameters of landmark models by year, log scale (chapter 0)."""
+    """Parameters of landmark models by year, log scale (chapter 0). Labels go above their points, where
+    they do not run into another's: beside a point that shares its year with a larger model, below one
+    alone in its year that a larger model of a neighbouring year sits within half a decade of."""
+    years, sizes = [int(r["year"]) for r in rows], [float(r["parameters"]) for r in rows]
+    beside = [any(y == y2 and p < p2 for y2, p2 in zip(years, sizes)) for y, p in zip(years, sizes)]
+    below = [years.count(y) == 1
+             and any(abs(y - y2) == 1 and p < p2 < p * 10 ** 0.5 for y2, p2 in zip(years, sizes))
+             for y, p in zip(years, sizes)]
     fig = go.Figure(go.Scatter(
-        x=[int(r["year"]) for r in rows], y=[float(r["parameters"]) for r in rows],
-        text=[r["model"] for r in rows], mode="markers+text", textposition="top center",
+        x=years, y=sizes, text=[r["model"] for r in rows], mode="markers+text",
+        textposition=["middle right" if b else "bottom center" if lo else "top center"
+                      for b, lo in zip(beside, below)],
         hovertext=[r["source"] for r in rows], marker={"size": 10}))
     fig.update_yaxes(type="log", title="parameters")
-    fig.update_xaxes(title="year", dtick=1)
+    # room on the right for a label beside a point of the last year; ticks only where there are years
+    last_beside = any(b for y, b in zip(years, beside) if y == max(years))
+    fig.update_xaxes(title="year", tickvals=list(range(min(years), max(years) + 1)),
+                     range=[min(years) - 0.5, max(years) + (1.8 if last_beside else 0.5)])
     fig.update_layout(title="Model size 2012–2021 (sources in data/model_sizes.csv)", height=420)
     return log_axes(fig)  # decades labelled, 2…9 as minor ticks
 
